@@ -1,0 +1,242 @@
+/*
+ * libadg: records the backward graphs of a reverse-mode autodiff engine and
+ * runs backward passes over them, for trainers that run many threads at once.
+ *
+ * The tensor math is the caller's: libadg sees steps (callbacks) and gradient
+ * values (opaque pointers). It keeps track of which steps belong together, in
+ * which order they run, and when their memory can go.
+ *
+ * Conventions, for every function below unless its comment says otherwise:
+ * - It returns 0 on success or a negative ADG_E* code; adg_strerror() names
+ *   the code. On error nothing has changed and out-parameters are untouched,
+ *   except that pointer out-parameters are set to NULL.
+ * - It may be called from any thread at any time, concurrently with any other
+ *   call; handles may move between threads. Threads need no registration.
+ * - It never aborts, prints or leaks on bad input.
+ */
+#ifndef ADG_H
+#define ADG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(ADG_BUILDING) && defined(__GNUC__)
+#define ADG_API __attribute__((visibility("default")))
+#else
+#define ADG_API
+#endif
+
+/* Error codes. Every code is negative; 0 is success. */
+enum adg_error {
+	ADG_OK = 0,
+	ADG_EINVAL = -1,       /* a NULL or malformed argument */
+	ADG_ENOMEM = -2,       /* the allocator returned NULL */
+	ADG_EFOREIGN = -3,     /* a node belongs to another registry */
+	ADG_ECONSUMED = -4,    /* the root's step was consumed by a backward */
+	ADG_EUNAVAILABLE = -5, /* a step the backward needs was consumed */
+	ADG_ENOIDS = -6,       /* no node id is left to hand out */
+	ADG_ENOTFOUND = -7,    /* no gradient is held for that node id */
+	ADG_EBUSY = -8,	       /* the registry still has live nodes */
+	ADG_ECALLBACK = -9,    /* a callback returned a positive value */
+};
+
+/* Negative codes at or below this value are never used by libadg: steps and
+ * gradient callbacks may return them for their own failures. */
+#define ADG_EUSER (-1000)
+
+/* Returns a static, human-readable name for code (never NULL). Codes that
+ * libadg does not define, including user codes, read "unknown error".
+ * Thread-safe. */
+ADG_API const char *adg_strerror(int code);
+
+typedef struct adg_registry adg_registry; /* owns nodes, graphs, locator */
+typedef struct adg_node adg_node;	  /* a counted handle to one node */
+typedef struct adg_grads adg_grads;	  /* gradients of one backward */
+
+/* ---------------------------------------------------------------- registry */
+
+/* Memory for nodes, graphs and gradient containers. alloc returns NULL on
+ * failure; free receives the size that was asked of alloc. Both may be
+ * called from any thread, and free from liburcu's call_rcu thread; neither
+ * may call into libadg. */
+typedef struct adg_allocator {
+	void *(*alloc)(size_t size, void *ctx);
+	void (*free)(void *ptr, size_t size, void *ctx);
+	void *ctx;
+} adg_allocator;
+
+/* Zero-initialise, then set what you need. */
+typedef struct adg_registry_options {
+	/* Both callbacks, or neither (malloc and free). A gradient container
+	 * uses it too, so it must outlive every container, even one freed
+	 * after its registry. */
+	adg_allocator allocator;
+	/* Largest node id to hand out; 0 means UINT64_MAX. Ids start at 1 and
+	 * are handed to threads in batches, so a thread may see ADG_ENOIDS
+	 * while another still holds unused ids of its batch. */
+	uint64_t max_node_id;
+} adg_registry_options;
+
+/* Creates a registry. options may be NULL for the defaults.
+ * Errors: ADG_EINVAL (out NULL, or only one allocator callback set),
+ * ADG_ENOMEM. */
+ADG_API int adg_registry_new(const adg_registry_options *options,
+			     adg_registry **out);
+
+/* Frees a registry that has no live node (unref every handle first).
+ * NULL is a no-op that returns 0. Must not run concurrently with any other
+ * call on the same registry, nor inside a step or an RCU read-side section;
+ * it waits for pending deferred frees (rcu_barrier).
+ * Errors: ADG_EBUSY (live nodes remain; nothing is freed). */
+ADG_API int adg_registry_free(adg_registry *registry);
+
+/* Counters of a registry, read without stopping other threads: each is
+ * exact once the threads that change it are quiescent. (A struct tag, so
+ * that the function below can share its name.) */
+struct adg_stats {
+	uint64_t live_nodes;  /* nodes not yet freed, leaves included */
+	uint64_t live_steps;  /* steps registered and not yet released */
+	uint64_t live_graphs; /* graphs with at least one unconsumed step */
+	uint64_t merges;      /* graphs absorbed into another, so far */
+	uint64_t nodes_freed; /* nodes freed, so far */
+};
+
+/* Fills *out. Costs one read per thread that has used the registry; takes
+ * no lock. Errors: ADG_EINVAL (NULL argument). */
+ADG_API int adg_stats(adg_registry *registry, struct adg_stats *out);
+
+/* ------------------------------------------------------------------- nodes */
+
+/* What a step's backward callback receives. */
+typedef struct adg_step_call {
+	adg_registry *registry; /* the node's registry (for nested backward) */
+	adg_grads *grads;	/* register the parents' gradients here */
+	uint64_t node_id;	/* the node whose step this is */
+	/* The node's gradient, summed over its children; NULL when no child
+	 * registered one. The step may take ownership by setting it to NULL;
+	 * whatever is left here is freed when the step returns. */
+	void *grad;
+	const uint64_t *parent_ids; /* in adg_op's order, repeats kept */
+	size_t n_parents;
+} adg_step_call;
+
+/* The backward function of one node. Returns 0, or a negative code that
+ * stops the backward and becomes its result. It runs with no libadg lock
+ * held and may call any libadg function, adg_backward included. */
+typedef int (*adg_backward_fn)(adg_step_call *call, void *user);
+
+/* Frees what user holds. Called exactly once per registered step: after it
+ * ran, or when it is freed unrun, or when a failed backward drops it. */
+typedef void (*adg_release_fn)(void *user);
+
+typedef struct adg_step {
+	adg_backward_fn backward; /* required */
+	adg_release_fn release;	  /* may be NULL */
+	void *user;
+} adg_step;
+
+/* Creates a leaf: a node without parents that wants a gradient (a parameter,
+ * an input that requires grad). Leaves never join graphs, so a parameter
+ * shared by many threads never couples their graphs. *out holds the one
+ * reference the caller owns.
+ * Errors: ADG_EINVAL, ADG_ENOMEM, ADG_ENOIDS. */
+ADG_API int adg_leaf(adg_registry *registry, adg_node **out);
+
+/* Creates a node from n_parents >= 1 parents (repeats allowed: x * x) and
+ * registers its step. The node joins its parents' graph; parents in several
+ * graphs merge them into one, whose id is the smallest of their origins. A
+ * node with no parent in a graph starts a new graph whose origin is its id.
+ * The caller must hold a reference to every parent during the call. On
+ * success libadg owns the step (its release runs exactly once); on error
+ * nothing was called and the caller still owns step->user. The node cannot
+ * be registered twice: it is created by this call.
+ * Errors: ADG_EINVAL (NULL argument, n_parents 0, NULL step->backward),
+ * ADG_EFOREIGN (a parent of another registry), ADG_ENOMEM, ADG_ENOIDS. */
+ADG_API int adg_op(adg_registry *registry, adg_node *const *parents,
+		   size_t n_parents, const adg_step *step, adg_node **out);
+
+/* Adds a reference to node, for the caller to drop with adg_node_unref.
+ * Errors: ADG_EINVAL (NULL). */
+ADG_API int adg_node_ref(adg_node *node);
+
+/* Drops one of the caller's references. When no reference is left to the
+ * node nor to any node that could still run its step in a backward, the node
+ * is freed with its step (release runs, here, on this thread), and so are
+ * ancestors that become unreachable: work in proportion to what is freed.
+ * Errors: ADG_EINVAL (NULL). */
+ADG_API int adg_node_unref(adg_node *node);
+
+/* Fills *id with the node's id: unique in its registry, never 0.
+ * Errors: ADG_EINVAL (NULL argument). */
+ADG_API int adg_node_id(const adg_node *node, uint64_t *id);
+
+/* Fills *graph_id with the id of the graph the node is in now: the smallest
+ * origin of the graphs merged into it. 0 for a leaf or a node whose step was
+ * consumed. Lock-free: one RCU read-side section.
+ * Errors: ADG_EINVAL (NULL argument). */
+ADG_API int adg_node_graph_id(const adg_node *node, uint64_t *graph_id);
+
+/* --------------------------------------------------------------- backward */
+
+/* The caller's gradient arithmetic. add folds value into *sum (it may
+ * replace *sum) and owns value from the call on, failing or not; it returns
+ * 0 or a negative code. free releases one value. ctx is passed to both. */
+typedef struct adg_grad_ops {
+	int (*add)(void **sum, void *value, void *ctx);
+	void (*free)(void *value, void *ctx);
+	void *ctx;
+} adg_grad_ops;
+
+/* Runs a backward from root with seed as root's gradient (non-NULL).
+ * Takes every step reachable from root through unconsumed steps, once each,
+ * and runs them deepest first on this thread, with no lock held; they are
+ * consumed. On success *out is a new container holding the gradients of the
+ * leaves reached (a non-leaf node's gradient is freed once its step has run);
+ * the caller frees it with adg_grads_free. A root that is a leaf gives a
+ * container holding just seed. ops is copied.
+ * seed is owned by libadg from the call on and freed with ops->free on
+ * error, except when ops is NULL or lacks a callback.
+ * Errors: ADG_EINVAL, ADG_EFOREIGN (root of another registry),
+ * ADG_ECONSUMED (root's step was consumed), ADG_EUNAVAILABLE (a step the
+ * backward needs was consumed; nothing was taken), ADG_ENOMEM (nothing was
+ * taken), or a step's or ops->add's negative code, ADG_ECALLBACK for a
+ * positive one: then every step not yet run has been released and *out is
+ * NULL. */
+ADG_API int adg_backward(adg_registry *registry, adg_node *root, void *seed,
+			 const adg_grad_ops *ops, adg_grads **out);
+
+/* ------------------------------------------------------------- gradients */
+
+/* A container is owned by one thread at a time: these functions must not
+ * run concurrently on the same container. Steps of one backward receive its
+ * container and may use it during their call. */
+
+/* Borrows the gradient held for id. Errors: ADG_EINVAL, ADG_ENOTFOUND. */
+ADG_API int adg_grads_get(const adg_grads *grads, uint64_t id, void **value);
+
+/* Removes the gradient held for id and hands it to the caller.
+ * Errors: ADG_EINVAL, ADG_ENOTFOUND. */
+ADG_API int adg_grads_take(adg_grads *grads, uint64_t id, void **value);
+
+/* Adds value (non-NULL) to the gradient held for id, with ops->add when one
+ * is held. Takes ownership of value: on error it has been freed, unless
+ * grads is NULL. Errors: ADG_EINVAL (NULL grads or value, id 0),
+ * ADG_ENOMEM, or ops->add's code (ADG_ECALLBACK for a positive one). */
+ADG_API int adg_grads_register(adg_grads *grads, uint64_t id, void *value);
+
+/* Fills *count with the number of gradients held. Errors: ADG_EINVAL. */
+ADG_API int adg_grads_count(const adg_grads *grads, size_t *count);
+
+/* Frees every gradient held (ops->free) and the container. NULL is a no-op
+ * that returns 0. */
+ADG_API int adg_grads_free(adg_grads *grads);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ADG_H */

@@ -1,0 +1,278 @@
+/*
+ * Backward: take the tape under the root's graph lock, then run its steps
+ * deepest first with no lock held.
+ *
+ * Taking is all or nothing. The walk marks what it reaches VISITING; if it
+ * meets a consumed step, or runs out of memory, it puts every mark back and
+ * the registry is as it was. Otherwise every node on the tape becomes
+ * CONSUMED and leaves its graph before the lock is released, so a
+ * concurrent backward that needs one of them fails cleanly instead of
+ * silently skipping part of the graph.
+ *
+ * Every unconsumed parent of an unconsumed node is in the node's graph
+ * (placement merges them, and only consuming or freeing takes a node out),
+ * so one lock covers the whole walk.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+
+/* Scratch arrays, reused by a thread's backward passes (kept on its shard). */
+struct adg_tape {
+	struct adg_node **walked; /* in walk order */
+	struct adg_node **sorted; /* deepest first, walk order within a depth */
+	size_t *per_depth;	  /* counting-sort buckets */
+	size_t nodes_cap;
+	size_t depth_cap;
+};
+
+void adg_tape_free(struct adg_tape *t)
+{
+	if (t == NULL)
+		return;
+	free(t->walked);
+	free(t->sorted);
+	free(t->per_depth);
+	free(t);
+}
+
+static bool tape_reserve_nodes(struct adg_tape *t, size_t n)
+{
+	if (n <= t->nodes_cap)
+		return true;
+	size_t cap = t->nodes_cap ? t->nodes_cap : 64;
+	while (cap < n)
+		cap *= 2;
+	struct adg_node **w = realloc(t->walked, cap * sizeof *w);
+	if (w == NULL)
+		return false;
+	t->walked = w;
+	struct adg_node **s = realloc(t->sorted, cap * sizeof *s);
+	if (s == NULL)
+		return false;
+	t->sorted = s;
+	t->nodes_cap = cap;
+	return true;
+}
+
+static bool tape_reserve_depths(struct adg_tape *t, size_t n)
+{
+	if (n <= t->depth_cap)
+		return true;
+	size_t *d = realloc(t->per_depth, n * sizeof *d);
+	if (d == NULL)
+		return false;
+	t->per_depth = d;
+	t->depth_cap = n;
+	return true;
+}
+
+/* Walks from root (locked in its graph) through unconsumed steps, marking
+ * each VISITING once. Fills t->walked, *len, and *leaf_slots (parent slots
+ * that name leaves: a bound on the leaf gradients to come). On error every
+ * mark is undone. */
+static int walk(struct adg_tape *t, struct adg_node *root, size_t *len,
+		size_t *leaf_slots)
+{
+	size_t n = 0, leaves = 0;
+	int rc = 0;
+
+	if (!tape_reserve_nodes(t, 1))
+		return ADG_ENOMEM;
+	root->state = ADG_NODE_VISITING;
+	t->walked[n++] = root;
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		struct adg_node *node = t->walked[i];
+		for (uint32_t k = 0; k < node->n_parents; k++) {
+			struct adg_node *p = node->parents[k];
+			if (adg_node_is_leaf(p)) {
+				leaves++;
+				continue;
+			}
+			if (p->state == ADG_NODE_VISITING)
+				continue;
+			if (p->state == ADG_NODE_CONSUMED) {
+				rc = ADG_EUNAVAILABLE;
+				break;
+			}
+			if (!tape_reserve_nodes(t, n + 1)) {
+				rc = ADG_ENOMEM;
+				break;
+			}
+			p->state = ADG_NODE_VISITING;
+			t->walked[n++] = p;
+		}
+	}
+	if (rc == 0)
+		rc = tape_reserve_depths(t, (size_t)root->depth + 1)
+			     ? 0
+			     : ADG_ENOMEM;
+	if (rc != 0) {
+		for (size_t i = 0; i < n; i++)
+			t->walked[i]->state = ADG_NODE_LIVE;
+		return rc;
+	}
+	*len = n;
+	*leaf_slots = leaves;
+	return 0;
+}
+
+/* Orders the walked nodes deepest first: a counting sort on depth, stable,
+ * so the order depends only on the graph's shape, never on timing or
+ * addresses, and gradients sum in the same order on every run. A child is
+ * deeper than each of its parents, so every step runs after all of its
+ * node's children have added to its gradient. */
+static void sort_by_depth(struct adg_tape *t, size_t n, uint32_t max_depth)
+{
+	size_t *bucket = t->per_depth;
+
+	for (size_t d = 0; d <= max_depth; d++)
+		bucket[d] = 0;
+	for (size_t i = 0; i < n; i++)
+		bucket[max_depth - t->walked[i]->depth]++;
+	size_t start = 0;
+	for (size_t d = 0; d <= max_depth; d++) {
+		size_t count = bucket[d];
+		bucket[d] = start;
+		start += count;
+	}
+	for (size_t i = 0; i < n; i++)
+		t->sorted[bucket[max_depth - t->walked[i]->depth]++] =
+			t->walked[i];
+}
+
+/* Takes the tape from root's graph and creates the container sized for it.
+ * On error nothing is taken. */
+static int take(struct adg_shard *shard, struct adg_tape *t,
+		struct adg_node *root, const adg_grad_ops *ops, size_t *len,
+		adg_grads **grads)
+{
+	struct adg_graph *g = adg_graph_lock_of(root);
+	if (g == NULL)
+		return ADG_ECONSUMED;
+	size_t leaf_slots;
+	int rc = walk(t, root, len, &leaf_slots);
+	if (rc == 0) {
+		rc = adg_grads_new(root->registry, ops, *len + leaf_slots,
+				   grads);
+		if (rc != 0)
+			for (size_t i = 0; i < *len; i++)
+				t->walked[i]->state = ADG_NODE_LIVE;
+	}
+	if (rc != 0) {
+		adg_graph_unlock(shard, g);
+		return rc;
+	}
+	for (size_t i = 0; i < *len; i++) {
+		struct adg_node *n = t->walked[i];
+		n->state = ADG_NODE_CONSUMED;
+		adg_graph_detach_locked(g, n);
+		/* The tape's reference keeps the node until its step has run,
+		 * after its children let go of it. Relaxed: it is reachable
+		 * from root, so its count is above zero. */
+		atomic_fetch_add_explicit(&n->refs, 1, memory_order_relaxed);
+	}
+	adg_graph_unlock(shard, g);
+	sort_by_depth(t, *len, root->depth);
+	return 0;
+}
+
+/* After a taken step ran or was dropped: release it, let go of the
+ * parents, drop the tape's reference. */
+static void finish(struct adg_shard *shard, struct adg_node *n)
+{
+	adg_node_release_step(shard, n);
+	adg_node_release_parents(shard, n);
+	adg_node_release(shard, n);
+}
+
+static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
+	       void *seed, const adg_grad_ops *ops, adg_grads *grads)
+{
+	/* The root is deepest, so it runs first, with the seed. */
+	void *grad = seed;
+
+	for (size_t i = 0; i < len; i++) {
+		struct adg_node *n = t->sorted[i];
+		if (i > 0 && adg_grads_take(grads, n->id, &grad) != 0)
+			grad = NULL;
+		adg_step_call call = {
+			.registry = n->registry,
+			.grads = grads,
+			.node_id = n->id,
+			.grad = grad,
+			.parent_ids = adg_node_parent_ids(n),
+			.n_parents = n->n_parents,
+		};
+		int rc = n->step.backward(&call, n->step.user);
+		if (call.grad != NULL)
+			ops->free(call.grad, ops->ctx);
+		finish(shard, n);
+		if (rc != 0) {
+			for (size_t k = i + 1; k < len; k++)
+				finish(shard, t->sorted[k]);
+			return adg_callback_result(rc);
+		}
+	}
+	return 0;
+}
+
+int adg_backward(adg_registry *registry, adg_node *root, void *seed,
+		 const adg_grad_ops *ops, adg_grads **out)
+{
+	if (out != NULL)
+		*out = NULL;
+	if (ops == NULL || ops->add == NULL || ops->free == NULL)
+		return ADG_EINVAL;
+	int rc = 0;
+	if (registry == NULL || root == NULL || seed == NULL || out == NULL)
+		rc = ADG_EINVAL;
+	else if (root->registry != registry)
+		rc = ADG_EFOREIGN;
+	struct adg_shard *shard = rc == 0 ? adg_shard_get(registry) : NULL;
+	if (rc == 0 && shard == NULL)
+		rc = ADG_ENOMEM;
+	if (rc != 0) {
+		if (seed != NULL)
+			ops->free(seed, ops->ctx);
+		return rc;
+	}
+
+	adg_grads *grads = NULL;
+	if (adg_node_is_leaf(root)) {
+		rc = adg_grads_new(registry, ops, 1, &grads);
+		if (rc == 0)
+			rc = adg_grads_register(grads, root->id, seed);
+		else
+			ops->free(seed, ops->ctx);
+		if (rc != 0) {
+			adg_grads_free(grads);
+			return rc;
+		}
+		*out = grads;
+		return 0;
+	}
+
+	/* A nested backward (a step calling adg_backward) finds the cache
+	 * taken and uses a tape of its own. */
+	struct adg_tape *t = shard->tape_cache;
+	shard->tape_cache = NULL;
+	if (t == NULL)
+		t = calloc(1, sizeof *t);
+	size_t len = 0;
+	rc = t == NULL ? ADG_ENOMEM : take(shard, t, root, ops, &len, &grads);
+	if (rc != 0)
+		ops->free(seed, ops->ctx);
+	else
+		rc = run(shard, t, len, seed, ops, grads);
+	if (shard->tape_cache == NULL)
+		shard->tape_cache = t;
+	else
+		adg_tape_free(t);
+	if (rc != 0) {
+		adg_grads_free(grads);
+		return rc;
+	}
+	*out = grads;
+	return 0;
+}

@@ -1,0 +1,31 @@
+/* The names behind adg_strerror. */
+#include "internal.h"
+
+const char *adg_strerror(int code)
+{
+	switch (code) {
+	case ADG_OK:
+		return "success";
+	case ADG_EINVAL:
+		return "invalid argument";
+	case ADG_ENOMEM:
+		return "out of memory";
+	case ADG_EFOREIGN:
+		return "node belongs to another registry";
+	case ADG_ECONSUMED:
+		return "root's step was consumed by an earlier backward";
+	case ADG_EUNAVAILABLE:
+		return "a step the backward needs was consumed by an earlier "
+		       "backward";
+	case ADG_ENOIDS:
+		return "node ids exhausted";
+	case ADG_ENOTFOUND:
+		return "no gradient for that node id";
+	case ADG_EBUSY:
+		return "registry still has live nodes";
+	case ADG_ECALLBACK:
+		return "a callback returned a positive value";
+	default:
+		return "unknown error";
+	}
+}

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what libadg's build needs, when it is missing (Debian).
+# Usage: scripts/deps.sh [test|bench]
+set -euo pipefail
+
+want=(meson ninja-build pkg-config gcc liburcu-dev libck-dev)
+case "${1:-}" in
+test) want+=(libcriterion-dev) ;;
+bench) want+=(gnuplot-nox valgrind) ;;
+esac
+
+missing=()
+for pkg in "${want[@]}"; do
+	dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" ||
+		missing+=("$pkg")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "installing: ${missing[*]}" >&2
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

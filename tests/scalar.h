@@ -1,0 +1,84 @@
+/*
+ * A scalar backend for the tests: gradients are heap-allocated doubles, so
+ * AddressSanitizer sees every leak and double free, and counters tell the
+ * tests how many values and step closures are alive.
+ */
+#ifndef ADG_TEST_SCALAR_H
+#define ADG_TEST_SCALAR_H
+
+#include <adg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+/* Gradient values and step closures not yet freed, in this process. */
+extern atomic_long scalar_values_live;
+extern atomic_long scalar_steps_live;
+
+extern const adg_grad_ops scalar_ops;
+
+double *scalar_box(double v);
+
+/* A forward value and the node that records it. */
+typedef struct scalar {
+	adg_node *node;
+	double value;
+	uint64_t id;
+} scalar;
+
+/* Each helper asserts success (the tests check errors by calling the API
+ * directly). */
+scalar s_leaf(adg_registry *r, double value);
+scalar s_mul(adg_registry *r, scalar a, scalar b);
+scalar s_add(adg_registry *r, scalar a, scalar b);
+/* The product of n factors, one node with n parents. */
+scalar s_prod(adg_registry *r, const scalar *factors, size_t n);
+void s_drop(scalar x);
+uint64_t s_graph(scalar x);
+
+/* Runs backward from root with seed 1. */
+int s_backward(adg_registry *r, scalar root, adg_grads **out);
+/* The gradient the container holds for x; asserts there is one. */
+double s_grad(const adg_grads *g, scalar x);
+
+/* A step closure for the product of n parents, to build custom ops. */
+struct prod_step {
+	size_t n;
+	atomic_int runs;
+	atomic_int releases;
+	double values[];
+};
+struct prod_step *prod_step_new(const scalar *factors, size_t n);
+int prod_backward(adg_step_call *call, void *user);
+void prod_release(void *user);
+
+/* An allocator whose next `fail_in`-th allocation fails (0: never). */
+typedef struct failing_alloc {
+	atomic_long fail_in;
+	atomic_long live_bytes;
+	atomic_long allocations;
+} failing_alloc;
+adg_allocator failing_allocator(failing_alloc *state);
+
+void assert_stats(adg_registry *r, uint64_t nodes, uint64_t steps,
+		  uint64_t graphs);
+
+/* Zeroes the live counters and creates *r. */
+void begin_clean(adg_registry **r);
+/* Frees r (it must have no live node), then asserts that no gradient, step
+ * closure or, in AddressSanitizer builds, heap block was leaked. */
+void end_clean(adg_registry *r);
+
+/* Criterion 2.4 ignores assertion failures in a suite's .fini, so a test
+ * whose end checks must count runs them at the end of its own body: the
+ * file defines end_checks(), CHECKED_TEST calls it after the body. */
+#define CHECKED_TEST(suite, name, ...)                                         \
+	static void suite##_##name##_body(void);                               \
+	Test(suite, name, ##__VA_ARGS__)                                       \
+	{                                                                      \
+		suite##_##name##_body();                                       \
+		end_checks();                                                  \
+	}                                                                      \
+	static void suite##_##name##_body(void)
+
+#endif

@@ -1,0 +1,133 @@
+/* The gradient container against a plain array model. */
+#include "scalar.h"
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+
+static adg_registry *reg;
+static adg_node *leaf;
+static uint64_t leaf_id;
+
+static void setup(void)
+{
+	begin_clean(&reg);
+	cr_assert_eq(adg_leaf(reg, &leaf), 0);
+	adg_node_id(leaf, &leaf_id);
+}
+
+static void end_checks(void)
+{
+	adg_node_unref(leaf);
+	end_clean(reg);
+}
+
+TestSuite(grads, .init = setup);
+
+static adg_grads *container(void)
+{
+	adg_grads *g;
+	cr_assert_eq(adg_backward(reg, leaf, scalar_box(0), &scalar_ops, &g),
+		     0);
+	void *seed;
+	cr_assert_eq(adg_grads_take(g, leaf_id, &seed), 0);
+	scalar_ops.free(seed, NULL);
+	return g;
+}
+
+CHECKED_TEST(grads, register_adds_into_one_id)
+{
+	adg_grads *g = container();
+	cr_assert_eq(adg_grads_register(g, 7, scalar_box(1.5)), 0);
+	cr_assert_eq(adg_grads_register(g, 7, scalar_box(2.0)), 0);
+	void *v;
+	cr_assert_eq(adg_grads_get(g, 7, &v), 0);
+	cr_expect_eq(*(double *)v, 3.5);
+	size_t n;
+	adg_grads_count(g, &n);
+	cr_expect_eq(n, 1);
+	cr_assert_eq(adg_grads_take(g, 7, &v), 0);
+	cr_expect_eq(*(double *)v, 3.5);
+	scalar_ops.free(v, NULL);
+	cr_expect_eq(adg_grads_get(g, 7, &v), ADG_ENOTFOUND);
+	adg_grads_free(g);
+}
+
+/* Random registers and takes over clustered ids, checked after every
+ * operation against an array indexed by id. */
+CHECKED_TEST(grads, random_operations_match_a_model)
+{
+	enum { IDS = 3000, OPS = 200000 };
+	double *model = calloc(IDS, sizeof *model);
+	bool *held = calloc(IDS, sizeof *held);
+	size_t held_count = 0;
+	adg_grads *g = container();
+	unsigned int seed = 12345;
+	for (int op = 0; op < OPS; op++) {
+		/* Ids in runs, so that probe sequences collide. */
+		uint64_t id = 1 + (uint64_t)(rand_r(&seed) % IDS);
+		void *v;
+		if (rand_r(&seed) % 3 != 0) {
+			double x = (double)(rand_r(&seed) % 7);
+			cr_assert_eq(adg_grads_register(g, id, scalar_box(x)),
+				     0);
+			if (!held[id - 1])
+				held_count++;
+			held[id - 1] = true;
+			model[id - 1] += x;
+		} else {
+			int rc = adg_grads_take(g, id, &v);
+			if (held[id - 1]) {
+				cr_assert_eq(rc, 0);
+				cr_assert_eq(*(double *)v, model[id - 1]);
+				scalar_ops.free(v, NULL);
+				held[id - 1] = false;
+				model[id - 1] = 0;
+				held_count--;
+			} else {
+				cr_assert_eq(rc, ADG_ENOTFOUND);
+			}
+		}
+		if (op % 997 == 0) {
+			for (uint64_t k = 1; k <= IDS; k++) {
+				int rc = adg_grads_get(g, k, &v);
+				cr_assert_eq(rc == 0, held[k - 1], "id %llu",
+					     (unsigned long long)k);
+				if (rc == 0)
+					cr_assert_eq(*(double *)v,
+						     model[k - 1]);
+			}
+		}
+		size_t n;
+		adg_grads_count(g, &n);
+		cr_assert_eq(n, held_count);
+	}
+	adg_grads_free(g);
+	free(model);
+	free(held);
+}
+
+/* A step may keep its node's gradient by taking it out of the call. */
+static void *kept;
+
+static int keeping_backward(adg_step_call *call, void *user)
+{
+	(void)user;
+	kept = call->grad;
+	call->grad = NULL;
+	return adg_grads_register(call->grads, call->parent_ids[0],
+				  scalar_box(1));
+}
+
+CHECKED_TEST(grads, step_may_take_its_gradient)
+{
+	adg_node *y;
+	adg_step st = {keeping_backward, NULL, NULL};
+	cr_assert_eq(adg_op(reg, &leaf, 1, &st, &y), 0);
+	adg_grads *g;
+	cr_assert_eq(adg_backward(reg, y, scalar_box(9), &scalar_ops, &g), 0);
+	cr_assert_not_null(kept);
+	cr_expect_eq(*(double *)kept, 9.0);
+	scalar_ops.free(kept, NULL);
+	adg_grads_free(g);
+	adg_node_unref(y);
+}

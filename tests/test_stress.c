@@ -1,0 +1,477 @@
+/* Concurrency stress, bounded by iteration counts: every result is checked,
+ * and ThreadSanitizer and AddressSanitizer builds run the same code. */
+#include "scalar.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+static adg_registry *reg;
+
+static void setup(void)
+{
+	begin_clean(&reg);
+}
+
+static void end_checks(void)
+{
+	end_clean(reg);
+}
+
+TestSuite(stress, .init = setup, .timeout = 600);
+
+static void run_threads(int n, void *(*fn)(void *))
+{
+	pthread_t *t = malloc(n * sizeof *t);
+	for (intptr_t i = 0; i < n; i++)
+		cr_assert_eq(pthread_create(&t[i], NULL, fn, (void *)i), 0);
+	for (int i = 0; i < n; i++)
+		pthread_join(t[i], NULL);
+	free(t);
+}
+
+/* Disjoint graphs on shared leaves, with backward, at 2, 8, 32 threads. */
+static scalar params[4];
+static atomic_int wrong;
+static int disjoint_rounds;
+
+static void *disjoint_worker(void *arg)
+{
+	double own_value = (double)((intptr_t)arg % 5 + 1);
+	for (int round = 0; round < disjoint_rounds; round++) {
+		scalar own = s_leaf(reg, own_value);
+		scalar h = s_mul(reg, own, params[0]);
+		scalar h2 = s_mul(reg, h, params[1]);
+		scalar h3 = s_add(reg, h2, params[2]);
+		scalar out = s_mul(reg, h3, params[3]);
+		s_drop(h);
+		s_drop(h2);
+		s_drop(h3);
+		adg_grads *g;
+		if (s_backward(reg, out, &g) != 0) {
+			atomic_fetch_add(&wrong, 1);
+			s_drop(out);
+			s_drop(own);
+			continue;
+		}
+		/* out = (own p0 p1 + p2) p3 */
+		double p0 = params[0].value, p1 = params[1].value,
+		       p2 = params[2].value, p3 = params[3].value;
+		double want[4] = {own_value * p1 * p3, own_value * p0 * p3, p3,
+				  own_value * p0 * p1 + p2};
+		for (int k = 0; k < 4; k++) {
+			void *v;
+			if (adg_grads_get(g, params[k].id, &v) != 0 ||
+			    *(double *)v != want[k])
+				atomic_fetch_add(&wrong, 1);
+		}
+		adg_grads_free(g);
+		s_drop(out);
+		s_drop(own);
+	}
+	return NULL;
+}
+
+static void disjoint(int threads, int rounds)
+{
+	for (int k = 0; k < 4; k++)
+		params[k] = s_leaf(reg, k + 2);
+	disjoint_rounds = rounds;
+	run_threads(threads, disjoint_worker);
+	cr_expect_eq(atomic_load(&wrong), 0);
+	struct adg_stats st;
+	adg_stats(reg, &st);
+	cr_expect_eq(st.merges, 0);
+	cr_expect_eq(st.live_nodes, 4);
+	cr_expect_eq(st.live_steps, 0);
+	cr_expect_eq(st.live_graphs, 0);
+	for (int k = 0; k < 4; k++)
+		s_drop(params[k]);
+}
+
+CHECKED_TEST(stress, disjoint_graphs_2_threads)
+{
+	disjoint(2, 4000);
+}
+
+CHECKED_TEST(stress, disjoint_graphs_8_threads)
+{
+	disjoint(8, 1000);
+}
+
+CHECKED_TEST(stress, disjoint_graphs_32_threads)
+{
+	disjoint(32, 250);
+}
+
+/* Merges in random orders while other threads look nodes up. The pool is
+ * the test's; the library sees ops on random pairs of pooled nodes. */
+#define POOL	  64
+#define MERGERS	  4
+#define READERS	  2
+#define MERGE_OPS 1500
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static scalar pool[POOL];
+static atomic_bool merging_done;
+static scalar pool_leaf;
+
+/* The test's own record of every op node, to compute components later. */
+#define MAX_NODES (POOL + MERGERS * MERGE_OPS)
+static struct {
+	scalar x;
+	int parent[2];
+	bool starts_graph;
+} made[MAX_NODES];
+static atomic_int n_made;
+static int pool_index[POOL];
+
+static scalar take_ref(int slot, int *index)
+{
+	pthread_mutex_lock(&pool_lock);
+	scalar x = pool[slot];
+	*index = pool_index[slot];
+	adg_node_ref(x.node);
+	pthread_mutex_unlock(&pool_lock);
+	return x;
+}
+
+static void *merger(void *arg)
+{
+	unsigned int seed = (unsigned int)(intptr_t)arg * 7919 + 1;
+	for (int i = 0; i < MERGE_OPS; i++) {
+		int ia, ib;
+		int sa = rand_r(&seed) % POOL, sb = rand_r(&seed) % POOL;
+		scalar a = take_ref(sa, &ia), b = take_ref(sb, &ib);
+		scalar y = s_mul(reg, a, b);
+		int idx = atomic_fetch_add(&n_made, 1);
+		made[idx].x = y;
+		made[idx].parent[0] = ia;
+		made[idx].parent[1] = ib;
+		adg_node_ref(y.node); /* made[] keeps one */
+		pthread_mutex_lock(&pool_lock);
+		scalar old = pool[sa];
+		pool[sa] = y;
+		pool_index[sa] = idx;
+		pthread_mutex_unlock(&pool_lock);
+		s_drop(old);
+		s_drop(a);
+		s_drop(b);
+	}
+	return NULL;
+}
+
+static void *reader(void *arg)
+{
+	unsigned int seed = (unsigned int)(intptr_t)arg * 31 + 7;
+	long lookups = 0;
+	while (!atomic_load(&merging_done)) {
+		int ix;
+		scalar x = take_ref(rand_r(&seed) % POOL, &ix);
+		uint64_t g;
+		if (adg_node_graph_id(x.node, &g) != 0 || g == 0)
+			atomic_fetch_add(&wrong, 1);
+		s_drop(x);
+		lookups++;
+	}
+	return (void *)lookups;
+}
+
+static void *merge_or_read(void *arg)
+{
+	intptr_t i = (intptr_t)arg;
+	return i < MERGERS ? merger(arg) : reader(arg);
+}
+
+/* How often the leaf occurs in each made node's product: its gradient,
+ * since every value is 1. */
+static double *occurrences;
+static atomic_int backward_ok;
+
+static void *pool_backward(void *arg)
+{
+	intptr_t t = (intptr_t)arg;
+	for (int slot = (int)t; slot < POOL; slot += 4) {
+		adg_grads *g;
+		int rc = s_backward(reg, pool[slot], &g);
+		if (rc == ADG_EUNAVAILABLE || rc == ADG_ECONSUMED)
+			continue;
+		void *v;
+		double want = occurrences[pool_index[slot]];
+		if (rc != 0 || adg_grads_get(g, pool_leaf.id, &v) != 0 ||
+		    (want < 0x1p50 && *(double *)v != want))
+			atomic_fetch_add(&wrong, 1);
+		else
+			atomic_fetch_add(&backward_ok, 1);
+		adg_grads_free(g);
+	}
+	return NULL;
+}
+
+static int find_root(int *up, int i)
+{
+	while (up[i] != i)
+		i = up[i] = up[up[i]];
+	return i;
+}
+
+CHECKED_TEST(stress, merges_in_random_orders_with_lookups)
+{
+	pool_leaf = s_leaf(reg, 1);
+	for (int i = 0; i < POOL; i++) {
+		scalar y = s_mul(reg, pool_leaf, pool_leaf);
+		made[i].x = y;
+		made[i].parent[0] = made[i].parent[1] = -1;
+		made[i].starts_graph = true;
+		adg_node_ref(y.node);
+		pool[i] = y;
+		pool_index[i] = i;
+	}
+	atomic_store(&n_made, POOL);
+	pthread_t t[MERGERS + READERS];
+	for (intptr_t i = 0; i < MERGERS + READERS; i++)
+		pthread_create(&t[i], NULL, merge_or_read, (void *)i);
+	for (int i = 0; i < MERGERS; i++)
+		pthread_join(t[i], NULL);
+	atomic_store(&merging_done, true);
+	for (int i = MERGERS; i < MERGERS + READERS; i++)
+		pthread_join(t[i], NULL);
+	cr_expect_eq(atomic_load(&wrong), 0, "a live op reported no graph");
+
+	/* Components of the parent relation; each graph's id must be the
+	 * smallest id of the graph-starting nodes in it. */
+	int n = atomic_load(&n_made);
+	int *up = malloc(n * sizeof *up);
+	for (int i = 0; i < n; i++)
+		up[i] = i;
+	for (int i = 0; i < n; i++)
+		for (int k = 0; k < 2; k++)
+			if (made[i].parent[k] >= 0)
+				up[find_root(up, made[i].parent[k])] =
+					find_root(up, i);
+	uint64_t *smallest = malloc(n * sizeof *smallest);
+	for (int i = 0; i < n; i++)
+		smallest[i] = UINT64_MAX;
+	for (int i = 0; i < n; i++) {
+		int r = find_root(up, i);
+		if (made[i].starts_graph && made[i].x.id < smallest[r])
+			smallest[r] = made[i].x.id;
+	}
+	struct adg_stats st;
+	adg_stats(reg, &st);
+	int components = 0;
+	for (int i = 0; i < n; i++) {
+		int r = find_root(up, i);
+		cr_assert_eq(s_graph(made[i].x), smallest[r], "node %d", i);
+		if (r == i)
+			components++;
+	}
+	cr_expect_eq(st.live_graphs, (uint64_t)components);
+	cr_expect_eq(st.merges, (uint64_t)(POOL - components));
+
+	/* Backward from every pooled root at once, from several threads:
+	 * the tapes overlap, so each step is taken once and the others get
+	 * ADG_EUNAVAILABLE or ADG_ECONSUMED, never a partial result. */
+	occurrences = malloc(n * sizeof *occurrences);
+	for (int i = 0; i < n; i++)
+		occurrences[i] =
+			made[i].parent[0] < 0
+				? 2
+				: occurrences[made[i].parent[0]] +
+					  occurrences[made[i].parent[1]];
+	run_threads(4, pool_backward);
+	cr_expect_eq(atomic_load(&wrong), 0, "a wrong or partial gradient");
+	cr_expect_gt(atomic_load(&backward_ok), 0);
+	for (int i = 0; i < n; i++)
+		s_drop(made[i].x);
+	free(up);
+	free(smallest);
+	free(occurrences);
+	for (int i = 0; i < POOL; i++)
+		s_drop(pool[i]);
+	s_drop(pool_leaf);
+	assert_stats(reg, 0, 0, 0);
+}
+
+/* Overlapping tapes: two threads race backward on roots that share all of
+ * their ancestors; exactly one takes them. */
+static scalar race_a, race_b, race_roots[2];
+static int race_rc[2];
+static pthread_barrier_t race_start;
+
+static void *race_backward(void *arg)
+{
+	intptr_t i = (intptr_t)arg;
+	adg_grads *g = NULL;
+	pthread_barrier_wait(&race_start);
+	race_rc[i] = s_backward(reg, race_roots[i], &g);
+	if (race_rc[i] == 0) {
+		/* roots a^2 b^2 and a b^3 at a = 2, b = 3: the whole
+		 * gradient or nothing */
+		double want_a = i == 0 ? 2 * 2.0 * 9 : 27.0;
+		double want_b = i == 0 ? 2 * 4.0 * 3 : 3 * 2.0 * 9;
+		void *va, *vb;
+		if (adg_grads_get(g, race_a.id, &va) != 0 ||
+		    adg_grads_get(g, race_b.id, &vb) != 0 ||
+		    *(double *)va != want_a || *(double *)vb != want_b)
+			atomic_fetch_add(&wrong, 1);
+	}
+	adg_grads_free(g);
+	return NULL;
+}
+
+CHECKED_TEST(stress, overlapping_backward_takes_each_step_once)
+{
+	for (int round = 0; round < 300; round++) {
+		scalar a = race_a = s_leaf(reg, 2), b = race_b = s_leaf(reg, 3);
+		scalar x = s_mul(reg, a, b);
+		scalar x2 = s_mul(reg, x, b);
+		race_roots[0] = s_mul(reg, x2, a);
+		race_roots[1] = s_mul(reg, x2, b);
+		pthread_barrier_init(&race_start, NULL, 2);
+		pthread_t t[2];
+		for (intptr_t i = 0; i < 2; i++)
+			pthread_create(&t[i], NULL, race_backward, (void *)i);
+		for (int i = 0; i < 2; i++)
+			pthread_join(t[i], NULL);
+		pthread_barrier_destroy(&race_start);
+		int ok = (race_rc[0] == 0) + (race_rc[1] == 0);
+		cr_assert_eq(ok, 1, "round %d: %d %d", round, race_rc[0],
+			     race_rc[1]);
+		for (int i = 0; i < 2; i++)
+			if (race_rc[i] != 0)
+				cr_assert_eq(race_rc[i], ADG_EUNAVAILABLE);
+		assert_stats(reg, 6, 1, 1);
+		scalar all[] = {a, b, x, x2, race_roots[0], race_roots[1]};
+		for (int i = 0; i < 6; i++)
+			s_drop(all[i]);
+	}
+	cr_expect_eq(atomic_load(&wrong), 0);
+}
+
+/* Reference drops race with registrations that name the dropped node: the
+ * registering thread holds its own reference while it calls. */
+#define DROPPERS    4
+#define DROP_ROUNDS 2000
+static scalar shared_x;
+static pthread_barrier_t drop_start;
+static scalar children[DROPPERS];
+
+static void *drop_or_use(void *arg)
+{
+	intptr_t i = (intptr_t)arg;
+	scalar own = shared_x;
+	adg_node_ref(own.node); /* taken before the barrier: ours to use */
+	pthread_barrier_wait(&drop_start);
+	if (i == 0)
+		s_drop(shared_x); /* the creator's reference */
+	children[i] = s_mul(reg, own, params[0]);
+	s_drop(own);
+	return NULL;
+}
+
+CHECKED_TEST(stress, drops_race_with_registrations)
+{
+	params[0] = s_leaf(reg, 3);
+	for (int round = 0; round < DROP_ROUNDS / 10; round++) {
+		scalar a = s_leaf(reg, 2);
+		shared_x = s_mul(reg, a, a);
+		pthread_barrier_init(&drop_start, NULL, DROPPERS);
+		run_threads(DROPPERS, drop_or_use);
+		pthread_barrier_destroy(&drop_start);
+		/* every child keeps x and its step: each backward from a child
+		 * but the first finds x consumed */
+		assert_stats(reg, 3 + DROPPERS, 1 + DROPPERS, 1);
+		int succeeded = 0;
+		for (int i = 0; i < DROPPERS; i++) {
+			adg_grads *g;
+			int rc = s_backward(reg, children[i], &g);
+			if (rc == 0) {
+				succeeded++;
+				cr_expect_eq(s_grad(g, a), 2 * 2.0 * 3);
+				adg_grads_free(g);
+			} else {
+				cr_expect_eq(rc, ADG_EUNAVAILABLE);
+			}
+			s_drop(children[i]);
+		}
+		cr_expect_eq(succeeded, 1);
+		assert_stats(reg, 2, 0, 0);
+		s_drop(a);
+	}
+	s_drop(params[0]);
+}
+
+/* Churn: merges, unrun frees, backward passes and lookups on one shared
+ * pool at once. Frees of unconsumed nodes and backward passes lock graphs
+ * that merges are moving nodes out of. */
+#define CHURN_THREADS 6
+#define CHURN_OPS     3000
+static scalar churn_pool[POOL];
+static pthread_mutex_t churn_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static scalar churn_take(int slot)
+{
+	pthread_mutex_lock(&churn_lock);
+	scalar x = churn_pool[slot];
+	adg_node_ref(x.node);
+	pthread_mutex_unlock(&churn_lock);
+	return x;
+}
+
+static void churn_put(int slot, scalar x)
+{
+	pthread_mutex_lock(&churn_lock);
+	scalar old = churn_pool[slot];
+	churn_pool[slot] = x;
+	pthread_mutex_unlock(&churn_lock);
+	s_drop(old); /* may free an unrun graph, or part of one */
+}
+
+static void *churn_worker(void *arg)
+{
+	unsigned int seed = (unsigned int)(intptr_t)arg * 104729 + 3;
+	for (int i = 0; i < CHURN_OPS; i++) {
+		int kind = rand_r(&seed) % 10;
+		int sa = rand_r(&seed) % POOL, sb = rand_r(&seed) % POOL;
+		int sc = rand_r(&seed) % POOL;
+		scalar a = churn_take(sa);
+		if (kind < 6) {
+			scalar b = churn_take(sb);
+			churn_put(sc, s_mul(reg, a, b));
+			s_drop(b);
+		} else if (kind < 8) {
+			adg_grads *g;
+			int rc = s_backward(reg, a, &g);
+			if (rc == 0) {
+				void *v;
+				if (adg_grads_get(g, pool_leaf.id, &v) != 0 ||
+				    *(double *)v < 1)
+					atomic_fetch_add(&wrong, 1);
+				adg_grads_free(g);
+				churn_put(sa, s_mul(reg, pool_leaf, pool_leaf));
+			} else if (rc != ADG_EUNAVAILABLE &&
+				   rc != ADG_ECONSUMED) {
+				atomic_fetch_add(&wrong, 1);
+			}
+		} else {
+			uint64_t gid;
+			if (adg_node_graph_id(a.node, &gid) != 0)
+				atomic_fetch_add(&wrong, 1);
+		}
+		s_drop(a);
+	}
+	return NULL;
+}
+
+CHECKED_TEST(stress, merges_frees_backward_and_lookups_at_once)
+{
+	pool_leaf = s_leaf(reg, 1);
+	for (int i = 0; i < POOL; i++)
+		churn_pool[i] = s_mul(reg, pool_leaf, pool_leaf);
+	run_threads(CHURN_THREADS, churn_worker);
+	cr_expect_eq(atomic_load(&wrong), 0);
+	for (int i = 0; i < POOL; i++)
+		s_drop(churn_pool[i]);
+	assert_stats(reg, 1, 0, 0);
+	s_drop(pool_leaf);
+}
