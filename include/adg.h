@@ -140,9 +140,12 @@ typedef struct adg_step {
 } adg_step;
 
 /* Creates a leaf: a node without parents that wants a gradient (a parameter,
- * an input that requires grad). Leaves never join graphs, so a parameter
- * shared by many threads never couples their graphs. *out holds the one
- * reference the caller owns.
+ * an input that requires grad). Leaves never join graphs and are never
+ * written once created, so a parameter shared by many threads neither
+ * couples their graphs nor shares a written cache line between them.
+ * Children keep only a leaf's id: the leaf is freed with the caller's last
+ * handle, and a later backward still gives that id its gradient. *out holds
+ * the one reference the caller owns.
  * Errors: ADG_EINVAL, ADG_ENOMEM, ADG_ENOIDS. */
 ADG_API int adg_leaf(adg_registry *registry, adg_node **out);
 

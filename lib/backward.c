@@ -68,9 +68,10 @@ static bool tape_reserve_depths(struct adg_tape *t, size_t n)
 }
 
 /* Walks from root (locked in its graph) through unconsumed steps, marking
- * each VISITING once. Fills t->walked, *len, and *leaf_slots (parent slots
- * that name leaves: a bound on the leaf gradients to come). On error every
- * mark is undone. */
+ * each VISITING once and counting in tape_links the tape's slots that name
+ * it. Fills t->walked, *len, and *leaf_slots (parent slots that name
+ * leaves: a bound on the leaf gradients to come). On error every mark is
+ * undone. */
 static int walk(struct adg_tape *t, struct adg_node *root, size_t *len,
 		size_t *leaf_slots)
 {
@@ -80,17 +81,20 @@ static int walk(struct adg_tape *t, struct adg_node *root, size_t *len,
 	if (!tape_reserve_nodes(t, 1))
 		return ADG_ENOMEM;
 	root->state = ADG_NODE_VISITING;
+	root->tape_links = 0;
 	t->walked[n++] = root;
 	for (size_t i = 0; i < n && rc == 0; i++) {
 		struct adg_node *node = t->walked[i];
 		for (uint32_t k = 0; k < node->n_parents; k++) {
 			struct adg_node *p = node->parents[k];
-			if (adg_node_is_leaf(p)) {
-				leaves++;
+			if (p == NULL) {
+				leaves++; /* a leaf: nothing to take */
 				continue;
 			}
-			if (p->state == ADG_NODE_VISITING)
+			if (p->state == ADG_NODE_VISITING) {
+				p->tape_links++;
 				continue;
+			}
 			if (p->state == ADG_NODE_CONSUMED) {
 				rc = ADG_EUNAVAILABLE;
 				break;
@@ -100,6 +104,7 @@ static int walk(struct adg_tape *t, struct adg_node *root, size_t *len,
 				break;
 			}
 			p->state = ADG_NODE_VISITING;
+			p->tape_links = 1;
 			t->walked[n++] = p;
 		}
 	}
@@ -163,27 +168,28 @@ static int take(struct adg_shard *shard, struct adg_tape *t,
 		adg_graph_unlock(shard, g);
 		return rc;
 	}
+	/* Consumed: the tape's nodes hold their parents' references until
+	 * the backward drops them all at the end (drop_tape_links). */
 	for (size_t i = 0; i < *len; i++) {
 		struct adg_node *n = t->walked[i];
 		n->state = ADG_NODE_CONSUMED;
 		adg_graph_detach_locked(g, n);
-		/* The tape's reference keeps the node until its step has run,
-		 * after its children let go of it. Relaxed: it is reachable
-		 * from root, so its count is above zero. */
-		atomic_fetch_add_explicit(&n->refs, 1, memory_order_relaxed);
 	}
 	adg_graph_unlock(shard, g);
 	sort_by_depth(t, *len, root->depth);
 	return 0;
 }
 
-/* After a taken step ran or was dropped: release it, let go of the
- * parents, drop the tape's reference. */
-static void finish(struct adg_shard *shard, struct adg_node *n)
+/* Drops, in one atomic subtraction per node, every reference that the
+ * tape's nodes held on each other; frees what nothing else holds. Every
+ * parent slot of a taken node names a leaf (uncounted) or another taken
+ * node, so this lets go of all the references the tape held. */
+static void drop_tape_links(struct adg_shard *shard, struct adg_tape *t,
+			    size_t len)
 {
-	adg_node_release_step(shard, n);
-	adg_node_release_parents(shard, n);
-	adg_node_release(shard, n);
+	for (size_t i = 0; i < len; i++)
+		adg_node_release_many(shard, t->sorted[i],
+				      t->sorted[i]->tape_links);
 }
 
 static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
@@ -191,30 +197,31 @@ static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 {
 	/* The root is deepest, so it runs first, with the seed. */
 	void *grad = seed;
+	int rc = 0;
 
 	for (size_t i = 0; i < len; i++) {
 		struct adg_node *n = t->sorted[i];
-		if (i > 0 && adg_grads_take(grads, n->id, &grad) != 0)
-			grad = NULL;
-		adg_step_call call = {
-			.registry = n->registry,
-			.grads = grads,
-			.node_id = n->id,
-			.grad = grad,
-			.parent_ids = adg_node_parent_ids(n),
-			.n_parents = n->n_parents,
-		};
-		int rc = n->step.backward(&call, n->step.user);
-		if (call.grad != NULL)
-			ops->free(call.grad, ops->ctx);
-		finish(shard, n);
-		if (rc != 0) {
-			for (size_t k = i + 1; k < len; k++)
-				finish(shard, t->sorted[k]);
-			return adg_callback_result(rc);
+		if (rc == 0) {
+			if (i > 0 && adg_grads_take(grads, n->id, &grad) != 0)
+				grad = NULL;
+			adg_step_call call = {
+				.registry = n->registry,
+				.grads = grads,
+				.node_id = n->id,
+				.grad = grad,
+				.parent_ids = adg_node_parent_ids(n),
+				.n_parents = n->n_parents,
+			};
+			rc = adg_callback_result(
+				n->step.backward(&call, n->step.user));
+			if (call.grad != NULL)
+				ops->free(call.grad, ops->ctx);
 		}
+		/* After a failure the rest are released unrun. */
+		adg_node_release_step(shard, n);
 	}
-	return 0;
+	drop_tape_links(shard, t, len);
+	return rc;
 }
 
 int adg_backward(adg_registry *registry, adg_node *root, void *seed,

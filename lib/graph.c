@@ -140,8 +140,8 @@ static size_t parent_graphs(const struct adg_node *node, struct adg_graph **set)
 
 	for (uint32_t i = 0; i < node->n_parents; i++) {
 		const struct adg_node *p = node->parents[i];
-		if (adg_node_is_leaf(p))
-			continue; /* leaves never join graphs */
+		if (p == NULL)
+			continue; /* a leaf: leaves never join graphs */
 		struct adg_graph *g = graph_of(p);
 		if (g == NULL)
 			continue; /* consumed: its step is gone */

@@ -77,23 +77,34 @@ enum adg_node_state {
 struct adg_node {
 	struct adg_registry *registry;
 	uint64_t id;
-	/* The caller's handles, one per unconsumed child's parent slot, one
-	 * while a backward's tape holds the node. */
+	/* The caller's handles, plus one per parent slot of an unconsumed
+	 * child. Leaves are not counted by their children (see parents). */
 	atomic_uint_fast64_t refs;
 	/* The graph the node is in, NULL for leaves and consumed nodes. Read
 	 * with rcu_dereference; written with rcu_assign_pointer while holding
 	 * the lock of the graph it pointed to. */
 	struct adg_graph *graph;
-	/* Link in graph->members (under the graph's lock); once the node has
-	 * left its graph, a link in the free path's work list. */
-	struct cds_list_head link;
+	union {
+		/* In graph->members, under the graph's lock. */
+		struct cds_list_head link;
+		/* Once out of its graph and unreachable: the free path's
+		 * work list. */
+		struct adg_node *next_doomed;
+	};
 	uint32_t depth;
 	uint32_t n_parents;
 	/* enum adg_node_state. LEAF never changes; the others change only
 	 * under the lock of the graph the node is (or was last) in. */
 	uint8_t state;
+	/* While on a tape being taken or run: how many of the tape's parent
+	 * slots name this node. The backward drops them in one go. */
+	uint32_t tape_links;
 	adg_step step;
-	/* n_parents pointers, then n_parents ids (see adg_node_parent_ids). */
+	/* n_parents pointers, then n_parents ids (see adg_node_parent_ids).
+	 * A leaf parent's pointer is NULL: children never touch a leaf after
+	 * creating it, so a parameter shared by every thread is a cache line
+	 * nobody writes, and its handle may go while children still use its
+	 * id. */
 	struct adg_node *parents[];
 };
 
@@ -111,9 +122,9 @@ static inline const uint64_t *adg_node_parent_ids(const struct adg_node *n)
 /* Drops one reference; frees the node and whatever becomes unreachable. */
 void adg_node_release(struct adg_shard *shard, struct adg_node *node);
 
-/* Drops the references a node holds on its parents (after its step ran or
- * was dropped by a backward). */
-void adg_node_release_parents(struct adg_shard *shard, struct adg_node *node);
+/* Drops n references at once; frees as adg_node_release does. */
+void adg_node_release_many(struct adg_shard *shard, struct adg_node *node,
+			   uint64_t n);
 
 /* Calls the step's release callback, once. */
 void adg_node_release_step(struct adg_shard *shard, struct adg_node *node);

@@ -1,12 +1,13 @@
 /*
  * Nodes: creation (adg_leaf, adg_op), counted references, and freeing.
  *
- * A node holds one reference on each parent slot while its step is
+ * A node holds one reference on each non-leaf parent slot while its step is
  * unconsumed, so "some backward could still run this step" is exactly "the
  * node's count is above zero": the caller's handles keep it, and so does
- * every unconsumed descendant. Once a backward has run a node's step, the
+ * every unconsumed descendant. Once a backward has taken a node's step, the
  * node lets go of its parents. Freeing is therefore driven by references
  * alone and costs work in proportion to what is freed; nothing sweeps.
+ * Leaves have no step to keep, so children do not count them.
  */
 #include "internal.h"
 
@@ -29,10 +30,10 @@ static struct adg_node *node_new(struct adg_shard *shard,
 	n->registry = r;
 	atomic_init(&n->refs, 1); /* the handle returned to the caller */
 	n->graph = NULL;
-	CDS_INIT_LIST_HEAD(&n->link);
 	n->depth = 0;
 	n->n_parents = n_parents;
 	n->state = ADG_NODE_LEAF;
+	n->tape_links = 0;
 	n->step = (adg_step){0};
 	return n;
 }
@@ -89,7 +90,8 @@ int adg_op(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	n->step = *step;
 	uint64_t *ids = (uint64_t *)(n->parents + n_parents);
 	for (size_t i = 0; i < n_parents; i++) {
-		n->parents[i] = parents[i];
+		bool leaf = adg_node_is_leaf(parents[i]);
+		n->parents[i] = leaf ? NULL : parents[i];
 		ids[i] = parents[i]->id;
 	}
 
@@ -102,8 +104,9 @@ int adg_op(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	 * follow its placement. Relaxed: the caller holds each parent, so no
 	 * count can reach zero meanwhile. */
 	for (size_t i = 0; i < n_parents; i++)
-		atomic_fetch_add_explicit(&parents[i]->refs, 1,
-					  memory_order_relaxed);
+		if (n->parents[i] != NULL)
+			atomic_fetch_add_explicit(&n->parents[i]->refs, 1,
+						  memory_order_relaxed);
 	adg_count(shard, ADG_C_NODES_MADE, 1);
 	adg_count(shard, ADG_C_STEPS_MADE, 1);
 	*out = n;
@@ -143,18 +146,21 @@ void adg_node_release_step(struct adg_shard *shard, struct adg_node *node)
 	adg_count(shard, ADG_C_STEPS_RELEASED, 1);
 }
 
-/* Drops one reference; a node whose count reaches zero goes on doomed,
- * taken out of its graph first if its step is unconsumed. */
-static void drop_ref(struct adg_shard *shard, struct adg_node *node,
-		     struct cds_list_head *doomed)
+/* Drops n references; a node whose count reaches zero goes on doomed,
+ * taken out of its graph first if its step is unconsumed. NULL (a leaf
+ * parent) holds nothing. */
+static void drop_refs(struct adg_shard *shard, struct adg_node *node,
+		      uint64_t n, struct adg_node **doomed)
 {
+	if (node == NULL || n == 0)
+		return;
 	/* Release: what this thread did with the node happens before its
 	 * free, whichever thread drops the last reference. Acquire: the last
 	 * dropper sees what every earlier one did. (acq_rel costs the same
 	 * locked instruction as release alone, and TSan understands it, which
 	 * it does not a fence.) */
-	if (atomic_fetch_sub_explicit(&node->refs, 1, memory_order_acq_rel) !=
-	    1)
+	if (atomic_fetch_sub_explicit(&node->refs, n, memory_order_acq_rel) !=
+	    n)
 		return;
 	if (node->state == ADG_NODE_LIVE) {
 		/* Unreachable now, but still a member of its graph, which a
@@ -163,49 +169,46 @@ static void drop_ref(struct adg_shard *shard, struct adg_node *node,
 		adg_graph_detach_locked(g, node);
 		adg_graph_unlock(shard, g);
 	}
-	cds_list_add(&node->link, doomed);
+	node->next_doomed = *doomed;
+	*doomed = node;
 }
 
 /* Frees one unreachable node; parents it lets go of join doomed. */
 static void node_free(struct adg_shard *shard, struct adg_node *node,
-		      struct cds_list_head *doomed)
+		      struct adg_node **doomed)
 {
 	/* A LIVE node still holds its step and its parents; a CONSUMED one
-	 * gave both up after its backward ran the step. */
+	 * gave both up to the backward that took it. */
 	if (node->state == ADG_NODE_LIVE) {
 		adg_node_release_step(shard, node);
 		for (uint32_t i = 0; i < node->n_parents; i++)
-			drop_ref(shard, node->parents[i], doomed);
+			drop_refs(shard, node->parents[i], 1, doomed);
 	}
 	adg_count(shard, ADG_C_NODES_FREED, 1);
 	adg_free(node->registry, node, adg_node_size(node->n_parents));
 }
 
-static void free_doomed(struct adg_shard *shard, struct cds_list_head *doomed)
+static void free_doomed(struct adg_shard *shard, struct adg_node *doomed)
 {
 	/* A work list rather than recursion: a chain of a million nodes
 	 * freed at once must not overflow the stack. */
-	while (!cds_list_empty(doomed)) {
-		struct adg_node *n =
-			cds_list_first_entry(doomed, struct adg_node, link);
-		cds_list_del(&n->link);
-		node_free(shard, n, doomed);
+	while (doomed != NULL) {
+		struct adg_node *n = doomed;
+		doomed = n->next_doomed;
+		node_free(shard, n, &doomed);
 	}
+}
+
+void adg_node_release_many(struct adg_shard *shard, struct adg_node *node,
+			   uint64_t n)
+{
+	struct adg_node *doomed = NULL;
+
+	drop_refs(shard, node, n, &doomed);
+	free_doomed(shard, doomed);
 }
 
 void adg_node_release(struct adg_shard *shard, struct adg_node *node)
 {
-	CDS_LIST_HEAD(doomed);
-
-	drop_ref(shard, node, &doomed);
-	free_doomed(shard, &doomed);
-}
-
-void adg_node_release_parents(struct adg_shard *shard, struct adg_node *node)
-{
-	CDS_LIST_HEAD(doomed);
-
-	for (uint32_t i = 0; i < node->n_parents; i++)
-		drop_ref(shard, node->parents[i], &doomed);
-	free_doomed(shard, &doomed);
+	adg_node_release_many(shard, node, 1);
 }

@@ -88,13 +88,31 @@ CHECKED_TEST(lifetime, unrun_graph_is_freed_by_its_last_handle)
 	s_drop(y);
 	s_drop(a);
 	s_drop(b);
-	/* z keeps every ancestor: a backward from z could still run them. */
-	assert_stats(reg, 5, 3, 1);
+	/* z keeps every op ancestor, whose steps a backward from z could
+	 * still run; a leaf has no step and goes with its last handle. */
+	assert_stats(reg, 3, 3, 1);
 	s_drop(z);
 	assert_stats(reg, 0, 0, 0);
 	struct adg_stats st;
 	adg_stats(reg, &st);
 	cr_expect_eq(st.nodes_freed, 5);
+}
+
+/* Children use a leaf's id, not its node: a leaf whose handle went still
+ * gets its gradient. */
+CHECKED_TEST(lifetime, dropped_leaf_still_gets_its_gradient)
+{
+	scalar a = s_leaf(reg, 2), b = s_leaf(reg, 3);
+	scalar y = s_mul(reg, a, b);
+	s_drop(a);
+	assert_stats(reg, 2, 1, 1);
+	adg_grads *g;
+	cr_assert_eq(s_backward(reg, y, &g), 0);
+	cr_expect_eq(s_grad(g, a), 3.0);
+	cr_expect_eq(s_grad(g, b), 2.0);
+	adg_grads_free(g);
+	s_drop(y);
+	s_drop(b);
 }
 
 CHECKED_TEST(lifetime, references_add_up)
