@@ -67,13 +67,13 @@ static bool tape_reserve_depths(struct adg_tape *t, size_t n)
 	return true;
 }
 
-/* Walks from root (locked in its graph) through unconsumed steps, marking
+/* Walks from root, in graph g (locked), through unconsumed steps, marking
  * each VISITING once and counting in tape_links the tape's slots that name
  * it. Fills t->walked, *len, and *leaf_slots (parent slots that name
  * leaves: a bound on the leaf gradients to come). On error every mark is
  * undone. */
-static int walk(struct adg_tape *t, struct adg_node *root, size_t *len,
-		size_t *leaf_slots)
+static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
+		size_t *len, size_t *leaf_slots)
 {
 	size_t n = 0, leaves = 0;
 	int rc = 0;
@@ -91,13 +91,18 @@ static int walk(struct adg_tape *t, struct adg_node *root, size_t *len,
 				leaves++; /* a leaf: nothing to take */
 				continue;
 			}
+			/* An unconsumed parent is in its child's graph, g. One
+			 * that is not was consumed by another backward, whose
+			 * writes to it were made under a lock we do not hold:
+			 * decide by the pointer alone (compared, never
+			 * followed) and leave its other fields alone. */
+			if (adg_node_graph(p) != g) {
+				rc = ADG_EUNAVAILABLE;
+				break;
+			}
 			if (p->state == ADG_NODE_VISITING) {
 				p->tape_links++;
 				continue;
-			}
-			if (p->state == ADG_NODE_CONSUMED) {
-				rc = ADG_EUNAVAILABLE;
-				break;
 			}
 			if (!tape_reserve_nodes(t, n + 1)) {
 				rc = ADG_ENOMEM;
@@ -156,7 +161,7 @@ static int take(struct adg_shard *shard, struct adg_tape *t,
 	if (g == NULL)
 		return ADG_ECONSUMED;
 	size_t leaf_slots;
-	int rc = walk(t, root, len, &leaf_slots);
+	int rc = walk(t, g, root, len, &leaf_slots);
 	if (rc == 0) {
 		rc = adg_grads_new(root->registry, ops, *len + leaf_slots,
 				   grads);

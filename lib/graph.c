@@ -1,12 +1,16 @@
 /*
  * Graph objects: the per-graph lock, placing a node in its parents' graph,
- * merging, and retiring graphs through RCU.
+ * merging, retiring and reusing graph objects.
  *
  * The locator is the node itself: node->graph is an RCU-published pointer.
  * Finding a node's graph is one rcu_dereference, with no hash table, no lock
  * and no shared write. A merge republishes the moved nodes' pointers and
- * retires the absorbed graph objects, which readers that still hold them
- * see marked dead (and merged_into set), until call_rcu frees them.
+ * retires the absorbed graph objects. Graph memory is type-stable (see
+ * struct adg_graph): a retired object goes to the retiring thread's pool and
+ * comes back as a new graph, and leaves for the allocator only after a
+ * grace period (call_rcu), so a reader inside a read-side section always
+ * touches a graph object, never freed memory. Retiring costs no grace
+ * period on the hot path: a training loop retires graphs by the million.
  *
  * Locking rules:
  * - node->graph, node->link and node->state change only while holding the
@@ -17,28 +21,36 @@
  */
 #include "internal.h"
 
+#include <sched.h>
 #include <stdlib.h>
 
 /* Parents held on the stack by adg_graph_place; more use the allocator. */
 #define PLACE_INLINE_PARENTS 8
+/* A shard keeps at most this many retired graphs for reuse. */
+#define GRAPH_POOL_MAX 1024
 
-static struct adg_graph *graph_new(struct adg_shard *shard,
-				   struct adg_registry *r, uint64_t origin)
+/* Spins this many times on a held graph lock before yielding the CPU. */
+#define LOCK_SPINS 64
+
+void adg_graph_lock_wait(ck_spinlock_fas_t *lock)
 {
-	struct adg_graph *g = adg_alloc(r, sizeof *g);
-	if (g == NULL)
-		return NULL;
-	pthread_mutex_init(&g->lock, NULL);
-	atomic_init(&g->origin, origin);
-	g->rank = origin;
-	g->merged_into = NULL;
-	CDS_INIT_LIST_HEAD(&g->members);
-	g->n_members = 0;
-	g->dead = false;
-	g->retire_pending = false;
-	g->registry = r;
-	adg_count(shard, ADG_C_GRAPHS_MADE, 1);
-	return g;
+	unsigned int spins = 0;
+
+	do {
+		while (ck_spinlock_fas_locked(lock)) {
+			if (++spins < LOCK_SPINS) {
+				ck_pr_stall();
+			} else {
+				sched_yield();
+				spins = 0;
+			}
+		}
+	} while (!ck_spinlock_fas_trylock(lock));
+}
+
+static void graph_destroy(struct adg_graph *g)
+{
+	adg_free(g->registry, g, sizeof *g);
 }
 
 static void graph_free_rcu(struct rcu_head *head)
@@ -48,10 +60,85 @@ static void graph_free_rcu(struct rcu_head *head)
 	struct adg_registry *r = g->registry;
 
 	adg_tsan_acquire(&r->rcu_token); /* every earlier read-side section */
-	pthread_mutex_destroy(&g->lock);
-	adg_free(r, g, sizeof *g);
+	graph_destroy(g);
 	/* For adg_registry_free, which frees r after rcu_barrier. */
 	adg_tsan_release(&r->rcu_token);
+}
+
+void adg_graph_free_pool(struct adg_shard *shard)
+{
+	struct adg_graph *g = shard->graph_pool;
+	while (g != NULL) {
+		struct adg_graph *next = g->next_free;
+		graph_destroy(g);
+		g = next;
+	}
+	shard->graph_pool = NULL;
+	shard->graphs_pooled = 0;
+}
+
+static struct adg_graph *graph_new(struct adg_shard *shard,
+				   struct adg_registry *r, uint64_t origin)
+{
+	struct adg_graph *g = shard->graph_pool;
+	if (g != NULL) {
+		/* Reused at once. Its lock is left alone (a stale locker
+		 * may be waiting on it) and its rank stays its own;
+		 * its generation moved on when it retired. */
+		shard->graph_pool = g->next_free;
+		shard->graphs_pooled--;
+	} else {
+		g = adg_alloc(r, sizeof *g);
+		if (g == NULL)
+			return NULL;
+		ck_spinlock_fas_init(&g->lock);
+		atomic_init(&g->gen, 0);
+		g->rank = origin;
+		g->registry = r;
+	}
+	/* Release: a lock-free reader that reads this origin and then the
+	 * generation sees the generation this use of g runs under. */
+	atomic_store_explicit(&g->origin, origin, memory_order_release);
+	CDS_INIT_LIST_HEAD(&g->members);
+	g->n_members = 0;
+	g->retire_pending = false;
+	g->next_free = NULL;
+	adg_count(shard, ADG_C_GRAPHS_MADE, 1);
+	return g;
+}
+
+/* Marks g, locked, retired: its generation moves on, so that a lock-free
+ * reader that started on the old graph retries; adg_graph_unlock puts it
+ * away. */
+static void mark_retired(struct adg_graph *g)
+{
+	/* Release: a reader that sees the new generation also sees the
+	 * pointers republished before it. Only lock holders write gen. */
+	atomic_store_explicit(
+		&g->gen,
+		atomic_load_explicit(&g->gen, memory_order_relaxed) + 1,
+		memory_order_release);
+	g->retire_pending = true;
+}
+
+/* Puts a retired graph, unlocked, in this thread's pool, or frees it after
+ * a grace period when the pool is full or the shard is shared. */
+static void retire(struct adg_shard *shard, struct adg_graph *g)
+{
+	adg_count(shard, ADG_C_GRAPHS_RETIRED, 1);
+	if (!shard->shared && shard->graphs_pooled < GRAPH_POOL_MAX) {
+		g->next_free = shard->graph_pool;
+		shard->graph_pool = g;
+		shard->graphs_pooled++;
+		return;
+	}
+	/* A thread that read the pointer before it was taken away may still
+	 * be waiting for the lock, or reading its generation: the memory
+	 * goes back only after a grace period. (For TSan: what this thread
+	 * did to g comes before the callback, as call_rcu's queueing
+	 * guarantees.) */
+	adg_tsan_release(&g->rcu);
+	call_rcu(&g->rcu, graph_free_rcu);
 }
 
 /* The graph a node is in; call inside a read-side section. */
@@ -78,30 +165,19 @@ void adg_graph_detach_locked(struct adg_graph *g, struct adg_node *n)
 {
 	cds_list_del(&n->link);
 	rcu_assign_pointer(n->graph, NULL);
-	if (--g->n_members == 0) {
-		/* Nothing points here any more but readers that loaded the
-		 * pointer earlier; adg_graph_unlock frees it after them. */
-		g->dead = true;
-		g->retire_pending = true;
-	}
+	if (--g->n_members == 0)
+		mark_retired(g);
 }
 
 void adg_graph_unlock(struct adg_shard *shard, struct adg_graph *g)
 {
 	/* Read before unlocking: afterwards g belongs to the next holder. */
-	bool retire = g->retire_pending;
+	bool retired = g->retire_pending;
 
 	g->retire_pending = false;
-	pthread_mutex_unlock(&g->lock);
-	if (retire) {
-		adg_count(shard, ADG_C_GRAPHS_RETIRED, 1);
-		/* A thread that read the pointer before it was taken away may
-		 * still be waiting for the lock: free after a grace period.
-		 * (For TSan: what this thread did to g comes before the
-		 * callback, as call_rcu's queueing guarantees.) */
-		adg_tsan_release(&g->rcu);
-		call_rcu(&g->rcu, graph_free_rcu);
-	}
+	adg_graph_unlock_plain(g);
+	if (retired)
+		retire(shard, g);
 }
 
 struct adg_graph *adg_graph_lock_of(struct adg_node *n)
@@ -117,17 +193,18 @@ struct adg_graph *adg_graph_lock_of(struct adg_node *n)
 		}
 		/* Blocking inside a read-side section only delays grace
 		 * periods; no lock holder ever waits for one. */
-		pthread_mutex_lock(&g->lock);
+		adg_graph_lock(g);
 		/* Under g's lock the pointer cannot move away from g, and a
 		 * graph that holds a node is not retired: once it still reads
-		 * g, g outlives the read-side section. */
+		 * g, g is the node's graph and stays so, and the read-side
+		 * section may end. */
 		if (graph_of(n) == g) {
 			adg_rcu_read_unlock(r);
 			return g;
 		}
-		/* A merge or a backward moved the node meanwhile: retry on
-		 * what the pointer says now. */
-		pthread_mutex_unlock(&g->lock);
+		/* The node moved meanwhile (a merge, a backward), or g was
+		 * retired and reused: retry on what the pointer says now. */
+		adg_graph_unlock_plain(g);
 		adg_rcu_read_unlock(r);
 	}
 }
@@ -183,7 +260,7 @@ static void sort_by_rank(struct adg_graph **set, size_t n)
 }
 
 /* Merges the locked graphs of set (sorted by rank) into one and returns it.
- * The absorbed graphs are marked dead; adg_graph_unlock retires them. */
+ * The absorbed graphs are marked retired; adg_graph_unlock puts them away. */
 static struct adg_graph *merge_locked(struct adg_shard *shard,
 				      struct adg_graph **set, size_t n)
 {
@@ -202,7 +279,7 @@ static struct adg_graph *merge_locked(struct adg_shard *shard,
 			origin = o;
 	}
 	/* Release: a lock-free reader that finds the survivor through a
-	 * republished node or a merged_into link sees the merged origin. */
+	 * republished node sees the merged origin. */
 	atomic_store_explicit(&survivor->origin, origin, memory_order_release);
 
 	for (size_t i = 0; i < n; i++) {
@@ -217,17 +294,45 @@ static struct adg_graph *merge_locked(struct adg_shard *shard,
 		CDS_INIT_LIST_HEAD(&g->members);
 		survivor->n_members += g->n_members;
 		g->n_members = 0;
-		/* Readers holding g follow merged_into to the survivor. */
-		rcu_assign_pointer(g->merged_into, survivor);
-		g->dead = true;
-		g->retire_pending = true;
+		mark_retired(g);
 		adg_count(shard, ADG_C_MERGES, 1);
 	}
 	return survivor;
 }
 
+/* The common case: every non-leaf parent slot names the same node p (or
+ * none does). The node goes where p is, or into a new graph. */
+static int place_with(struct adg_shard *shard, struct adg_node *node,
+		      struct adg_node *p)
+{
+	struct adg_graph *g = p != NULL ? adg_graph_lock_of(p) : NULL;
+	if (g == NULL) {
+		/* p is a leaf or consumed, and neither ever joins a graph. */
+		g = graph_new(shard, node->registry, node->id);
+		if (g == NULL)
+			return ADG_ENOMEM;
+		graph_link(g, node);
+		return 0;
+	}
+	graph_link(g, node);
+	adg_graph_unlock(shard, g);
+	return 0;
+}
+
 int adg_graph_place(struct adg_shard *shard, struct adg_node *node)
 {
+	struct adg_node *only = NULL;
+	for (uint32_t i = 0; i < node->n_parents; i++) {
+		struct adg_node *p = node->parents[i];
+		if (p == NULL || p == only)
+			continue;
+		if (only != NULL)
+			goto several;
+		only = p;
+	}
+	return place_with(shard, node, only);
+
+several:;
 	struct adg_registry *r = node->registry;
 	struct adg_graph *inline_sets[2 * PLACE_INLINE_PARENTS];
 	struct adg_graph **found = inline_sets;
@@ -248,8 +353,8 @@ int adg_graph_place(struct adg_shard *shard, struct adg_node *node)
 		size_t n = parent_graphs(node, found);
 		if (n == 0) {
 			/* No parent is in a graph, and none can join one
-			 * later: leaves never do, consumed nodes never again.
-			 */
+			 * later: leaves never do, consumed nodes never
+			 * again. */
 			adg_rcu_read_unlock(r);
 			struct adg_graph *g = graph_new(shard, r, node->id);
 			if (g == NULL)
@@ -260,15 +365,16 @@ int adg_graph_place(struct adg_shard *shard, struct adg_node *node)
 		}
 		sort_by_rank(found, n);
 		for (size_t i = 0; i < n; i++)
-			pthread_mutex_lock(&found[i]->lock);
+			adg_graph_lock(found[i]);
 		/* With every graph locked, the parents' pointers can no longer
 		 * move between them. If they still name exactly these graphs,
-		 * none is dead and the placement is decided. */
+		 * each is a live graph holding a parent, and the placement is
+		 * decided. */
 		if (!same_set(found, n, again, parent_graphs(node, again))) {
-			/* Unlock inside the section: a graph found dead may
+			/* Unlock inside the section: a graph found stale may
 			 * be freed as soon as the section ends. */
 			for (size_t i = 0; i < n; i++)
-				pthread_mutex_unlock(&found[i]->lock);
+				adg_graph_unlock_plain(found[i]);
 			adg_rcu_read_unlock(r);
 			continue;
 		}
@@ -292,20 +398,27 @@ int adg_node_graph_id(const adg_node *node, uint64_t *graph_id)
 	if (node == NULL || graph_id == NULL)
 		return ADG_EINVAL;
 	struct adg_registry *r = node->registry;
+	uint64_t id;
 
 	rcu_read_lock();
-	struct adg_graph *g = graph_of(node);
-	/* A graph retired by a merge points on to its survivor. */
-	while (g != NULL) {
-		struct adg_graph *next = rcu_dereference(g->merged_into);
-		if (next == NULL)
+	for (;;) {
+		struct adg_graph *g = graph_of(node);
+		if (g == NULL) {
+			id = 0;
 			break;
-		adg_tsan_acquire(next);
-		g = next;
+		}
+		/* A seqlock read: the origin counts only if the node still
+		 * points at g and g did not retire meanwhile. Otherwise the
+		 * node moved (a merge republished it) or g became another
+		 * graph: read again. Acquire keeps the three loads in order. */
+		uint64_t gen =
+			atomic_load_explicit(&g->gen, memory_order_acquire);
+		id = atomic_load_explicit(&g->origin, memory_order_acquire);
+		if (graph_of(node) == g &&
+		    atomic_load_explicit(&g->gen, memory_order_acquire) == gen)
+			break;
 	}
-	*graph_id = g == NULL ? 0
-			      : atomic_load_explicit(&g->origin,
-						     memory_order_acquire);
 	adg_rcu_read_unlock(r);
+	*graph_id = id;
 	return 0;
 }

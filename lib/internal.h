@@ -12,6 +12,8 @@
 
 #include <ck_cc.h>
 #include <ck_md.h>
+#include <ck_pr.h>
+#include <ck_spinlock.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -25,9 +27,11 @@
  * costs about what urcu-memb's does where sys_membarrier exists.
  *
  * _LGPL_SOURCE is not defined: libadg is MIT-licensed, so it calls liburcu's
- * read-lock and pointer functions rather than inlining them. That also keeps
- * both sides of every RCU publish out of ThreadSanitizer's sight, which the
- * annotations below rely on.
+ * read-lock functions rather than inlining them. The pointer primitives are
+ * inlined (URCU_INLINE_SMALL_FUNCTIONS, which liburcu offers non-LGPL code)
+ * except in ThreadSanitizer builds, where they stay calls into liburcu so
+ * that TSan sees neither side of an RCU publish; the annotations below
+ * rely on that.
  */
 #include <urcu-bp.h>
 #include <urcu-call-rcu.h>
@@ -93,8 +97,9 @@ struct adg_node {
 	};
 	uint32_t depth;
 	uint32_t n_parents;
-	/* enum adg_node_state. LEAF never changes; the others change only
-	 * under the lock of the graph the node is (or was last) in. */
+	/* enum adg_node_state. LEAF never changes. The others are written
+	 * only under the lock of the graph the node is in, and read only
+	 * under it (backward.c) or by the thread that freed the node. */
 	uint8_t state;
 	/* While on a tape being taken or run: how many of the tape's parent
 	 * slots name this node. The backward drops them in one go. */
@@ -107,6 +112,14 @@ struct adg_node {
 	 * id. */
 	struct adg_node *parents[];
 };
+
+/* The graph node n is in, read without following it: for comparing with a
+ * graph the caller has locked (see adg_graph_lock_of), which needs no
+ * read-side section. */
+static inline struct adg_graph *adg_node_graph(const struct adg_node *n)
+{
+	return rcu_dereference(n->graph);
+}
 
 /* Leaves are the only nodes without parents: adg_op requires one. */
 static inline bool adg_node_is_leaf(const struct adg_node *n)
@@ -131,24 +144,64 @@ void adg_node_release_step(struct adg_shard *shard, struct adg_node *node);
 
 /* ----------------------------------------------------------------- graphs */
 
+/*
+ * A graph object is type-stable: once allocated it stays a graph, with an
+ * initialised mutex, until its registry is freed or a grace period after
+ * call_rcu has passed. Retired graphs are reused at once by the thread that
+ * retired them, so a thread holding a stale pointer may lock a graph that
+ * has since become another one. Every path therefore locks, then checks
+ * that the node still points there (adg_graph_lock_of); the lock-free
+ * reader checks the generation instead (adg_node_graph_id).
+ */
 struct adg_graph {
-	pthread_mutex_t lock;
+	/* Bumped, under the lock, each time the object retires: a lock-free
+	 * reader that sees it unchanged read one graph's fields. */
+	atomic_uint_fast64_t gen;
+	/* See adg_graph_lock. Not the first member: the TSan annotations of
+	 * the lock (on &lock) and of the graph's publication (on the graph's
+	 * address) must not share an address, or one would order what only
+	 * the other should. */
+	ck_spinlock_fas_t lock;
 	/* The smallest origin among the graphs merged into this one. Written
 	 * under the lock, read lock-free by adg_node_graph_id. */
 	atomic_uint_fast64_t origin;
-	/* Lock order: the origin the container was created with. Unlike
-	 * origin it never changes, so every thread sorts graphs the same way
-	 * however merges interleave. */
+	/* Lock order: fixed when the object is first allocated and never
+	 * changed, so every thread orders the same two objects the same way
+	 * however merges and reuse interleave. Unique: it is the id of the
+	 * node the object was first allocated for. */
 	uint64_t rank;
-	/* Set once, when a merge retires this graph: the survivor. */
-	struct adg_graph *merged_into;
 	struct cds_list_head members; /* nodes whose step is unconsumed */
 	size_t n_members;
-	bool dead;	     /* retired: empty or merged away; under lock */
-	bool retire_pending; /* dead, and call_rcu still to be called */
+	bool retire_pending; /* emptied or merged away while locked */
 	struct adg_registry *registry;
+	struct adg_graph *next_free; /* in a shard's pool, once retired */
 	struct rcu_head rcu;
 };
+
+/*
+ * The per-graph lock: Concurrency Kit's fetch-and-store spinlock. Graphs of
+ * unrelated work are locked by one thread only, so the lock is nearly
+ * always free: taking it is one exchange and releasing it a plain store,
+ * where a mutex pays a second locked instruction to look for sleepers.
+ * When it is held, a waiter spins briefly and then yields, so that on a
+ * machine with more threads than cores a preempted holder gets to run.
+ * ck_pr is inline assembly that ThreadSanitizer cannot see: in TSan builds
+ * the annotations tell it what the lock orders.
+ */
+void adg_graph_lock_wait(ck_spinlock_fas_t *lock);
+
+static inline void adg_graph_lock(struct adg_graph *g)
+{
+	if (adg_unlikely(!ck_spinlock_fas_trylock(&g->lock)))
+		adg_graph_lock_wait(&g->lock);
+	adg_tsan_acquire(&g->lock);
+}
+
+static inline void adg_graph_unlock_plain(struct adg_graph *g)
+{
+	adg_tsan_release(&g->lock);
+	ck_spinlock_fas_unlock(&g->lock);
+}
 
 /* Places a new LIVE node in its parents' graph, creating a graph when no
  * parent is in one and merging when they are in several, and publishes
@@ -162,8 +215,12 @@ struct adg_graph *adg_graph_lock_of(struct adg_node *node);
 /* Takes node out of graph g (locked); node->graph becomes NULL. */
 void adg_graph_detach_locked(struct adg_graph *g, struct adg_node *node);
 
-/* Unlocks g; if g was retired while locked, frees it after a grace period. */
+/* Unlocks g; if g was retired while locked, puts it in this thread's pool
+ * for reuse (or, past the pool's size, frees it after a grace period). */
 void adg_graph_unlock(struct adg_shard *shard, struct adg_graph *g);
+
+/* Registry teardown, after rcu_barrier: frees the graphs a shard keeps. */
+void adg_graph_free_pool(struct adg_shard *shard);
 
 /* ------------------------------------------------------- per-thread shard */
 
@@ -174,13 +231,18 @@ enum adg_counter {
 	ADG_C_MERGES,
 	/* Creation counters come after the retirement counters: adg_stats
 	 * reads all of the latter first (see registry.c). */
-	ADG_C_NODES_MADE,
-	ADG_C_STEPS_MADE,
+	ADG_C_LEAVES_MADE,
+	ADG_C_OPS_MADE, /* nodes with a step */
 	ADG_C_GRAPHS_MADE,
 	ADG_C_COUNT,
 };
 
 struct adg_tape; /* backward.c's reusable scratch */
+
+/* Nodes with fewer parents than this are kept for reuse by the thread that
+ * freed them, up to ADG_NODE_CACHE_MAX of each size. */
+#define ADG_NODE_CACHE_CLASSES 4
+#define ADG_NODE_CACHE_MAX     512
 
 /*
  * One thread's slice of a registry: its batch of node ids and its counters,
@@ -197,6 +259,15 @@ struct adg_shard {
 	uint64_t next_id;	     /* next id of this thread's batch */
 	uint64_t ids_left;	     /* ids left in the batch */
 	struct adg_tape *tape_cache; /* NULL while a backward uses it */
+
+	/* The owning thread's caches, which spare the allocator (and glibc's
+	 * small per-thread bins) the churn of a training loop. */
+	struct adg_node *node_cache[ADG_NODE_CACHE_CLASSES];
+	uint32_t node_cached[ADG_NODE_CACHE_CLASSES];
+	/* Retired graphs, ready for reuse by this thread (see struct
+	 * adg_graph). */
+	struct adg_graph *graph_pool;
+	uint32_t graphs_pooled;
 
 	/* Read-mostly, written at adoption and registry teardown. */
 	_Alignas(ADG_CACHELINE) struct adg_registry *registry;
@@ -223,10 +294,6 @@ struct adg_registry {
 /* The calling thread's shard of registry, NULL on allocation failure. */
 struct adg_shard *adg_shard_get_slow(struct adg_registry *registry);
 
-/* The calling thread's shard, or the registry's fallback shard when it
- * cannot have one: for paths that free and must not fail. */
-struct adg_shard *adg_shard_get_or_shared(struct adg_registry *registry);
-
 extern __thread struct adg_shard *adg_thread_shards
 	__attribute__((tls_model("initial-exec")));
 
@@ -240,6 +307,15 @@ static inline struct adg_shard *adg_shard_get(struct adg_registry *registry)
 					     memory_order_acquire)))
 		return s;
 	return adg_shard_get_slow(registry);
+}
+
+/* The calling thread's shard, or the registry's fallback shard when it
+ * cannot have one: for paths that free and must not fail. */
+static inline struct adg_shard *
+adg_shard_get_or_shared(struct adg_registry *registry)
+{
+	struct adg_shard *s = adg_shard_get(registry);
+	return s != NULL ? s : &registry->fallback;
 }
 
 /* Counts n events of kind c on this thread's shard. Only the owning thread
@@ -317,5 +393,8 @@ static inline int adg_callback_result(int rc)
 
 /* Releases the tape scratch of a shard being freed. */
 void adg_tape_free(struct adg_tape *tape);
+
+/* Registry teardown: frees the nodes a shard keeps for reuse. */
+void adg_node_free_cache(struct adg_shard *shard);
 
 #endif /* ADG_INTERNAL_H */

@@ -13,28 +13,71 @@
 
 #include <string.h>
 
+/* Node memory: the shard's cache first, then the allocator. Cached nodes
+ * came from this registry's allocator; adg_node_free_cache returns them. */
+static struct adg_node *node_alloc(struct adg_shard *shard,
+				   struct adg_registry *r, uint32_t n_parents)
+{
+	if (n_parents < ADG_NODE_CACHE_CLASSES) {
+		struct adg_node *n = shard->node_cache[n_parents];
+		if (n != NULL) {
+			shard->node_cache[n_parents] = n->next_doomed;
+			shard->node_cached[n_parents]--;
+			return n;
+		}
+	}
+	return adg_alloc(r, adg_node_size(n_parents));
+}
+
+static void node_dealloc(struct adg_shard *shard, struct adg_node *n)
+{
+	uint32_t k = n->n_parents;
+	/* The fallback shard is shared by threads: it keeps nothing. */
+	if (k < ADG_NODE_CACHE_CLASSES && !shard->shared &&
+	    shard->node_cached[k] < ADG_NODE_CACHE_MAX) {
+		n->next_doomed = shard->node_cache[k];
+		shard->node_cache[k] = n;
+		shard->node_cached[k]++;
+		return;
+	}
+	adg_free(n->registry, n, adg_node_size(k));
+}
+
+void adg_node_free_cache(struct adg_shard *shard)
+{
+	for (uint32_t k = 0; k < ADG_NODE_CACHE_CLASSES; k++) {
+		struct adg_node *n = shard->node_cache[k];
+		while (n != NULL) {
+			struct adg_node *next = n->next_doomed;
+			adg_free(n->registry, n, adg_node_size(k));
+			n = next;
+		}
+		shard->node_cache[k] = NULL;
+		shard->node_cached[k] = 0;
+	}
+}
+
 static struct adg_node *node_new(struct adg_shard *shard,
 				 struct adg_registry *r, uint32_t n_parents,
 				 int *rc)
 {
-	struct adg_node *n = adg_alloc(r, adg_node_size(n_parents));
+	struct adg_node *n = node_alloc(shard, r, n_parents);
 	if (n == NULL) {
 		*rc = ADG_ENOMEM;
 		return NULL;
 	}
+	n->registry = r;
+	n->n_parents = n_parents;
 	*rc = adg_next_id(shard, &n->id);
 	if (*rc != 0) {
-		adg_free(r, n, adg_node_size(n_parents));
+		node_dealloc(shard, n);
 		return NULL;
 	}
-	n->registry = r;
 	atomic_init(&n->refs, 1); /* the handle returned to the caller */
 	n->graph = NULL;
 	n->depth = 0;
-	n->n_parents = n_parents;
 	n->state = ADG_NODE_LEAF;
 	n->tape_links = 0;
-	n->step = (adg_step){0};
 	return n;
 }
 
@@ -51,7 +94,8 @@ int adg_leaf(adg_registry *registry, adg_node **out)
 	struct adg_node *n = node_new(shard, registry, 0, &rc);
 	if (n == NULL)
 		return rc;
-	adg_count(shard, ADG_C_NODES_MADE, 1);
+	n->step = (adg_step){0};
+	adg_count(shard, ADG_C_LEAVES_MADE, 1);
 	*out = n;
 	return 0;
 }
@@ -70,8 +114,6 @@ int adg_op(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	for (size_t i = 0; i < n_parents; i++) {
 		if (parents[i] == NULL)
 			return ADG_EINVAL;
-	}
-	for (size_t i = 0; i < n_parents; i++) {
 		if (parents[i]->registry != registry)
 			return ADG_EFOREIGN;
 		if (parents[i]->depth > depth)
@@ -90,25 +132,31 @@ int adg_op(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	n->step = *step;
 	uint64_t *ids = (uint64_t *)(n->parents + n_parents);
 	for (size_t i = 0; i < n_parents; i++) {
-		bool leaf = adg_node_is_leaf(parents[i]);
-		n->parents[i] = leaf ? NULL : parents[i];
-		ids[i] = parents[i]->id;
+		struct adg_node *p = parents[i];
+		ids[i] = p->id;
+		if (adg_node_is_leaf(p)) {
+			n->parents[i] = NULL;
+			continue;
+		}
+		n->parents[i] = p;
+		/* Relaxed: the caller holds p, so its count cannot reach
+		 * zero meanwhile, and nothing is published by it. */
+		atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
 	}
 
 	rc = adg_graph_place(shard, n);
 	if (rc != 0) {
-		adg_free(registry, n, adg_node_size(n_parents));
+		/* Nothing saw the node: take the references back. They are
+		 * not the last ones (the caller holds each parent). */
+		for (size_t i = 0; i < n_parents; i++)
+			if (n->parents[i] != NULL)
+				atomic_fetch_sub_explicit(&n->parents[i]->refs,
+							  1,
+							  memory_order_relaxed);
+		node_dealloc(shard, n);
 		return rc;
 	}
-	/* Nothing can reach the new node yet, so its parent references may
-	 * follow its placement. Relaxed: the caller holds each parent, so no
-	 * count can reach zero meanwhile. */
-	for (size_t i = 0; i < n_parents; i++)
-		if (n->parents[i] != NULL)
-			atomic_fetch_add_explicit(&n->parents[i]->refs, 1,
-						  memory_order_relaxed);
-	adg_count(shard, ADG_C_NODES_MADE, 1);
-	adg_count(shard, ADG_C_STEPS_MADE, 1);
+	adg_count(shard, ADG_C_OPS_MADE, 1);
 	*out = n;
 	return 0;
 }
@@ -159,8 +207,13 @@ static void drop_refs(struct adg_shard *shard, struct adg_node *node,
 	 * dropper sees what every earlier one did. (acq_rel costs the same
 	 * locked instruction as release alone, and TSan understands it, which
 	 * it does not a fence.) */
-	if (atomic_fetch_sub_explicit(&node->refs, n, memory_order_acq_rel) !=
-	    n)
+	/* A count that reads n is all ours: no one else holds the node, so
+	 * no one can change the count (a new reference needs an old one), and
+	 * the locked subtraction can be skipped. Acquire: pairs with the
+	 * release of the dropper that brought it down to n. */
+	if (atomic_load_explicit(&node->refs, memory_order_acquire) != n &&
+	    atomic_fetch_sub_explicit(&node->refs, n, memory_order_acq_rel) !=
+		    n)
 		return;
 	if (node->state == ADG_NODE_LIVE) {
 		/* Unreachable now, but still a member of its graph, which a
@@ -185,7 +238,7 @@ static void node_free(struct adg_shard *shard, struct adg_node *node,
 			drop_refs(shard, node->parents[i], 1, doomed);
 	}
 	adg_count(shard, ADG_C_NODES_FREED, 1);
-	adg_free(node->registry, node, adg_node_size(node->n_parents));
+	node_dealloc(shard, node);
 }
 
 static void free_doomed(struct adg_shard *shard, struct adg_node *doomed)

@@ -170,12 +170,6 @@ struct adg_shard *adg_shard_get_slow(struct adg_registry *r)
 	return s;
 }
 
-struct adg_shard *adg_shard_get_or_shared(struct adg_registry *r)
-{
-	struct adg_shard *s = adg_shard_get(r);
-	return s != NULL ? s : &r->fallback;
-}
-
 int adg_shard_refill_ids(struct adg_shard *s)
 {
 	struct adg_registry *r = s->registry;
@@ -236,8 +230,8 @@ static void sum_counters(struct adg_registry *r, uint64_t sum[ADG_C_COUNT])
 	 * counts a free, the creation it undoes happened before it; an
 	 * acquire load that sees the free therefore lets the later pass see
 	 * the creation, and no live count reads negative. */
-	static const int passes[][2] = {{0, ADG_C_NODES_MADE},
-					{ADG_C_NODES_MADE, ADG_C_COUNT}};
+	static const int passes[][2] = {{0, ADG_C_LEAVES_MADE},
+					{ADG_C_LEAVES_MADE, ADG_C_COUNT}};
 
 	memset(sum, 0, ADG_C_COUNT * sizeof *sum);
 	for (int p = 0; p < 2; p++) {
@@ -260,8 +254,9 @@ int adg_stats(adg_registry *registry, struct adg_stats *out)
 	uint64_t c[ADG_C_COUNT];
 
 	sum_counters(registry, c);
-	out->live_nodes = c[ADG_C_NODES_MADE] - c[ADG_C_NODES_FREED];
-	out->live_steps = c[ADG_C_STEPS_MADE] - c[ADG_C_STEPS_RELEASED];
+	out->live_nodes =
+		c[ADG_C_LEAVES_MADE] + c[ADG_C_OPS_MADE] - c[ADG_C_NODES_FREED];
+	out->live_steps = c[ADG_C_OPS_MADE] - c[ADG_C_STEPS_RELEASED];
 	out->live_graphs = c[ADG_C_GRAPHS_MADE] - c[ADG_C_GRAPHS_RETIRED];
 	out->merges = c[ADG_C_MERGES];
 	out->nodes_freed = c[ADG_C_NODES_FREED];
@@ -277,12 +272,19 @@ int adg_registry_free(adg_registry *registry)
 	adg_stats(registry, &stats);
 	if (stats.live_nodes != 0)
 		return ADG_EBUSY;
-	/* Retired graphs may still wait for their call_rcu callbacks, which
-	 * use the allocator and rcu_token. */
+	/* Graphs on their way back to the allocator wait for call_rcu
+	 * callbacks, which use the allocator and rcu_token. The other threads
+	 * that used the registry are done with it (the contract), so their
+	 * shards' pools may be emptied from here. */
 	rcu_barrier();
 	adg_tsan_acquire(&registry->rcu_token);
-
 	struct adg_shard *s, *next;
+	for (s = atomic_load_explicit(&registry->shards, memory_order_acquire);
+	     s != NULL; s = s->next_in_registry) {
+		adg_graph_free_pool(s);
+		adg_node_free_cache(s);
+	}
+
 	for (s = atomic_load_explicit(&registry->shards, memory_order_acquire);
 	     s != NULL; s = s->next_in_registry)
 		atomic_store_explicit(&s->registry_gone, true,

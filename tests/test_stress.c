@@ -4,6 +4,7 @@
 
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 
 static adg_registry *reg;
@@ -474,4 +475,102 @@ CHECKED_TEST(stress, merges_frees_backward_and_lookups_at_once)
 		s_drop(churn_pool[i]);
 	assert_stats(reg, 1, 0, 0);
 	s_drop(pool_leaf);
+}
+
+/* Regression: a backward walking to a parent that another thread's
+ * backward had consumed read the parent's state, written under a lock the
+ * walker did not hold and ordered before it only by the consume-ordered
+ * read of the parent's graph pointer (reported by TSan in adg-bench's
+ * lookup workload). The walk now tells a consumed parent by its pointer
+ * alone. One thread consumes x; the other learns it only from x's graph
+ * id, the way adg_op learns it, then joins x and runs backward, which
+ * must fail cleanly. The steps and values here share nothing between the
+ * threads (unlike the scalar backend's counters), so that as little as
+ * possible orders the two. */
+#define SHARE_ROUNDS 300
+static adg_node *share_a, *share_x, *share_j1;
+static int share_rc[2];
+static atomic_bool share_joined;
+
+static int token_add(void **sum, void *value, void *ctx)
+{
+	(void)sum;
+	(void)value;
+	(void)ctx;
+	return 0;
+}
+
+static void token_free(void *value, void *ctx)
+{
+	(void)value;
+	(void)ctx;
+}
+
+static const adg_grad_ops token_ops = {token_add, token_free, NULL};
+
+static int token_backward(adg_step_call *call, void *user)
+{
+	(void)user;
+	for (size_t i = 0; i < call->n_parents; i++)
+		adg_grads_register(call->grads, call->parent_ids[i], (void *)1);
+	return 0;
+}
+
+static adg_node *token_op(adg_node *p, adg_node *q)
+{
+	adg_node *parents[2] = {p, q}, *out;
+	adg_step st = {token_backward, NULL, NULL};
+	cr_assert_eq(adg_op(reg, parents, 2, &st, &out), 0);
+	return out;
+}
+
+static void *consume_shared(void *arg)
+{
+	(void)arg;
+	adg_grads *g = NULL;
+	share_rc[0] = adg_backward(reg, share_j1, (void *)1, &token_ops, &g);
+	adg_grads_free(g);
+	/* Stay alive until the other thread is done: an exiting thread hands
+	 * its shard back, which would order it before a later adopter. */
+	while (!atomic_load_explicit(&share_joined, memory_order_relaxed))
+		sched_yield();
+	return NULL;
+}
+
+static void *join_consumed(void *arg)
+{
+	(void)arg;
+	uint64_t gid = 1;
+	/* No lock and no barrier between the threads: only x's graph
+	 * pointer says that the other backward has taken it. */
+	while (adg_node_graph_id(share_x, &gid) == 0 && gid != 0)
+		sched_yield();
+	adg_node *j2 = token_op(share_x, share_a);
+	adg_grads *g = NULL;
+	share_rc[1] = adg_backward(reg, j2, (void *)1, &token_ops, &g);
+	adg_grads_free(g);
+	adg_node_unref(j2);
+	atomic_store_explicit(&share_joined, true, memory_order_relaxed);
+	return NULL;
+}
+
+static void *consume_or_join(void *arg)
+{
+	return (intptr_t)arg == 0 ? consume_shared(arg) : join_consumed(arg);
+}
+
+CHECKED_TEST(stress, backward_meets_parent_consumed_by_another_thread)
+{
+	cr_assert_eq(adg_leaf(reg, &share_a), 0);
+	for (int round = 0; round < SHARE_ROUNDS; round++) {
+		share_x = token_op(share_a, share_a);
+		share_j1 = token_op(share_x, share_a);
+		atomic_store(&share_joined, false);
+		run_threads(2, consume_or_join);
+		cr_assert_eq(share_rc[0], 0, "round %d", round);
+		cr_assert_eq(share_rc[1], ADG_EUNAVAILABLE, "round %d", round);
+		adg_node_unref(share_j1);
+		adg_node_unref(share_x);
+	}
+	adg_node_unref(share_a);
 }

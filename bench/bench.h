@@ -1,0 +1,130 @@
+/*
+ * adg-bench: the three implementations it compares, behind one interface,
+ * and the workloads that drive them.
+ *
+ * Every implementation runs the same step code (workloads.c): a step reads
+ * its node's gradient and adds to its parents' through the implementation's
+ * add_grad. Gradients are doubles everywhere: libadg carries them inside
+ * its opaque pointers (impl_adg.c); seed and floor keep them in u64map.
+ */
+#ifndef ADG_BENCH_H
+#define ADG_BENCH_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct bench_impl;
+
+/* What a step sees when it runs. */
+typedef struct bench_call {
+	const struct bench_impl *impl;
+	void *grads; /* the implementation's gradient container */
+	double grad; /* this node's gradient, 0 when none arrived */
+	const uint64_t *parent_ids;
+	size_t n_parents;
+} bench_call;
+
+/* A step closure; workloads embed it first in their own structs. The
+ * workload owns its memory, and keeps it until the backward has run or the
+ * node is gone. */
+typedef struct bench_step {
+	int (*run)(const bench_call *call, const struct bench_step *self);
+} bench_step;
+
+typedef struct bench_impl {
+	const char *name;
+	bool has_graphs; /* lookup and merge counts mean something */
+	void *(*open)(void);
+	void (*close)(void *reg);
+	void *(*leaf)(void *reg);
+	void *(*op)(void *reg, void *const *parents, size_t n,
+		    const bench_step *step);
+	void (*unref)(void *reg, void *node);
+	uint64_t (*id)(void *node);
+	/* Backward from root with seed 1: 0 and *grads, or nonzero. */
+	int (*backward)(void *reg, void *root, void **grads);
+	double (*grad)(void *grads, uint64_t id);
+	void (*grads_free)(void *grads);
+	void (*add_grad)(void *grads, uint64_t id, double g);
+	/* The graph id of node; 0 for none. NULL where there are no graphs. */
+	uint64_t (*graph_id)(void *reg, void *node);
+	/* Called by each worker thread before and after its run. */
+	void (*thread_begin)(void *reg);
+	void (*thread_end)(void *reg);
+} bench_impl;
+
+extern const bench_impl bench_adg, bench_seed, bench_floor;
+
+/* ---------------------------------------------------------------- u64map */
+
+/* Open addressing, linear probing, key 0 reserved; values are 64 bits. */
+typedef struct u64map {
+	uint64_t *keys;
+	uint64_t *vals;
+	size_t cap, count;
+} u64map;
+
+void u64map_init(u64map *m, size_t expected);
+void u64map_destroy(u64map *m);
+void u64map_clear(u64map *m);
+/* The value slot for key, inserted as 0 when absent. */
+uint64_t *u64map_slot(u64map *m, uint64_t key);
+/* The value slot for key, or NULL. */
+uint64_t *u64map_find(const u64map *m, uint64_t key);
+bool u64map_remove(u64map *m, uint64_t key, uint64_t *val);
+/* Iterates: start with *pos = 0; returns false at the end. */
+bool u64map_next(const u64map *m, size_t *pos, uint64_t *key, uint64_t *val);
+
+/* ------------------------------------------------------------- workloads */
+
+typedef struct bench_params {
+	int chain;	 /* K: nodes per chain or tree (disjoint) */
+	int leaves;	 /* leaves per chain (disjoint) */
+	int params;	 /* P: shared parameter leaves (shared-params) */
+	int idle_graphs; /* idle graphs alive (idle) */
+	int trainer_hidden;
+} bench_params;
+
+/* What one thread did in one run. */
+typedef struct bench_counts {
+	uint64_t nodes; /* ops registered */
+	uint64_t steps; /* steps run by backward */
+	uint64_t ops;	/* workload units: iterations, lookups, ... */
+	uint64_t merges;
+	uint64_t build_ns; /* time spent registering */
+	uint64_t backward_ns;
+	double loss_first, loss_last; /* trainer */
+} bench_counts;
+
+typedef struct bench_workload {
+	const char *name;
+	const char *unit; /* what ops counts */
+	const char *about;
+	/* Per run: set up shared state, tear it down. */
+	void *(*setup)(const bench_impl *impl, void *reg, const bench_params *p,
+		       int threads);
+	void (*teardown)(void *shared);
+	/* One thread's loop until *stop. */
+	void (*thread)(void *shared, int index, const atomic_int *stop,
+		       bench_counts *out);
+	bool needs_graphs;
+} bench_workload;
+
+extern const bench_workload bench_workloads[];
+extern const int bench_n_workloads;
+
+uint64_t bench_now_ns(void);
+
+/* The idle-graphs check: ns per backward with `idle` unrelated graphs
+ * alive, single thread, measured for about `ms` milliseconds. */
+double bench_idle_backward_ns(const bench_impl *impl, int idle, int ms,
+			      const bench_params *p);
+
+/* For callgrind: build or run backward over `iterations` chains, each in
+ * a function of its own that --toggle-collect can name. */
+void bench_count_phases(const bench_impl *impl, const bench_params *p,
+			long iterations, bench_counts *out);
+
+#endif
