@@ -171,14 +171,6 @@ int adg_node_ref(adg_node *node)
 	return 0;
 }
 
-int adg_node_unref(adg_node *node)
-{
-	if (node == NULL)
-		return ADG_EINVAL;
-	adg_node_release(adg_shard_get_or_shared(node->registry), node);
-	return 0;
-}
-
 int adg_node_id(const adg_node *node, uint64_t *id)
 {
 	if (node == NULL || id == NULL)
@@ -194,27 +186,29 @@ void adg_node_release_step(struct adg_shard *shard, struct adg_node *node)
 	adg_count(shard, ADG_C_STEPS_RELEASED, 1);
 }
 
-/* Drops n references; a node whose count reaches zero goes on doomed,
- * taken out of its graph first if its step is unconsumed. NULL (a leaf
- * parent) holds nothing. */
-static void drop_refs(struct adg_shard *shard, struct adg_node *node,
-		      uint64_t n, struct adg_node **doomed)
+/* Drops n references; returns whether they were the last. */
+static bool put_refs(struct adg_node *node, uint64_t n)
 {
-	if (node == NULL || n == 0)
-		return;
-	/* Release: what this thread did with the node happens before its
-	 * free, whichever thread drops the last reference. Acquire: the last
-	 * dropper sees what every earlier one did. (acq_rel costs the same
-	 * locked instruction as release alone, and TSan understands it, which
-	 * it does not a fence.) */
 	/* A count that reads n is all ours: no one else holds the node, so
 	 * no one can change the count (a new reference needs an old one), and
 	 * the locked subtraction can be skipped. Acquire: pairs with the
-	 * release of the dropper that brought it down to n. */
-	if (atomic_load_explicit(&node->refs, memory_order_acquire) != n &&
-	    atomic_fetch_sub_explicit(&node->refs, n, memory_order_acq_rel) !=
-		    n)
-		return;
+	 * release of the dropper that brought it down to n. Otherwise the
+	 * subtraction is acq_rel: release, so that what this thread did with
+	 * the node happens before its free, whichever thread drops the last
+	 * reference; acquire, so that the last dropper sees what every
+	 * earlier one did. (acq_rel costs the same locked instruction as
+	 * release alone, and TSan understands it, which it does not a
+	 * fence.) */
+	return atomic_load_explicit(&node->refs, memory_order_acquire) == n ||
+	       atomic_fetch_sub_explicit(&node->refs, n,
+					 memory_order_acq_rel) == n;
+}
+
+/* Puts a node nothing references on doomed, taken out of its graph first
+ * if its step is unconsumed. */
+static void doom(struct adg_shard *shard, struct adg_node *node,
+		 struct adg_node **doomed)
+{
 	if (node->state == ADG_NODE_LIVE) {
 		/* Unreachable now, but still a member of its graph, which a
 		 * concurrent merge may be moving. */
@@ -224,6 +218,15 @@ static void drop_refs(struct adg_shard *shard, struct adg_node *node,
 	}
 	node->next_doomed = *doomed;
 	*doomed = node;
+}
+
+/* Drops n references; a node whose count reaches zero goes on doomed.
+ * NULL (a leaf parent) holds nothing. */
+static void drop_refs(struct adg_shard *shard, struct adg_node *node,
+		      uint64_t n, struct adg_node **doomed)
+{
+	if (node != NULL && n != 0 && put_refs(node, n))
+		doom(shard, node, doomed);
 }
 
 /* Frees one unreachable node; parents it lets go of join doomed. */
@@ -264,4 +267,18 @@ void adg_node_release_many(struct adg_shard *shard, struct adg_node *node,
 void adg_node_release(struct adg_shard *shard, struct adg_node *node)
 {
 	adg_node_release_many(shard, node, 1);
+}
+
+int adg_node_unref(adg_node *node)
+{
+	if (node == NULL)
+		return ADG_EINVAL;
+	/* Most drops are not the last one and need nothing else. */
+	if (!put_refs(node, 1))
+		return 0;
+	struct adg_shard *shard = adg_shard_get_or_shared(node->registry);
+	struct adg_node *doomed = NULL;
+	doom(shard, node, &doomed);
+	free_doomed(shard, doomed);
+	return 0;
 }
