@@ -381,6 +381,89 @@ static void write_json(const char *path, double idle_ratio[N_IMPLS],
 	fclose(f);
 }
 
+static void machine_line(FILE *f)
+{
+	char model[256] = "unknown cpu";
+	FILE *ci = fopen("/proc/cpuinfo", "r");
+	char line[512];
+	while (ci && fgets(line, sizeof line, ci)) {
+		if (strncmp(line, "model name", 10) == 0) {
+			char *v = strchr(line, ':');
+			if (v) {
+				snprintf(model, sizeof model, "%s", v + 2);
+				model[strcspn(model, "\n")] = 0;
+			}
+			break;
+		}
+	}
+	if (ci)
+		fclose(ci);
+	fprintf(f, "machine: %s, %ld cores online\n", model,
+		sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+/* A compact Markdown summary: per workload, a row per thread count. */
+static void write_markdown(const char *path, const struct options *o,
+			   double idle_ratio[N_IMPLS],
+			   double idle_ns[N_IMPLS][2])
+{
+	FILE *f = fopen(path, "w");
+	if (f == NULL)
+		return;
+	machine_line(f);
+	fprintf(f,
+		"\n%d runs of %d ms per cell, medians; ratios of medians "
+		"measured in the same run.\n",
+		o->runs, o->ms);
+	for (int w = 0; w < bench_n_workloads; w++) {
+		if (!o->workload_on[w])
+			continue;
+		const char *unit = bench_workloads[w].unit;
+		fprintf(f, "\n**%s** (%s/s)\n\n", bench_workloads[w].name,
+			unit);
+		fprintf(f,
+			"| threads | adg | seed | floor | adg/seed | adg/floor "
+			"| adg vs 1 thread |\n");
+		fprintf(f, "|---:|---:|---:|---:|---:|---:|---:|\n");
+		for (int t = 0; t < o->n_threads; t++) {
+			int th = o->threads[t];
+			double r[N_IMPLS];
+			char cell[N_IMPLS][32], rs[16], rf[16], r1[16];
+			for (int i = 0; i < N_IMPLS; i++) {
+				r[i] = rate_of(w, i, th);
+				human(cell[i], sizeof cell[i], r[i]);
+			}
+			ratio(rs, sizeof rs, r[0], r[1]);
+			ratio(rf, sizeof rf, r[0], r[2]);
+			ratio(r1, sizeof r1, r[0], rate_of(w, 0, 1));
+			fprintf(f, "| %d | %s | %s | %s | %s | %s | %s |\n", th,
+				cell[0], cell[1], cell[2], rs, rf, r1);
+		}
+	}
+	const struct cell *ca = find(workload_index("disjoint"), 0, 1);
+	const struct cell *cf = find(workload_index("disjoint"), 2, 1);
+	if (ca && cf)
+		fprintf(f,
+			"\nPer registered node, 1 thread (disjoint): adg %.1f "
+			"ns, floor %.1f ns; per backward step: adg %.1f ns, "
+			"floor %.1f ns.\n",
+			median(ca->ns_node, ca->runs),
+			median(cf->ns_node, cf->runs),
+			median(ca->ns_step, ca->runs),
+			median(cf->ns_step, cf->runs));
+	if (!isnan(idle_ratio[0]))
+		fprintf(f,
+			"\nBackward of a %d-node chain with %d idle graphs "
+			"alive: adg %.0f ns -> %.0f ns (%.2f x)",
+			o->p.chain, o->p.idle_graphs, idle_ns[0][0],
+			idle_ns[0][1], idle_ratio[0]);
+	if (!isnan(idle_ratio[1]))
+		fprintf(f, ", seed %.0f ns -> %.0f ns (%.0f x)", idle_ns[1][0],
+			idle_ns[1][1], idle_ratio[1]);
+	fprintf(f, "\n");
+	fclose(f);
+}
+
 static void plot(const struct options *o, const char *dir)
 {
 	if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
@@ -450,29 +533,27 @@ static void plot(const struct options *o, const char *dir)
 
 /* ----------------------------------------------------------- targets */
 
-static void target_line(bool have, bool holds, const char *what,
+static void target_line(FILE *f, bool have, bool holds, const char *what,
 			const char *figure)
 {
-	printf("  %-8s %s: %s\n",
-	       !have   ? "n/a"
-	       : holds ? "holds"
-		       : "MISSED",
-	       what, have ? figure : "not measured in this run");
+	const char *verdict = !have ? "n/a" : holds ? "holds" : "MISSED";
+	fprintf(f, "  %-8s %s: %s\n", verdict, what,
+		have ? figure : "not measured in this run");
 }
 
-static void targets(double idle_ratio[N_IMPLS], int idle_graphs)
+static void targets(FILE *f, double idle_ratio[N_IMPLS], int idle_graphs)
 {
 	int dj = workload_index("disjoint"),
 	    sp = workload_index("shared-params");
 	char fig[128];
-	printf("\nTargets:\n");
+	fprintf(f, "\nTargets:\n");
 	double a1 = rate_of(dj, 0, 1), a2 = rate_of(dj, 0, 2),
 	       a128 = rate_of(dj, 0, 128);
 	snprintf(fig, sizeof fig, "%.2f x", a2 / a1);
-	target_line(!isnan(a1) && !isnan(a2), a2 >= 1.8 * a1,
+	target_line(f, !isnan(a1) && !isnan(a2), a2 >= 1.8 * a1,
 		    "disjoint, 2 threads >= 1.8 x 1 thread", fig);
 	snprintf(fig, sizeof fig, "%.2f x", a128 / a2);
-	target_line(!isnan(a2) && !isnan(a128), a128 >= 0.9 * a2,
+	target_line(f, !isnan(a2) && !isnan(a128), a128 >= 0.9 * a2,
 		    "disjoint, 128 threads >= 0.9 x 2 threads", fig);
 	const int wls[2] = {dj, sp};
 	for (int k = 0; k < 2; k++)
@@ -484,7 +565,7 @@ static void targets(double idle_ratio[N_IMPLS], int idle_graphs)
 				 "%s, %d threads: adg >= 2 x seed",
 				 bench_workloads[wls[k]].name, t);
 			snprintf(fig, sizeof fig, "%.2f x", a / s);
-			target_line(!isnan(a) && !isnan(s), a >= 2 * s, what,
+			target_line(f, !isnan(a) && !isnan(s), a >= 2 * s, what,
 				    fig);
 		}
 	for (int k = 0; k < 2; k++) {
@@ -493,7 +574,7 @@ static void targets(double idle_ratio[N_IMPLS], int idle_graphs)
 		snprintf(what, sizeof what, "%s, 1 thread: adg >= 0.8 x seed",
 			 bench_workloads[wls[k]].name);
 		snprintf(fig, sizeof fig, "%.2f x", a / s);
-		target_line(!isnan(a) && !isnan(s), a >= 0.8 * s, what, fig);
+		target_line(f, !isnan(a) && !isnan(s), a >= 0.8 * s, what, fig);
 		const struct cell *ca = find(wls[k], 0, 1),
 				  *cf = find(wls[k], 2, 1);
 		if (ca && cf) {
@@ -505,9 +586,9 @@ static void targets(double idle_ratio[N_IMPLS], int idle_graphs)
 				 bench_workloads[wls[k]].name);
 			snprintf(fig, sizeof fig, "%.1f ns vs %.1f ns: %.2f x",
 				 na, nf, na / nf);
-			target_line(true, na <= 2 * nf, what, fig);
+			target_line(f, true, na <= 2 * nf, what, fig);
 		} else {
-			target_line(false, false,
+			target_line(f, false, false,
 				    "1 thread: ns per registered node <= 2 x "
 				    "floor",
 				    "");
@@ -519,7 +600,7 @@ static void targets(double idle_ratio[N_IMPLS], int idle_graphs)
 		 idle_graphs);
 	snprintf(fig, sizeof fig, "adg %.2f x (seed %.2f x)", idle_ratio[0],
 		 idle_ratio[1]);
-	target_line(!isnan(idle_ratio[0]), idle_ratio[0] <= 1.2, what, fig);
+	target_line(f, !isnan(idle_ratio[0]), idle_ratio[0] <= 1.2, what, fig);
 }
 
 /* --------------------------------------------------------- callgrind */
@@ -833,27 +914,6 @@ static bool parse(int argc, char **argv, struct options *o)
 
 /* ------------------------------------------------------------- main */
 
-static void machine_line(FILE *f)
-{
-	char model[256] = "unknown cpu";
-	FILE *ci = fopen("/proc/cpuinfo", "r");
-	char line[512];
-	while (ci && fgets(line, sizeof line, ci)) {
-		if (strncmp(line, "model name", 10) == 0) {
-			char *v = strchr(line, ':');
-			if (v) {
-				snprintf(model, sizeof model, "%s", v + 2);
-				model[strcspn(model, "\n")] = 0;
-			}
-			break;
-		}
-	}
-	if (ci)
-		fclose(ci);
-	fprintf(f, "machine: %s, %ld cores online\n", model,
-		sysconf(_SC_NPROCESSORS_ONLN));
-}
-
 int main(int argc, char **argv)
 {
 	struct options o;
@@ -942,7 +1002,7 @@ int main(int argc, char **argv)
 				       impls[i]->name, idle_ns[i][0],
 				       idle_ns[i][1], idle_ratio[i]);
 	}
-	targets(idle_ratio, o.p.idle_graphs);
+	targets(stdout, idle_ratio, o.p.idle_graphs);
 
 	char stamp[64], dir[1024];
 	time_t now = time(NULL);
@@ -962,6 +1022,15 @@ int main(int argc, char **argv)
 	write_csv(path);
 	snprintf(path, sizeof path, "%s/bench.json", dir);
 	write_json(path, idle_ratio, idle_ns, o.p.idle_graphs);
+	snprintf(path, sizeof path, "%s/summary.md", dir);
+	write_markdown(path, &o, idle_ratio, idle_ns);
+	FILE *sf = fopen(path, "a");
+	if (sf) {
+		fprintf(sf, "\n```");
+		targets(sf, idle_ratio, o.p.idle_graphs);
+		fprintf(sf, "```\n");
+		fclose(sf);
+	}
 	snprintf(path, sizeof path, "%s/table.txt", dir);
 	FILE *tf = fopen(path, "w");
 	if (tf) {
@@ -969,8 +1038,8 @@ int main(int argc, char **argv)
 		print_table(tf);
 		fclose(tf);
 	}
-	printf("\nresults: %s/bench.csv, %s/bench.json, %s/table.txt\n", dir,
-	       dir, dir);
+	printf("\nresults: %s/{bench.csv,bench.json,table.txt,summary.md}\n",
+	       dir);
 	if (o.plot)
 		plot(&o, dir);
 	return 0;

@@ -30,6 +30,12 @@ extern "C" {
 #define ADG_API
 #endif
 
+/* The version of this header; meson's project version, checked at
+ * configure time. Compare with adg_version() for the library loaded. */
+#define ADG_VERSION_MAJOR 0
+#define ADG_VERSION_MINOR 1
+#define ADG_VERSION_PATCH 0
+
 /* Error codes. Every code is negative; 0 is success. */
 enum adg_error {
 	ADG_OK = 0,
@@ -52,6 +58,11 @@ enum adg_error {
  * libadg does not define, including user codes, read "unknown error".
  * Thread-safe. */
 ADG_API const char *adg_strerror(int code);
+
+/* Returns the library's version as "MAJOR.MINOR.PATCH" (static, never
+ * NULL): the library that is loaded, which may be newer than this header.
+ * Like adg_strerror, it returns no error code. Thread-safe. */
+ADG_API const char *adg_version(void);
 
 typedef struct adg_registry adg_registry; /* owns nodes, graphs, locator */
 typedef struct adg_node adg_node;	  /* a counted handle to one node */

@@ -1,5 +1,11 @@
-/* The names behind adg_strerror. */
+/* The names behind adg_strerror, and the version string. */
 #include "internal.h"
+
+const char *adg_version(void)
+{
+	return ADG_VERSION_STRING; /* meson's project version */
+}
+
 
 const char *adg_strerror(int code)
 {

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds libadg three ways and runs the whole test suite in each: plain,
-# AddressSanitizer + UndefinedBehaviorSanitizer, ThreadSanitizer.
-# Installs missing build dependencies first. Ends with "N passed, N failed",
-# counting test cases over all three builds.
+# AddressSanitizer + UndefinedBehaviorSanitizer, ThreadSanitizer; then
+# installs it into a temporary prefix and builds an outside consumer with
+# pkg-config (scripts/consumer-test.sh). Installs missing build dependencies
+# first. Ends with "N passed, N failed", counting test cases over it all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
 
-log=$(mktemp)
+log=$(mktemp) # the consumer test's output
 trap 'rm -f "$log"' EXIT
 status=0
 for variant in plain asan tsan; do
@@ -22,16 +23,43 @@ for variant in plain asan tsan; do
 		meson setup "$dir" --buildtype=debugoptimized "${opts[@]}" >/dev/null
 	fi
 	ninja -C "$dir" >/dev/null
-	meson test -C "$dir" --verbose --print-errorlogs 2>&1 | tee -a "$log" ||
-		status=1
+	meson test -C "$dir" --verbose --print-errorlogs || status=1
 done
 
-# Criterion prints "Synthesis: Tested: T | Passing: P | Failing: F |
-# Crashing: C"; the TSan build's runner prints "tsan: P passed, F failed".
-awk '
-/Synthesis: Tested:/ { for (i = 1; i <= NF; i++) {
-	if ($i == "Passing:") p += $(i + 1)
-	if ($i == "Failing:" || $i == "Crashing:") f += $(i + 1) } }
-/^tsan: [0-9]+ passed, [0-9]+ failed/ { p += $2; f += $4 }
-END { printf "%d passed, %d failed\n", p, f; exit (f > 0) }' "$log" || status=1
+echo "=== consumer"
+scripts/consumer-test.sh 2>&1 | tee -a "$log" || status=1
+
+# One count over everything: a Criterion binary counts its test cases
+# ("Synthesis: Tested: T | Passing: P | Failing: F | Crashing: C"), the TSan
+# runner and the consumer test print "name: P passed, F failed", and any
+# other meson test (examples, doc checks) counts as one, by its result.
+# meson writes one JSON object a line to testlog.json, output included.
+for variant in plain asan tsan; do
+	cat "build-test-$variant/meson-logs/testlog.json"
+done | awk '
+function count(text,   n, i, w, found) {
+	found = 0
+	n = split(text, w, /[ |\\]+/)
+	for (i = 1; i <= n; i++) {
+		if (w[i] == "Passing:") { p += w[i + 1]; found = 1 }
+		if (w[i] == "Failing:" || w[i] == "Crashing:") f += w[i + 1]
+		if (w[i] ~ /^n?tsan:$/ && w[i + 2] == "passed,") {
+			p += w[i + 1]; f += w[i + 3]; found = 1
+		}
+	}
+	return found
+}
+{
+	res = $0; sub(/.*"result": "/, "", res); sub(/".*/, "", res)
+	if (!count($0)) { if (res == "OK") p++; else f++ }
+	else if (res != "OK" && res != "EXPECTEDFAIL") f++
+}
+END {
+	while ((getline line < consumer) > 0)
+		if (line ~ /^consumer: [0-9]+ passed, [0-9]+ failed$/) {
+			split(line, w, " "); p += w[2]; f += w[4]
+		}
+	printf "%d passed, %d failed\n", p, f
+	exit (f > 0)
+}' consumer="$log" || status=1
 exit $status

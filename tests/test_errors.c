@@ -3,6 +3,7 @@
 #include "scalar.h"
 
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
 
 static int noop_backward(adg_step_call *call, void *user)
@@ -30,6 +31,14 @@ Test(errors, strerror_names_every_code)
 	}
 	cr_expect_str_eq(adg_strerror(ADG_EUSER), "unknown error");
 	cr_expect_str_eq(adg_strerror(1), "unknown error");
+}
+
+Test(errors, version_matches_the_header)
+{
+	char want[32];
+	snprintf(want, sizeof want, "%d.%d.%d", ADG_VERSION_MAJOR,
+		 ADG_VERSION_MINOR, ADG_VERSION_PATCH);
+	cr_expect_str_eq(adg_version(), want);
 }
 
 Test(errors, registry_new_and_free)
