@@ -177,10 +177,44 @@ static void *reader(void *arg)
 	return (void *)lookups;
 }
 
+/* Backward passes on graphs of their own, on the same registry and at the
+ * same time as the merges: each checks its gradient. */
+#define BACKWARDERS 2
+static atomic_long side_passes;
+
+static void *side_backward(void *arg)
+{
+	double v = 2 + (double)(intptr_t)arg;
+	for (int pass = 0; pass < 20 || !atomic_load(&merging_done); pass++) {
+		scalar a = s_leaf(reg, v), b = s_leaf(reg, 3);
+		scalar ab = s_mul(reg, a, b), y = s_mul(reg, ab, a);
+		adg_grads *g = NULL;
+		void *d;
+		if (s_backward(reg, y, &g) != 0 ||
+		    adg_grads_get(g, a.id, &d) != 0 ||
+		    *(double *)d != 2 * v * 3)
+			atomic_fetch_add(&wrong, 1);
+		adg_grads_free(g);
+		scalar all[] = {a, b, ab, y};
+		for (int i = 0; i < 4; i++)
+			s_drop(all[i]);
+		atomic_fetch_add(&side_passes, 1);
+	}
+	return NULL;
+}
+
+static pthread_barrier_t merge_start;
+
 static void *merge_or_read(void *arg)
 {
 	intptr_t i = (intptr_t)arg;
-	return i < MERGERS ? merger(arg) : reader(arg);
+	/* Everyone starts together, so that the roles overlap. */
+	pthread_barrier_wait(&merge_start);
+	if (i < MERGERS)
+		return merger(arg);
+	if (i < MERGERS + READERS)
+		return reader(arg);
+	return side_backward(arg);
 }
 
 /* How often the leaf occurs in each made node's product: its gradient,
@@ -228,15 +262,21 @@ CHECKED_TEST(stress, merges_in_random_orders_with_lookups)
 		pool_index[i] = i;
 	}
 	atomic_store(&n_made, POOL);
-	pthread_t t[MERGERS + READERS];
-	for (intptr_t i = 0; i < MERGERS + READERS; i++)
+	enum { ALL = MERGERS + READERS + BACKWARDERS };
+	pthread_t t[ALL];
+	pthread_barrier_init(&merge_start, NULL, ALL);
+	for (intptr_t i = 0; i < ALL; i++)
 		pthread_create(&t[i], NULL, merge_or_read, (void *)i);
 	for (int i = 0; i < MERGERS; i++)
 		pthread_join(t[i], NULL);
 	atomic_store(&merging_done, true);
-	for (int i = MERGERS; i < MERGERS + READERS; i++)
+	for (int i = MERGERS; i < ALL; i++)
 		pthread_join(t[i], NULL);
-	cr_expect_eq(atomic_load(&wrong), 0, "a live op reported no graph");
+	pthread_barrier_destroy(&merge_start);
+	cr_expect_eq(
+		atomic_load(&wrong), 0,
+		"a live op reported no graph, or a side backward was wrong");
+	cr_expect_gt(atomic_load(&side_passes), 0);
 
 	/* Components of the parent relation; each graph's id must be the
 	 * smallest id of the graph-starting nodes in it. */
@@ -573,4 +613,154 @@ CHECKED_TEST(stress, backward_meets_parent_consumed_by_another_thread)
 		adg_node_unref(share_x);
 	}
 	adg_node_unref(share_a);
+}
+
+/* burn issue 5573: a concurrent backward freed steps of a graph another
+ * thread was still building, so a leaf silently got no gradient. Here a
+ * leaf goes through a backward and is reused in a new op on one thread
+ * while other threads run backward passes on graphs of the same leaf and
+ * drop their references; the reused leaf's gradient is never missing. */
+#define REUSE_ROUNDS 1000
+#define REUSE_OTHERS 3
+static scalar reuse_leaf;
+static pthread_barrier_t reuse_start;
+
+static void *reuse_other(void *arg)
+{
+	double v = 5 + (double)(intptr_t)arg;
+	pthread_barrier_wait(&reuse_start);
+	scalar own = s_leaf(reg, v);
+	scalar y = s_mul(reg, reuse_leaf, own);
+	adg_grads *g;
+	if (s_backward(reg, y, &g) != 0 || s_grad(g, reuse_leaf) != v)
+		atomic_fetch_add(&wrong, 1);
+	adg_grads_free(g);
+	s_drop(y);
+	s_drop(own);
+	return NULL;
+}
+
+static void *reuse_main(void *arg)
+{
+	(void)arg;
+	scalar a = s_leaf(reg, 3), b = s_leaf(reg, 4);
+	scalar y1 = s_mul(reg, reuse_leaf, a);
+	adg_grads *g;
+	pthread_barrier_wait(&reuse_start);
+	if (s_backward(reg, y1, &g) != 0 || s_grad(g, reuse_leaf) != 3)
+		atomic_fetch_add(&wrong, 1);
+	adg_grads_free(g);
+	/* The leaf again, while the others are mid-backward. */
+	scalar y2 = s_mul(reg, reuse_leaf, b);
+	scalar y3 = s_mul(reg, y2, a);
+	s_drop(y2);
+	void *v;
+	if (s_backward(reg, y3, &g) != 0 ||
+	    adg_grads_get(g, reuse_leaf.id, &v) != 0 || *(double *)v != 12)
+		atomic_fetch_add(&wrong, 1);
+	adg_grads_free(g);
+	scalar all[] = {a, b, y1, y3};
+	for (int i = 0; i < 4; i++)
+		s_drop(all[i]);
+	return NULL;
+}
+
+static void *reuse_role(void *arg)
+{
+	return (intptr_t)arg == 0 ? reuse_main(arg) : reuse_other(arg);
+}
+
+CHECKED_TEST(stress, reused_leaf_never_misses_its_gradient)
+{
+	for (int round = 0; round < REUSE_ROUNDS; round++) {
+		reuse_leaf = s_leaf(reg, 2);
+		pthread_barrier_init(&reuse_start, NULL, REUSE_OTHERS + 1);
+		run_threads(REUSE_OTHERS + 1, reuse_role);
+		pthread_barrier_destroy(&reuse_start);
+		s_drop(reuse_leaf);
+		cr_assert_eq(atomic_load(&wrong), 0, "round %d", round);
+	}
+	assert_stats(reg, 0, 0, 0);
+}
+
+/* Nested backward from 8 threads at once: each step runs a backward on a
+ * graph of its own and one on a sibling node of its own graph (which needs
+ * a step this backward took: ADG_EUNAVAILABLE). */
+#define NEST_THREADS 8
+#define NEST_ROUNDS  100
+
+struct nest {
+	struct prod_step *inner;
+	adg_node *other, *sibling;
+	uint64_t other_leaf;
+};
+
+static int nest_backward(adg_step_call *call, void *user)
+{
+	struct nest *n = user;
+	adg_grads *g;
+	void *v;
+	int rc = adg_backward(call->registry, n->other, scalar_box(1),
+			      &scalar_ops, &g);
+	if (rc != 0)
+		return rc;
+	if (adg_grads_get(g, n->other_leaf, &v) != 0 || *(double *)v != 7)
+		atomic_fetch_add(&wrong, 1);
+	adg_grads_free(g);
+	g = NULL;
+	if (adg_backward(call->registry, n->sibling, scalar_box(1), &scalar_ops,
+			 &g) != ADG_EUNAVAILABLE)
+		atomic_fetch_add(&wrong, 1);
+	adg_grads_free(g);
+	return prod_backward(call, n->inner);
+}
+
+static void nest_release(void *user)
+{
+	struct nest *n = user;
+	prod_release(n->inner);
+	free(n);
+}
+
+static void *nest_worker(void *arg)
+{
+	(void)arg;
+	for (int round = 0; round < NEST_ROUNDS; round++) {
+		scalar a = s_leaf(reg, 2), b = s_leaf(reg, 3),
+		       e = s_leaf(reg, 5), f = s_leaf(reg, 7);
+		scalar other = s_mul(reg, e, f);
+		scalar x = s_mul(reg, a, b);
+		scalar sib = s_mul(reg, x, a);
+		struct nest *n = malloc(sizeof *n);
+		scalar factors[2] = {x, b};
+		n->inner = prod_step_new(factors, 2);
+		n->other = other.node;
+		n->sibling = sib.node;
+		n->other_leaf = e.id;
+		adg_node *parents[2] = {x.node, b.node};
+		adg_step st = {nest_backward, nest_release, n};
+		scalar y = {.value = x.value * b.value};
+		if (adg_op(reg, parents, 2, &st, &y.node) != 0) {
+			atomic_fetch_add(&wrong, 1);
+			nest_release(n);
+			continue;
+		}
+		adg_node_id(y.node, &y.id);
+		adg_grads *g;
+		/* y = a b b: dy/da = b^2 */
+		if (s_backward(reg, y, &g) != 0 || s_grad(g, a) != 9)
+			atomic_fetch_add(&wrong, 1);
+		adg_grads_free(g);
+		scalar all[] = {a, b, e, f, other, x, sib, y};
+		for (int i = 0; i < 8; i++)
+			s_drop(all[i]);
+	}
+	return NULL;
+}
+
+CHECKED_TEST(stress, nested_backward_from_8_threads)
+{
+	run_threads(NEST_THREADS, nest_worker);
+	cr_expect_eq(atomic_load(&wrong), 0);
+	assert_stats(reg, 0, 0, 0);
 }
