@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Builds libadg three ways and runs the whole test suite in each: plain,
-# AddressSanitizer + UndefinedBehaviorSanitizer, ThreadSanitizer; then
-# installs it into a temporary prefix and builds an outside consumer with
-# pkg-config (scripts/consumer-test.sh). Installs missing build dependencies
-# first. Ends with "N passed, N failed", counting test cases over it all.
+# AddressSanitizer + UndefinedBehaviorSanitizer, ThreadSanitizer; runs the
+# plain build's tests again under valgrind memcheck (scripts/valgrind.sh);
+# then installs libadg into a temporary prefix and builds an outside
+# consumer with pkg-config (scripts/consumer-test.sh). Installs missing
+# build dependencies first. Ends with "N passed, N failed", counting test
+# cases over it all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
 
-log=$(mktemp) # the consumer test's output
+log=$(mktemp) # valgrind's and the consumer test's verdicts
 trap 'rm -f "$log"' EXIT
 status=0
 for variant in plain asan tsan; do
@@ -26,12 +28,16 @@ for variant in plain asan tsan; do
 	meson test -C "$dir" --verbose --print-errorlogs || status=1
 done
 
+echo "=== valgrind memcheck (plain build)"
+scripts/valgrind.sh build-test-plain 2>&1 | tee -a "$log" || status=1
+
 echo "=== consumer"
 scripts/consumer-test.sh 2>&1 | tee -a "$log" || status=1
 
 # One count over everything: a Criterion binary counts its test cases
 # ("Synthesis: Tested: T | Passing: P | Failing: F | Crashing: C"), the TSan
-# runner and the consumer test print "name: P passed, F failed", and any
+# runner, valgrind.sh and the consumer test print "name: P passed, F
+# failed", and any
 # other meson test (examples, doc checks) counts as one, by its result.
 # meson writes one JSON object a line to testlog.json, output included.
 for variant in plain asan tsan; do
@@ -56,7 +62,7 @@ function count(text,   n, i, w, found) {
 }
 END {
 	while ((getline line < consumer) > 0)
-		if (line ~ /^consumer: [0-9]+ passed, [0-9]+ failed$/) {
+		if (line ~ /^(consumer|valgrind): [0-9]+ passed, [0-9]+ failed$/) {
 			split(line, w, " "); p += w[2]; f += w[4]
 		}
 	printf "%d passed, %d failed\n", p, f

@@ -247,3 +247,26 @@ CHECKED_TEST(lifetime, registries_are_independent)
 	}
 	s_drop(a);
 }
+
+/* More graphs retired on one thread than its pool keeps: the rest go back
+ * to the allocator through call_rcu, and adg_registry_free waits for them
+ * (the allocator's byte count comes back to zero). */
+CHECKED_TEST(lifetime, retired_graphs_past_the_pool_are_freed)
+{
+	failing_alloc fa = {0};
+	adg_registry_options o = {.allocator = failing_allocator(&fa)};
+	adg_registry *r;
+	cr_assert_eq(adg_registry_new(&o, &r), 0);
+	enum { GRAPHS = 5000 };
+	static scalar roots[GRAPHS];
+	scalar a = s_leaf(r, 2);
+	for (int i = 0; i < GRAPHS; i++)
+		roots[i] = s_mul(r, a, a);
+	assert_stats(r, GRAPHS + 1, GRAPHS, GRAPHS);
+	for (int i = 0; i < GRAPHS; i++)
+		s_drop(roots[i]);
+	assert_stats(r, 1, 0, 0);
+	s_drop(a);
+	cr_assert_eq(adg_registry_free(r), 0);
+	cr_expect_eq(atomic_load(&fa.live_bytes), 0, "graphs not freed");
+}
