@@ -223,6 +223,34 @@ typedef struct adg_grad_ops {
 ADG_API int adg_backward(adg_registry *registry, adg_node *root, void *seed,
 			 const adg_grad_ops *ops, adg_grads **out);
 
+/* Called by a backward once for each node whose gradient has become final:
+ * every step of the backward that names the node as a parent has run (for
+ * the root: at once). *grad is the gradient, NULL when none arrived; the
+ * hook may take it by setting *grad to NULL (for a node that is not a leaf,
+ * its step then gets NULL), or leave it where it is. Runs on the thread of
+ * the backward, with no lock held, in the order gradients become final.
+ * Returns 0, or a negative code that stops the backward as a failing step
+ * does. This is the hook a data-parallel trainer starts its all-reduce
+ * from, while the rest of the backward runs. */
+typedef int (*adg_ready_fn)(uint64_t id, void **grad, void *ctx);
+
+/* Zero-initialise, then set what you need. */
+typedef struct adg_backward_options {
+	adg_ready_fn on_ready; /* NULL: no hook */
+	void *ctx;	       /* passed to on_ready */
+	/* Nonzero: call on_ready for leaves only (a trainer's parameters). */
+	int leaves_only;
+} adg_backward_options;
+
+/* adg_backward with options (NULL: as adg_backward). The counts behind
+ * on_ready come from the tape as it is taken: the cost is proportional to
+ * the tape. Errors: those of adg_backward, and on_ready's code
+ * (ADG_ECALLBACK for a positive one). */
+ADG_API int adg_backward_with(adg_registry *registry, adg_node *root,
+			      void *seed, const adg_grad_ops *ops,
+			      const adg_backward_options *options,
+			      adg_grads **out);
+
 /* ------------------------------------------------------------- gradients */
 
 /* A container is owned by one thread at a time: these functions must not

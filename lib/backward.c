@@ -16,6 +16,13 @@
 #include "internal.h"
 
 #include <stdlib.h>
+#include <string.h>
+
+/* A leaf's contributions still to come, for the ready hook. */
+struct leaf_pending {
+	uint64_t id; /* 0: empty slot */
+	uint32_t pending;
+};
 
 /* Scratch arrays, reused by a thread's backward passes (kept on its shard). */
 struct adg_tape {
@@ -24,6 +31,16 @@ struct adg_tape {
 	size_t *per_depth;	  /* counting-sort buckets */
 	size_t nodes_cap;
 	size_t depth_cap;
+	/* With a ready hook: open addressing by leaf id, a power of two. */
+	struct leaf_pending *leaves;
+	size_t leaves_cap;
+};
+
+/* The hook of one backward, if any. */
+struct ready {
+	adg_ready_fn fn;
+	void *ctx;
+	bool leaves_only;
 };
 
 void adg_tape_free(struct adg_tape *t)
@@ -33,6 +50,7 @@ void adg_tape_free(struct adg_tape *t)
 	free(t->walked);
 	free(t->sorted);
 	free(t->per_depth);
+	free(t->leaves);
 	free(t);
 }
 
@@ -67,13 +85,93 @@ static bool tape_reserve_depths(struct adg_tape *t, size_t n)
 	return true;
 }
 
+/* Room for the leaf counts of up to n leaf slots, at load 1/2 or less. */
+static bool tape_reserve_leaves(struct adg_tape *t, size_t n)
+{
+	size_t cap = 16;
+	while (cap < 2 * n)
+		cap *= 2;
+	if (cap > t->leaves_cap) {
+		struct leaf_pending *l = realloc(t->leaves, cap * sizeof *l);
+		if (l == NULL)
+			return false;
+		t->leaves = l;
+		t->leaves_cap = cap;
+	}
+	return true;
+}
+
+static struct leaf_pending *leaf_slot(struct adg_tape *t, uint64_t id)
+{
+	size_t mask = t->leaves_cap - 1;
+	size_t i = (size_t)((id * UINT64_C(0x9e3779b97f4a7c15)) >> 20) & mask;
+	while (t->leaves[i].id != 0 && t->leaves[i].id != id)
+		i = (i + 1) & mask;
+	return &t->leaves[i];
+}
+
+/* Counts, for the ready hook, the contributions each node and leaf of the
+ * tape will receive: one per tape parent slot that names it. */
+static void count_pending(struct adg_tape *t, size_t len)
+{
+	memset(t->leaves, 0, t->leaves_cap * sizeof *t->leaves);
+	for (size_t i = 0; i < len; i++) {
+		struct adg_node *n = t->walked[i];
+		const uint64_t *ids = adg_node_parent_ids(n);
+		n->tape_pending = n->tape_links;
+		for (uint32_t k = 0; k < n->n_parents; k++) {
+			if (n->parents[k] != NULL)
+				continue;
+			struct leaf_pending *l = leaf_slot(t, ids[k]);
+			l->id = ids[k];
+			l->pending++;
+		}
+	}
+}
+
+/* Hands node id's final gradient to the hook, which may take it. */
+static int fire(const struct ready *r, adg_grads *grads, uint64_t id)
+{
+	void *grad = NULL;
+	adg_grads_take(grads, id, &grad);
+	int rc = adg_callback_result(r->fn(id, &grad, r->ctx));
+	/* Left to us: back where it was. Its slot was just freed, so this
+	 * never allocates and cannot fail. */
+	if (grad != NULL)
+		adg_grads_register(grads, id, grad);
+	return rc;
+}
+
+/* After node n's step ran: its parents each lost one pending
+ * contribution; those with none left are final. */
+static int fire_parents(const struct ready *r, struct adg_tape *t,
+			adg_grads *grads, struct adg_node *n)
+{
+	const uint64_t *ids = adg_node_parent_ids(n);
+	for (uint32_t k = 0; k < n->n_parents; k++) {
+		struct adg_node *p = n->parents[k];
+		bool final;
+		if (p == NULL) {
+			final = --leaf_slot(t, ids[k])->pending == 0;
+		} else {
+			final = --p->tape_pending == 0 && !r->leaves_only;
+		}
+		if (final) {
+			int rc = fire(r, grads, ids[k]);
+			if (rc != 0)
+				return rc;
+		}
+	}
+	return 0;
+}
+
 /* Walks from root, in graph g (locked), through unconsumed steps, marking
  * each VISITING once and counting in tape_links the tape's slots that name
  * it. Fills t->walked, *len, and *leaf_slots (parent slots that name
  * leaves: a bound on the leaf gradients to come). On error every mark is
  * undone. */
 static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
-		size_t *len, size_t *leaf_slots)
+		bool counting, size_t *len, size_t *leaf_slots)
 {
 	size_t n = 0, leaves = 0;
 	int rc = 0;
@@ -113,10 +211,9 @@ static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
 			t->walked[n++] = p;
 		}
 	}
-	if (rc == 0)
-		rc = tape_reserve_depths(t, (size_t)root->depth + 1)
-			     ? 0
-			     : ADG_ENOMEM;
+	if (rc == 0 && (!tape_reserve_depths(t, (size_t)root->depth + 1) ||
+			(counting && !tape_reserve_leaves(t, leaves))))
+		rc = ADG_ENOMEM;
 	if (rc != 0) {
 		for (size_t i = 0; i < n; i++)
 			t->walked[i]->state = ADG_NODE_LIVE;
@@ -154,14 +251,14 @@ static void sort_by_depth(struct adg_tape *t, size_t n, uint32_t max_depth)
 /* Takes the tape from root's graph and creates the container sized for it.
  * On error nothing is taken. */
 static int take(struct adg_shard *shard, struct adg_tape *t,
-		struct adg_node *root, const adg_grad_ops *ops, size_t *len,
-		adg_grads **grads)
+		struct adg_node *root, const adg_grad_ops *ops, bool counting,
+		size_t *len, adg_grads **grads)
 {
 	struct adg_graph *g = adg_graph_lock_of(root);
 	if (g == NULL)
 		return ADG_ECONSUMED;
 	size_t leaf_slots;
-	int rc = walk(t, g, root, len, &leaf_slots);
+	int rc = walk(t, g, root, counting, len, &leaf_slots);
 	if (rc == 0) {
 		rc = adg_grads_new(root->registry, ops, *len + leaf_slots,
 				   grads);
@@ -182,6 +279,8 @@ static int take(struct adg_shard *shard, struct adg_tape *t,
 	}
 	adg_graph_unlock(shard, g);
 	sort_by_depth(t, *len, root->depth);
+	if (counting)
+		count_pending(t, *len);
 	return 0;
 }
 
@@ -198,12 +297,20 @@ static void drop_tape_links(struct adg_shard *shard, struct adg_tape *t,
 }
 
 static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
-	       void *seed, const adg_grad_ops *ops, adg_grads *grads)
+	       void *seed, const adg_grad_ops *ops, const struct ready *ready,
+	       adg_grads *grads)
 {
-	/* The root is deepest, so it runs first, with the seed. */
+	/* The root is deepest, so it runs first, with the seed, which is
+	 * final from the start. */
 	void *grad = seed;
 	int rc = 0;
 
+	if (ready != NULL && !ready->leaves_only) {
+		rc = adg_callback_result(
+			ready->fn(t->sorted[0]->id, &grad, ready->ctx));
+		if (rc != 0 && grad != NULL)
+			ops->free(grad, ops->ctx);
+	}
 	for (size_t i = 0; i < len; i++) {
 		struct adg_node *n = t->sorted[i];
 		if (rc == 0) {
@@ -221,6 +328,8 @@ static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 				n->step.backward(&call, n->step.user));
 			if (call.grad != NULL)
 				ops->free(call.grad, ops->ctx);
+			if (rc == 0 && ready != NULL)
+				rc = fire_parents(ready, t, grads, n);
 		}
 		/* After a failure the rest are released unrun. */
 		adg_node_release_step(shard, n);
@@ -231,6 +340,13 @@ static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 
 int adg_backward(adg_registry *registry, adg_node *root, void *seed,
 		 const adg_grad_ops *ops, adg_grads **out)
+{
+	return adg_backward_with(registry, root, seed, ops, NULL, out);
+}
+
+int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
+		      const adg_grad_ops *ops,
+		      const adg_backward_options *options, adg_grads **out)
 {
 	if (out != NULL)
 		*out = NULL;
@@ -250,6 +366,14 @@ int adg_backward(adg_registry *registry, adg_node *root, void *seed,
 		return rc;
 	}
 
+	struct ready hook = {0};
+	const struct ready *ready = NULL;
+	if (options != NULL && options->on_ready != NULL) {
+		hook = (struct ready){options->on_ready, options->ctx,
+				      options->leaves_only != 0};
+		ready = &hook;
+	}
+
 	adg_grads *grads = NULL;
 	if (adg_node_is_leaf(root)) {
 		rc = adg_grads_new(registry, ops, 1, &grads);
@@ -257,6 +381,8 @@ int adg_backward(adg_registry *registry, adg_node *root, void *seed,
 			rc = adg_grads_register(grads, root->id, seed);
 		else
 			ops->free(seed, ops->ctx);
+		if (rc == 0 && ready != NULL)
+			rc = fire(ready, grads, root->id);
 		if (rc != 0) {
 			adg_grads_free(grads);
 			return rc;
@@ -272,11 +398,12 @@ int adg_backward(adg_registry *registry, adg_node *root, void *seed,
 	if (t == NULL)
 		t = calloc(1, sizeof *t);
 	size_t len = 0;
-	rc = t == NULL ? ADG_ENOMEM : take(shard, t, root, ops, &len, &grads);
+	rc = t == NULL ? ADG_ENOMEM
+		       : take(shard, t, root, ops, ready != NULL, &len, &grads);
 	if (rc != 0)
 		ops->free(seed, ops->ctx);
 	else
-		rc = run(shard, t, len, seed, ops, grads);
+		rc = run(shard, t, len, seed, ops, ready, grads);
 	if (shard->tape_cache == NULL)
 		shard->tape_cache = t;
 	else

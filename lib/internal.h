@@ -104,6 +104,9 @@ struct adg_node {
 	/* While on a tape being taken or run: how many of the tape's parent
 	 * slots name this node. The backward drops them in one go. */
 	uint32_t tape_links;
+	/* While on a tape being run with a ready hook: those of tape_links
+	 * whose steps have not run yet. */
+	uint32_t tape_pending;
 	adg_step step;
 	/* n_parents pointers, then n_parents ids (see adg_node_parent_ids).
 	 * A leaf parent's pointer is NULL: children never touch a leaf after
