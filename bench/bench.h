@@ -122,6 +122,19 @@ uint64_t bench_now_ns(void);
 double bench_idle_backward_ns(const bench_impl *impl, int idle, int ms,
 			      const bench_params *p);
 
+/* libadg only: a backward whose hook is called for each leaf as its
+ * gradient becomes final (adg_backward_with). */
+int bench_adg_backward_ready(void *reg, void *root,
+			     int (*ready)(uint64_t id, void **grad, void *ctx),
+			     void *ctx, void **grads);
+
+/* The fraction of the shared-params graph's parameter gradients that are
+ * final while steps are still left to run: what a data-parallel trainer's
+ * all-reduce, started from the hook, can overlap. *mean_remaining: the
+ * share of the steps still to run when a gradient is final, on average. */
+double bench_overlap_fraction(const bench_params *p, int iterations,
+			      double *mean_remaining);
+
 /* For callgrind: build or run backward over `iterations` chains, each in
  * a function of its own that --toggle-collect can name. */
 void bench_count_phases(const bench_impl *impl, const bench_params *p,

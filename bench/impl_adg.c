@@ -98,6 +98,15 @@ static int a_backward(void *reg, void *root, void **grads)
 	return adg_backward(reg, root, encode(1.0), &ops, (adg_grads **)grads);
 }
 
+int bench_adg_backward_ready(void *reg, void *root,
+			     int (*ready)(uint64_t id, void **grad, void *ctx),
+			     void *ctx, void **grads)
+{
+	adg_backward_options o = {ready, ctx, 1};
+	return adg_backward_with(reg, root, encode(1.0), &ops, &o,
+				 (adg_grads **)grads);
+}
+
 static double a_grad(void *grads, uint64_t id)
 {
 	void *v;

@@ -217,6 +217,8 @@ static double vmax(const double *v, int n)
 
 static struct cell *cells;
 static int n_cells;
+/* The hook's overlap figures (bench_overlap_fraction); NAN when not run. */
+static double overlap = NAN, remaining = NAN;
 
 static const struct cell *find(int workload, int impl, int threads)
 {
@@ -377,7 +379,13 @@ static void write_json(const char *path, double idle_ratio[N_IMPLS],
 				"\"ns_idle\": %.0f, \"ratio\": %.3f}",
 				impls[i]->name, idle_ns[i][0], idle_ns[i][1],
 				idle_ratio[i]);
-	fprintf(f, "}\n}\n");
+	fprintf(f, "}");
+	if (!isnan(overlap))
+		fprintf(f,
+			",\n  \"overlap\": {\"early_fraction\": %.4f, "
+			"\"mean_steps_left\": %.4f}",
+			overlap, remaining);
+	fprintf(f, "\n}\n");
 	fclose(f);
 }
 
@@ -461,6 +469,13 @@ static void write_markdown(const char *path, const struct options *o,
 		fprintf(f, ", seed %.0f ns -> %.0f ns (%.0f x)", idle_ns[1][0],
 			idle_ns[1][1], idle_ratio[1]);
 	fprintf(f, "\n");
+	if (!isnan(overlap))
+		fprintf(f,
+			"\nGradient-ready hook (shared-params): %.0f%% of the "
+			"parameter gradients are final while steps are still "
+			"left to run; on average %.0f%% of the steps are left "
+			"when one is.\n",
+			100 * overlap, 100 * remaining);
 	fclose(f);
 }
 
@@ -990,7 +1005,22 @@ int main(int argc, char **argv)
 		}
 	}
 
+	if (o.impl_on[0] && o.workload_on[workload_index("shared-params")]) {
+		overlap = bench_overlap_fraction(&o.p, 200, &remaining);
+		fprintf(stderr,
+			"overlap: %.0f%% of parameter gradients final "
+			"while steps remained\n",
+			100 * overlap);
+	}
+
 	print_table(stdout);
+	if (!isnan(overlap))
+		printf("\nshared-params, adg_backward_with's hook: %.0f%% of "
+		       "the parameter gradients are final (and could be sent) "
+		       "while steps are still left to run; on average %.0f%% "
+		       "of "
+		       "the steps are left when one is\n",
+		       100 * overlap, 100 * remaining);
 	if (o.idle) {
 		printf("\nbackward of a %d-node chain, 1 thread, with %d idle "
 		       "graphs alive vs none:\n",

@@ -681,6 +681,148 @@ double bench_idle_backward_ns(const bench_impl *impl, int idle, int ms,
 	return (double)spent / (double)passes;
 }
 
+/* -------------------------------------------------------------- overlap */
+
+/* How early parameter gradients become final, for a data-parallel
+ * trainer that sends each one as soon as it is (libadg only: the hook of
+ * adg_backward_with). The shared-params graph, one thread: the fraction of
+ * its parameters whose gradient was final while steps were still left to
+ * run, which is what an all-reduce started from the hook overlaps. */
+struct overlap_count {
+	int steps_run, total_steps;
+	int params_ready, params_early;
+	double remaining; /* sum over parameters of the steps left, as a
+			     fraction of all */
+	const uint64_t *param_ids;
+	int n_params;
+};
+
+static struct overlap_count *overlap_now;
+
+static int overlap_ready(uint64_t id, void **grad, void *ctx)
+{
+	(void)grad;
+	struct overlap_count *c = ctx;
+	for (int i = 0; i < c->n_params; i++)
+		if (c->param_ids[i] == id) {
+			c->params_ready++;
+			c->params_early += c->steps_run < c->total_steps;
+			c->remaining +=
+				(double)(c->total_steps - c->steps_run) /
+				c->total_steps;
+		}
+	return 0;
+}
+
+static int counting_mul_run(const bench_call *c, const bench_step *s)
+{
+	overlap_now->steps_run++;
+	return mul_run(c, s);
+}
+
+static int counting_sum_run(const bench_call *c, const bench_step *s)
+{
+	overlap_now->steps_run++;
+	return sum_run(c, s);
+}
+
+static int counting_unary_run(const bench_call *c, const bench_step *s)
+{
+	overlap_now->steps_run++;
+	return unary_run(c, s);
+}
+
+double bench_overlap_fraction(const bench_params *p, int iterations,
+			      double *mean_remaining)
+{
+	const bench_impl *impl = &bench_adg;
+	void *reg = impl->open();
+	struct run *r = shared_setup(impl, reg, p, 1);
+	uint64_t *ids = calloc(r->n_params, sizeof *ids);
+	for (int i = 0; i < r->n_params; i++)
+		ids[i] = impl->id(r->params[i].node);
+	struct mul_step muls[MLP_IN * MLP_HIDDEN + MLP_HIDDEN];
+	struct unary_step acts[MLP_HIDDEN + 1];
+	static const bench_step counting_sum = {counting_sum_run};
+	int early = 0, ready = 0;
+	double remaining = 0;
+	for (int it = 0; it < iterations; it++) {
+		/* The same MLP as shared_thread, with counting steps. */
+		struct overlap_count count = {.param_ids = ids,
+					      .n_params = r->n_params};
+		overlap_now = &count;
+		struct value x[MLP_IN], a[MLP_HIDDEN], o = {0};
+		void *temps[64];
+		int nt = 0, used = 0;
+		for (int i = 0; i < MLP_IN; i++)
+			temps[nt++] =
+				(x[i] = (struct value){impl->leaf(reg), 0.5})
+					.node;
+		for (int j = 0; j < MLP_HIDDEN; j++) {
+			struct value h = {0};
+			for (int i = 0; i < MLP_IN; i++) {
+				struct value m = mul(
+					impl, reg, &muls[used],
+					r->params[used % r->n_params], x[i]);
+				muls[used++].base.run = counting_mul_run;
+				temps[nt++] = m.node;
+				count.total_steps++;
+				if (i == 0) {
+					h = m;
+					continue;
+				}
+				void *pp[2] = {h.node, m.node};
+				h = (struct value){
+					impl->op(reg, pp, 2, &counting_sum),
+					h.v + m.v};
+				temps[nt++] = h.node;
+				count.total_steps++;
+			}
+			double t = tanh(h.v);
+			a[j] = unary(impl, reg, &acts[j], h, t, 1 - t * t);
+			acts[j].base.run = counting_unary_run;
+			temps[nt++] = a[j].node;
+			count.total_steps++;
+		}
+		for (int j = 0; j < MLP_HIDDEN; j++) {
+			struct value m =
+				mul(impl, reg, &muls[used],
+				    r->params[used % r->n_params], a[j]);
+			muls[used++].base.run = counting_mul_run;
+			temps[nt++] = m.node;
+			count.total_steps++;
+			if (j == 0) {
+				o = m;
+				continue;
+			}
+			void *pp[2] = {o.node, m.node};
+			o = (struct value){impl->op(reg, pp, 2, &counting_sum),
+					   o.v + m.v};
+			temps[nt++] = o.node;
+			count.total_steps++;
+		}
+		struct value loss = unary(impl, reg, &acts[MLP_HIDDEN], o,
+					  o.v * o.v, 2 * o.v);
+		acts[MLP_HIDDEN].base.run = counting_unary_run;
+		count.total_steps++;
+		for (int i = 0; i < nt; i++)
+			impl->unref(reg, temps[i]);
+		void *grads;
+		if (bench_adg_backward_ready(reg, loss.node, overlap_ready,
+					     &count, &grads) == 0)
+			impl->grads_free(grads);
+		impl->unref(reg, loss.node);
+		early += count.params_early;
+		ready += count.params_ready;
+		remaining += count.remaining;
+	}
+	free(ids);
+	run_free(r);
+	impl->close(reg);
+	*mean_remaining = ready ? remaining / ready : 0;
+	return ready ? (double)early / ready : 0;
+}
+
 /* ------------------------------------------------------------ callgrind */
 
 /* Not inlined, so that callgrind can report each phase's inclusive
