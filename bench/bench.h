@@ -135,6 +135,12 @@ int bench_adg_backward_ready(void *reg, void *root,
 double bench_overlap_fraction(const bench_params *p, int iterations,
 			      double *mean_remaining);
 
+/* libadg only, one thread: builds and runs backward on a checkpointed
+ * chain (a product, k adds that can rebuild their outputs, a product that
+ * asks for the last) for ms milliseconds under a checkpointing strategy.
+ * Returns nodes per second; *peak is the most outputs alive at once. */
+double bench_checkpoint(int strategy, int k, int ms, long *peak);
+
 /* For callgrind: build or run backward over `iterations` chains, each in
  * a function of its own that --toggle-collect can name. */
 void bench_count_phases(const bench_impl *impl, const bench_params *p,

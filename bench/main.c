@@ -39,7 +39,7 @@ struct options {
 	int runs, ms, idle_ms;
 	bench_params p;
 	const char *out_dir;
-	bool plot, idle;
+	bool plot, idle, checkpoint;
 	bool callgrind;
 	long iterations;
 	const char *count_child; /* internal: the process callgrind runs */
@@ -219,6 +219,11 @@ static struct cell *cells;
 static int n_cells;
 /* The hook's overlap figures (bench_overlap_fraction); NAN when not run. */
 static double overlap = NAN, remaining = NAN;
+/* The checkpoint workload, per strategy (none, balanced); rate NAN when not
+ * run. */
+static double ckpt_rate[2] = {NAN, NAN};
+static long ckpt_peak[2];
+#define CKPT_CHAIN 64
 
 static const struct cell *find(int workload, int impl, int threads)
 {
@@ -380,6 +385,14 @@ static void write_json(const char *path, double idle_ratio[N_IMPLS],
 				impls[i]->name, idle_ns[i][0], idle_ns[i][1],
 				idle_ratio[i]);
 	fprintf(f, "}");
+	if (!isnan(ckpt_rate[0]))
+		fprintf(f,
+			",\n  \"checkpoint\": {\"chain\": %d, \"none\": "
+			"{\"nodes_per_s\": %.0f, \"peak_outputs\": %ld}, "
+			"\"balanced\": {\"nodes_per_s\": %.0f, "
+			"\"peak_outputs\": %ld}}",
+			CKPT_CHAIN, ckpt_rate[0], ckpt_peak[0], ckpt_rate[1],
+			ckpt_peak[1]);
 	if (!isnan(overlap))
 		fprintf(f,
 			",\n  \"overlap\": {\"early_fraction\": %.4f, "
@@ -747,6 +760,7 @@ static void usage(FILE *f)
 		"  --idle-graphs=N   idle graphs for the idle check "
 		"(default 100000)\n"
 		"  --no-idle         skip the idle-graphs check\n"
+		"  --no-checkpoint   skip the checkpoint workload\n"
 		"  --out=DIR         results folder (default results)\n"
 		"  --no-plot         skip the gnuplot PNG\n"
 		"  --callgrind       count instructions per node under "
@@ -756,6 +770,11 @@ static void usage(FILE *f)
 	for (int i = 0; i < bench_n_workloads; i++)
 		fprintf(f, "  %-14s %s\n", bench_workloads[i].name,
 			bench_workloads[i].about);
+	fprintf(f,
+		"\nAlso measured, on one thread: a backward's cost with idle "
+		"graphs alive (adg, seed),\nhow early the gradient-ready hook "
+		"sees parameters (adg), and the checkpoint\nworkload's peak "
+		"live outputs and nodes/s under both strategies (adg).\n");
 }
 
 static int parse_list(const char *s, int *out, int max)
@@ -816,6 +835,7 @@ static bool parse(int argc, char **argv, struct options *o)
 		.out_dir = "results",
 		.plot = true,
 		.idle = true,
+		.checkpoint = true,
 		.iterations = 2000,
 	};
 	for (int i = 0; i < bench_n_workloads; i++)
@@ -836,6 +856,7 @@ static bool parse(int argc, char **argv, struct options *o)
 		{"hidden", required_argument, 0, 'H'},
 		{"idle-graphs", required_argument, 0, 'g'},
 		{"no-idle", no_argument, 0, 'G'},
+		{"no-checkpoint", no_argument, 0, 'K'},
 		{"out", required_argument, 0, 'o'},
 		{"no-plot", no_argument, 0, 'P'},
 		{"callgrind", no_argument, 0, 'c'},
@@ -899,6 +920,9 @@ static bool parse(int argc, char **argv, struct options *o)
 			break;
 		case 'G':
 			o->idle = false;
+			break;
+		case 'K':
+			o->checkpoint = false;
 			break;
 		case 'o':
 			o->out_dir = optarg;
@@ -1013,7 +1037,28 @@ int main(int argc, char **argv)
 			100 * overlap);
 	}
 
+	if (o.impl_on[0] && o.checkpoint) {
+		for (int st = 0; st < 2; st++) {
+			double r[3];
+			for (int k = 0; k < 3; k++)
+				r[k] = bench_checkpoint(st, CKPT_CHAIN,
+							o.idle_ms / 3,
+							&ckpt_peak[st]);
+			ckpt_rate[st] = median(r, 3);
+		}
+		fprintf(stderr,
+			"checkpoint: %.0f / %.0f nodes/s, peaks %ld / "
+			"%ld outputs\n",
+			ckpt_rate[0], ckpt_rate[1], ckpt_peak[0], ckpt_peak[1]);
+	}
+
 	print_table(stdout);
+	if (!isnan(ckpt_rate[0]))
+		printf("\ncheckpoint (adg, a product, %d adds, a product; 1 "
+		       "thread): none %.2fM nodes/s, peak %ld outputs alive; "
+		       "balanced %.2fM nodes/s, peak %ld\n",
+		       CKPT_CHAIN, ckpt_rate[0] / 1e6, ckpt_peak[0],
+		       ckpt_rate[1] / 1e6, ckpt_peak[1]);
 	if (!isnan(overlap))
 		printf("\nshared-params, adg_backward_with's hook: %.0f%% of "
 		       "the parameter gradients are final (and could be sent) "

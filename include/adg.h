@@ -80,6 +80,17 @@ typedef struct adg_allocator {
 	void *ctx;
 } adg_allocator;
 
+/* Which forward outputs a registry keeps for the backward (see
+ * adg_op_with). */
+enum adg_checkpointing {
+	/* Every output an op offers is kept until no backward can want it. */
+	ADG_CHECKPOINT_NONE = 0,
+	/* Outputs of ops marked memory-bound that can recompute themselves
+	 * are dropped at once and recomputed when a step asks; the others are
+	 * kept. */
+	ADG_CHECKPOINT_BALANCED = 1,
+};
+
 /* Zero-initialise, then set what you need. */
 typedef struct adg_registry_options {
 	/* Both callbacks, or neither (malloc and free). A gradient container
@@ -90,11 +101,13 @@ typedef struct adg_registry_options {
 	 * are handed to threads in batches, so a thread may see ADG_ENOIDS
 	 * while another still holds unused ids of its batch. */
 	uint64_t max_node_id;
+	/* enum adg_checkpointing; 0 is ADG_CHECKPOINT_NONE. */
+	int checkpointing;
 } adg_registry_options;
 
 /* Creates a registry. options may be NULL for the defaults.
- * Errors: ADG_EINVAL (out NULL, or only one allocator callback set),
- * ADG_ENOMEM. */
+ * Errors: ADG_EINVAL (out NULL, only one allocator callback set, or an
+ * unknown checkpointing strategy), ADG_ENOMEM. */
 ADG_API int adg_registry_new(const adg_registry_options *options,
 			     adg_registry **out);
 
@@ -133,6 +146,8 @@ typedef struct adg_step_call {
 	void *grad;
 	const uint64_t *parent_ids; /* in adg_op's order, repeats kept */
 	size_t n_parents;
+	/* libadg's, for adg_output_get: leave it alone. */
+	struct adg_backward_context *context;
 } adg_step_call;
 
 /* The backward function of one node. Returns 0, or a negative code that
@@ -193,6 +208,72 @@ ADG_API int adg_node_id(const adg_node *node, uint64_t *id);
  * consumed. Lock-free: one RCU read-side section.
  * Errors: ADG_EINVAL (NULL argument). */
 ADG_API int adg_node_graph_id(const adg_node *node, uint64_t *graph_id);
+
+/* ---------------------------------------------------------- checkpointing */
+
+/* What a recompute callback receives: the outputs of the node's parents,
+ * and where to put the node's own. */
+typedef struct adg_recompute_call {
+	uint64_t node_id;
+	size_t n_parents;
+	const uint64_t *parent_ids;
+	/* One per parent slot: its output, or NULL for a leaf (a leaf's value
+	 * is the caller's, and the step's closure keeps what it needs). */
+	void *const *parent_outputs;
+	void *output; /* set by the callback: the node's output, owned by
+			 libadg from then on */
+} adg_recompute_call;
+
+/* Builds a node's forward output again from its parents' outputs, during a
+ * backward. user is the node's step user pointer. Returns 0, or a negative
+ * code that stops the backward. Runs with no lock held; it may run a
+ * forward and a backward of its own. */
+typedef int (*adg_recompute_fn)(adg_recompute_call *call, void *user);
+
+/* The forward output an op offers to the backward. */
+typedef struct adg_output {
+	void *value;		    /* the output as computed, or NULL */
+	void (*free)(void *value);  /* required: frees an output */
+	adg_recompute_fn recompute; /* NULL: it cannot be rebuilt */
+	/* Cheap to recompute (an activation, an add): the balanced strategy
+	 * drops value at once and recomputes it when asked. */
+	int memory_bound;
+} adg_output;
+
+/* Zero-initialise, then set what you need. */
+typedef struct adg_op_options {
+	/* This node's output, for steps that will ask for it; NULL: none.
+	 * Either value or recompute must be set. */
+	const adg_output *output;
+	/* The outputs this node's step will ask for with adg_output_get: its
+	 * own (want_self), and those of the parents at these slots of the
+	 * parents array. Each must offer an output; a leaf offers none. */
+	int want_self;
+	const uint32_t *want_parents;
+	size_t n_want_parents;
+} adg_op_options;
+
+/* adg_op with checkpointing. Requests are counted per backward: a kept
+ * output is freed as soon as the last step that asked for it has run, an
+ * output no step of a backward asks for is freed when the backward takes
+ * its tape, and a recomputed one is built once and kept only while a
+ * later request needs it. Outputs follow nodes through merges, and a
+ * failed backward or a node freed unrun frees them exactly once. A
+ * recompute callback needs every non-leaf parent to offer an output. On
+ * error the caller still owns output->value.
+ * Errors: those of adg_op, and ADG_EINVAL for a malformed options (no
+ * free, neither value nor recompute, a want out of range or on a node that
+ * offers no output). */
+ADG_API int adg_op_with(adg_registry *registry, adg_node *const *parents,
+			size_t n_parents, const adg_step *step,
+			const adg_op_options *options, adg_node **out);
+
+/* During a step: borrows the output of the node (id == call->node_id) or of
+ * a parent, one the step asked for in adg_op_with; recomputes it first if
+ * it has to. The value stays valid until the step returns.
+ * Errors: ADG_EINVAL (NULL argument, or an output the step did not ask
+ * for), or a recompute callback's code. */
+ADG_API int adg_output_get(adg_step_call *call, uint64_t id, void **value);
 
 /* --------------------------------------------------------------- backward */
 

@@ -281,6 +281,10 @@ static int take(struct adg_shard *shard, struct adg_tape *t,
 	sort_by_depth(t, *len, root->depth);
 	if (counting)
 		count_pending(t, *len);
+	/* Relaxed: set once, before any node with a record is published. */
+	if (atomic_load_explicit(&root->registry->uses_checkpoints,
+				 memory_order_relaxed))
+		adg_ckpt_plan(t->sorted, *len);
 	return 0;
 }
 
@@ -304,6 +308,9 @@ static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 	 * final from the start. */
 	void *grad = seed;
 	int rc = 0;
+	/* Recomputing outputs needs a work list as long as the tape; the walk
+	 * order is no longer needed, so its array serves. */
+	struct adg_backward_context ctx = {NULL, t->walked, len};
 
 	if (ready != NULL && !ready->leaves_only) {
 		rc = adg_callback_result(
@@ -316,6 +323,7 @@ static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 		if (rc == 0) {
 			if (i > 0 && adg_grads_take(grads, n->id, &grad) != 0)
 				grad = NULL;
+			ctx.node = n;
 			adg_step_call call = {
 				.registry = n->registry,
 				.grads = grads,
@@ -323,9 +331,12 @@ static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 				.grad = grad,
 				.parent_ids = adg_node_parent_ids(n),
 				.n_parents = n->n_parents,
+				.context = &ctx,
 			};
 			rc = adg_callback_result(
 				n->step.backward(&call, n->step.user));
+			if (n->ckpt != NULL)
+				adg_ckpt_served(n);
 			if (call.grad != NULL)
 				ops->free(call.grad, ops->ctx);
 			if (rc == 0 && ready != NULL)
@@ -334,6 +345,11 @@ static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 		/* After a failure the rest are released unrun. */
 		adg_node_release_step(shard, n);
 	}
+	/* What a failure left of the outputs goes now, exactly once; after a
+	 * success the counts have freed it all, and only records remain. */
+	for (size_t i = 0; i < len; i++)
+		if (t->sorted[i]->ckpt != NULL)
+			adg_ckpt_drop(t->sorted[i]);
 	drop_tape_links(shard, t, len);
 	return rc;
 }

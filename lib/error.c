@@ -6,7 +6,6 @@ const char *adg_version(void)
 	return ADG_VERSION_STRING; /* meson's project version */
 }
 
-
 const char *adg_strerror(int code)
 {
 	switch (code) {

@@ -107,6 +107,8 @@ struct adg_node {
 	/* While on a tape being run with a ready hook: those of tape_links
 	 * whose steps have not run yet. */
 	uint32_t tape_pending;
+	/* The node's checkpointing record (adg_op_with), or NULL. */
+	struct adg_ckpt *ckpt;
 	adg_step step;
 	/* n_parents pointers, then n_parents ids (see adg_node_parent_ids).
 	 * A leaf parent's pointer is NULL: children never touch a leaf after
@@ -283,6 +285,10 @@ struct adg_shard {
 struct adg_registry {
 	adg_allocator allocator;
 	uint64_t max_node_id;
+	int checkpointing; /* enum adg_checkpointing */
+	/* Set when the first node gets a checkpointing record; until then a
+	 * backward skips the checkpointing passes. Written once. */
+	atomic_bool uses_checkpoints;
 	/* Written once per id batch of any thread. */
 	_Alignas(ADG_CACHELINE) atomic_uint_fast64_t next_free_id;
 	/* Written once per thread that starts using the registry. */
@@ -380,6 +386,48 @@ static inline size_t adg_node_size(size_t n_parents)
 	return sizeof(struct adg_node) +
 	       n_parents * (sizeof(struct adg_node *) + sizeof(uint64_t));
 }
+
+/* ---------------------------------------------------------- checkpointing */
+
+/* A node's part in checkpointing: the output it offers, and the outputs its
+ * step will ask for. Touched only by whoever owns the node: its creator,
+ * the backward that took it, or the thread that frees it. */
+struct adg_ckpt {
+	bool offers; /* value or recompute: the node has an output */
+	bool memory_bound;
+	void *value; /* the output, while held */
+	void (*free)(void *value);
+	adg_recompute_fn recompute;
+	uint32_t pending; /* during a backward: requests still to serve */
+	bool want_self;
+	uint32_t n_want_parents;
+	uint32_t want_parents[]; /* parent slots */
+};
+
+/* What adg_output_get needs of the backward that runs the step. */
+struct adg_backward_context {
+	struct adg_node *node;	 /* whose step runs */
+	struct adg_node **stack; /* recompute's work list, tape-sized */
+	size_t stack_cap;
+};
+
+/* adg_op_with: checks options against the parents and attaches a record
+ * to node (not yet placed). Returns 0, ADG_EINVAL or ADG_ENOMEM; on error
+ * nothing was taken. */
+int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
+		    const adg_op_options *options);
+
+/* Once the op is placed: applies the registry's strategy to its output. */
+void adg_ckpt_commit(struct adg_node *node);
+
+/* After a tape is taken: counts its requests and frees what none needs. */
+void adg_ckpt_plan(struct adg_node **tape, size_t len);
+
+/* After a tape node's step returned: its requests are served. */
+void adg_ckpt_served(struct adg_node *node);
+
+/* At the end of a backward, or when a node goes: frees what is left. */
+void adg_ckpt_drop(struct adg_node *node);
 
 /* ----------------------------------------------------------------- grads */
 

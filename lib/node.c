@@ -78,6 +78,7 @@ static struct adg_node *node_new(struct adg_shard *shard,
 	n->depth = 0;
 	n->state = ADG_NODE_LEAF;
 	n->tape_links = 0;
+	n->ckpt = NULL;
 	return n;
 }
 
@@ -100,8 +101,9 @@ int adg_leaf(adg_registry *registry, adg_node **out)
 	return 0;
 }
 
-int adg_op(adg_registry *registry, adg_node *const *parents, size_t n_parents,
-	   const adg_step *step, adg_node **out)
+static int op_new(adg_registry *registry, adg_node *const *parents,
+		  size_t n_parents, const adg_step *step,
+		  const adg_op_options *options, adg_node **out)
 {
 	if (out != NULL)
 		*out = NULL;
@@ -130,6 +132,13 @@ int adg_op(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	n->depth = depth + 1;
 	n->state = ADG_NODE_LIVE;
 	n->step = *step;
+	if (options != NULL) {
+		rc = adg_ckpt_attach(n, parents, options);
+		if (rc != 0) {
+			node_dealloc(shard, n);
+			return rc;
+		}
+	}
 	uint64_t *ids = (uint64_t *)(n->parents + n_parents);
 	for (size_t i = 0; i < n_parents; i++) {
 		struct adg_node *p = parents[i];
@@ -153,12 +162,31 @@ int adg_op(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 				atomic_fetch_sub_explicit(&n->parents[i]->refs,
 							  1,
 							  memory_order_relaxed);
+		if (n->ckpt != NULL) {
+			/* The caller keeps the value it offered. */
+			n->ckpt->value = NULL;
+			adg_ckpt_drop(n);
+		}
 		node_dealloc(shard, n);
 		return rc;
 	}
+	adg_ckpt_commit(n);
 	adg_count(shard, ADG_C_OPS_MADE, 1);
 	*out = n;
 	return 0;
+}
+
+int adg_op(adg_registry *registry, adg_node *const *parents, size_t n_parents,
+	   const adg_step *step, adg_node **out)
+{
+	return op_new(registry, parents, n_parents, step, NULL, out);
+}
+
+int adg_op_with(adg_registry *registry, adg_node *const *parents,
+		size_t n_parents, const adg_step *step,
+		const adg_op_options *options, adg_node **out)
+{
+	return op_new(registry, parents, n_parents, step, options, out);
 }
 
 int adg_node_ref(adg_node *node)
@@ -240,6 +268,7 @@ static void node_free(struct adg_shard *shard, struct adg_node *node,
 		for (uint32_t i = 0; i < node->n_parents; i++)
 			drop_refs(shard, node->parents[i], 1, doomed);
 	}
+	adg_ckpt_drop(node); /* a LIVE node's kept output goes with it */
 	adg_count(shard, ADG_C_NODES_FREED, 1);
 	node_dealloc(shard, node);
 }

@@ -210,12 +210,17 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 			allocator = *a;
 		if (options->max_node_id != 0)
 			max_node_id = options->max_node_id;
+		if (options->checkpointing != ADG_CHECKPOINT_NONE &&
+		    options->checkpointing != ADG_CHECKPOINT_BALANCED)
+			return ADG_EINVAL;
 	}
 	struct adg_registry *r = aligned_zalloc(sizeof *r);
 	if (r == NULL)
 		return ADG_ENOMEM;
 	r->allocator = allocator;
 	r->max_node_id = max_node_id;
+	r->checkpointing = options ? options->checkpointing : 0;
+	atomic_init(&r->uses_checkpoints, false);
 	atomic_init(&r->next_free_id, 1);
 	atomic_init(&r->shards, NULL);
 	r->fallback.shared = true;

@@ -89,6 +89,10 @@ void runner_fail(bool fatal, const char *file, int line, const char *expr,
 	RUNNER_CHECK(true, (a) >= (b), #a " >= " #b, __VA_ARGS__)
 #define cr_expect_geq(a, b, ...)                                               \
 	RUNNER_CHECK(false, (a) >= (b), #a " >= " #b, __VA_ARGS__)
+#define cr_assert_leq(a, b, ...)                                               \
+	RUNNER_CHECK(true, (a) <= (b), #a " <= " #b, __VA_ARGS__)
+#define cr_expect_leq(a, b, ...)                                               \
+	RUNNER_CHECK(false, (a) <= (b), #a " <= " #b, __VA_ARGS__)
 #define cr_assert_null(p, ...)                                                 \
 	RUNNER_CHECK(true, (p) == NULL, #p " == NULL", __VA_ARGS__)
 #define cr_expect_null(p, ...)                                                 \

@@ -1,0 +1,249 @@
+/*
+ * Checkpointing: the forward outputs a backward's steps ask for, kept or
+ * recomputed, with counted lifetimes.
+ *
+ * At registration an op may offer its output (a value, a way to recompute
+ * it from its parents' outputs, or both) and name the outputs its step will
+ * ask for: its own, or its parents'. The strategy decides, once, whether an
+ * offered value is kept or dropped for recomputation. Requests are counted
+ * per backward, when the tape is taken: one per step that asks, plus one
+ * per parent slot of each recomputed node that some request needs. Kept
+ * outputs no request needs are freed there and then; the others as their
+ * last request is served. A node's record lives in the node, so it follows
+ * the node through merges, and only the node's owner touches it: no lock.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+
+static size_t ckpt_size(size_t n_want_parents)
+{
+	return sizeof(struct adg_ckpt) + n_want_parents * sizeof(uint32_t);
+}
+
+static bool offers(const struct adg_node *n)
+{
+	return n != NULL && n->ckpt != NULL && n->ckpt->offers;
+}
+
+int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
+		    const adg_op_options *o)
+{
+	const adg_output *out = o->output;
+	if (out != NULL && (out->free == NULL ||
+			    (out->value == NULL && out->recompute == NULL)))
+		return ADG_EINVAL;
+	if (o->want_self && out == NULL)
+		return ADG_EINVAL;
+	if (o->n_want_parents > 0 && o->want_parents == NULL)
+		return ADG_EINVAL;
+	for (size_t i = 0; i < o->n_want_parents; i++)
+		if (o->want_parents[i] >= node->n_parents ||
+		    !offers(parents[o->want_parents[i]]))
+			return ADG_EINVAL; /* out of range, a leaf, no output */
+	if (out != NULL && out->recompute != NULL)
+		for (uint32_t k = 0; k < node->n_parents; k++)
+			if (!adg_node_is_leaf(parents[k]) &&
+			    !offers(parents[k]))
+				return ADG_EINVAL; /* nothing to rebuild from */
+
+	struct adg_registry *r = node->registry;
+	struct adg_ckpt *c = adg_alloc(r, ckpt_size(o->n_want_parents));
+	if (c == NULL)
+		return ADG_ENOMEM;
+	*c = (struct adg_ckpt){
+		.offers = out != NULL,
+		.free = out ? out->free : NULL,
+		.recompute = out ? out->recompute : NULL,
+		.want_self = o->want_self != 0,
+		.n_want_parents = (uint32_t)o->n_want_parents,
+	};
+	for (size_t i = 0; i < o->n_want_parents; i++)
+		c->want_parents[i] = o->want_parents[i];
+	c->value = out ? out->value : NULL;
+	c->memory_bound = out && out->memory_bound;
+	node->ckpt = c;
+	/* Relaxed: a hint that backward passes read to skip the work when no
+	 * node has a record; a node with one is published to them by the
+	 * caller, after this. */
+	if (!atomic_load_explicit(&r->uses_checkpoints, memory_order_relaxed))
+		atomic_store_explicit(&r->uses_checkpoints, true,
+				      memory_order_relaxed);
+	return 0;
+}
+
+void adg_ckpt_commit(struct adg_node *node)
+{
+	struct adg_ckpt *c = node->ckpt;
+	/* The strategy, once the op is in: balanced drops at once what it can
+	 * rebuild cheaply. */
+	if (c != NULL && c->value != NULL && c->memory_bound &&
+	    c->recompute != NULL &&
+	    node->registry->checkpointing == ADG_CHECKPOINT_BALANCED) {
+		c->free(c->value);
+		c->value = NULL;
+	}
+}
+
+static void request(struct adg_node *n)
+{
+	n->ckpt->pending++;
+}
+
+/* One request on n served: the output goes with the last. */
+static void serve(struct adg_node *n)
+{
+	struct adg_ckpt *c = n->ckpt;
+	if (--c->pending == 0 && c->value != NULL) {
+		c->free(c->value);
+		c->value = NULL;
+	}
+}
+
+void adg_ckpt_plan(struct adg_node **tape, size_t len)
+{
+	/* The steps' requests first. Every node asked for is on this tape:
+	 * it is the node itself or a parent that offers an output, hence not
+	 * a leaf, and the walk took every non-leaf parent. */
+	for (size_t i = 0; i < len; i++) {
+		struct adg_node *n = tape[i];
+		struct adg_ckpt *c = n->ckpt;
+		if (c == NULL)
+			continue;
+
+		if (c->want_self)
+			request(n);
+		for (uint32_t k = 0; k < c->n_want_parents; k++)
+			request(n->parents[c->want_parents[k]]);
+	}
+	/* Then what recomputing needs, deepest first: every request on a
+	 * node comes from it or from deeper nodes, so its count is complete
+	 * when its turn comes. A node rebuilt once needs each parent once. */
+	for (size_t i = 0; i < len; i++) {
+		struct adg_node *n = tape[i];
+		struct adg_ckpt *c = n->ckpt;
+		if (c == NULL || c->pending == 0 || c->value != NULL)
+			continue;
+		for (uint32_t k = 0; k < n->n_parents; k++)
+			if (n->parents[k] != NULL)
+				request(n->parents[k]);
+	}
+	/* What nothing asks for goes now, not at the end. */
+	for (size_t i = 0; i < len; i++) {
+		struct adg_ckpt *c = tape[i]->ckpt;
+		if (c != NULL && c->pending == 0 && c->value != NULL) {
+			c->free(c->value);
+			c->value = NULL;
+		}
+	}
+}
+
+void adg_ckpt_served(struct adg_node *n)
+{
+	struct adg_ckpt *c = n->ckpt;
+	if (c == NULL)
+		return;
+	if (c->want_self)
+		serve(n);
+	for (uint32_t k = 0; k < c->n_want_parents; k++)
+		serve(n->parents[c->want_parents[k]]);
+}
+
+void adg_ckpt_drop(struct adg_node *n)
+{
+	struct adg_ckpt *c = n->ckpt;
+	if (c == NULL)
+		return;
+	if (c->value != NULL)
+		c->free(c->value);
+	n->ckpt = NULL;
+	adg_free(n->registry, c, ckpt_size(c->n_want_parents));
+}
+
+/* Rebuilds target's output, and first its parents' where they are not
+ * held: a work list, not recursion, so that a long chain of recomputed
+ * nodes cannot overflow the stack. */
+static int materialise(struct adg_backward_context *ctx,
+		       struct adg_node *target)
+{
+	size_t top = 0;
+	ctx->stack[top++] = target;
+	while (top > 0) {
+		struct adg_node *n = ctx->stack[top - 1];
+		if (n->ckpt->value != NULL) {
+			top--;
+			continue;
+		}
+		struct adg_node *missing = NULL;
+		for (uint32_t k = 0; k < n->n_parents && missing == NULL; k++) {
+			struct adg_node *p = n->parents[k];
+			if (p != NULL && p->ckpt->value == NULL)
+				missing = p;
+		}
+		if (n->ckpt->recompute == NULL)
+			return ADG_EUNAVAILABLE; /* a count went wrong */
+		if (missing != NULL) {
+			/* Each node enters once: it leaves the list only
+			 * once held, and the graph has no cycle. */
+			ctx->stack[top++] = missing;
+			continue;
+		}
+		void *inline_outputs[8];
+		void **outputs = inline_outputs;
+		if (n->n_parents > 8) {
+			outputs = malloc(n->n_parents * sizeof *outputs);
+			if (outputs == NULL)
+				return ADG_ENOMEM;
+		}
+		for (uint32_t k = 0; k < n->n_parents; k++)
+			outputs[k] = n->parents[k] ? n->parents[k]->ckpt->value
+						   : NULL;
+		adg_recompute_call call = {
+			.node_id = n->id,
+			.n_parents = n->n_parents,
+			.parent_ids = adg_node_parent_ids(n),
+			.parent_outputs = outputs,
+			.output = NULL,
+		};
+		int rc = adg_callback_result(
+			n->ckpt->recompute(&call, n->step.user));
+		if (outputs != inline_outputs)
+			free(outputs);
+		if (rc == 0 && call.output == NULL)
+			rc = ADG_ECALLBACK; /* said yes, gave nothing */
+		if (rc != 0)
+			return rc;
+		n->ckpt->value = call.output;
+		/* Rebuilt once: each parent's part in it is served. */
+		for (uint32_t k = 0; k < n->n_parents; k++)
+			if (n->parents[k] != NULL)
+				serve(n->parents[k]);
+		top--;
+	}
+	return 0;
+}
+
+int adg_output_get(adg_step_call *call, uint64_t id, void **value)
+{
+	if (value != NULL)
+		*value = NULL;
+	if (call == NULL || value == NULL || call->context == NULL)
+		return ADG_EINVAL;
+	struct adg_backward_context *ctx = call->context;
+	struct adg_node *n = ctx->node, *target = NULL;
+	struct adg_ckpt *c = n->ckpt;
+	if (c == NULL)
+		return ADG_EINVAL;
+	if (c->want_self && id == n->id)
+		target = n;
+	const uint64_t *ids = adg_node_parent_ids(n);
+	for (uint32_t k = 0; k < c->n_want_parents && target == NULL; k++)
+		if (ids[c->want_parents[k]] == id)
+			target = n->parents[c->want_parents[k]];
+	if (target == NULL)
+		return ADG_EINVAL; /* not an output this step asked for */
+	int rc = materialise(ctx, target);
+	if (rc == 0)
+		*value = target->ckpt->value;
+	return rc;
+}

@@ -1,0 +1,628 @@
+/* Checkpointing: outputs kept or recomputed for the backward, with counted
+ * lifetimes. Outputs here are heap doubles, counted alive, so that leaks
+ * and double frees show (and ASan catches them). */
+#include "scalar.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static atomic_long outputs_live, outputs_peak, outputs_made, recomputes;
+
+static double *output_new(double v)
+{
+	double *p = malloc(sizeof *p);
+	cr_assert_not_null(p);
+	*p = v;
+	long live = atomic_fetch_add(&outputs_live, 1) + 1;
+	atomic_fetch_add(&outputs_made, 1);
+	long peak = atomic_load(&outputs_peak);
+	while (live > peak &&
+	       !atomic_compare_exchange_weak(&outputs_peak, &peak, live))
+		;
+	return p;
+}
+
+static void output_free(void *v)
+{
+	free(v);
+	atomic_fetch_sub(&outputs_live, 1);
+}
+
+static adg_registry *reg;
+
+static void open_registry(int strategy)
+{
+	atomic_store(&scalar_values_live, 0);
+	atomic_store(&scalar_steps_live, 0);
+	atomic_store(&outputs_live, 0);
+	atomic_store(&outputs_peak, 0);
+	atomic_store(&outputs_made, 0);
+	atomic_store(&recomputes, 0);
+	adg_registry_options o = {.checkpointing = strategy};
+	cr_assert_eq(adg_registry_new(&o, &reg), 0);
+}
+
+static void close_registry(void)
+{
+	end_clean(reg);
+	cr_assert_eq(atomic_load(&outputs_live), 0, "outputs leaked");
+}
+
+/* --------------------------------------------------------------- ops */
+
+/* What the ops' steps and recompute callbacks know. */
+struct op {
+	double k; /* the constant of y = x + k, or a leaf factor */
+	double x; /* the forward value of the op's non-leaf input */
+	int fail; /* the step fails */
+};
+
+static void *op_new(struct op o)
+{
+	struct op *p = malloc(sizeof *p);
+	cr_assert_not_null(p);
+	*p = o;
+	atomic_fetch_add(&scalar_steps_live, 1);
+	return p;
+}
+
+static void op_release(void *user)
+{
+	free(user);
+	atomic_fetch_sub(&scalar_steps_live, 1);
+}
+
+static double grad_of(const adg_step_call *call)
+{
+	return call->grad ? *(double *)call->grad : 0;
+}
+
+/* y = x + k: an add, memory-bound; its backward needs nothing. */
+static int add_k_backward(adg_step_call *call, void *user)
+{
+	struct op *o = user;
+	if (o->fail)
+		return ADG_EUSER - 3;
+	return adg_grads_register(call->grads, call->parent_ids[0],
+				  scalar_box(grad_of(call)));
+}
+
+static int add_k_recompute(adg_recompute_call *call, void *user)
+{
+	struct op *o = user;
+	atomic_fetch_add(&recomputes, 1);
+	cr_assert_not_null(call->parent_outputs[0]);
+	call->output = output_new(*(double *)call->parent_outputs[0] + o->k);
+	return 0;
+}
+
+/* y = x * w, w a leaf: compute-bound; its backward needs x's output. */
+static int mul_leaf_backward(adg_step_call *call, void *user)
+{
+	struct op *o = user;
+	void *x;
+	int rc = adg_output_get(call, call->parent_ids[0], &x);
+	if (rc != 0)
+		return rc;
+	double g = grad_of(call);
+	rc = adg_grads_register(call->grads, call->parent_ids[0],
+				scalar_box(g * o->k));
+	if (rc == 0)
+		rc = adg_grads_register(call->grads, call->parent_ids[1],
+					scalar_box(g * *(double *)x));
+	return rc;
+}
+
+/* y = a * w on two leaves: compute-bound, needs nothing kept. */
+static int mul_leaves_backward(adg_step_call *call, void *user)
+{
+	struct op *o = user;
+	double g = grad_of(call);
+	int rc = adg_grads_register(call->grads, call->parent_ids[0],
+				    scalar_box(g * o->k));
+	if (rc == 0)
+		rc = adg_grads_register(call->grads, call->parent_ids[1],
+					scalar_box(g * o->x));
+	return rc;
+}
+
+static adg_node *make(adg_node **parents, size_t n, adg_backward_fn fn,
+		      struct op o, const adg_output *out, int n_want,
+		      const uint32_t *want)
+{
+	adg_step st = {fn, op_release, op_new(o)};
+	adg_op_options opt = {out, 0, want, (size_t)n_want};
+	adg_node *y;
+	int rc = adg_op_with(reg, parents, n, &st, &opt, &y);
+	cr_assert_eq(rc, 0, "adg_op_with: %s", adg_strerror(rc));
+	return y;
+}
+
+/* c0 = a * w, then 64 adds, then c1 = m64 * w2; returns the leaves and
+ * nodes it made in *nodes (a, w, w2, c0, m1..m64, c1). */
+#define CHAIN 64
+static adg_node *chain[CHAIN + 5];
+static const double A = 2, W = 3, W2 = 5;
+
+static void build_chain(int fail_at)
+{
+	adg_node *a, *w, *w2;
+	cr_assert_eq(adg_leaf(reg, &a), 0);
+	cr_assert_eq(adg_leaf(reg, &w), 0);
+	cr_assert_eq(adg_leaf(reg, &w2), 0);
+	adg_node *p2[2] = {a, w};
+	adg_output out = {output_new(A * W), output_free, NULL, 0};
+	adg_node *c0 = make(p2, 2, mul_leaves_backward, (struct op){W, A, 0},
+			    &out, 0, NULL);
+	chain[0] = a, chain[1] = w, chain[2] = w2, chain[3] = c0;
+	adg_node *prev = c0;
+	double v = A * W;
+	for (int i = 1; i <= CHAIN; i++) {
+		v += 1;
+		adg_output o = {output_new(v), output_free, add_k_recompute, 1};
+		prev = make(&prev, 1, add_k_backward,
+			    (struct op){1, v - 1, i == fail_at}, &o, 0, NULL);
+		chain[3 + i] = prev;
+	}
+	adg_node *p3[2] = {prev, w2};
+	const uint32_t want0 = 0;
+	adg_output oc = {output_new(v * W2), output_free, NULL, 0};
+	chain[CHAIN + 4] = make(p3, 2, mul_leaf_backward, (struct op){W2, v, 0},
+				&oc, 1, &want0);
+}
+
+static void drop_chain(void)
+{
+	for (int i = 0; i < CHAIN + 5; i++)
+		adg_node_unref(chain[i]);
+}
+
+/* Runs the chain's backward; returns the peak of live outputs during it. */
+static long chain_backward(double grads_out[3])
+{
+	atomic_store(&outputs_peak, atomic_load(&outputs_live));
+	adg_grads *g;
+	cr_assert_eq(adg_backward(reg, chain[CHAIN + 4], scalar_box(1),
+				  &scalar_ops, &g),
+		     0);
+	long peak = atomic_load(&outputs_peak);
+	for (int i = 0; i < 3; i++) {
+		uint64_t id;
+		void *v;
+		adg_node_id(chain[i], &id);
+		cr_assert_eq(adg_grads_get(g, id, &v), 0);
+		grads_out[i] = *(double *)v;
+	}
+	adg_grads_free(g);
+	cr_expect_eq(atomic_load(&outputs_live), 0, "all outputs served");
+	return peak;
+}
+
+Test(checkpoint, chain_balanced_keeps_a_handful_none_keeps_all)
+{
+	double want[3] = {W * W2, A * W2, A * W + CHAIN}, got[2][3];
+	long peak[2], made_extra[2];
+	const int strategies[2] = {ADG_CHECKPOINT_NONE,
+				   ADG_CHECKPOINT_BALANCED};
+	for (int s = 0; s < 2; s++) {
+		open_registry(strategies[s]);
+		build_chain(0);
+		long made = atomic_load(&outputs_made);
+		peak[s] = chain_backward(got[s]);
+		made_extra[s] = atomic_load(&outputs_made) - made;
+		for (int i = 0; i < 3; i++)
+			cr_expect_eq(got[s][i], want[i], "strategy %d leaf %d",
+				     s, i);
+		drop_chain();
+		close_registry();
+	}
+	fprintf(stderr,
+		"checkpoint chain of %d adds: peak live outputs during the "
+		"backward %ld (none) vs %ld (balanced); %ld recomputed\n",
+		CHAIN, peak[0], peak[1], made_extra[1]);
+	cr_expect_geq(peak[0], CHAIN, "none keeps every output");
+	cr_expect_leq(peak[1], 4, "balanced keeps a handful");
+	cr_expect_eq(made_extra[0], 0, "none recomputes nothing");
+	cr_expect_eq(made_extra[1], CHAIN, "each add rebuilt once");
+}
+
+/* z = y1 + y2 + ...: a sum, whose backward needs nothing. */
+static int sum_backward(adg_step_call *call, void *user)
+{
+	(void)user;
+	for (size_t i = 0; i < call->n_parents; i++) {
+		int rc = adg_grads_register(call->grads, call->parent_ids[i],
+					    scalar_box(grad_of(call)));
+		if (rc != 0)
+			return rc;
+	}
+	return 0;
+}
+
+static adg_node *sum(adg_node **parents, size_t n)
+{
+	adg_step st = {sum_backward, NULL, NULL};
+	adg_node *z;
+	cr_assert_eq(adg_op(reg, parents, n, &st, &z), 0);
+	return z;
+}
+
+static double grad_in(adg_grads *g, adg_node *n)
+{
+	uint64_t id;
+	void *v;
+	adg_node_id(n, &id);
+	cr_assert_eq(adg_grads_get(g, id, &v), 0);
+	return *(double *)v;
+}
+
+/* r = c0 + 1 asked for by two steps: it is rebuilt once. */
+Test(checkpoint, diamond_recomputes_a_shared_output_once)
+{
+	open_registry(ADG_CHECKPOINT_BALANCED);
+	adg_node *a, *w, *w1, *w2;
+	adg_leaf(reg, &a);
+	adg_leaf(reg, &w);
+	adg_leaf(reg, &w1);
+	adg_leaf(reg, &w2);
+	adg_node *p[2] = {a, w};
+	adg_output oc = {output_new(6), output_free, NULL, 0};
+	adg_node *c0 = make(p, 2, mul_leaves_backward, (struct op){3, 2, 0},
+			    &oc, 0, NULL);
+	adg_output orr = {output_new(7), output_free, add_k_recompute, 1};
+	adg_node *r = make(&c0, 1, add_k_backward, (struct op){1, 6, 0}, &orr,
+			   0, NULL);
+	const uint32_t want0 = 0;
+	adg_node *pr1[2] = {r, w1}, *pr2[2] = {r, w2};
+	adg_output o1 = {output_new(7 * 4), output_free, NULL, 0};
+	adg_output o2 = {output_new(7 * 5), output_free, NULL, 0};
+	adg_node *y1 = make(pr1, 2, mul_leaf_backward, (struct op){4, 7, 0},
+			    &o1, 1, &want0);
+	adg_node *y2 = make(pr2, 2, mul_leaf_backward, (struct op){5, 7, 0},
+			    &o2, 1, &want0);
+	adg_node *ys[2] = {y1, y2};
+	adg_node *z = sum(ys, 2);
+	adg_grads *g;
+	cr_assert_eq(adg_backward(reg, z, scalar_box(1), &scalar_ops, &g), 0);
+	cr_expect_eq(atomic_load(&recomputes), 1, "rebuilt once, used twice");
+	cr_expect_eq(grad_in(g, w1), 7.0);
+	cr_expect_eq(grad_in(g, w2), 7.0);
+	cr_expect_eq(grad_in(g, a), 3.0 * (4 + 5)); /* (a w + 1)(w1 + w2) */
+	adg_grads_free(g);
+	adg_node *all[] = {a, w, w1, w2, c0, r, y1, y2, z};
+	for (int i = 0; i < 9; i++)
+		adg_node_unref(all[i]);
+	close_registry();
+}
+
+/* A recompute callback that runs a forward and a backward of its own on a
+ * fresh graph, as activation checkpointing does. */
+static int nested_recompute(adg_recompute_call *call, void *user)
+{
+	(void)user;
+	adg_node *u, *v;
+	cr_assert_eq(adg_leaf(reg, &u), 0);
+	scalar su = {.node = u, .value = 3};
+	adg_node_id(u, &su.id);
+	scalar sv = s_mul(reg, su, su);
+	v = sv.node;
+	adg_grads *g;
+	cr_assert_eq(s_backward(reg, sv, &g), 0);
+	double du = s_grad(g, su); /* 2u = 6 */
+	adg_grads_free(g);
+	adg_node_unref(v);
+	adg_node_unref(u);
+	atomic_fetch_add(&recomputes, 1);
+	call->output = output_new(*(double *)call->parent_outputs[0] + du - 5);
+	return 0;
+}
+
+Test(checkpoint, recompute_may_run_a_nested_backward)
+{
+	open_registry(ADG_CHECKPOINT_BALANCED);
+	adg_node *a, *w, *w2;
+	adg_leaf(reg, &a);
+	adg_leaf(reg, &w);
+	adg_leaf(reg, &w2);
+	adg_node *p[2] = {a, w};
+	adg_output oc = {output_new(6), output_free, NULL, 0};
+	adg_node *c0 = make(p, 2, mul_leaves_backward, (struct op){3, 2, 0},
+			    &oc, 0, NULL);
+	/* r = c0 + 1, rebuilt by the nested callback as c0 + 6 - 5 */
+	adg_output orr = {output_new(7), output_free, nested_recompute, 1};
+	adg_node *r = make(&c0, 1, add_k_backward, (struct op){1, 6, 0}, &orr,
+			   0, NULL);
+	const uint32_t want0 = 0;
+	adg_node *pr[2] = {r, w2};
+	adg_output oy = {output_new(35), output_free, NULL, 0};
+	adg_node *y = make(pr, 2, mul_leaf_backward, (struct op){5, 7, 0}, &oy,
+			   1, &want0);
+	adg_grads *g;
+	cr_assert_eq(adg_backward(reg, y, scalar_box(1), &scalar_ops, &g), 0);
+	cr_expect_eq(atomic_load(&recomputes), 1);
+	cr_expect_eq(grad_in(g, w2), 7.0);
+	adg_grads_free(g);
+	adg_node *all[] = {a, w, w2, c0, r, y};
+	for (int i = 0; i < 6; i++)
+		adg_node_unref(all[i]);
+	close_registry();
+}
+
+/* A failing step in the middle of the chain: the backward stops, and every
+ * output, kept or rebuilt, is freed exactly once. */
+Test(checkpoint, failing_backward_frees_every_output_once)
+{
+	for (int s = 0; s < 2; s++) {
+		open_registry(s);
+		build_chain(CHAIN / 2);
+		adg_grads *g = (adg_grads *)&g;
+		cr_expect_eq(adg_backward(reg, chain[CHAIN + 4], scalar_box(1),
+					  &scalar_ops, &g),
+			     ADG_EUSER - 3);
+		cr_expect_null(g);
+		cr_expect_eq(atomic_load(&outputs_live), 0, "strategy %d", s);
+		drop_chain();
+		close_registry();
+	}
+}
+
+/* A graph freed unrun frees the outputs it kept. */
+Test(checkpoint, graph_freed_unrun_frees_its_outputs)
+{
+	for (int s = 0; s < 2; s++) {
+		open_registry(s);
+		build_chain(0);
+		cr_expect_eq(atomic_load(&outputs_live), s == 0 ? CHAIN + 2 : 2,
+			     "kept after the forward, strategy %d", s);
+		drop_chain();
+		close_registry();
+	}
+}
+
+/* Outputs no step of the tape asks for go when the tape is taken: by the
+ * time the first step runs, only those asked for are left. */
+static long live_at_first_step = -1;
+
+static int observing_backward(adg_step_call *call, void *user)
+{
+	if (live_at_first_step < 0)
+		live_at_first_step = atomic_load(&outputs_live);
+	return mul_leaf_backward(call, user);
+}
+
+Test(checkpoint, unrequested_outputs_go_when_the_tape_is_taken)
+{
+	open_registry(ADG_CHECKPOINT_NONE);
+	adg_node *a, *w, *w2;
+	adg_leaf(reg, &a);
+	adg_leaf(reg, &w);
+	adg_leaf(reg, &w2);
+	adg_node *p[2] = {a, w};
+	adg_output oc = {output_new(6), output_free, NULL, 0};
+	adg_node *c0 = make(p, 2, mul_leaves_backward, (struct op){3, 2, 0},
+			    &oc, 0, NULL);
+	adg_output o1 = {output_new(7), output_free, add_k_recompute, 1};
+	adg_node *m = make(&c0, 1, add_k_backward, (struct op){1, 6, 0}, &o1, 0,
+			   NULL);
+	const uint32_t want0 = 0;
+	adg_node *pm[2] = {m, w2};
+	adg_output oy = {output_new(35), output_free, NULL, 0};
+	adg_step st = {observing_backward, op_release,
+		       op_new((struct op){5, 7, 0})};
+	adg_op_options opt = {&oy, 0, &want0, 1};
+	adg_node *y;
+	cr_assert_eq(adg_op_with(reg, pm, 2, &st, &opt, &y), 0);
+	cr_assert_eq(atomic_load(&outputs_live), 3);
+	adg_grads *g;
+	cr_assert_eq(adg_backward(reg, y, scalar_box(1), &scalar_ops, &g), 0);
+	cr_expect_eq(live_at_first_step, 1, "only m's, which y asks for");
+	cr_expect_eq(atomic_load(&outputs_live), 0);
+	adg_grads_free(g);
+	adg_node *all[] = {a, w, w2, c0, m, y};
+	for (int i = 0; i < 6; i++)
+		adg_node_unref(all[i]);
+	close_registry();
+}
+
+/* Bad options and bad calls. */
+static int noop_backward(adg_step_call *call, void *user)
+{
+	(void)call;
+	(void)user;
+	return 0;
+}
+
+static int asks_for_a_leaf(adg_step_call *call, void *user)
+{
+	(void)user;
+	void *v = &v;
+	int *rc = user;
+	*rc = adg_output_get(call, call->parent_ids[1], &v);
+	if (v != NULL)
+		*rc = 99;
+	int r2 = adg_output_get(NULL, call->parent_ids[0], &v);
+	int r3 = adg_output_get(call, call->parent_ids[0], NULL);
+	if (r2 != ADG_EINVAL || r3 != ADG_EINVAL)
+		*rc = 98;
+	return 0;
+}
+
+Test(checkpoint, bad_options_and_calls)
+{
+	open_registry(ADG_CHECKPOINT_NONE);
+	adg_registry *bad;
+	adg_registry_options ro = {.checkpointing = 7};
+	cr_expect_eq(adg_registry_new(&ro, &bad), ADG_EINVAL);
+
+	adg_node *a, *w, *none_offered, *y = (adg_node *)&y;
+	adg_leaf(reg, &a);
+	adg_leaf(reg, &w);
+	adg_node *p[2] = {a, w};
+	adg_step st = {noop_backward, NULL, NULL};
+	cr_assert_eq(adg_op(reg, p, 2, &st, &none_offered), 0);
+	double *v = output_new(1);
+	adg_output no_free = {v, NULL, NULL, 0};
+	adg_output nothing = {NULL, output_free, NULL, 0};
+	adg_output fine = {v, output_free, NULL, 0};
+	adg_output rebuild = {v, output_free, add_k_recompute, 1};
+	const uint32_t want0 = 0, want1 = 1, want5 = 5;
+	adg_op_options bad_opts[] = {
+		{&no_free, 0, NULL, 0}, /* no free */
+		{&nothing, 0, NULL, 0}, /* neither value nor recompute */
+		{NULL, 1, NULL, 0},	/* its own output, not offered */
+		{NULL, 0, NULL, 1},	/* wants without the array */
+		{&fine, 0, &want5, 1},	/* slot out of range */
+		{&fine, 0, &want0, 1},	/* a leaf: offers nothing */
+	};
+	for (size_t i = 0; i < sizeof bad_opts / sizeof *bad_opts; i++) {
+		cr_expect_eq(adg_op_with(reg, p, 2, &st, &bad_opts[i], &y),
+			     ADG_EINVAL, "options %zu", i);
+		cr_expect_null(y);
+	}
+	/* a parent that offers no output: neither wanted nor rebuilt from */
+	adg_node *q[2] = {none_offered, w};
+	adg_op_options want_none = {&fine, 0, &want0, 1};
+	adg_op_options rebuild_none = {&rebuild, 0, NULL, 0};
+	cr_expect_eq(adg_op_with(reg, q, 2, &st, &want_none, &y), ADG_EINVAL);
+	cr_expect_eq(adg_op_with(reg, q, 2, &st, &rebuild_none, &y),
+		     ADG_EINVAL);
+	cr_expect_eq(atomic_load(&outputs_live), 1, "the caller's still");
+
+	/* asking for what the step did not ask for */
+	adg_node *c;
+	adg_op_options keep = {&fine, 0, NULL, 0};
+	cr_assert_eq(adg_op_with(reg, p, 2, &st, &keep, &c), 0);
+	int seen = 0;
+	adg_node *cw[2] = {c, w};
+	adg_step ask = {asks_for_a_leaf, NULL, &seen};
+	adg_op_options want_c = {NULL, 0, &want0, 1};
+	adg_node *z;
+	cr_assert_eq(adg_op_with(reg, cw, 2, &ask, &want_c, &z), 0);
+	(void)want1;
+	adg_grads *g;
+	cr_assert_eq(adg_backward(reg, z, scalar_box(1), &scalar_ops, &g), 0);
+	cr_expect_eq(seen, ADG_EINVAL);
+	adg_grads_free(g);
+	adg_node *all[] = {a, w, none_offered, c, z};
+	for (int i = 0; i < 5; i++)
+		adg_node_unref(all[i]);
+	close_registry();
+}
+
+/* Allocation failure while attaching: nothing is taken, the caller keeps
+ * the value. */
+Test(checkpoint, out_of_memory_keeps_the_callers_value)
+{
+	atomic_store(&outputs_live, 0);
+	atomic_store(&scalar_values_live, 0);
+	atomic_store(&scalar_steps_live, 0);
+	failing_alloc fa = {0};
+	adg_registry_options o = {.allocator = failing_allocator(&fa),
+				  .checkpointing = ADG_CHECKPOINT_BALANCED};
+	cr_assert_eq(adg_registry_new(&o, &reg), 0);
+	adg_node *a, *w, *y = (adg_node *)&y;
+	adg_leaf(reg, &a);
+	adg_leaf(reg, &w);
+	adg_node *p[2] = {a, w};
+	adg_step st = {noop_backward, NULL, NULL};
+	double *v = output_new(1);
+	adg_output fine = {v, output_free, NULL, 0};
+	adg_op_options keep = {&fine, 0, NULL, 0};
+	int failures = 0;
+	for (int k = 1;; k++) {
+		atomic_store(&fa.fail_in, k);
+		int rc = adg_op_with(reg, p, 2, &st, &keep, &y);
+		atomic_store(&fa.fail_in, 0);
+		if (rc == 0)
+			break;
+		cr_assert_eq(rc, ADG_ENOMEM);
+		cr_expect_eq(atomic_load(&outputs_live), 1);
+		failures++;
+	}
+	cr_expect_gt(failures, 0);
+	adg_node_unref(y); /* frees v with the node */
+	adg_node_unref(a);
+	adg_node_unref(w);
+	close_registry();
+	cr_expect_eq(atomic_load(&fa.live_bytes), 0);
+}
+
+/* Outputs follow their nodes through merges: two threads build
+ * checkpointed chains in graphs of their own, one op joins them and asks
+ * for both outputs, and the merged graph's backward rebuilds what it
+ * needs. */
+static adg_node *halves[2][8];
+
+static void *build_half(void *arg)
+{
+	intptr_t h = (intptr_t)arg;
+	adg_node *a;
+	cr_assert_eq(adg_leaf(reg, &a), 0);
+	adg_node *p[2] = {a, a};
+	adg_output oc = {output_new(4), output_free, NULL, 0};
+	adg_node *prev = make(p, 2, mul_leaves_backward, (struct op){2, 2, 0},
+			      &oc, 0, NULL);
+	halves[h][0] = a;
+	halves[h][1] = prev;
+	double v = 4;
+	for (int i = 2; i < 8; i++) {
+		v += 1;
+		adg_output o = {output_new(v), output_free, add_k_recompute, 1};
+		prev = make(&prev, 1, add_k_backward, (struct op){1, v - 1, 0},
+			    &o, 0, NULL);
+		halves[h][i] = prev;
+	}
+	return NULL;
+}
+
+static int join_backward(adg_step_call *call, void *user)
+{
+	(void)user;
+	void *x, *y;
+	int rc = adg_output_get(call, call->parent_ids[0], &x);
+	if (rc == 0)
+		rc = adg_output_get(call, call->parent_ids[1], &y);
+	if (rc != 0)
+		return rc;
+	double g = grad_of(call); /* z = x * y */
+	rc = adg_grads_register(call->grads, call->parent_ids[0],
+				scalar_box(g * *(double *)y));
+	if (rc == 0)
+		rc = adg_grads_register(call->grads, call->parent_ids[1],
+					scalar_box(g * *(double *)x));
+	return rc;
+}
+
+Test(checkpoint, outputs_follow_nodes_through_a_merge)
+{
+	open_registry(ADG_CHECKPOINT_BALANCED);
+	pthread_t t[2];
+	for (intptr_t h = 0; h < 2; h++)
+		pthread_create(&t[h], NULL, build_half, (void *)h);
+	for (int h = 0; h < 2; h++)
+		pthread_join(t[h], NULL);
+	cr_expect_eq(atomic_load(&outputs_live), 2, "the two products");
+	adg_node *ends[2] = {halves[0][7], halves[1][7]};
+	const uint32_t both[2] = {0, 1};
+	adg_step st = {join_backward, op_release, op_new((struct op){0})};
+	adg_op_options opt = {NULL, 0, both, 2};
+	adg_node *z;
+	cr_assert_eq(adg_op_with(reg, ends, 2, &st, &opt, &z), 0);
+	struct adg_stats stats;
+	adg_stats(reg, &stats);
+	cr_expect_eq(stats.merges, 1);
+	adg_grads *g;
+	cr_assert_eq(adg_backward(reg, z, scalar_box(1), &scalar_ops, &g), 0);
+	/* z = (a0^2 + 6)(a1^2 + 6) at a = 2: dz/da0 = 2 a0 (a1^2 + 6) */
+	cr_expect_eq(grad_in(g, halves[0][0]), 2 * 2.0 * 10);
+	cr_expect_eq(atomic_load(&recomputes), 12, "six adds a side");
+	cr_expect_eq(atomic_load(&outputs_live), 0);
+	adg_grads_free(g);
+	adg_node_unref(z);
+	for (int h = 0; h < 2; h++)
+		for (int i = 0; i < 8; i++)
+			adg_node_unref(halves[h][i]);
+	close_registry();
+}
