@@ -2,8 +2,9 @@
 # Builds libadg three ways and runs the whole test suite in each: plain,
 # AddressSanitizer + UndefinedBehaviorSanitizer, ThreadSanitizer; runs the
 # plain build's tests again under valgrind memcheck (scripts/valgrind.sh);
-# then installs libadg into a temporary prefix and builds an outside
-# consumer with pkg-config (scripts/consumer-test.sh). Installs missing
+# installs libadg into a temporary prefix and builds an outside consumer
+# with pkg-config (scripts/consumer-test.sh); fuzzes for a minute
+# (scripts/fuzz.sh; ADG_FUZZ_SECONDS changes the time). Installs missing
 # build dependencies first. Ends with "N passed, N failed", counting test
 # cases over it all.
 set -euo pipefail
@@ -34,11 +35,20 @@ scripts/valgrind.sh build-test-plain 2>&1 | tee -a "$log" || status=1
 echo "=== consumer"
 scripts/consumer-test.sh 2>&1 | tee -a "$log" || status=1
 
+# A short differential fuzzing run against the sequential model (clang,
+# ASan + UBSan); it counts as one check.
+echo "=== fuzz (${ADG_FUZZ_SECONDS:-60} s)"
+if scripts/fuzz.sh "${ADG_FUZZ_SECONDS:-60}"; then
+	echo "fuzz: 1 passed, 0 failed" | tee -a "$log"
+else
+	echo "fuzz: 0 passed, 1 failed" | tee -a "$log"
+	status=1
+fi
+
 # One count over everything: a Criterion binary counts its test cases
 # ("Synthesis: Tested: T | Passing: P | Failing: F | Crashing: C"), the TSan
-# runner, valgrind.sh and the consumer test print "name: P passed, F
-# failed", and any
-# other meson test (examples, doc checks) counts as one, by its result.
+# runner, valgrind.sh, the consumer test and the fuzz step print "name: P
+# passed, F failed", and any other meson test (examples, doc checks) counts as one, by its result.
 # meson writes one JSON object a line to testlog.json, output included.
 for variant in plain asan tsan; do
 	cat "build-test-$variant/meson-logs/testlog.json"
@@ -62,7 +72,7 @@ function count(text,   n, i, w, found) {
 }
 END {
 	while ((getline line < consumer) > 0)
-		if (line ~ /^(consumer|valgrind): [0-9]+ passed, [0-9]+ failed$/) {
+		if (line ~ /^(consumer|valgrind|fuzz): [0-9]+ passed, [0-9]+ failed$/) {
 			split(line, w, " "); p += w[2]; f += w[4]
 		}
 	printf "%d passed, %d failed\n", p, f

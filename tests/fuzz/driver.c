@@ -1,0 +1,696 @@
+/*
+ * The differential fuzzer's core: see driver.h.
+ *
+ * Gradients are heap boxes holding a uint64_t, and each step is a heap
+ * closure, so that AddressSanitizer sees a leak or a double free, and the
+ * counters below see one in any build. Node values multiply modulo 2^64 and
+ * gradients add modulo 2^64: exact whatever the order, so libadg and the
+ * model must agree bit for bit.
+ */
+#include "driver.h"
+
+#include "model.h"
+
+#include <adg.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct handle {
+	adg_node *node;
+	uint64_t id;
+	uint64_t value;
+};
+
+struct fuzz;
+
+/* A step closure: what the step needs to compute its parents' gradients,
+ * and what it is checked against when libadg calls it. */
+struct step {
+	struct fuzz *f;
+	uint64_t id; /* set once adg_op has returned */
+	size_t n;
+	uint64_t parent_ids[MODEL_MAX_PARENTS];
+	uint64_t parent_values[MODEL_MAX_PARENTS];
+	bool fails;
+	bool takes_grad;
+};
+
+struct fuzz {
+	adg_registry *reg;
+	adg_grad_ops ops;
+	struct model model;
+	struct model_backward expect;
+	struct handle h[ADG_FUZZ_MAX_HANDLES];
+	size_t nh;
+	/* Gradient boxes and step closures not yet freed. */
+	long boxes_live;
+	long steps_live;
+	/* Per node id: what libadg did with its step. */
+	unsigned runs[MODEL_MAX_NODES + 1];
+	unsigned runs_before[MODEL_MAX_NODES + 1];
+	unsigned releases[MODEL_MAX_NODES + 1];
+	bool got_grad[MODEL_MAX_NODES + 1];
+	uint64_t grad_in[MODEL_MAX_NODES + 1];
+	/* The ready hook of the current backward: whose gradient it takes,
+	 * how often it was called for each id. */
+	bool takes[MODEL_MAX_NODES + 1];
+	unsigned fired[MODEL_MAX_NODES + 1];
+	struct adg_fuzz_coverage cov;
+	/* For reports. */
+	size_t op_index;
+	const char *op_name;
+	const uint8_t *data;
+	size_t op_start, op_end; /* its bytes; op_end 0 when it has none */
+	bool op_skipped;
+	bool trace;
+};
+
+/* The failing step of node id returns this code: a user code that names
+ * the node, so that the backward's result says which step failed. */
+static int fail_code(uint64_t id)
+{
+	return ADG_EUSER - (int)id;
+}
+
+/* Writes what the current operation is, with its bytes, for reports. */
+static void describe(const struct fuzz *f, FILE *out)
+{
+	fprintf(out, "operation %zu (%s%s", f->op_index, f->op_name,
+		f->op_skipped ? ", skipped" : "");
+	if (f->op_end > 0) {
+		fprintf(out, ", bytes %zu..%zu:", f->op_start, f->op_end - 1);
+		for (size_t k = f->op_start; k < f->op_end; k++)
+			fprintf(out, " %02x", f->data[k]);
+	}
+	fprintf(out, "; %zu handles, next id %" PRIu64 ")", f->nh,
+		f->model.next_id);
+}
+
+__attribute__((format(printf, 2, 3), noreturn)) static void
+mismatch(const struct fuzz *f, const char *fmt, ...)
+{
+	va_list ap;
+
+	fflush(stdout);
+	fprintf(stderr, "adg-fuzz: MISMATCH in ");
+	describe(f, stderr);
+	fprintf(stderr, ": ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	abort();
+}
+
+static void expect_u64(const struct fuzz *f, const char *what, uint64_t got,
+		       uint64_t want)
+{
+	if (got != want)
+		mismatch(f, "%s: libadg %" PRIu64 ", model %" PRIu64, what, got,
+			 want);
+}
+
+/* The same, for a value that belongs to node id. */
+static void expect_of(const struct fuzz *f, const char *what, uint64_t id,
+		      uint64_t got, uint64_t want)
+{
+	if (got != want)
+		mismatch(f,
+			 "%s %" PRIu64 ": libadg %" PRIu64 ", model %" PRIu64,
+			 what, id, got, want);
+}
+
+static void expect_rc(const struct fuzz *f, const char *what, int got, int want)
+{
+	if (got != want)
+		mismatch(f, "%s returned %d (%s), model %d (%s)", what, got,
+			 adg_strerror(got), want, adg_strerror(want));
+}
+
+/* ---------------------------------------------------------- gradients */
+
+static uint64_t *box(struct fuzz *f, uint64_t v)
+{
+	uint64_t *p = malloc(sizeof *p);
+	if (p == NULL) {
+		fprintf(stderr, "adg-fuzz: out of memory\n");
+		abort();
+	}
+	*p = v;
+	f->boxes_live++;
+	return p;
+}
+
+static void box_free(void *value, void *ctx)
+{
+	struct fuzz *f = ctx;
+	free(value);
+	f->boxes_live--;
+}
+
+static int box_add(void **sum, void *value, void *ctx)
+{
+	*(uint64_t *)*sum += *(uint64_t *)value;
+	box_free(value, ctx);
+	return 0;
+}
+
+/* --------------------------------------------------------------- steps */
+
+static int step_backward(adg_step_call *call, void *user)
+{
+	struct step *s = user;
+	struct fuzz *f = s->f;
+
+	if (call->registry != f->reg || call->grads == NULL)
+		mismatch(f,
+			 "step %" PRIu64 " called with a wrong registry or "
+			 "no container",
+			 s->id);
+	if (call->node_id != s->id || call->n_parents != s->n)
+		mismatch(f,
+			 "step %" PRIu64 " called for node %" PRIu64
+			 " with %zu parents (has %zu)",
+			 s->id, call->node_id, call->n_parents, s->n);
+	for (size_t i = 0; i < s->n; i++)
+		if (call->parent_ids[i] != s->parent_ids[i])
+			mismatch(f,
+				 "step %" PRIu64 ": parent %zu is %" PRIu64
+				 ", want %" PRIu64,
+				 s->id, i, call->parent_ids[i],
+				 s->parent_ids[i]);
+	f->runs[s->id]++;
+	if (call->grad == NULL)
+		return s->fails ? fail_code(s->id) : 0;
+	uint64_t g = *(uint64_t *)call->grad;
+	f->got_grad[s->id] = true;
+	f->grad_in[s->id] = g;
+	if (s->takes_grad) {
+		f->cov.grads_taken++;
+		box_free(call->grad, f);
+		call->grad = NULL;
+	}
+	/* A failing step registers its gradients first, so that the failed
+	 * backward has a container full of them to free. */
+	for (size_t i = 0; i < s->n; i++) {
+		uint64_t d = g;
+		for (size_t k = 0; k < s->n; k++)
+			if (k != i)
+				d *= s->parent_values[k];
+		int rc = adg_grads_register(call->grads, s->parent_ids[i],
+					    box(f, d));
+		if (rc != 0)
+			mismatch(f,
+				 "adg_grads_register in step %" PRIu64
+				 " returned %d (%s)",
+				 s->id, rc, adg_strerror(rc));
+	}
+	return s->fails ? fail_code(s->id) : 0;
+}
+
+static void step_release(void *user)
+{
+	struct step *s = user;
+	struct fuzz *f = s->f;
+
+	f->releases[s->id]++;
+	if (f->releases[s->id] != 1)
+		mismatch(f, "step %" PRIu64 " released %u times", s->id,
+			 f->releases[s->id]);
+	f->steps_live--;
+	free(s);
+}
+
+/* -------------------------------------------------------------- checks */
+
+/* After every operation: the counters, every handle's id and graph, and
+ * which steps have been released. */
+static void check_all(struct fuzz *f)
+{
+	struct adg_stats got;
+	struct model_stats want;
+
+	expect_rc(f, "adg_stats", adg_stats(f->reg, &got), 0);
+	model_stats(&f->model, &want);
+	expect_u64(f, "stats.live_nodes", got.live_nodes, want.live_nodes);
+	expect_u64(f, "stats.live_steps", got.live_steps, want.live_steps);
+	expect_u64(f, "stats.live_graphs", got.live_graphs, want.live_graphs);
+	expect_u64(f, "stats.merges", got.merges, want.merges);
+	expect_u64(f, "stats.nodes_freed", got.nodes_freed, want.nodes_freed);
+	expect_u64(f, "step closures alive", (uint64_t)f->steps_live,
+		   want.live_steps);
+	expect_u64(f, "gradient boxes alive", (uint64_t)f->boxes_live, 0);
+
+	for (size_t i = 0; i < f->nh; i++) {
+		uint64_t id = 0, graph = 0;
+		expect_rc(f, "adg_node_id", adg_node_id(f->h[i].node, &id), 0);
+		expect_u64(f, "node id of a handle", id, f->h[i].id);
+		expect_rc(f, "adg_node_graph_id",
+			  adg_node_graph_id(f->h[i].node, &graph), 0);
+		expect_of(f, "graph id of node", id, graph,
+			  model_graph_id(&f->model, id));
+	}
+	for (uint64_t id = 1; id < f->model.next_id; id++) {
+		bool released = model_step_released(&f->model, id);
+		if (f->releases[id] != (released ? 1u : 0u))
+			mismatch(f,
+				 "step %" PRIu64
+				 " released %u times, model: %s",
+				 id, f->releases[id],
+				 released ? "released" : "held");
+		if (f->runs[id] > 1)
+			mismatch(f, "step %" PRIu64 " ran %u times", id,
+				 f->runs[id]);
+	}
+}
+
+/* ---------------------------------------------------------- operations */
+
+static void push(struct fuzz *f, adg_node *node, uint64_t id, uint64_t value)
+{
+	f->h[f->nh++] = (struct handle){node, id, value};
+}
+
+static void do_leaf(struct fuzz *f, uint8_t v)
+{
+	uint64_t value = 2 * (uint64_t)v + 1;
+	adg_node *node;
+	uint64_t id = 0;
+
+	expect_rc(f, "adg_leaf", adg_leaf(f->reg, &node), 0);
+	expect_rc(f, "adg_node_id", adg_node_id(node, &id), 0);
+	expect_u64(f, "new leaf id", id, model_leaf(&f->model, value));
+	push(f, node, id, value);
+	f->cov.leaves++;
+}
+
+static void do_op(struct fuzz *f, uint8_t p, const uint8_t *idx)
+{
+	size_t n = 1 + p % 3;
+	unsigned flags = p / 3;
+	struct step *s = calloc(1, sizeof *s);
+	adg_node *parents[MODEL_MAX_PARENTS];
+	uint64_t value = 1;
+
+	if (s == NULL) {
+		fprintf(stderr, "adg-fuzz: out of memory\n");
+		abort();
+	}
+	s->f = f;
+	s->n = n;
+	s->fails = flags % 8 == 7;
+	s->takes_grad = (flags / 8) % 2 == 1;
+	for (size_t i = 0; i < n; i++) {
+		const struct handle *h = &f->h[idx[i] % f->nh];
+		parents[i] = h->node;
+		s->parent_ids[i] = h->id;
+		s->parent_values[i] = h->value;
+		value *= h->value;
+	}
+	f->steps_live++;
+	adg_step step = {step_backward, step_release, s};
+	adg_node *node;
+	uint64_t id = 0;
+	expect_rc(f, "adg_op", adg_op(f->reg, parents, n, &step, &node), 0);
+	expect_rc(f, "adg_node_id", adg_node_id(node, &id), 0);
+	uint64_t want = model_op(&f->model, s->parent_ids, n, s->fails);
+	expect_u64(f, "new node id", id, want);
+	s->id = id;
+	push(f, node, id, value);
+	f->cov.nodes++;
+	f->cov.failing_steps += s->fails;
+}
+
+static void do_ref(struct fuzz *f, size_t i)
+{
+	expect_rc(f, "adg_node_ref", adg_node_ref(f->h[i].node), 0);
+	model_ref(&f->model, f->h[i].id);
+	push(f, f->h[i].node, f->h[i].id, f->h[i].value);
+	f->cov.refs++;
+}
+
+static void do_drop(struct fuzz *f, size_t i)
+{
+	uint64_t freed = f->model.nodes_freed;
+	expect_rc(f, "adg_node_unref", adg_node_unref(f->h[i].node), 0);
+	model_unref(&f->model, f->h[i].id);
+	f->h[i] = f->h[--f->nh];
+	f->cov.drops++;
+	f->cov.cascades += f->model.nodes_freed - freed >= 2;
+}
+
+/* Which steps ran in this backward, against the model's tape: all of them
+ * on success; after a failure, every step deeper than the first failing
+ * one, none shallower, at most one each at its depth. */
+static void check_runs(struct fuzz *f, uint64_t failed_id)
+{
+	const struct model_backward *e = &f->expect;
+
+	for (uint64_t id = 1; id < f->model.next_id; id++) {
+		unsigned ran = f->runs[id] - f->runs_before[id];
+		unsigned want_min = 0, want_max = 0;
+		if (e->on_tape[id]) {
+			uint32_t depth = f->model.node[id].depth;
+			if (e->rc == 0 || depth > e->fail_depth ||
+			    id == failed_id)
+				want_min = want_max = 1;
+			else if (depth == e->fail_depth)
+				want_max = 1;
+		}
+		if (ran < want_min || ran > want_max)
+			mismatch(f,
+				 "step %" PRIu64 " ran %u times in this "
+				 "backward, model: %u..%u (on tape: %d)",
+				 id, ran, want_min, want_max, e->on_tape[id]);
+		if (ran == 0)
+			continue;
+		/* Called with NULL when none arrived or the hook took it. */
+		bool want_grad = e->has_grad[id] && !e->taken[id];
+		if (f->got_grad[id] != want_grad)
+			mismatch(f,
+				 "the step of node %" PRIu64 " got %s "
+				 "gradient, model: %s",
+				 id, f->got_grad[id] ? "a" : "no",
+				 want_grad ? "one" : "none");
+		if (want_grad)
+			expect_of(f, "gradient passed to the step of node", id,
+				  f->grad_in[id], e->grad[id]);
+	}
+}
+
+/* The ready hook: called once per expected id, when every step that names
+ * it as a parent has run and (for a node) before its own step, with the
+ * model's gradient. */
+static int on_ready(uint64_t id, void **grad, void *ctx)
+{
+	struct fuzz *f = ctx;
+	const struct model_backward *e = &f->expect;
+
+	if (id == 0 || id >= f->model.next_id || !e->fires[id])
+		mismatch(f,
+			 "the ready hook was called for id %" PRIu64
+			 ", which the model does not expect",
+			 id);
+	if (++f->fired[id] != 1)
+		mismatch(f, "the ready hook was called %u times for %" PRIu64,
+			 f->fired[id], id);
+	for (uint64_t c = 1; c < f->model.next_id; c++) {
+		if (!e->on_tape[c])
+			continue;
+		const struct model_node *n = &f->model.node[c];
+		for (size_t k = 0; k < n->n_parents; k++)
+			if (n->parents[k] == id &&
+			    f->runs[c] == f->runs_before[c])
+				mismatch(
+					f,
+					"the ready hook was called for %" PRIu64
+					" before the step of its child "
+					"%" PRIu64,
+					id, c);
+	}
+	if (f->runs[id] != f->runs_before[id])
+		mismatch(f,
+			 "the ready hook was called for %" PRIu64
+			 " after its own step",
+			 id);
+	if ((*grad != NULL) != e->has_grad[id])
+		mismatch(f,
+			 "the ready hook got %s gradient for %" PRIu64
+			 ", model: %s",
+			 *grad != NULL ? "a" : "no", id,
+			 e->has_grad[id] ? "one" : "none");
+	if (*grad == NULL)
+		return 0;
+	expect_of(f, "gradient passed to the ready hook for", id,
+		  *(uint64_t *)*grad, e->grad[id]);
+	if (f->takes[id]) {
+		f->cov.hook_takes++;
+		box_free(*grad, f);
+		*grad = NULL;
+	}
+	return 0;
+}
+
+/* A backward from handle i; with a ready hook unless hook is NULL (its
+ * takes must point at f->takes). */
+static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
+			const struct model_hook *hook)
+{
+	const struct model_backward *e = &f->expect;
+	uint64_t root = f->h[i].id;
+	adg_grads *out = (adg_grads *)&out; /* must become NULL on error */
+
+	uint64_t freed = f->model.nodes_freed;
+	memcpy(f->runs_before, f->runs, sizeof f->runs);
+	memset(f->fired, 0, sizeof f->fired);
+	model_backward(&f->model, root, seed, hook, &f->expect);
+	f->cov.backward_hook += hook != NULL;
+	f->cov.cascades += f->model.nodes_freed - freed >= 2;
+	if (f->model.node[root].leaf)
+		f->cov.backward_leaf++;
+	else if (e->rc == 0)
+		f->cov.backward_ok++;
+	else if (e->rc == ADG_ECONSUMED)
+		f->cov.backward_consumed++;
+	else if (e->rc == ADG_EUNAVAILABLE)
+		f->cov.backward_unavailable++;
+	else
+		f->cov.backward_failed++;
+	int rc;
+	if (hook == NULL) {
+		rc = adg_backward(f->reg, f->h[i].node, box(f, seed), &f->ops,
+				  &out);
+	} else {
+		adg_backward_options o = {on_ready, f, hook->leaves_only};
+		rc = adg_backward_with(f->reg, f->h[i].node, box(f, seed),
+				       &f->ops, &o, &out);
+	}
+
+	if (f->trace)
+		fprintf(stderr,
+			"adg-fuzz:    backward from %" PRIu64 ": %d (%s)\n",
+			root, rc, adg_strerror(rc));
+	uint64_t failed_id = 0;
+	if (e->rc == MODEL_STEP_FAILED) {
+		/* The code names the step that failed: it must be one of the
+		 * deepest failing steps on the tape. */
+		uint64_t id = (uint64_t)(ADG_EUSER - (int64_t)rc);
+		if (rc > ADG_EUSER || id >= f->model.next_id ||
+		    !e->on_tape[id] || !f->model.node[id].fails ||
+		    f->model.node[id].depth != e->fail_depth)
+			mismatch(f,
+				 "adg_backward from %" PRIu64
+				 " returned %d (%s), model: the code of a "
+				 "failing step at depth %" PRIu32,
+				 root, rc, adg_strerror(rc), e->fail_depth);
+		failed_id = id;
+	} else {
+		if (rc != e->rc)
+			mismatch(f,
+				 "adg_backward from node %" PRIu64
+				 " returned %d (%s), model %d (%s)",
+				 root, rc, adg_strerror(rc), e->rc,
+				 adg_strerror(e->rc));
+	}
+	check_runs(f, failed_id);
+	/* After a failure the hook may have missed ids, never more. */
+	for (uint64_t id = 1; hook != NULL && id < f->model.next_id; id++)
+		if (f->fired[id] == 0 && e->fires[id] && rc == 0)
+			mismatch(f,
+				 "the ready hook was never called for %" PRIu64,
+				 id);
+	if (rc != 0) {
+		if (out != NULL)
+			mismatch(f, "a failed backward left *out non-NULL");
+		return;
+	}
+	if (out == NULL)
+		mismatch(f, "a successful backward returned no container");
+
+	size_t count = 0;
+	expect_rc(f, "adg_grads_count", adg_grads_count(out, &count), 0);
+	expect_u64(f, "gradients in the container", count, e->n_leaf_grads);
+	/* The container's gradient boxes are all that is left alive. */
+	expect_u64(f, "gradient boxes alive", (uint64_t)f->boxes_live, count);
+	for (uint64_t id = 1; id < f->model.next_id; id++) {
+		if (!e->has_grad[id] || e->taken[id] || !f->model.node[id].leaf)
+			continue;
+		void *v = NULL;
+		int rc_get = adg_grads_get(out, id, &v);
+		if (rc_get != 0)
+			mismatch(f, "no gradient for leaf %" PRIu64 ": %d (%s)",
+				 id, rc_get, adg_strerror(rc_get));
+		expect_of(f, "gradient of leaf", id, *(uint64_t *)v,
+			  e->grad[id]);
+	}
+	expect_rc(f, "adg_grads_free", adg_grads_free(out), 0);
+}
+
+/* A backward with a ready hook, chosen by s (see driver.h). */
+static void do_backward_hook(struct fuzz *f, size_t i, uint8_t s)
+{
+	unsigned rule = (s >> 1) & 3;
+	for (uint64_t id = 0; id <= MODEL_MAX_NODES; id++)
+		f->takes[id] = rule == 3 || (rule == 1 && id % 2 == 0) ||
+			       (rule == 2 && id % 3 == 0);
+	struct model_hook hook = {.leaves_only = s & 1, .takes = f->takes};
+	do_backward(f, i, 2 * (uint64_t)s + 1, &hook);
+}
+
+static void do_stats(struct fuzz *f)
+{
+	/* check_all compares every field after every operation; this kind
+	 * exists so that inputs can ask for it between other operations. */
+	struct adg_stats st;
+	expect_rc(f, "adg_stats", adg_stats(f->reg, &st), 0);
+	f->cov.stats++;
+}
+
+static void do_graph(struct fuzz *f, size_t i)
+{
+	uint64_t graph = UINT64_MAX;
+	expect_rc(f, "adg_node_graph_id",
+		  adg_node_graph_id(f->h[i].node, &graph), 0);
+	expect_u64(f, "graph id", graph, model_graph_id(&f->model, f->h[i].id));
+	f->cov.graph_queries++;
+}
+
+/* ---------------------------------------------------------------- run */
+
+/* Decodes and runs one operation at *pos; returns false at the end of the
+ * input. */
+static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
+		      size_t *pos)
+{
+	if (*pos >= size)
+		return false;
+	size_t start = *pos;
+	unsigned kind = data[(*pos)++] % 16;
+	/* Argument bytes: backward takes two, stats and backward-newest
+	 * none, the others one (an op then its parents' indices). */
+	size_t need = kind == 11 || kind == 12	 ? 2
+		      : kind == 13 || kind == 15 ? 0
+						 : 1;
+	if (size - *pos < need)
+		return false;
+	const uint8_t *arg = data + *pos;
+	*pos += need;
+	if (kind >= 3 && kind <= 6) {
+		size_t n = 1 + arg[0] % 3;
+		if (size - *pos < n)
+			return false;
+		*pos += n;
+	}
+
+	static const char *const names[16] = {"leaf",
+					      "leaf",
+					      "leaf",
+					      "op",
+					      "op",
+					      "op",
+					      "op",
+					      "ref",
+					      "drop",
+					      "drop",
+					      "drop",
+					      "backward",
+					      "backward-hook",
+					      "stats",
+					      "graph",
+					      "backward-newest"};
+	bool full = f->nh == ADG_FUZZ_MAX_HANDLES, empty = f->nh == 0;
+	size_t i = need > 0 && !empty ? arg[0] % f->nh : 0;
+	bool skip = kind <= 2	 ? full
+		    : kind <= 7	 ? full || empty
+		    : kind == 13 ? false
+				 : empty;
+	f->op_name = names[kind];
+	f->op_start = start;
+	f->op_end = *pos;
+	f->op_skipped = skip;
+	if (f->trace) {
+		fprintf(stderr, "adg-fuzz: ");
+		describe(f, stderr);
+		fputc('\n', stderr);
+	}
+	if (!skip) {
+		f->cov.ops_run++;
+		if (kind <= 2)
+			do_leaf(f, arg[0]);
+		else if (kind <= 6)
+			do_op(f, arg[0], arg + 1);
+		else if (kind == 7)
+			do_ref(f, i);
+		else if (kind <= 10)
+			do_drop(f, i);
+		else if (kind == 11)
+			do_backward(f, i, 2 * (uint64_t)arg[1] + 1, NULL);
+		else if (kind == 12)
+			do_backward_hook(f, i, arg[1]);
+		else if (kind == 13)
+			do_stats(f);
+		else if (kind == 14)
+			do_graph(f, i);
+		else
+			do_backward(f, f->nh - 1, 1, NULL);
+	}
+	check_all(f);
+	return true;
+}
+
+size_t adg_fuzz_run(const uint8_t *data, size_t size,
+		    struct adg_fuzz_coverage *cov)
+{
+	struct fuzz *f = calloc(1, sizeof *f);
+	if (f == NULL) {
+		fprintf(stderr, "adg-fuzz: out of memory\n");
+		abort();
+	}
+	const char *trace = getenv("ADG_FUZZ_TRACE");
+	f->trace = trace != NULL && trace[0] == '1';
+	f->ops = (adg_grad_ops){box_add, box_free, f};
+	model_init(&f->model);
+	f->data = data;
+	f->op_name = "adg_registry_new";
+	expect_rc(f, "adg_registry_new", adg_registry_new(NULL, &f->reg), 0);
+
+	size_t pos = 0, ran = 0;
+	while (ran < ADG_FUZZ_MAX_OPS) {
+		f->op_index = ran;
+		if (!step_once(f, data, size, &pos))
+			break;
+		ran++;
+	}
+
+	/* Drop every handle, newest first, checking as we go: whatever is
+	 * left must then be freed. */
+	f->op_index = ran;
+	while (f->nh > 0) {
+		f->op_name = "final drop";
+		f->op_end = 0;
+		do_drop(f, f->nh - 1);
+		check_all(f);
+		f->op_index++;
+	}
+	struct model_stats want;
+	model_stats(&f->model, &want);
+	if (want.live_nodes != 0 || want.live_steps != 0 ||
+	    want.live_graphs != 0)
+		mismatch(f, "the model kept nodes without handles");
+	f->op_name = "adg_registry_free";
+	expect_rc(f, "adg_registry_free", adg_registry_free(f->reg), 0);
+	expect_u64(f, "step closures leaked", (uint64_t)f->steps_live, 0);
+	expect_u64(f, "gradient boxes leaked", (uint64_t)f->boxes_live, 0);
+	if (cov != NULL) {
+		f->cov.merges = f->model.merges;
+#define ADG_FUZZ_ADD(name) cov->name += f->cov.name;
+		ADG_FUZZ_COVERAGE(ADG_FUZZ_ADD)
+#undef ADG_FUZZ_ADD
+	}
+	free(f);
+	return ran;
+}

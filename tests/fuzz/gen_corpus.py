@@ -1,0 +1,527 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of the differential fuzzer (tests/fuzz/corpus/).
+
+Each scenario is written with named handles; Seq tracks the driver's handle
+array (new handles at the end, a dropped one replaced by the last) to turn
+names into indices. The encoding is documented in driver.h. The files are
+committed: rerun this only to change the corpus.
+
+    python3 tests/fuzz/gen_corpus.py [out_dir]
+"""
+import os
+import random
+import sys
+
+LEAF, OP, REF, DROP, BACKWARD, BACKWARD_HOOK, STATS, GRAPH, BACKWARD_NEWEST = (
+    0, 3, 7, 8, 11, 12, 13, 14, 15)
+
+# Which gradients the ready hook takes (driver.h): none, even ids, ids
+# divisible by 3, all.
+TAKE_NONE, TAKE_EVEN, TAKE_THIRD, TAKE_ALL = range(4)
+
+
+class Seq:
+    def __init__(self):
+        self.out = bytearray()
+        self.handles = []
+
+    def _idx(self, name):
+        return self.handles.index(name)
+
+    def leaf(self, name, v=1):
+        self.out += bytes([LEAF, v])
+        self.handles.append(name)
+
+    def op(self, name, parents, fail=False, take=False):
+        assert 1 <= len(parents) <= 3
+        flags = (7 if fail else 0) + (8 if take else 0)
+        p = len(parents) - 1 + 3 * flags
+        self.out += bytes([OP, p] + [self._idx(x) for x in parents])
+        self.handles.append(name)
+
+    def ref(self, name, new):
+        self.out += bytes([REF, self._idx(name)])
+        self.handles.append(new)
+
+    def drop(self, name):
+        i = self._idx(name)
+        self.out += bytes([DROP, i])
+        self.handles[i] = self.handles[-1]
+        self.handles.pop()
+
+    def backward(self, name, seed=0):
+        self.out += bytes([BACKWARD, self._idx(name), seed])
+
+    def backward_hook(self, name, leaves_only=False, take=TAKE_NONE, seed=0):
+        s = (1 if leaves_only else 0) + 2 * take + 8 * seed
+        self.out += bytes([BACKWARD_HOOK, self._idx(name), s])
+
+    def backward_newest(self):
+        self.out += bytes([BACKWARD_NEWEST])
+
+    def stats(self):
+        self.out += bytes([STATS])
+
+    def graph(self, name):
+        self.out += bytes([GRAPH, self._idx(name)])
+
+
+def leaves(s, n, prefix="l"):
+    for k in range(n):
+        s.leaf(f"{prefix}{k}", 2 * k + 1)
+
+
+SCENARIOS = {}
+
+
+def scenario(fn):
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+@scenario
+def empty(s):
+    pass
+
+
+@scenario
+def leaf_backward(s):
+    s.leaf("a", 5)
+    s.backward("a", 9)
+    s.backward("a", 3)  # leaves are never consumed
+    s.stats()
+
+
+@scenario
+def square(s):
+    s.leaf("x", 3)
+    s.op("y", ["x", "x"])
+    s.op("z", ["y", "y", "y"])  # three references on one parent
+    s.graph("z")
+    s.backward("z", 1)
+
+
+@scenario
+def chain_backward(s):
+    leaves(s, 2)
+    prev = "l0"
+    for k in range(10):
+        s.op(f"c{k}", [prev, "l1"])
+        prev = f"c{k}"
+    s.backward(prev, 7)
+    s.graph("c3")
+
+
+@scenario
+def merge_two(s):
+    leaves(s, 4)
+    s.op("a", ["l0", "l1"])
+    s.op("b", ["l2", "l3"])
+    s.graph("a")
+    s.graph("b")
+    s.op("m", ["b", "a"])
+    s.graph("b")
+    s.stats()
+    s.backward("m", 2)
+
+
+@scenario
+def merge_three(s):
+    leaves(s, 3)
+    s.op("a", ["l0"])
+    s.op("b", ["l1"])
+    s.op("c", ["l2"])
+    s.op("m", ["c", "b", "a"])
+    s.graph("a")
+    s.backward_newest()
+
+
+@scenario
+def merge_big_graph_later_origin(s):
+    # The larger graph has the larger origin: the merged id is still the
+    # smallest origin.
+    leaves(s, 2)
+    s.op("small", ["l0"])
+    s.op("big0", ["l1"])
+    prev = "big0"
+    for k in range(1, 6):
+        s.op(f"big{k}", [prev, "l1"])
+        prev = f"big{k}"
+    s.op("m", [prev, "small"])
+    s.graph("big0")
+    s.graph("small")
+    s.op("n", ["m"])
+    s.backward("n", 4)
+
+
+@scenario
+def merge_chain_of_merges(s):
+    leaves(s, 6)
+    for k in range(6):
+        s.op(f"g{k}", [f"l{k}"])
+    s.op("m01", ["g0", "g1"])
+    s.op("m23", ["g3", "g2"])
+    s.op("m45", ["g5", "g4"])
+    s.op("all", ["m45", "m23", "m01"])
+    s.graph("g5")
+    s.backward("all", 1)
+
+
+@scenario
+def backward_twice_consumed(s):
+    leaves(s, 2)
+    s.op("a", ["l0", "l1"])
+    s.backward("a")
+    s.backward("a")  # ECONSUMED
+    s.graph("a")
+
+
+@scenario
+def unavailable_child(s):
+    leaves(s, 2)
+    s.op("a", ["l0", "l1"])
+    s.op("b", ["a", "l1"])
+    s.backward("a")  # consumes a only
+    s.graph("b")
+    s.backward("b")  # EUNAVAILABLE: a was consumed
+    s.stats()
+    s.drop("b")
+    s.drop("a")
+
+
+@scenario
+def parent_consumed_by_child(s):
+    leaves(s, 2)
+    s.op("a", ["l0"])
+    s.op("b", ["a", "l1"])
+    s.backward("b")
+    s.backward("a")  # ECONSUMED
+    s.drop("b")
+
+
+@scenario
+def op_on_consumed_parent(s):
+    leaves(s, 2)
+    s.op("a", ["l0", "l1"])
+    s.backward("a")
+    s.op("b", ["a", "l0"])  # a new graph: its parent left its own
+    s.graph("b")
+    s.op("c", ["b"])
+    s.backward("c")  # EUNAVAILABLE through b to a
+    s.drop("a")
+    s.drop("c")
+    s.drop("b")
+
+
+@scenario
+def fail_root(s):
+    leaves(s, 2)
+    s.op("a", ["l0", "l1"])
+    s.op("r", ["a", "l0"], fail=True)
+    s.backward("r", 3)
+    s.backward("a")  # ECONSUMED: taken by the failed backward
+    s.stats()
+
+
+@scenario
+def fail_middle(s):
+    leaves(s, 3)
+    s.op("a", ["l0", "l1"])
+    s.op("b", ["a", "l2"], fail=True)
+    s.op("c", ["b", "a"])
+    s.op("d", ["c", "l0"])
+    s.drop("a")
+    s.drop("b")
+    s.backward("d", 5)
+    s.drop("c")
+    s.drop("d")
+
+
+@scenario
+def fail_two_same_depth(s):
+    leaves(s, 2)
+    s.op("a", ["l0"], fail=True)
+    s.op("b", ["l1"], fail=True)
+    s.op("c", ["a", "b"])
+    s.backward("c")
+
+
+@scenario
+def fail_then_reuse(s):
+    leaves(s, 2)
+    s.op("a", ["l0"])
+    s.op("b", ["a"], fail=True)
+    s.backward("b")
+    s.op("c", ["a", "b"])
+    s.backward("c")  # EUNAVAILABLE
+    s.op("d", ["l1"])
+    s.op("e", ["d", "c"])
+    s.backward("d")
+
+
+@scenario
+def cascade_root_first(s):
+    leaves(s, 2)
+    names = []
+    prev = "l0"
+    for k in range(12):
+        s.op(f"c{k}", [prev, "l1"])
+        prev = f"c{k}"
+        names.append(prev)
+    for n in names[:-1]:
+        s.drop(n)
+    s.stats()
+    s.drop(names[-1])  # frees the whole chain
+    s.stats()
+
+
+@scenario
+def cascade_leaves_first(s):
+    leaves(s, 3)
+    s.op("a", ["l0", "l1"])
+    s.op("b", ["a", "l2"])
+    s.op("c", ["b", "a", "b"])
+    for k in range(3):
+        s.drop(f"l{k}")
+    s.drop("a")
+    s.drop("b")
+    s.backward("c", 6)  # leaves freed, their ids still get gradients
+
+
+@scenario
+def cascade_diamond(s):
+    leaves(s, 2)
+    s.op("a", ["l0", "l1"])
+    s.op("b", ["a"])
+    s.op("c", ["a", "l1"])
+    s.op("d", ["b", "c"])
+    s.drop("a")
+    s.drop("b")
+    s.drop("c")
+    s.drop("d")
+    s.stats()
+
+
+@scenario
+def refs(s):
+    leaves(s, 2)
+    s.op("a", ["l0", "l1"])
+    s.ref("a", "a2")
+    s.ref("a2", "a3")
+    s.drop("a")
+    s.drop("a3")
+    s.graph("a2")
+    s.ref("l0", "l0b")
+    s.drop("l0")
+    s.backward("a2", 1)
+    s.drop("a2")
+
+
+@scenario
+def diamond_grads(s):
+    leaves(s, 3)
+    s.op("a", ["l0", "l1"])
+    s.op("b", ["a", "l2"])
+    s.op("c", ["a", "a"])
+    s.op("d", ["b", "c", "a"])
+    s.backward("d", 11)
+
+
+@scenario
+def shared_leaf_two_graphs(s):
+    leaves(s, 3)
+    s.op("a", ["l0", "l1"])
+    s.op("b", ["l0", "l2"])
+    s.graph("a")
+    s.graph("b")
+    s.backward("a", 2)
+    s.backward("b", 3)
+    s.backward("l0", 4)
+
+
+@scenario
+def take_grad(s):
+    leaves(s, 2)
+    s.op("a", ["l0", "l1"], take=True)
+    s.op("b", ["a", "l0"], take=True)
+    s.op("c", ["b", "a"])
+    s.backward("c", 1)
+    s.op("d", ["l1"], fail=True, take=True)
+    s.backward("d", 2)
+
+
+@scenario
+def partial_then_merge(s):
+    leaves(s, 3)
+    s.op("a", ["l0"])
+    s.op("b", ["a"])
+    s.op("c", ["l1"])
+    s.backward("a")  # a consumed; b stays in graph of origin a
+    s.graph("b")
+    s.op("m", ["b", "c", "a"])
+    s.graph("c")
+    s.backward("m")  # EUNAVAILABLE through b
+    s.op("n", ["c", "l2"])
+    s.backward("n")
+
+
+@scenario
+def dropped_consumed_kept_by_child(s):
+    leaves(s, 1)
+    s.op("a", ["l0"])
+    s.backward("a")
+    s.op("b", ["a"])
+    s.drop("a")  # a lives on: b holds it
+    s.stats()
+    s.drop("b")
+    s.stats()
+
+
+@scenario
+def kept_by_unavailable_child(s):
+    # y can never run again (d's backward needs consumed a), yet d's
+    # reference keeps y and its step until d goes.
+    leaves(s, 2)
+    s.op("a", ["l0"])
+    s.backward("a")
+    s.op("y", ["l1"])
+    s.op("d", ["y", "a"])
+    s.drop("y")
+    s.stats()
+    s.backward("d")  # EUNAVAILABLE
+    s.drop("d")  # frees d and y, y's step unrun
+    s.stats()
+
+
+@scenario
+def hook_all(s):
+    leaves(s, 3)
+    s.op("a", ["l0", "l1"])
+    s.op("b", ["a", "l2"])
+    s.op("c", ["a", "a"])
+    s.op("d", ["b", "c", "l0"])
+    s.backward_hook("d", seed=3)
+
+
+@scenario
+def hook_leaves_only_takes(s):
+    leaves(s, 4)
+    s.op("a", ["l0", "l1"])
+    s.op("b", ["a", "l2", "l3"])
+    s.op("c", ["b", "l1"])
+    s.backward_hook("c", leaves_only=True, take=TAKE_EVEN, seed=5)
+
+
+@scenario
+def hook_takes_nodes(s):
+    # Taking a node's gradient starves its step: the leaves behind it get
+    # none, and the hook sees them without one.
+    leaves(s, 3)
+    s.op("a", ["l0"])  # id 4
+    s.op("b", ["a", "l1"])  # id 5
+    s.op("c", ["b", "a", "l2"])  # id 6
+    s.op("d", ["c"])  # id 7
+    s.backward_hook("d", take=TAKE_EVEN)
+    s.op("e", ["l1", "l2"])
+    s.backward_hook("e", take=TAKE_ALL)  # even the seed
+
+
+@scenario
+def hook_leaf_root_and_errors(s):
+    leaves(s, 2)
+    s.backward_hook("l0", take=TAKE_ALL)  # a leaf root, taken: empty
+    s.backward_hook("l1", take=TAKE_THIRD)
+    s.op("a", ["l0", "l1"])
+    s.op("b", ["a"], fail=True)
+    s.op("c", ["b", "l1"])
+    s.backward_hook("c", seed=2)  # the step of b fails
+    s.backward_hook("c")  # ECONSUMED
+    s.op("d", ["c"])
+    s.backward_hook("d")  # EUNAVAILABLE
+
+
+@scenario
+def many_handles(s):
+    leaves(s, 8)
+    k = 0
+    while len(s.handles) < 64:
+        s.op(f"n{k}", [f"l{k % 8}", s.handles[-1], s.handles[k % 5]])
+        k += 1
+    s.leaf("ignored")  # skipped: the handle array is full
+    s.handles.pop()
+    s.backward_newest()
+    s.stats()
+
+
+@scenario
+def long_chain(s):
+    s.leaf("x", 1)
+    prev = "x"
+    for k in range(200):
+        s.op(f"c{k}", [prev, "x"] if k % 3 == 0 else [prev])
+        if prev != "x":
+            s.drop(prev)
+        prev = f"c{k}"
+    s.stats()
+    s.drop(prev)  # frees 200 nodes in one cascade
+    s.stats()
+
+
+@scenario
+def training_loop(s):
+    leaves(s, 4, "p")
+    for it in range(6):
+        s.op("x0", ["p0", "p1"])
+        prev = "x0"
+        for k in range(1, 6):
+            s.op(f"x{k}", [prev, f"p{k % 4}"])
+            s.drop(prev)
+            prev = f"x{k}"
+        s.backward(prev, it)
+        s.drop(prev)
+        s.stats()
+
+
+@scenario
+def stats_and_graph_queries(s):
+    s.stats()
+    leaves(s, 2)
+    s.graph("l0")
+    s.op("a", ["l0"])
+    s.graph("a")
+    s.stats()
+    s.op("b", ["l1"])
+    s.op("c", ["a", "b"])
+    s.graph("a")
+    s.graph("b")
+    s.graph("c")
+    s.backward("c")
+    s.graph("c")
+    s.stats()
+
+
+def write_random(out_dir):
+    rng = random.Random(20240531)
+    for k in range(6):
+        size = rng.randrange(64, 480)
+        data = bytes(rng.randrange(256) for _ in range(size))
+        with open(os.path.join(out_dir, f"random-{k}"), "wb") as fp:
+            fp.write(data)
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+        here, "corpus")
+    os.makedirs(out_dir, exist_ok=True)
+    for i, (name, fn) in enumerate(SCENARIOS.items()):
+        s = Seq()
+        fn(s)
+        path = os.path.join(out_dir, f"{i:02d}-{name.replace('_', '-')}")
+        with open(path, "wb") as fp:
+            fp.write(bytes(s.out))
+    write_random(out_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,344 @@
+/*
+ * The reference model: see model.h. Reference counts are not kept but
+ * recomputed from their definition each time something may have been freed,
+ * and graph membership is a label (the graph's origin) on each node, so
+ * there is no bookkeeping that could drift out of step with the rules.
+ */
+#include "model.h"
+
+#include <adg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A model that is misused is a bug in the fuzzer, not in libadg. */
+#define MODEL_CHECK(cond)                                                      \
+	do {                                                                   \
+		if (!(cond)) {                                                 \
+			fprintf(stderr, "model: %s:%d: %s\n", __FILE__,        \
+				__LINE__, #cond);                              \
+			abort();                                               \
+		}                                                              \
+	} while (0)
+
+void model_init(struct model *m)
+{
+	memset(m, 0, sizeof *m);
+	m->next_id = 1;
+}
+
+static struct model_node *live_node(struct model *m, uint64_t id)
+{
+	MODEL_CHECK(id >= 1 && id < m->next_id);
+	MODEL_CHECK(m->node[id].alive);
+	return &m->node[id];
+}
+
+/* A node that still holds its step (and with it its parents). */
+static bool holds_step(const struct model_node *n)
+{
+	return n->alive && !n->leaf && !n->consumed;
+}
+
+static uint64_t new_id(struct model *m)
+{
+	MODEL_CHECK(m->next_id <= MODEL_MAX_NODES);
+	return m->next_id++;
+}
+
+uint64_t model_leaf(struct model *m, uint64_t value)
+{
+	uint64_t id = new_id(m);
+	struct model_node *n = &m->node[id];
+
+	*n = (struct model_node){.exists = true,
+				 .alive = true,
+				 .leaf = true,
+				 .value = value,
+				 .handles = 1};
+	return id;
+}
+
+uint64_t model_op(struct model *m, const uint64_t *parents, size_t n_parents,
+		  bool fails)
+{
+	MODEL_CHECK(n_parents >= 1 && n_parents <= MODEL_MAX_PARENTS);
+	uint64_t value = 1;
+	uint32_t depth = 0;
+	/* The graphs to join: those of the parents that still hold a step.
+	 * Leaves are in none, consumed nodes left theirs. */
+	uint64_t graphs[MODEL_MAX_PARENTS];
+	size_t n_graphs = 0;
+
+	for (size_t i = 0; i < n_parents; i++) {
+		const struct model_node *p = live_node(m, parents[i]);
+		value *= p->value; /* modulo 2^64 */
+		if (p->depth > depth)
+			depth = p->depth;
+		if (!holds_step(p))
+			continue;
+		size_t j = 0;
+		while (j < n_graphs && graphs[j] != p->graph)
+			j++;
+		if (j == n_graphs)
+			graphs[n_graphs++] = p->graph;
+	}
+
+	uint64_t id = new_id(m);
+	uint64_t graph = id; /* no graph found: a new one, origin id */
+	if (n_graphs > 0) {
+		graph = graphs[0];
+		for (size_t j = 1; j < n_graphs; j++)
+			if (graphs[j] < graph)
+				graph = graphs[j];
+		/* Several: every member of each moves to the smallest
+		 * origin. */
+		for (uint64_t k = 1; k < id; k++)
+			for (size_t j = 0; j < n_graphs; j++)
+				if (holds_step(&m->node[k]) &&
+				    m->node[k].graph == graphs[j])
+					m->node[k].graph = graph;
+		m->merges += n_graphs - 1;
+	}
+
+	struct model_node *n = &m->node[id];
+	*n = (struct model_node){.exists = true,
+				 .alive = true,
+				 .fails = fails,
+				 .value = value,
+				 .depth = depth + 1,
+				 .n_parents = n_parents,
+				 .graph = graph,
+				 .handles = 1};
+	memcpy(n->parents, parents, n_parents * sizeof *parents);
+	return id;
+}
+
+/* References on every node, from their definition: the caller's handles,
+ * plus one per parent slot naming it in every node that still holds its
+ * step. Leaves are never counted by their children. */
+static void count_refs(const struct model *m, uint64_t *refs)
+{
+	for (uint64_t k = 1; k < m->next_id; k++)
+		refs[k] = m->node[k].handles;
+	for (uint64_t k = 1; k < m->next_id; k++) {
+		const struct model_node *c = &m->node[k];
+		if (!holds_step(c))
+			continue;
+		for (size_t i = 0; i < c->n_parents; i++)
+			if (!m->node[c->parents[i]].leaf)
+				refs[c->parents[i]]++;
+	}
+}
+
+/* Frees every node without a reference, until none is left: freeing a node
+ * that held its step drops its references on its parents, which may free
+ * them in turn. A round visits ids from the highest down, and a parent's id
+ * is below its children's, so one round follows a whole cascade; the next
+ * round, recounted from scratch, must find nothing. (Freeing one at a time
+ * or many at once reaches the same fixpoint: a freed node never comes
+ * back.) */
+static void collect(struct model *m)
+{
+	uint64_t refs[MODEL_MAX_NODES + 1];
+	bool freed;
+
+	do {
+		freed = false;
+		count_refs(m, refs);
+		for (uint64_t k = m->next_id - 1; k >= 1; k--) {
+			struct model_node *n = &m->node[k];
+			if (!n->alive || refs[k] != 0)
+				continue;
+			if (holds_step(n))
+				for (size_t i = 0; i < n->n_parents; i++)
+					if (!m->node[n->parents[i]].leaf)
+						refs[n->parents[i]]--;
+			n->alive = false;
+			n->graph = 0;
+			m->nodes_freed++;
+			freed = true;
+		}
+	} while (freed);
+}
+
+void model_ref(struct model *m, uint64_t id)
+{
+	live_node(m, id)->handles++;
+}
+
+void model_unref(struct model *m, uint64_t id)
+{
+	struct model_node *n = live_node(m, id);
+
+	MODEL_CHECK(n->handles > 0);
+	n->handles--;
+	collect(m);
+}
+
+uint64_t model_graph_id(const struct model *m, uint64_t id)
+{
+	MODEL_CHECK(id >= 1 && id < m->next_id && m->node[id].alive);
+	const struct model_node *n = &m->node[id];
+	return holds_step(n) ? n->graph : 0;
+}
+
+bool model_step_released(const struct model *m, uint64_t id)
+{
+	MODEL_CHECK(id >= 1 && id < m->next_id);
+	const struct model_node *n = &m->node[id];
+	return !n->leaf && (n->consumed || !n->alive);
+}
+
+void model_stats(const struct model *m, struct model_stats *out)
+{
+	bool origin_seen[MODEL_MAX_NODES + 1] = {0};
+
+	memset(out, 0, sizeof *out);
+	for (uint64_t k = 1; k < m->next_id; k++) {
+		const struct model_node *n = &m->node[k];
+		if (!n->alive)
+			continue;
+		out->live_nodes++;
+		if (!holds_step(n))
+			continue;
+		out->live_steps++;
+		/* A graph lives while some node in it holds its step. */
+		if (!origin_seen[n->graph]) {
+			origin_seen[n->graph] = true;
+			out->live_graphs++;
+		}
+	}
+	out->merges = m->merges;
+	out->nodes_freed = m->nodes_freed;
+}
+
+/* The hook, if any, sees id's final gradient: marks whether it does and
+ * whether it takes it. */
+static void finalise(const struct model *m, const struct model_hook *hook,
+		     uint64_t id, struct model_backward *out)
+{
+	if (hook == NULL || (hook->leaves_only && !m->node[id].leaf))
+		return;
+	out->fires[id] = true;
+	out->taken[id] = out->has_grad[id] && hook->takes[id];
+}
+
+void model_backward(struct model *m, uint64_t root, uint64_t seed,
+		    const struct model_hook *hook, struct model_backward *out)
+{
+	struct model_node *r = live_node(m, root);
+
+	memset(out, 0, sizeof *out);
+	if (r->leaf) {
+		out->has_grad[root] = true;
+		out->grad[root] = seed;
+		/* A leaf root is a leaf: leaves_only or not, the hook sees
+		 * it. */
+		if (hook != NULL) {
+			out->fires[root] = true;
+			out->taken[root] = hook->takes[root];
+		}
+		out->n_leaf_grads = out->taken[root] ? 0 : 1;
+		return;
+	}
+	if (r->consumed) {
+		out->rc = ADG_ECONSUMED;
+		return;
+	}
+
+	/* The tape: every non-leaf node reachable from root through parent
+	 * slots of nodes that still hold their step. Reaching a consumed one
+	 * makes the whole backward unavailable. */
+	uint64_t stack[MODEL_MAX_NODES];
+	size_t top = 0;
+	bool unavailable = false;
+	out->on_tape[root] = true;
+	stack[top++] = root;
+	while (top > 0) {
+		const struct model_node *n = &m->node[stack[--top]];
+		for (size_t i = 0; i < n->n_parents; i++) {
+			uint64_t p = n->parents[i];
+			/* A leaf may be freed by now: only its id and value
+			 * are used. */
+			const struct model_node *pn = &m->node[p];
+			if (pn->leaf || out->on_tape[p])
+				continue;
+			MODEL_CHECK(pn->alive); /* n holds it */
+			if (pn->consumed) {
+				unavailable = true;
+				continue;
+			}
+			out->on_tape[p] = true;
+			stack[top++] = p;
+		}
+	}
+	if (unavailable) {
+		memset(out->on_tape, 0, sizeof out->on_tape);
+		out->rc = ADG_EUNAVAILABLE;
+		return;
+	}
+
+	/* The first step to fail is at the largest depth among the failing
+	 * ones: steps run deepest first. */
+	bool failed = false;
+	for (uint64_t k = 1; k < m->next_id; k++) {
+		const struct model_node *n = &m->node[k];
+		if (out->on_tape[k] && n->fails &&
+		    (!failed || n->depth > out->fail_depth)) {
+			failed = true;
+			out->fail_depth = n->depth;
+		}
+	}
+
+	/* Gradients, as if every step ran. Any order in which each node comes
+	 * after all of its children will do, and ids give one: a child is
+	 * created after its parents. So when k comes up, its gradient is
+	 * final: the hook sees it, and may take it, before k's step runs. A
+	 * step called with no gradient registers none (the fuzzer's steps
+	 * do so). The arithmetic is modulo 2^64, exact in any order. */
+	out->has_grad[root] = true;
+	out->grad[root] = seed;
+	for (uint64_t k = m->next_id - 1; k >= 1; k--) {
+		const struct model_node *n = &m->node[k];
+		if (!out->on_tape[k])
+			continue;
+		finalise(m, hook, k, out);
+		if (!out->has_grad[k] || out->taken[k])
+			continue;
+		for (size_t i = 0; i < n->n_parents; i++) {
+			uint64_t g = out->grad[k];
+			for (size_t j = 0; j < n->n_parents; j++)
+				if (j != i)
+					g *= m->node[n->parents[j]].value;
+			uint64_t p = n->parents[i];
+			MODEL_CHECK(p < k);
+			out->has_grad[p] = true;
+			out->grad[p] += g;
+		}
+	}
+	/* Leaves are final once every tape node ran: the hook sees each
+	 * leaf named by a tape node, with a gradient or without. */
+	for (uint64_t k = 1; k < m->next_id; k++) {
+		const struct model_node *n = &m->node[k];
+		if (!out->on_tape[k])
+			continue;
+		for (size_t i = 0; i < n->n_parents; i++)
+			if (m->node[n->parents[i]].leaf)
+				finalise(m, hook, n->parents[i], out);
+	}
+	for (uint64_t k = 1; k < m->next_id; k++)
+		if (m->node[k].leaf && out->has_grad[k] && !out->taken[k])
+			out->n_leaf_grads++;
+	out->rc = failed ? MODEL_STEP_FAILED : 0;
+
+	/* Consumed, ran or not: each tape node leaves its graph and gives
+	 * up its step and its references on its parents. */
+	for (uint64_t k = 1; k < m->next_id; k++) {
+		if (!out->on_tape[k])
+			continue;
+		m->node[k].consumed = true;
+		m->node[k].graph = 0;
+	}
+	collect(m);
+}
