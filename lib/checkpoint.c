@@ -77,8 +77,7 @@ void adg_ckpt_commit(struct adg_node *node)
 	struct adg_ckpt *c = node->ckpt;
 	/* The strategy, once the op is in: balanced drops at once what it can
 	 * rebuild cheaply. */
-	if (c != NULL && c->value != NULL && c->memory_bound &&
-	    c->recompute != NULL &&
+	if (c->value != NULL && c->memory_bound && c->recompute != NULL &&
 	    node->registry->checkpointing == ADG_CHECKPOINT_BALANCED) {
 		c->free(c->value);
 		c->value = NULL;

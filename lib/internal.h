@@ -417,7 +417,8 @@ struct adg_backward_context {
 int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
 		    const adg_op_options *options);
 
-/* Once the op is placed: applies the registry's strategy to its output. */
+/* Once an op with a record is placed: applies the registry's strategy to
+ * its output. */
 void adg_ckpt_commit(struct adg_node *node);
 
 /* After a tape is taken: counts its requests and frees what none needs. */

@@ -170,7 +170,8 @@ static int op_new(adg_registry *registry, adg_node *const *parents,
 		node_dealloc(shard, n);
 		return rc;
 	}
-	adg_ckpt_commit(n);
+	if (n->ckpt != NULL)
+		adg_ckpt_commit(n);
 	adg_count(shard, ADG_C_OPS_MADE, 1);
 	*out = n;
 	return 0;
@@ -268,7 +269,8 @@ static void node_free(struct adg_shard *shard, struct adg_node *node,
 		for (uint32_t i = 0; i < node->n_parents; i++)
 			drop_refs(shard, node->parents[i], 1, doomed);
 	}
-	adg_ckpt_drop(node); /* a LIVE node's kept output goes with it */
+	if (node->ckpt != NULL)
+		adg_ckpt_drop(node); /* a LIVE node's kept output goes */
 	adg_count(shard, ADG_C_NODES_FREED, 1);
 	node_dealloc(shard, node);
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds libadg and adg-bench (release) and runs the bench suite: with no
-# arguments, the default contention sweep (about 2 minutes on 2 cores); any
+# arguments, the default contention sweep (about a minute on 2 cores); any
 # arguments go to adg-bench (try --help). Installs missing build tools,
 # gnuplot (for the plot) and valgrind (for --callgrind) first.
 set -euo pipefail
