@@ -1101,6 +1101,14 @@ int main(int argc, char **argv)
 	write_markdown(path, &o, idle_ratio, idle_ns);
 	FILE *sf = fopen(path, "a");
 	if (sf) {
+		if (!isnan(ckpt_rate[0]))
+			fprintf(sf,
+				"\nCheckpointing (a product, %d memory-bound "
+				"adds, a product; 1 thread): `NONE` %.2fM "
+				"nodes/s, at most %ld outputs alive; "
+				"`BALANCED` %.2fM nodes/s, at most %ld.\n",
+				CKPT_CHAIN, ckpt_rate[0] / 1e6, ckpt_peak[0],
+				ckpt_rate[1] / 1e6, ckpt_peak[1]);
 		fprintf(sf, "\n```");
 		targets(sf, idle_ratio, o.p.idle_graphs);
 		fprintf(sf, "```\n");
