@@ -14,6 +14,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 struct bench_impl;
 
@@ -76,6 +77,38 @@ uint64_t *u64map_find(const u64map *m, uint64_t key);
 bool u64map_remove(u64map *m, uint64_t key, uint64_t *val);
 /* Iterates: start with *pos = 0; returns false at the end. */
 bool u64map_next(const u64map *m, size_t *pos, uint64_t *key, uint64_t *val);
+
+/* The seed and floor gradient containers: a u64map whose slots hold a
+ * double's bits, an absent key reading 0.0. Inline, so that neither
+ * baseline pays a call the other did not; the first two fit bench_impl's
+ * add_grad and grad. */
+static inline double u64map_bits_to_double(uint64_t bits)
+{
+	double d;
+	memcpy(&d, &bits, sizeof d);
+	return d;
+}
+
+static inline void u64map_add_double(void *map, uint64_t key, double v)
+{
+	uint64_t *slot = u64map_slot(map, key);
+	double sum = u64map_bits_to_double(*slot) + v;
+	memcpy(slot, &sum, sizeof sum);
+}
+
+static inline double u64map_get_double(void *map, uint64_t key)
+{
+	uint64_t *slot = u64map_find(map, key);
+	return slot != NULL ? u64map_bits_to_double(*slot) : 0.0;
+}
+
+/* Removes key, returning what it held. */
+static inline double u64map_take_double(u64map *m, uint64_t key)
+{
+	uint64_t bits = 0; /* 0.0 when absent */
+	u64map_remove(m, key, &bits);
+	return u64map_bits_to_double(bits);
+}
 
 /* ------------------------------------------------------------- workloads */
 

@@ -138,16 +138,6 @@ static uint64_t f_id(void *node)
 	return ((struct fnode *)node)->id;
 }
 
-/* A u64map slot holds a double's bits (an absent one reads 0.0). */
-static void f_add_grad(void *grads, uint64_t id, double g)
-{
-	uint64_t *slot = u64map_slot(grads, id);
-	double sum;
-	__builtin_memcpy(&sum, slot, sizeof sum);
-	sum += g;
-	__builtin_memcpy(slot, &sum, sizeof sum);
-}
-
 static int f_backward(void *reg, void *root, void **grads)
 {
 	(void)reg;
@@ -157,22 +147,19 @@ static int f_backward(void *reg, void *root, void **grads)
 	u64map_clear(&tape.grads);
 	*grads = &tape.grads;
 	if (r->leaf) {
-		f_add_grad(&tape.grads, r->id, 1.0);
+		u64map_add_double(&tape.grads, r->id, 1.0);
 		return 0;
 	}
 	if (r->consumed)
 		return -1;
 	r->marked = true;
-	f_add_grad(&tape.grads, r->id, 1.0);
+	u64map_add_double(&tape.grads, r->id, 1.0);
 	size_t top = r->pos;
 	for (size_t i = top + 1; i-- > 0;) {
 		struct fnode *f = tape.nodes[i];
 		if (f == NULL || !f->marked)
 			continue;
-		uint64_t bits = 0;
-		u64map_remove(&tape.grads, f->id, &bits);
-		double g;
-		__builtin_memcpy(&g, &bits, sizeof g);
+		double g = u64map_take_double(&tape.grads, f->id);
 		bench_call c = {&bench_floor, &tape.grads, g, ids_of(f), f->n};
 		int rc = f->step->run(&c, f->step);
 		f->marked = false;
@@ -196,15 +183,6 @@ static int f_backward(void *reg, void *root, void **grads)
 		release(f);
 	}
 	return 0;
-}
-
-static double f_grad(void *grads, uint64_t id)
-{
-	uint64_t *v = u64map_find(grads, id);
-	double g = 0;
-	if (v != NULL)
-		__builtin_memcpy(&g, v, sizeof g);
-	return g;
 }
 
 static void f_grads_free(void *grads)
@@ -235,9 +213,9 @@ const bench_impl bench_floor = {
 	.unref = f_unref,
 	.id = f_id,
 	.backward = f_backward,
-	.grad = f_grad,
+	.grad = u64map_get_double,
 	.grads_free = f_grads_free,
-	.add_grad = f_add_grad,
+	.add_grad = u64map_add_double,
 	.graph_id = NULL,
 	.thread_begin = f_thread_begin,
 	.thread_end = f_thread_end,

@@ -305,15 +305,6 @@ static uint64_t s_id(void *node)
 	return ((struct snode *)node)->id;
 }
 
-static void s_add_grad(void *grads, uint64_t id, double g)
-{
-	uint64_t *slot = u64map_slot(grads, id);
-	double sum;
-	__builtin_memcpy(&sum, slot, sizeof sum);
-	sum += g;
-	__builtin_memcpy(slot, &sum, sizeof sum);
-}
-
 /* The orphan sweep: every graph the locator names, after every backward. */
 static void cleanup_orphaned_entries(struct sreg *r)
 {
@@ -373,7 +364,7 @@ static int s_backward(void *reg, void *root, void **grads)
 	u64map *gm = malloc(sizeof *gm);
 	u64map_init(gm, 64);
 	*grads = gm;
-	s_add_grad(gm, rn->id, 1.0);
+	u64map_add_double(gm, rn->id, 1.0);
 	if (rn->leaf)
 		return 0;
 
@@ -440,10 +431,7 @@ static int s_backward(void *reg, void *root, void **grads)
 	for (size_t i = 0; i < len; i++) {
 		struct snode *n = sorted[i]->node;
 		if (rc == 0) {
-			uint64_t bits = 0;
-			u64map_remove(gm, n->id, &bits);
-			double grad;
-			__builtin_memcpy(&grad, &bits, sizeof grad);
+			double grad = u64map_take_double(gm, n->id);
 			bench_call c = {&bench_seed, gm, grad, n->parent_ids,
 					n->n};
 			rc = sorted[i]->step->run(&c, sorted[i]->step);
@@ -469,15 +457,6 @@ static int s_backward(void *reg, void *root, void **grads)
 
 	cleanup_orphaned_entries(r);
 	return rc;
-}
-
-static double s_grad(void *grads, uint64_t id)
-{
-	uint64_t *v = u64map_find(grads, id);
-	double g = 0;
-	if (v != NULL)
-		__builtin_memcpy(&g, v, sizeof g);
-	return g;
 }
 
 static void s_grads_free(void *grads)
@@ -511,9 +490,9 @@ const bench_impl bench_seed = {
 	.unref = s_unref,
 	.id = s_id,
 	.backward = s_backward,
-	.grad = s_grad,
+	.grad = u64map_get_double,
 	.grads_free = s_grads_free,
-	.add_grad = s_add_grad,
+	.add_grad = u64map_add_double,
 	.graph_id = s_graph_id,
 	.thread_begin = nothing,
 	.thread_end = nothing,
