@@ -140,6 +140,12 @@ static adg_node *make(adg_node **parents, size_t n, adg_backward_fn fn,
 	return y;
 }
 
+static void drop_nodes(adg_node **nodes, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		adg_node_unref(nodes[i]);
+}
+
 /* c0 = a * w, then 64 adds, then c1 = m64 * w2; returns the leaves and
  * nodes it made in *nodes (a, w, w2, c0, m1..m64, c1). */
 #define CHAIN 64
@@ -292,8 +298,7 @@ Test(checkpoint, diamond_recomputes_a_shared_output_once)
 	cr_expect_eq(grad_in(g, a), 3.0 * (4 + 5)); /* (a w + 1)(w1 + w2) */
 	adg_grads_free(g);
 	adg_node *all[] = {a, w, w1, w2, c0, r, y1, y2, z};
-	for (int i = 0; i < 9; i++)
-		adg_node_unref(all[i]);
+	drop_nodes(all, 9);
 	close_registry();
 }
 
@@ -319,34 +324,45 @@ static int nested_recompute(adg_recompute_call *call, void *user)
 	return 0;
 }
 
+/* Leaves a = 2, w = 3, w2 = 5; c0 = a * w (output 6 kept); m = c0 + 1
+ * (output 7, memory-bound, rebuilt by recompute); y = m * w2 (output 35
+ * kept), whose step, y_backward, asks for m's output. */
+enum { SMALL_A, SMALL_W, SMALL_W2, SMALL_C0, SMALL_M, SMALL_Y, SMALL_NODES };
+
+static void build_small_chain(adg_recompute_fn recompute,
+			      adg_backward_fn y_backward,
+			      adg_node *n[SMALL_NODES])
+{
+	adg_leaf(reg, &n[SMALL_A]);
+	adg_leaf(reg, &n[SMALL_W]);
+	adg_leaf(reg, &n[SMALL_W2]);
+	adg_output oc = {output_new(6), output_free, NULL, 0};
+	n[SMALL_C0] = make(&n[SMALL_A], 2, mul_leaves_backward, /* a, w */
+			   (struct op){3, 2, 0}, &oc, 0, NULL);
+	adg_output om = {output_new(7), output_free, recompute, 1};
+	n[SMALL_M] = make(&n[SMALL_C0], 1, add_k_backward, (struct op){1, 6, 0},
+			  &om, 0, NULL);
+	const uint32_t want0 = 0;
+	adg_node *pm[2] = {n[SMALL_M], n[SMALL_W2]};
+	adg_output oy = {output_new(35), output_free, NULL, 0};
+	n[SMALL_Y] =
+		make(pm, 2, y_backward, (struct op){5, 7, 0}, &oy, 1, &want0);
+}
+
 Test(checkpoint, recompute_may_run_a_nested_backward)
 {
 	open_registry(ADG_CHECKPOINT_BALANCED);
-	adg_node *a, *w, *w2;
-	adg_leaf(reg, &a);
-	adg_leaf(reg, &w);
-	adg_leaf(reg, &w2);
-	adg_node *p[2] = {a, w};
-	adg_output oc = {output_new(6), output_free, NULL, 0};
-	adg_node *c0 = make(p, 2, mul_leaves_backward, (struct op){3, 2, 0},
-			    &oc, 0, NULL);
-	/* r = c0 + 1, rebuilt by the nested callback as c0 + 6 - 5 */
-	adg_output orr = {output_new(7), output_free, nested_recompute, 1};
-	adg_node *r = make(&c0, 1, add_k_backward, (struct op){1, 6, 0}, &orr,
-			   0, NULL);
-	const uint32_t want0 = 0;
-	adg_node *pr[2] = {r, w2};
-	adg_output oy = {output_new(35), output_free, NULL, 0};
-	adg_node *y = make(pr, 2, mul_leaf_backward, (struct op){5, 7, 0}, &oy,
-			   1, &want0);
+	/* m is rebuilt by the nested callback as c0 + 6 - 5. */
+	adg_node *n[SMALL_NODES];
+	build_small_chain(nested_recompute, mul_leaf_backward, n);
 	adg_grads *g;
-	cr_assert_eq(adg_backward(reg, y, scalar_box(1), &scalar_ops, &g), 0);
+	cr_assert_eq(
+		adg_backward(reg, n[SMALL_Y], scalar_box(1), &scalar_ops, &g),
+		0);
 	cr_expect_eq(atomic_load(&recomputes), 1);
-	cr_expect_eq(grad_in(g, w2), 7.0);
+	cr_expect_eq(grad_in(g, n[SMALL_W2]), 7.0);
 	adg_grads_free(g);
-	adg_node *all[] = {a, w, w2, c0, r, y};
-	for (int i = 0; i < 6; i++)
-		adg_node_unref(all[i]);
+	drop_nodes(n, SMALL_NODES);
 	close_registry();
 }
 
@@ -395,34 +411,17 @@ static int observing_backward(adg_step_call *call, void *user)
 Test(checkpoint, unrequested_outputs_go_when_the_tape_is_taken)
 {
 	open_registry(ADG_CHECKPOINT_NONE);
-	adg_node *a, *w, *w2;
-	adg_leaf(reg, &a);
-	adg_leaf(reg, &w);
-	adg_leaf(reg, &w2);
-	adg_node *p[2] = {a, w};
-	adg_output oc = {output_new(6), output_free, NULL, 0};
-	adg_node *c0 = make(p, 2, mul_leaves_backward, (struct op){3, 2, 0},
-			    &oc, 0, NULL);
-	adg_output o1 = {output_new(7), output_free, add_k_recompute, 1};
-	adg_node *m = make(&c0, 1, add_k_backward, (struct op){1, 6, 0}, &o1, 0,
-			   NULL);
-	const uint32_t want0 = 0;
-	adg_node *pm[2] = {m, w2};
-	adg_output oy = {output_new(35), output_free, NULL, 0};
-	adg_step st = {observing_backward, op_release,
-		       op_new((struct op){5, 7, 0})};
-	adg_op_options opt = {&oy, 0, &want0, 1};
-	adg_node *y;
-	cr_assert_eq(adg_op_with(reg, pm, 2, &st, &opt, &y), 0);
+	adg_node *n[SMALL_NODES];
+	build_small_chain(add_k_recompute, observing_backward, n);
 	cr_assert_eq(atomic_load(&outputs_live), 3);
 	adg_grads *g;
-	cr_assert_eq(adg_backward(reg, y, scalar_box(1), &scalar_ops, &g), 0);
+	cr_assert_eq(
+		adg_backward(reg, n[SMALL_Y], scalar_box(1), &scalar_ops, &g),
+		0);
 	cr_expect_eq(live_at_first_step, 1, "only m's, which y asks for");
 	cr_expect_eq(atomic_load(&outputs_live), 0);
 	adg_grads_free(g);
-	adg_node *all[] = {a, w, w2, c0, m, y};
-	for (int i = 0; i < 6; i++)
-		adg_node_unref(all[i]);
+	drop_nodes(n, SMALL_NODES);
 	close_registry();
 }
 
@@ -506,8 +505,7 @@ Test(checkpoint, bad_options_and_calls)
 	cr_expect_eq(seen, ADG_EINVAL);
 	adg_grads_free(g);
 	adg_node *all[] = {a, w, none_offered, c, z};
-	for (int i = 0; i < 5; i++)
-		adg_node_unref(all[i]);
+	drop_nodes(all, 5);
 	close_registry();
 }
 
