@@ -54,37 +54,31 @@ struct product {
 	double a, b; /* y = a * b */
 };
 
+/* Adds d into parent i's gradient. */
+static int send(adg_step_call *call, size_t i, double d)
+{
+	void *v = boxed(d);
+	if (v == NULL)
+		return ADG_ENOMEM;
+	return adg_grads_register(call->grads, call->parent_ids[i], v);
+}
+
 static int product_backward(adg_step_call *call, void *user)
 {
 	const struct product *p = user;
 	double g = call->grad ? *(double *)call->grad : 0;
-	double d[2] = {g * p->b, g * p->a};
-	for (int i = 0; i < 2; i++) {
-		void *v = boxed(d[i]);
-		if (v == NULL)
-			return ADG_ENOMEM;
-		int rc =
-			adg_grads_register(call->grads, call->parent_ids[i], v);
-		if (rc != 0)
-			return rc;
-	}
-	return 0;
+	int rc = send(call, 0, g * p->b);
+	return rc != 0 ? rc : send(call, 1, g * p->a);
 }
 
 static int sum_backward(adg_step_call *call, void *user)
 {
 	(void)user;
 	double g = call->grad ? *(double *)call->grad : 0;
-	for (size_t i = 0; i < call->n_parents; i++) {
-		void *v = boxed(g);
-		if (v == NULL)
-			return ADG_ENOMEM;
-		int rc =
-			adg_grads_register(call->grads, call->parent_ids[i], v);
-		if (rc != 0)
-			return rc;
-	}
-	return 0;
+	int rc = 0;
+	for (size_t i = 0; i < call->n_parents && rc == 0; i++)
+		rc = send(call, i, g);
+	return rc;
 }
 
 static void free_closure(void *user)
