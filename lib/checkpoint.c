@@ -21,6 +21,15 @@ static size_t ckpt_size(size_t n_want_parents)
 	return sizeof(struct adg_ckpt) + n_want_parents * sizeof(uint32_t);
 }
 
+/* Frees the kept value, if any. */
+static void drop_value(struct adg_ckpt *c)
+{
+	if (c->value != NULL) {
+		c->free(c->value);
+		c->value = NULL;
+	}
+}
+
 static bool offers(const struct adg_node *n)
 {
 	return n != NULL && n->ckpt != NULL && n->ckpt->offers;
@@ -77,11 +86,9 @@ void adg_ckpt_commit(struct adg_node *node)
 	struct adg_ckpt *c = node->ckpt;
 	/* The strategy, once the op is in: balanced drops at once what it can
 	 * rebuild cheaply. */
-	if (c->value != NULL && c->memory_bound && c->recompute != NULL &&
-	    node->registry->checkpointing == ADG_CHECKPOINT_BALANCED) {
-		c->free(c->value);
-		c->value = NULL;
-	}
+	if (c->memory_bound && c->recompute != NULL &&
+	    node->registry->checkpointing == ADG_CHECKPOINT_BALANCED)
+		drop_value(c);
 }
 
 static void request(struct adg_node *n)
@@ -93,10 +100,8 @@ static void request(struct adg_node *n)
 static void serve(struct adg_node *n)
 {
 	struct adg_ckpt *c = n->ckpt;
-	if (--c->pending == 0 && c->value != NULL) {
-		c->free(c->value);
-		c->value = NULL;
-	}
+	if (--c->pending == 0)
+		drop_value(c);
 }
 
 void adg_ckpt_plan(struct adg_node **tape, size_t len)
@@ -130,18 +135,14 @@ void adg_ckpt_plan(struct adg_node **tape, size_t len)
 	/* What nothing asks for goes now, not at the end. */
 	for (size_t i = 0; i < len; i++) {
 		struct adg_ckpt *c = tape[i]->ckpt;
-		if (c != NULL && c->pending == 0 && c->value != NULL) {
-			c->free(c->value);
-			c->value = NULL;
-		}
+		if (c != NULL && c->pending == 0)
+			drop_value(c);
 	}
 }
 
 void adg_ckpt_served(struct adg_node *n)
 {
 	struct adg_ckpt *c = n->ckpt;
-	if (c == NULL)
-		return;
 	if (c->want_self)
 		serve(n);
 	for (uint32_t k = 0; k < c->n_want_parents; k++)
@@ -151,10 +152,7 @@ void adg_ckpt_served(struct adg_node *n)
 void adg_ckpt_drop(struct adg_node *n)
 {
 	struct adg_ckpt *c = n->ckpt;
-	if (c == NULL)
-		return;
-	if (c->value != NULL)
-		c->free(c->value);
+	drop_value(c);
 	n->ckpt = NULL;
 	adg_free(n->registry, c, ckpt_size(c->n_want_parents));
 }

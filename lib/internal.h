@@ -424,10 +424,12 @@ void adg_ckpt_commit(struct adg_node *node);
 /* After a tape is taken: counts its requests and frees what none needs. */
 void adg_ckpt_plan(struct adg_node **tape, size_t len);
 
-/* After a tape node's step returned: its requests are served. */
+/* After the step of a tape node with a record returned: its requests are
+ * served. */
 void adg_ckpt_served(struct adg_node *node);
 
-/* At the end of a backward, or when a node goes: frees what is left. */
+/* At the end of a backward, or when a node with a record goes: frees the
+ * record and what is left of its output. */
 void adg_ckpt_drop(struct adg_node *node);
 
 /* ----------------------------------------------------------------- grads */
