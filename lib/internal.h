@@ -85,8 +85,9 @@ struct adg_node {
 	 * child. Leaves are not counted by their children (see parents). */
 	atomic_uint_fast64_t refs;
 	/* The graph the node is in, NULL for leaves and consumed nodes. Read
-	 * with rcu_dereference; written with rcu_assign_pointer while holding
-	 * the lock of the graph it pointed to. */
+	 * with rcu_dereference. Set by placement before any other thread can
+	 * reach the node; after that, written with rcu_assign_pointer while
+	 * holding the lock of the graph it pointed to. */
 	struct adg_graph *graph;
 	union {
 		/* In graph->members, under the graph's lock. */
@@ -151,7 +152,7 @@ void adg_node_release_step(struct adg_shard *shard, struct adg_node *node);
 
 /*
  * A graph object is type-stable: once allocated it stays a graph, with an
- * initialised mutex, until its registry is freed or a grace period after
+ * initialised lock, until its registry is freed or a grace period after
  * call_rcu has passed. Retired graphs are reused at once by the thread that
  * retired them, so a thread holding a stale pointer may lock a graph that
  * has since become another one. Every path therefore locks, then checks
