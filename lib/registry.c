@@ -288,12 +288,9 @@ int adg_registry_free(adg_registry *registry)
 	     s != NULL; s = s->next_in_registry) {
 		adg_graph_free_pool(s);
 		adg_node_free_cache(s);
-	}
-
-	for (s = atomic_load_explicit(&registry->shards, memory_order_acquire);
-	     s != NULL; s = s->next_in_registry)
 		atomic_store_explicit(&s->registry_gone, true,
 				      memory_order_release);
+	}
 	/* This thread lets go of its shard now; others do at their next call
 	 * or when they exit. */
 	purge_gone_shards();
