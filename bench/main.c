@@ -423,75 +423,6 @@ static void machine_line(FILE *f)
 		sysconf(_SC_NPROCESSORS_ONLN));
 }
 
-/* A compact Markdown summary: per workload, a row per thread count. */
-static void write_markdown(const char *path, const struct options *o,
-			   double idle_ratio[N_IMPLS],
-			   double idle_ns[N_IMPLS][2])
-{
-	FILE *f = fopen(path, "w");
-	if (f == NULL)
-		return;
-	machine_line(f);
-	fprintf(f,
-		"\n%d runs of %d ms per cell, medians; ratios of medians "
-		"measured in the same run.\n",
-		o->runs, o->ms);
-	for (int w = 0; w < bench_n_workloads; w++) {
-		if (!o->workload_on[w])
-			continue;
-		const char *unit = bench_workloads[w].unit;
-		fprintf(f, "\n**%s** (%s/s)\n\n", bench_workloads[w].name,
-			unit);
-		fprintf(f,
-			"| threads | adg | seed | floor | adg/seed | adg/floor "
-			"| adg vs 1 thread |\n");
-		fprintf(f, "|---:|---:|---:|---:|---:|---:|---:|\n");
-		for (int t = 0; t < o->n_threads; t++) {
-			int th = o->threads[t];
-			double r[N_IMPLS];
-			char cell[N_IMPLS][32], rs[16], rf[16], r1[16];
-			for (int i = 0; i < N_IMPLS; i++) {
-				r[i] = rate_of(w, i, th);
-				human(cell[i], sizeof cell[i], r[i]);
-			}
-			ratio(rs, sizeof rs, r[0], r[1]);
-			ratio(rf, sizeof rf, r[0], r[2]);
-			ratio(r1, sizeof r1, r[0], rate_of(w, 0, 1));
-			fprintf(f, "| %d | %s | %s | %s | %s | %s | %s |\n", th,
-				cell[0], cell[1], cell[2], rs, rf, r1);
-		}
-	}
-	const struct cell *ca = find(workload_index("disjoint"), 0, 1);
-	const struct cell *cf = find(workload_index("disjoint"), 2, 1);
-	if (ca && cf)
-		fprintf(f,
-			"\nPer registered node, 1 thread (disjoint): adg %.1f "
-			"ns, floor %.1f ns; per backward step: adg %.1f ns, "
-			"floor %.1f ns.\n",
-			median(ca->ns_node, ca->runs),
-			median(cf->ns_node, cf->runs),
-			median(ca->ns_step, ca->runs),
-			median(cf->ns_step, cf->runs));
-	if (!isnan(idle_ratio[0]))
-		fprintf(f,
-			"\nBackward of a %d-node chain with %d idle graphs "
-			"alive: adg %.0f ns -> %.0f ns (%.2f x)",
-			o->p.chain, o->p.idle_graphs, idle_ns[0][0],
-			idle_ns[0][1], idle_ratio[0]);
-	if (!isnan(idle_ratio[1]))
-		fprintf(f, ", seed %.0f ns -> %.0f ns (%.0f x)", idle_ns[1][0],
-			idle_ns[1][1], idle_ratio[1]);
-	fprintf(f, "\n");
-	if (!isnan(overlap))
-		fprintf(f,
-			"\nGradient-ready hook (shared-params): %.0f%% of the "
-			"parameter gradients are final while steps are still "
-			"left to run; on average %.0f%% of the steps are left "
-			"when one is.\n",
-			100 * overlap, 100 * remaining);
-	fclose(f);
-}
-
 static void plot(const struct options *o, const char *dir)
 {
 	if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
@@ -629,6 +560,86 @@ static void targets(FILE *f, double idle_ratio[N_IMPLS], int idle_graphs)
 	snprintf(fig, sizeof fig, "adg %.2f x (seed %.2f x)", idle_ratio[0],
 		 idle_ratio[1]);
 	target_line(f, !isnan(idle_ratio[0]), idle_ratio[0] <= 1.2, what, fig);
+}
+
+/* A compact Markdown summary: per workload, a row per thread count. */
+static void write_markdown(const char *path, const struct options *o,
+			   double idle_ratio[N_IMPLS],
+			   double idle_ns[N_IMPLS][2])
+{
+	FILE *f = fopen(path, "w");
+	if (f == NULL)
+		return;
+	machine_line(f);
+	fprintf(f,
+		"\n%d runs of %d ms per cell, medians; ratios of medians "
+		"measured in the same run.\n",
+		o->runs, o->ms);
+	for (int w = 0; w < bench_n_workloads; w++) {
+		if (!o->workload_on[w])
+			continue;
+		const char *unit = bench_workloads[w].unit;
+		fprintf(f, "\n**%s** (%s/s)\n\n", bench_workloads[w].name,
+			unit);
+		fprintf(f,
+			"| threads | adg | seed | floor | adg/seed | adg/floor "
+			"| adg vs 1 thread |\n");
+		fprintf(f, "|---:|---:|---:|---:|---:|---:|---:|\n");
+		for (int t = 0; t < o->n_threads; t++) {
+			int th = o->threads[t];
+			double r[N_IMPLS];
+			char cell[N_IMPLS][32], rs[16], rf[16], r1[16];
+			for (int i = 0; i < N_IMPLS; i++) {
+				r[i] = rate_of(w, i, th);
+				human(cell[i], sizeof cell[i], r[i]);
+			}
+			ratio(rs, sizeof rs, r[0], r[1]);
+			ratio(rf, sizeof rf, r[0], r[2]);
+			ratio(r1, sizeof r1, r[0], rate_of(w, 0, 1));
+			fprintf(f, "| %d | %s | %s | %s | %s | %s | %s |\n", th,
+				cell[0], cell[1], cell[2], rs, rf, r1);
+		}
+	}
+	const struct cell *ca = find(workload_index("disjoint"), 0, 1);
+	const struct cell *cf = find(workload_index("disjoint"), 2, 1);
+	if (ca && cf)
+		fprintf(f,
+			"\nPer registered node, 1 thread (disjoint): adg %.1f "
+			"ns, floor %.1f ns; per backward step: adg %.1f ns, "
+			"floor %.1f ns.\n",
+			median(ca->ns_node, ca->runs),
+			median(cf->ns_node, cf->runs),
+			median(ca->ns_step, ca->runs),
+			median(cf->ns_step, cf->runs));
+	if (!isnan(idle_ratio[0]))
+		fprintf(f,
+			"\nBackward of a %d-node chain with %d idle graphs "
+			"alive: adg %.0f ns -> %.0f ns (%.2f x)",
+			o->p.chain, o->p.idle_graphs, idle_ns[0][0],
+			idle_ns[0][1], idle_ratio[0]);
+	if (!isnan(idle_ratio[1]))
+		fprintf(f, ", seed %.0f ns -> %.0f ns (%.0f x)", idle_ns[1][0],
+			idle_ns[1][1], idle_ratio[1]);
+	fprintf(f, "\n");
+	if (!isnan(overlap))
+		fprintf(f,
+			"\nGradient-ready hook (shared-params): %.0f%% of the "
+			"parameter gradients are final while steps are still "
+			"left to run; on average %.0f%% of the steps are left "
+			"when one is.\n",
+			100 * overlap, 100 * remaining);
+	if (!isnan(ckpt_rate[0]))
+		fprintf(f,
+			"\nCheckpointing (a product, %d memory-bound "
+			"adds, a product; 1 thread): `NONE` %.2fM "
+			"nodes/s, at most %ld outputs alive; "
+			"`BALANCED` %.2fM nodes/s, at most %ld.\n",
+			CKPT_CHAIN, ckpt_rate[0] / 1e6, ckpt_peak[0],
+			ckpt_rate[1] / 1e6, ckpt_peak[1]);
+	fprintf(f, "\n```");
+	targets(f, idle_ratio, o->p.idle_graphs);
+	fprintf(f, "```\n");
+	fclose(f);
 }
 
 /* --------------------------------------------------------- callgrind */
@@ -1099,21 +1110,6 @@ int main(int argc, char **argv)
 	write_json(path, idle_ratio, idle_ns, o.p.idle_graphs);
 	snprintf(path, sizeof path, "%s/summary.md", dir);
 	write_markdown(path, &o, idle_ratio, idle_ns);
-	FILE *sf = fopen(path, "a");
-	if (sf) {
-		if (!isnan(ckpt_rate[0]))
-			fprintf(sf,
-				"\nCheckpointing (a product, %d memory-bound "
-				"adds, a product; 1 thread): `NONE` %.2fM "
-				"nodes/s, at most %ld outputs alive; "
-				"`BALANCED` %.2fM nodes/s, at most %ld.\n",
-				CKPT_CHAIN, ckpt_rate[0] / 1e6, ckpt_peak[0],
-				ckpt_rate[1] / 1e6, ckpt_peak[1]);
-		fprintf(sf, "\n```");
-		targets(sf, idle_ratio, o.p.idle_graphs);
-		fprintf(sf, "```\n");
-		fclose(sf);
-	}
 	snprintf(path, sizeof path, "%s/table.txt", dir);
 	FILE *tf = fopen(path, "w");
 	if (tf) {
