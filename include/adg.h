@@ -259,11 +259,15 @@ typedef struct adg_op_options {
  * its tape, and a recomputed one is built once and kept only while a
  * later request needs it. Outputs follow nodes through merges, and a
  * failed backward or a node freed unrun frees them exactly once. A
- * recompute callback needs every non-leaf parent to offer an output. On
- * error the caller still owns output->value.
+ * recompute callback needs every non-leaf parent to offer an output.
+ * Whether a node offers an output is fixed when it is registered: a parent
+ * whose step a backward has consumed (or is consuming on another thread)
+ * still does, the call succeeds as adg_op's does, and a backward from the
+ * new node that needs that parent fails with ADG_EUNAVAILABLE. On error
+ * the caller still owns output->value.
  * Errors: those of adg_op, and ADG_EINVAL for a malformed options (no
  * free, neither value nor recompute, a want out of range or on a node that
- * offers no output). */
+ * offers no output, n_want_parents above UINT32_MAX). */
 ADG_API int adg_op_with(adg_registry *registry, adg_node *const *parents,
 			size_t n_parents, const adg_step *step,
 			const adg_op_options *options, adg_node **out);

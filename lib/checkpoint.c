@@ -30,9 +30,12 @@ static void drop_value(struct adg_ckpt *c)
 	}
 }
 
+/* Whether n offers an output. Not n->ckpt: the caller holds n, but a
+ * backward on another thread may be consuming n and freeing its record;
+ * the flag never changes, so the answer does not depend on timing. */
 static bool offers(const struct adg_node *n)
 {
-	return n != NULL && n->ckpt != NULL && n->ckpt->offers;
+	return n->offers_output;
 }
 
 int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
@@ -46,6 +49,8 @@ int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
 		return ADG_EINVAL;
 	if (o->n_want_parents > 0 && o->want_parents == NULL)
 		return ADG_EINVAL;
+	if (o->n_want_parents > UINT32_MAX)
+		return ADG_EINVAL; /* the record counts them in 32 bits */
 	for (size_t i = 0; i < o->n_want_parents; i++)
 		if (o->want_parents[i] >= node->n_parents ||
 		    !offers(parents[o->want_parents[i]]))
@@ -61,7 +66,6 @@ int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
 	if (c == NULL)
 		return ADG_ENOMEM;
 	*c = (struct adg_ckpt){
-		.offers = out != NULL,
 		.free = out ? out->free : NULL,
 		.recompute = out ? out->recompute : NULL,
 		.want_self = o->want_self != 0,
@@ -72,6 +76,7 @@ int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
 	c->value = out ? out->value : NULL;
 	c->memory_bound = out && out->memory_bound;
 	node->ckpt = c;
+	node->offers_output = out != NULL;
 	/* Relaxed: a hint that backward passes read to skip the work when no
 	 * node has a record; a node with one is published to them by the
 	 * caller, after this. */

@@ -102,6 +102,11 @@ struct adg_node {
 	 * only under the lock of the graph the node is in, and read only
 	 * under it (backward.c) or by the thread that freed the node. */
 	uint8_t state;
+	/* The node offers a forward output (adg_op_with). Set before the node
+	 * is published and never changed, so any holder may read it, while
+	 * the checkpointing record (ckpt) belongs to the node's owner and
+	 * goes when a backward has run the step. */
+	bool offers_output;
 	/* While on a tape being taken or run: how many of the tape's parent
 	 * slots name this node. The backward drops them in one go. */
 	uint32_t tape_links;
@@ -394,12 +399,13 @@ static inline size_t adg_node_size(size_t n_parents)
  * step will ask for. Touched only by whoever owns the node: its creator,
  * the backward that took it, or the thread that frees it. */
 struct adg_ckpt {
-	bool offers; /* value or recompute: the node has an output */
 	bool memory_bound;
 	void *value; /* the output, while held */
 	void (*free)(void *value);
 	adg_recompute_fn recompute;
-	uint32_t pending; /* during a backward: requests still to serve */
+	/* During a backward: requests still to serve. 64 bits: one per
+	 * want slot of every tape child, and a slot count is 32 bits. */
+	uint64_t pending;
 	bool want_self;
 	uint32_t n_want_parents;
 	uint32_t want_parents[]; /* parent slots */

@@ -77,6 +77,7 @@ static struct adg_node *node_new(struct adg_shard *shard,
 	n->graph = NULL;
 	n->depth = 0;
 	n->state = ADG_NODE_LEAF;
+	n->offers_output = false;
 	n->tape_links = 0;
 	n->ckpt = NULL;
 	return n;

@@ -498,6 +498,13 @@ Test(checkpoint, bad_options_and_calls)
 	adg_step ask = {asks_for_a_leaf, NULL, &seen};
 	adg_op_options want_c = {NULL, 0, &want0, 1};
 	adg_node *z;
+#if SIZE_MAX > UINT32_MAX
+	/* more wants than the record counts in 32 bits; the check comes
+	 * before any is read */
+	adg_op_options too_many = {NULL, 0, &want0, (size_t)UINT32_MAX + 1};
+	cr_expect_eq(adg_op_with(reg, cw, 2, &ask, &too_many, &y), ADG_EINVAL);
+	cr_expect_null(y);
+#endif
 	cr_assert_eq(adg_op_with(reg, cw, 2, &ask, &want_c, &z), 0);
 	(void)want1;
 	adg_grads *g;

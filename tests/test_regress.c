@@ -1,0 +1,217 @@
+/* Regressions: use-after-free bugs between a backward and the nodes it
+ * takes. Plain builds fail these tests by their assertions; AddressSanitizer
+ * and ThreadSanitizer builds also report the bad access. */
+#include "scalar.h"
+
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+
+static adg_registry *reg;
+static atomic_long outputs_made, outputs_freed;
+
+static void setup(void)
+{
+	atomic_store(&outputs_made, 0);
+	atomic_store(&outputs_freed, 0);
+	begin_clean(&reg);
+}
+
+static void end_checks(void)
+{
+	end_clean(reg);
+	cr_expect_eq(atomic_load(&outputs_freed), atomic_load(&outputs_made),
+		     "outputs made %ld, freed %ld", atomic_load(&outputs_made),
+		     atomic_load(&outputs_freed));
+}
+
+TestSuite(regress, .init = setup, .timeout = 120);
+
+static double *output_new(double v)
+{
+	double *p = malloc(sizeof *p);
+	cr_assert_not_null(p);
+	*p = v;
+	atomic_fetch_add(&outputs_made, 1);
+	return p;
+}
+
+static void output_free(void *v)
+{
+	free(v);
+	atomic_fetch_add(&outputs_freed, 1);
+}
+
+static int output_rebuild(adg_recompute_call *call, void *user)
+{
+	(void)user;
+	call->output = output_new(*(double *)call->parent_outputs[0]);
+	return 0;
+}
+
+/* ------------------------------------------- outputs of consumed parents */
+
+/* p = a (a product of one factor) that offers its value as its output. */
+static scalar offering(scalar a)
+{
+	adg_output out = {output_new(a.value), output_free, NULL, 0};
+	adg_op_options opt = {.output = &out};
+	adg_step st = {prod_backward, prod_release, prod_step_new(&a, 1)};
+	scalar p = {.value = a.value};
+	cr_assert_eq(adg_op_with(reg, &a.node, 1, &st, &opt, &p.node), 0);
+	cr_assert_eq(adg_node_id(p.node, &p.id), 0);
+	return p;
+}
+
+static int want_backward(adg_step_call *call, void *user)
+{
+	void *x;
+	int rc = adg_output_get(call, call->parent_ids[0], &x);
+	return rc != 0 ? rc : prod_backward(call, user);
+}
+
+/* A child of p that needs p's output: one whose step asks for it, or one
+ * whose own output is rebuilt from it. On error, frees what it made. */
+static int child_of(scalar p, bool rebuild, adg_node **out)
+{
+	static const uint32_t slot0 = 0;
+	adg_output o = {NULL, output_free, output_rebuild, 0};
+	adg_op_options opt = {.want_parents = &slot0, .n_want_parents = 1};
+	adg_step st = {want_backward, prod_release, prod_step_new(&p, 1)};
+	if (rebuild) {
+		o.value = output_new(p.value);
+		opt = (adg_op_options){.output = &o};
+		st.backward = prod_backward;
+	}
+	int rc = adg_op_with(reg, &p.node, 1, &st, &opt, out);
+	if (rc != 0) {
+		prod_release(st.user);
+		if (o.value != NULL)
+			output_free(o.value);
+	}
+	return rc;
+}
+
+/* Whether a node offers an output is fixed when it is registered: naming a
+ * parent whose step was consumed is accepted, as adg_op accepts one, and
+ * only the child's backward fails. adg_op_with read the parent's record,
+ * which the consuming backward had freed. */
+CHECKED_TEST(regress, op_with_accepts_a_consumed_parent)
+{
+	scalar a = s_leaf(reg, 3);
+	scalar p = offering(a);
+	adg_grads *g;
+	cr_assert_eq(s_backward(reg, p, &g), 0);
+	cr_expect_eq(s_grad(g, a), 1);
+	adg_grads_free(g);
+	for (int rebuild = 0; rebuild < 2; rebuild++) {
+		adg_node *c;
+		int rc = child_of(p, rebuild, &c);
+		cr_expect_eq(rc, 0, "rebuild %d: %s", rebuild,
+			     adg_strerror(rc));
+		if (rc != 0)
+			continue;
+		cr_expect_eq(
+			adg_backward(reg, c, scalar_box(1), &scalar_ops, &g),
+			ADG_EUNAVAILABLE);
+		assert_stats(reg, 3, 1, 1); /* nothing taken */
+		cr_expect_eq(adg_node_unref(c), 0);
+	}
+	s_drop(p);
+	s_drop(a);
+	assert_stats(reg, 0, 0, 0);
+}
+
+/* The same while the backward runs: each round, one thread makes children
+ * of p until the other's backward, which consumes p, has returned. Both
+ * wait for each other before starting, so that they overlap. */
+#ifdef __SANITIZE_THREAD__
+#define RACE_ROUNDS 10000
+#else
+#define RACE_ROUNDS 20000
+#endif
+#define RACE_KIDS 16
+static scalar race_p;
+static adg_node *race_kids[RACE_KIDS];
+static int race_n_kids;
+static atomic_int race_go, race_ready, race_made;
+static atomic_bool race_consumed;
+static atomic_long refused, wrong;
+
+static void *race_maker(void *arg)
+{
+	(void)arg;
+	for (int round = 1; round <= RACE_ROUNDS; round++) {
+		while (atomic_load(&race_go) != round)
+			sched_yield();
+		atomic_store(&race_ready, round);
+		int n = 0;
+		bool done;
+		do {
+			/* Read first: the last child comes after the backward
+			 * returned, the others while it may still run. Relaxed,
+			 * so that nothing orders the backward before the
+			 * children and ThreadSanitizer sees what the library
+			 * leaves unordered. The yield lets the backward run
+			 * when both threads share a CPU. */
+			done = atomic_load_explicit(&race_consumed,
+						    memory_order_relaxed);
+			if (child_of(race_p, n % 2, &race_kids[n]) != 0)
+				atomic_fetch_add(&refused, 1);
+			n++;
+			sched_yield();
+		} while (!done && n < RACE_KIDS);
+		race_n_kids = n;
+		atomic_store(&race_made, round);
+	}
+	return NULL;
+}
+
+CHECKED_TEST(regress, op_with_races_the_backward_that_consumes_a_parent)
+{
+	pthread_t maker;
+	cr_assert_eq(pthread_create(&maker, NULL, race_maker, NULL), 0);
+	for (int round = 1; round <= RACE_ROUNDS; round++) {
+		scalar a = s_leaf(reg, 3);
+		race_p = offering(a);
+		/* p itself, or a child of p made before the round: both tapes
+		 * take p's step. */
+		bool from_child = round % 2;
+		scalar c0 = from_child ? s_mul(reg, race_p, a) : race_p;
+		atomic_store(&race_consumed, false);
+		atomic_store(&race_go, round);
+		while (atomic_load(&race_ready) != round)
+			sched_yield();
+		adg_grads *g;
+		void *v;
+		int rc = s_backward(reg, c0, &g);
+		atomic_store(&race_consumed, true);
+		if (rc != 0 || adg_grads_get(g, a.id, &v) != 0 ||
+		    *(double *)v != (from_child ? 2 * a.value : 1))
+			atomic_fetch_add(&wrong, 1);
+		adg_grads_free(g);
+		while (atomic_load(&race_made) != round)
+			sched_yield();
+		for (int i = 0; i < race_n_kids; i++) {
+			if (race_kids[i] == NULL)
+				continue;
+			if (adg_backward(reg, race_kids[i], scalar_box(1),
+					 &scalar_ops, &g) != ADG_EUNAVAILABLE)
+				atomic_fetch_add(&wrong, 1);
+			adg_grads_free(g);
+			adg_node_unref(race_kids[i]);
+		}
+		if (from_child)
+			s_drop(c0);
+		s_drop(race_p);
+		s_drop(a);
+	}
+	pthread_join(maker, NULL);
+	cr_expect_eq(atomic_load(&refused), 0,
+		     "adg_op_with refused a consumed parent %ld times",
+		     atomic_load(&refused));
+	cr_expect_eq(atomic_load(&wrong), 0, "%ld wrong backward results",
+		     atomic_load(&wrong));
+	assert_stats(reg, 0, 0, 0);
+}
