@@ -291,12 +291,15 @@ typedef struct adg_grad_ops {
 } adg_grad_ops;
 
 /* Runs a backward from root with seed as root's gradient (non-NULL).
- * Takes every step reachable from root through unconsumed steps, once each,
- * and runs them deepest first on this thread, with no lock held; they are
- * consumed. On success *out is a new container holding the gradients of the
- * leaves reached (a non-leaf node's gradient is freed once its step has run);
- * the caller frees it with adg_grads_free. A root that is a leaf gives a
- * container holding just seed. ops is copied.
+ * The caller holds a reference to root when it calls; the backward holds
+ * its own until it returns, so a step (or another thread) may drop the
+ * caller's meanwhile. Takes every step reachable from root through
+ * unconsumed steps, once each, and runs them deepest first on this thread,
+ * with no lock held; they are consumed. On success *out is a new container
+ * holding the gradients of the leaves reached (a non-leaf node's gradient
+ * is freed once its step has run); the caller frees it with
+ * adg_grads_free. A root that is a leaf gives a container holding just
+ * seed. ops is copied.
  * seed is owned by libadg from the call on and freed with ops->free on
  * error, except when ops is NULL or lacks a callback.
  * Errors: ADG_EINVAL, ADG_EFOREIGN (root of another registry),

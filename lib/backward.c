@@ -300,6 +300,16 @@ static void drop_tape_links(struct adg_shard *shard, struct adg_tape *t,
 				      t->sorted[i]->tape_links);
 }
 
+/*
+ * Runs the taken tape. What it touches after calling out to user code (a
+ * step, a release, a recompute, the hook, ops) stays alive whatever that
+ * code does: each non-root tape node is held by its tape children's
+ * references until drop_tape_links, the root by the backward's own
+ * reference (adg_backward_with), the records by the tape (only this
+ * backward owns a consumed node's record), the scratch by this call (a
+ * nested backward finds the shard's tape taken and uses its own), and
+ * grads by this thread (no step sees the container outside its call).
+ */
 static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 	       void *seed, const adg_grad_ops *ops, const struct ready *ready,
 	       adg_grads *grads)
@@ -413,6 +423,10 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 	shard->tape_cache = NULL;
 	if (t == NULL)
 		t = calloc(1, sizeof *t);
+	/* The backward's own reference to root, for as long as it runs: a
+	 * step may drop the caller's last one. Relaxed: the caller holds a
+	 * reference during the call, so the count is above zero. */
+	atomic_fetch_add_explicit(&root->refs, 1, memory_order_relaxed);
 	size_t len = 0;
 	rc = t == NULL ? ADG_ENOMEM
 		       : take(shard, t, root, ops, ready != NULL, &len, &grads);
@@ -420,6 +434,7 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 		ops->free(seed, ops->ctx);
 	else
 		rc = run(shard, t, len, seed, ops, ready, grads);
+	adg_node_release(shard, root);
 	if (shard->tape_cache == NULL)
 		shard->tape_cache = t;
 	else

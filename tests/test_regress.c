@@ -215,3 +215,122 @@ CHECKED_TEST(regress, op_with_races_the_backward_that_consumes_a_parent)
 		     atomic_load(&wrong));
 	assert_stats(reg, 0, 0, 0);
 }
+
+/* ------------------------------------------ a step drops its root's handle */
+
+/* The root's step: root = 2 * (the sum of its parents). It registers the
+ * gradients, drops the caller's only handle to the root, then at once makes
+ * a node of the root's size, which takes the root's memory if the root was
+ * freed. A root that offers an output (2) checks it last. */
+struct self_drop {
+	adg_node **root;
+	adg_node *const *parents;
+	size_t n;
+	bool offers;
+	adg_node *made;
+	atomic_int runs, releases, made_releases;
+};
+
+static int noop_backward(adg_step_call *call, void *user)
+{
+	(void)call;
+	(void)user;
+	return 0;
+}
+
+static void count_release(void *user)
+{
+	atomic_fetch_add((atomic_int *)user, 1);
+}
+
+static void self_drop_release(void *user)
+{
+	struct self_drop *d = user;
+	atomic_fetch_add(&d->releases, 1);
+}
+
+static int self_drop_backward(adg_step_call *call, void *user)
+{
+	struct self_drop *d = user;
+	void *k = NULL;
+	atomic_fetch_add(&d->runs, 1);
+	if (d->offers && adg_output_get(call, call->node_id, &k) != 0)
+		return ADG_EUSER;
+	double g = call->grad ? *(double *)call->grad : 0;
+	for (size_t i = 0; i < call->n_parents; i++) {
+		int rc = adg_grads_register(call->grads, call->parent_ids[i],
+					    scalar_box(2 * g));
+		if (rc != 0)
+			return rc;
+	}
+	cr_assert_eq(adg_node_unref(*d->root), 0);
+	*d->root = NULL;
+	adg_step st = {noop_backward, count_release, &d->made_releases};
+	cr_assert_eq(adg_op(call->registry, d->parents, d->n, &st, &d->made),
+		     0);
+	/* The output stays valid until the step returns. */
+	return k != NULL && *(double *)k != 2 ? ADG_EUSER - 1 : 0;
+}
+
+/* The backward holds the root to its end: the step's drop is not the last,
+ * and the root goes when adg_backward returns. run() used to go on with the
+ * root after its step: with fewer than 4 parents the freed root went to the
+ * node cache and the step's new node took it, so run() released the new
+ * node's step (and never the root's); with more it read freed memory; and
+ * the root's output, which the step still reads, went with the root. */
+static void step_drops_root(size_t n, bool offers)
+{
+	scalar x[6];
+	adg_node *parents[6], *root;
+	cr_assert(n <= 6);
+	for (size_t i = 0; i < n; i++) {
+		x[i] = s_leaf(reg, (double)i + 1);
+		parents[i] = x[i].node;
+	}
+	struct self_drop d = {
+		.root = &root, .parents = parents, .n = n, .offers = offers};
+	adg_step st = {self_drop_backward, self_drop_release, &d};
+	if (offers) {
+		adg_output out = {output_new(2), output_free, NULL, 0};
+		adg_op_options opt = {.output = &out, .want_self = 1};
+		cr_assert_eq(adg_op_with(reg, parents, n, &st, &opt, &root), 0);
+	} else {
+		cr_assert_eq(adg_op(reg, parents, n, &st, &root), 0);
+	}
+	adg_grads *g;
+	int rc = adg_backward(reg, root, scalar_box(1), &scalar_ops, &g);
+	cr_expect_eq(rc, 0, "backward: %d (%s)", rc, adg_strerror(rc));
+	cr_expect_null(root, "the step dropped the caller's handle");
+	cr_expect_eq(atomic_load(&d.runs), 1);
+	cr_expect_eq(atomic_load(&d.releases), 1, "root's step released %d",
+		     atomic_load(&d.releases));
+	cr_expect_eq(atomic_load(&d.made_releases), 0,
+		     "the new node's step released while it lives");
+	assert_stats(reg, n + 1, 1, 1); /* the leaves and the new node */
+	for (size_t i = 0; rc == 0 && i < n; i++)
+		cr_expect_eq(s_grad(g, x[i]), 2);
+	adg_grads_free(g);
+	cr_assert_not_null(d.made);
+	cr_expect_eq(adg_node_unref(d.made), 0);
+	cr_expect_eq(atomic_load(&d.made_releases), 1,
+		     "the new node's step released %d times",
+		     atomic_load(&d.made_releases));
+	for (size_t i = 0; i < n; i++)
+		s_drop(x[i]);
+	assert_stats(reg, 0, 0, 0);
+}
+
+CHECKED_TEST(regress, step_drops_last_handle_of_one_parent_root)
+{
+	step_drops_root(1, false);
+}
+
+CHECKED_TEST(regress, step_drops_last_handle_of_six_parent_root)
+{
+	step_drops_root(6, false);
+}
+
+CHECKED_TEST(regress, step_drops_last_handle_of_root_with_output)
+{
+	step_drops_root(1, true);
+}
