@@ -402,6 +402,33 @@ int adg_graph_place(struct adg_shard *shard, struct adg_node *node)
 	return place_with(shard, node, only);
 }
 
+/* node->graph with acquire ordering, for the lock-free reader below, whose
+ * loads of other locations must stay after it (rcu_dereference orders only
+ * loads through the pointer). */
+static struct adg_graph *graph_of_acquire(const struct adg_node *n)
+{
+	struct adg_graph *g = __atomic_load_n(&n->graph, __ATOMIC_ACQUIRE);
+	if (g != NULL)
+		adg_tsan_acquire(g);
+	return g;
+}
+
+/*
+ * A seqlock read of the node's graph id. A graph object changes identity
+ * only by retiring (gen moves on, after every member has left it) and being
+ * reused; a node leaves a graph only when the graph retires (a merge moves
+ * every member) or for good (consumed or freed: NULL). So:
+ * - gen read, then the node seen in g: the node is in the incarnation of g
+ *   that gen names, not in an earlier one (whose members had all left
+ *   before gen moved on). Reading the pointer once, before gen, is not
+ *   enough: the reader may have stalled across the node's move out of g,
+ *   g's retirement and reuse, and a merge that brought the node back, and
+ *   would then take the origin of a graph the node was not in yet.
+ * - the node still in g and gen unchanged after the origin is read: the
+ *   node was in that one incarnation throughout, so the origin read is an
+ *   id its graph had meanwhile.
+ * Every load is acquire, so none moves before the one ahead of it.
+ */
 int adg_node_graph_id(const adg_node *node, uint64_t *graph_id)
 {
 	if (node == NULL || graph_id == NULL)
@@ -411,19 +438,19 @@ int adg_node_graph_id(const adg_node *node, uint64_t *graph_id)
 
 	rcu_read_lock();
 	for (;;) {
-		struct adg_graph *g = graph_of(node);
+		struct adg_graph *g = graph_of_acquire(node);
 		if (g == NULL) {
 			id = 0;
 			break;
 		}
-		/* A seqlock read: the origin counts only if the node still
-		 * points at g and g did not retire meanwhile. Otherwise the
-		 * node moved (a merge republished it) or g became another
-		 * graph: read again. Acquire keeps the three loads in order. */
+		ADG_TEST_POINT(ADG_TP_GRAPH_ID_LOADED);
 		uint64_t gen =
 			atomic_load_explicit(&g->gen, memory_order_acquire);
+		if (graph_of_acquire(node) != g)
+			continue;
 		id = atomic_load_explicit(&g->origin, memory_order_acquire);
-		if (graph_of(node) == g &&
+		ADG_TEST_POINT(ADG_TP_GRAPH_ID_ORIGIN_READ);
+		if (graph_of_acquire(node) == g &&
 		    atomic_load_explicit(&g->gen, memory_order_acquire) == gen)
 			break;
 	}

@@ -66,6 +66,28 @@ void __tsan_release(void *addr);
 #define adg_tsan_release(p) ((void)(p))
 #endif
 
+/*
+ * Interleaving points. A white-box test compiles lib/ with ADG_TEST_HOOKS
+ * and sets adg_test_point, which each point then calls: the test runs
+ * another thread's work at the exact instant where a thread could stall,
+ * and so checks an interleaving that a stress test would rarely hit. In
+ * the library they compile to nothing.
+ */
+enum adg_test_point {
+	ADG_TP_GRAPH_ID_LOADED,	     /* adg_node_graph_id has read the graph */
+	ADG_TP_GRAPH_ID_ORIGIN_READ, /* ... and then its origin */
+};
+#ifdef ADG_TEST_HOOKS
+extern void (*adg_test_point)(enum adg_test_point where);
+#define ADG_TEST_POINT(where)                                                  \
+	do {                                                                   \
+		if (adg_test_point != NULL)                                    \
+			adg_test_point(where);                                 \
+	} while (0)
+#else
+#define ADG_TEST_POINT(where) ((void)0)
+#endif
+
 struct adg_shard;
 struct adg_graph;
 

@@ -1,0 +1,106 @@
+/*
+ * White-box interleavings: this test compiles lib/ itself with
+ * ADG_TEST_HOOKS, so that the library calls adg_test_point at its
+ * interleaving points (lib/internal.h). The hook runs, on the reader's own
+ * thread, the work another thread could do while the reader is stalled
+ * there; an interleaving that a stress test hits once in a blue moon runs
+ * here every time.
+ */
+#include "internal.h"
+
+#include <criterion/criterion.h>
+
+void (*adg_test_point)(enum adg_test_point where);
+
+static int no_backward(adg_step_call *call, void *user)
+{
+	(void)call;
+	(void)user;
+	return 0;
+}
+
+static adg_node *op(adg_registry *r, adg_node *a, adg_node *b)
+{
+	adg_node *parents[] = {a, b}, *out;
+	adg_step step = {.backward = no_backward};
+	cr_assert_eq(adg_op(r, parents, b != NULL ? 2 : 1, &step, &out), 0);
+	return out;
+}
+
+static uint64_t id_of(adg_node *n)
+{
+	uint64_t id;
+	cr_assert_eq(adg_node_id(n, &id), 0);
+	return id;
+}
+
+/* The scenario: n alone in graph a; b a bigger graph with an older origin.
+ * While a reader of n's graph id is stalled, n is merged into b (a
+ * retires), a is reused at once by a new graph p that outgrows b, and b is
+ * merged into p's graph: n is back in the object a, whose origin is p's
+ * until the second merge lowers it. */
+static struct {
+	adg_registry *r;
+	adg_node *leaf, *n, *b_tip, *m, *p_tip, *q;
+	adg_node *made[8];
+	int n_made;
+	struct adg_graph *a;
+	int stage; /* hooks run so far */
+} sc;
+
+static void stalled_reader_hook(enum adg_test_point where)
+{
+	if (where == ADG_TP_GRAPH_ID_LOADED && sc.stage == 0) {
+		sc.stage = 1;
+		adg_test_point = NULL; /* the hook's own calls read no ids */
+		sc.m = op(sc.r, sc.n, sc.b_tip); /* a retires into b */
+		adg_node *p = op(sc.r, sc.leaf, NULL);
+		cr_assert_eq(p->graph, sc.a, "the retired graph is reused");
+		sc.made[sc.n_made++] = p;
+		for (int i = 0; i < 5; i++) {
+			p = op(sc.r, p, NULL);
+			sc.made[sc.n_made++] = p;
+		}
+		sc.p_tip = p;
+		adg_test_point = stalled_reader_hook;
+	} else if (where == ADG_TP_GRAPH_ID_ORIGIN_READ && sc.stage == 1) {
+		sc.stage = 2;
+		adg_test_point = NULL;
+		sc.q = op(sc.r, sc.m, sc.p_tip); /* b (5) into a (6) */
+		cr_assert_eq(sc.n->graph, sc.a, "n is back in the object a");
+	}
+}
+
+Test(interleave, graph_id_reader_stalled_across_retire_reuse_and_merge)
+{
+	cr_assert_eq(adg_registry_new(NULL, &sc.r), 0);
+	cr_assert_eq(adg_leaf(sc.r, &sc.leaf), 0);
+	adg_node *b1 = op(sc.r, sc.leaf, NULL);
+	adg_node *b2 = op(sc.r, b1, NULL);
+	sc.b_tip = op(sc.r, b2, NULL);
+	sc.n = op(sc.r, sc.leaf, NULL);
+	sc.a = sc.n->graph;
+	uint64_t n_id = id_of(sc.n), b_origin = id_of(b1);
+	cr_assert_lt(b_origin, n_id);
+
+	adg_test_point = stalled_reader_hook;
+	uint64_t got;
+	cr_assert_eq(adg_node_graph_id(sc.n, &got), 0);
+	adg_test_point = NULL;
+	cr_assert_eq(sc.stage, 2, "both stalls happened");
+
+	/* The ids n's graph had during the call: its own, then b's. */
+	cr_expect(got == n_id || got == b_origin,
+		  "graph id %llu: n's graph had only %llu and %llu",
+		  (unsigned long long)got, (unsigned long long)n_id,
+		  (unsigned long long)b_origin);
+	cr_assert_eq(adg_node_graph_id(sc.n, &got), 0);
+	cr_expect_eq(got, b_origin);
+
+	adg_node *all[] = {b1, b2, sc.b_tip, sc.n, sc.m, sc.q, sc.leaf};
+	for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+		adg_node_unref(all[i]);
+	for (int i = 0; i < sc.n_made; i++)
+		adg_node_unref(sc.made[i]);
+	cr_assert_eq(adg_registry_free(sc.r), 0);
+}
