@@ -70,8 +70,11 @@ typedef struct adg_grads adg_grads;	  /* gradients of one backward */
 
 /* ---------------------------------------------------------------- registry */
 
-/* Memory for nodes, graphs and gradient containers. alloc returns NULL on
- * failure; free receives the size that was asked of alloc. Both may be
+/* Every allocation libadg makes for a registry: the registry itself, each
+ * thread's slice of it, nodes, graphs, checkpointing records, backward
+ * scratch and gradient containers. (liburcu keeps per-thread state of its
+ * own, with malloc.) alloc returns NULL on failure, or memory aligned as
+ * malloc's is; free receives the size that was asked of alloc. Both may be
  * called from any thread, and free from liburcu's call_rcu thread; neither
  * may call into libadg. */
 typedef struct adg_allocator {
@@ -93,9 +96,9 @@ enum adg_checkpointing {
 
 /* Zero-initialise, then set what you need. */
 typedef struct adg_registry_options {
-	/* Both callbacks, or neither (malloc and free). A gradient container
-	 * uses it too, so it must outlive every container, even one freed
-	 * after its registry. */
+	/* Both callbacks, or neither (malloc and free). adg_registry_free
+	 * gives back all that the registry took, except gradient containers,
+	 * which may outlive it: the allocator must outlive every container. */
 	adg_allocator allocator;
 	/* Largest node id to hand out; 0 means UINT64_MAX. Ids start at 1 and
 	 * are handed to threads in batches, so a thread may see ADG_ENOIDS
@@ -111,7 +114,8 @@ typedef struct adg_registry_options {
 ADG_API int adg_registry_new(const adg_registry_options *options,
 			     adg_registry **out);
 
-/* Frees a registry that has no live node (unref every handle first).
+/* Frees a registry that has no live node (unref every handle first), and
+ * everything it allocated but the gradient containers still held.
  * NULL is a no-op that returns 0. Must not run concurrently with any other
  * call on the same registry, nor inside a step or an RCU read-side section;
  * it waits for pending deferred frees (rcu_barrier).

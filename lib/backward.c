@@ -15,7 +15,6 @@
  */
 #include "internal.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 /* A leaf's contributions still to come, for the ready hook. */
@@ -24,7 +23,8 @@ struct leaf_pending {
 	uint32_t pending;
 };
 
-/* Scratch arrays, reused by a thread's backward passes (kept on its shard). */
+/* Scratch arrays, reused by a thread's backward passes (kept on its shard).
+ * All from the registry's allocator. */
 struct adg_tape {
 	struct adg_node **walked; /* in walk order */
 	struct adg_node **sorted; /* deepest first, walk order within a depth */
@@ -34,6 +34,10 @@ struct adg_tape {
 	/* With a ready hook: open addressing by leaf id, a power of two. */
 	struct leaf_pending *leaves;
 	size_t leaves_cap;
+	/* With checkpointing: a recompute's parent outputs, as many as the
+	 * most parents a tape node has. */
+	void **outputs;
+	size_t outputs_cap;
 };
 
 /* The hook of one backward, if any. */
@@ -43,41 +47,77 @@ struct ready {
 	bool leaves_only;
 };
 
-void adg_tape_free(struct adg_tape *t)
+void adg_tape_free(struct adg_registry *r, struct adg_tape *t)
 {
 	if (t == NULL)
 		return;
-	free(t->walked);
-	free(t->sorted);
-	free(t->per_depth);
-	free(t->leaves);
-	free(t);
+	/* A capacity is 0 exactly when its array was never allocated. */
+	if (t->nodes_cap != 0) {
+		adg_free(r, t->walked, t->nodes_cap * sizeof *t->walked);
+		adg_free(r, t->sorted, t->nodes_cap * sizeof *t->sorted);
+	}
+	if (t->depth_cap != 0)
+		adg_free(r, t->per_depth, t->depth_cap * sizeof *t->per_depth);
+	if (t->leaves_cap != 0)
+		adg_free(r, t->leaves, t->leaves_cap * sizeof *t->leaves);
+	if (t->outputs_cap != 0)
+		adg_free(r, t->outputs, t->outputs_cap * sizeof *t->outputs);
+	adg_free(r, t, sizeof *t);
 }
 
-static bool tape_reserve_nodes(struct adg_tape *t, size_t n)
+/* The allocator has no realloc: a new array of new_bytes, the old one
+ * (old_bytes, nothing kept) freed. NULL on failure, old then untouched. */
+static void *regrow(struct adg_registry *r, void *old, size_t old_bytes,
+		    size_t new_bytes)
 {
-	if (n <= t->nodes_cap)
-		return true;
+	void *fresh = adg_alloc(r, new_bytes);
+	if (fresh != NULL && old != NULL)
+		adg_free(r, old, old_bytes);
+	return fresh;
+}
+
+/* Grows the node arrays to hold n; the first `kept` walked ones stay. All
+ * or nothing. Out of line: the walk checks the capacity once per node. */
+__attribute__((noinline)) static bool tape_grow_nodes(struct adg_registry *r,
+						      struct adg_tape *t,
+						      size_t n, size_t kept)
+{
 	size_t cap = t->nodes_cap ? t->nodes_cap : 64;
 	while (cap < n)
 		cap *= 2;
-	struct adg_node **w = realloc(t->walked, cap * sizeof *w);
-	if (w == NULL)
+	struct adg_node **walked = adg_alloc(r, cap * sizeof *walked);
+	if (walked == NULL)
 		return false;
-	t->walked = w;
-	struct adg_node **s = realloc(t->sorted, cap * sizeof *s);
-	if (s == NULL)
+	struct adg_node **sorted =
+		regrow(r, t->sorted, t->nodes_cap * sizeof *sorted,
+		       cap * sizeof *sorted);
+	if (sorted == NULL) {
+		adg_free(r, walked, cap * sizeof *walked);
 		return false;
-	t->sorted = s;
+	}
+	if (t->walked != NULL) {
+		memcpy(walked, t->walked, kept * sizeof *walked);
+		adg_free(r, t->walked, t->nodes_cap * sizeof *walked);
+	}
+	t->walked = walked;
+	t->sorted = sorted;
 	t->nodes_cap = cap;
 	return true;
 }
 
-static bool tape_reserve_depths(struct adg_tape *t, size_t n)
+static inline bool tape_reserve_nodes(struct adg_registry *r,
+				      struct adg_tape *t, size_t n, size_t kept)
+{
+	return adg_likely(n <= t->nodes_cap) || tape_grow_nodes(r, t, n, kept);
+}
+
+static bool tape_reserve_depths(struct adg_registry *r, struct adg_tape *t,
+				size_t n)
 {
 	if (n <= t->depth_cap)
 		return true;
-	size_t *d = realloc(t->per_depth, n * sizeof *d);
+	size_t *d = regrow(r, t->per_depth, t->depth_cap * sizeof *d,
+			   n * sizeof *d);
 	if (d == NULL)
 		return false;
 	t->per_depth = d;
@@ -85,19 +125,35 @@ static bool tape_reserve_depths(struct adg_tape *t, size_t n)
 	return true;
 }
 
+static bool tape_reserve_outputs(struct adg_registry *r, struct adg_tape *t,
+				 size_t n)
+{
+	if (n <= t->outputs_cap)
+		return true;
+	void **o = regrow(r, t->outputs, t->outputs_cap * sizeof *o,
+			  n * sizeof *o);
+	if (o == NULL)
+		return false;
+	t->outputs = o;
+	t->outputs_cap = n;
+	return true;
+}
+
 /* Room for the leaf counts of up to n leaf slots, at load 1/2 or less. */
-static bool tape_reserve_leaves(struct adg_tape *t, size_t n)
+static bool tape_reserve_leaves(struct adg_registry *r, struct adg_tape *t,
+				size_t n)
 {
 	size_t cap = 16;
 	while (cap < 2 * n)
 		cap *= 2;
-	if (cap > t->leaves_cap) {
-		struct leaf_pending *l = realloc(t->leaves, cap * sizeof *l);
-		if (l == NULL)
-			return false;
-		t->leaves = l;
-		t->leaves_cap = cap;
-	}
+	if (cap <= t->leaves_cap)
+		return true;
+	struct leaf_pending *l = regrow(r, t->leaves, t->leaves_cap * sizeof *l,
+					cap * sizeof *l);
+	if (l == NULL)
+		return false;
+	t->leaves = l;
+	t->leaves_cap = cap;
 	return true;
 }
 
@@ -165,24 +221,35 @@ static int fire_parents(const struct ready *r, struct adg_tape *t,
 	return 0;
 }
 
+/* What a walk asks of the tape's scratch besides the nodes. */
+struct walk_needs {
+	bool counting;	  /* a ready hook: leaf counts */
+	bool checkpoints; /* the registry uses checkpointing: recompute */
+};
+
 /* Walks from root, in graph g (locked), through unconsumed steps, marking
  * each VISITING once and counting in tape_links the tape's slots that name
  * it. Fills t->walked, *len, and *leaf_slots (parent slots that name
- * leaves: a bound on the leaf gradients to come). On error every mark is
- * undone. */
+ * leaves: a bound on the leaf gradients to come), and reserves every
+ * scratch array the backward will use, so that running it never
+ * allocates. On error every mark is undone. */
 static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
-		bool counting, size_t *len, size_t *leaf_slots)
+		struct walk_needs needs, size_t *len, size_t *leaf_slots)
 {
+	struct adg_registry *r = root->registry;
 	size_t n = 0, leaves = 0;
+	uint32_t most_parents = 0;
 	int rc = 0;
 
-	if (!tape_reserve_nodes(t, 1))
+	if (!tape_reserve_nodes(r, t, 1, 0))
 		return ADG_ENOMEM;
 	root->state = ADG_NODE_VISITING;
 	root->tape_links = 0;
 	t->walked[n++] = root;
 	for (size_t i = 0; i < n && rc == 0; i++) {
 		struct adg_node *node = t->walked[i];
+		if (node->n_parents > most_parents)
+			most_parents = node->n_parents;
 		for (uint32_t k = 0; k < node->n_parents; k++) {
 			struct adg_node *p = node->parents[k];
 			if (p == NULL) {
@@ -202,7 +269,7 @@ static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
 				p->tape_links++;
 				continue;
 			}
-			if (!tape_reserve_nodes(t, n + 1)) {
+			if (!tape_reserve_nodes(r, t, n + 1, n)) {
 				rc = ADG_ENOMEM;
 				break;
 			}
@@ -211,8 +278,10 @@ static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
 			t->walked[n++] = p;
 		}
 	}
-	if (rc == 0 && (!tape_reserve_depths(t, (size_t)root->depth + 1) ||
-			(counting && !tape_reserve_leaves(t, leaves))))
+	if (rc == 0 &&
+	    (!tape_reserve_depths(r, t, (size_t)root->depth + 1) ||
+	     (needs.counting && !tape_reserve_leaves(r, t, leaves)) ||
+	     (needs.checkpoints && !tape_reserve_outputs(r, t, most_parents))))
 		rc = ADG_ENOMEM;
 	if (rc != 0) {
 		for (size_t i = 0; i < n; i++)
@@ -254,14 +323,20 @@ static int take(struct adg_shard *shard, struct adg_tape *t,
 		struct adg_node *root, const adg_grad_ops *ops, bool counting,
 		size_t *len, adg_grads **grads)
 {
+	struct adg_registry *r = root->registry;
+	/* Relaxed: set once, before any node with a record is published. */
+	struct walk_needs needs = {
+		.counting = counting,
+		.checkpoints = atomic_load_explicit(&r->uses_checkpoints,
+						    memory_order_relaxed),
+	};
 	struct adg_graph *g = adg_graph_lock_of(root);
 	if (g == NULL)
 		return ADG_ECONSUMED;
 	size_t leaf_slots;
-	int rc = walk(t, g, root, counting, len, &leaf_slots);
+	int rc = walk(t, g, root, needs, len, &leaf_slots);
 	if (rc == 0) {
-		rc = adg_grads_new(root->registry, ops, *len + leaf_slots,
-				   grads);
+		rc = adg_grads_new(r, ops, *len + leaf_slots, grads);
 		if (rc != 0)
 			for (size_t i = 0; i < *len; i++)
 				t->walked[i]->state = ADG_NODE_LIVE;
@@ -281,9 +356,7 @@ static int take(struct adg_shard *shard, struct adg_tape *t,
 	sort_by_depth(t, *len, root->depth);
 	if (counting)
 		count_pending(t, *len);
-	/* Relaxed: set once, before any node with a record is published. */
-	if (atomic_load_explicit(&root->registry->uses_checkpoints,
-				 memory_order_relaxed))
+	if (needs.checkpoints)
 		adg_ckpt_plan(t->sorted, *len);
 	return 0;
 }
@@ -320,7 +393,10 @@ static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 	int rc = 0;
 	/* Recomputing outputs needs a work list as long as the tape; the walk
 	 * order is no longer needed, so its array serves. */
-	struct adg_backward_context ctx = {NULL, t->walked, len};
+	struct adg_backward_context ctx = {
+		.stack = t->walked,
+		.outputs = t->outputs,
+	};
 
 	if (ready != NULL && !ready->leaves_only) {
 		rc = adg_callback_result(
@@ -364,6 +440,28 @@ static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 	return rc;
 }
 
+/* A root that is a leaf: the container holds just the seed. */
+static int backward_of_leaf(struct adg_registry *registry, uint64_t id,
+			    void *seed, const adg_grad_ops *ops,
+			    const struct ready *ready, adg_grads **out)
+{
+	adg_grads *grads;
+	int rc = adg_grads_new(registry, ops, 1, &grads);
+	if (rc != 0) {
+		ops->free(seed, ops->ctx);
+		return rc;
+	}
+	rc = adg_grads_register(grads, id, seed);
+	if (rc == 0 && ready != NULL)
+		rc = fire(ready, grads, id);
+	if (rc != 0) {
+		adg_grads_free(grads);
+		return rc;
+	}
+	*out = grads;
+	return 0;
+}
+
 int adg_backward(adg_registry *registry, adg_node *root, void *seed,
 		 const adg_grad_ops *ops, adg_grads **out)
 {
@@ -377,19 +475,21 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 	if (out != NULL)
 		*out = NULL;
 	if (ops == NULL || ops->add == NULL || ops->free == NULL)
-		return ADG_EINVAL;
-	int rc = 0;
-	if (registry == NULL || root == NULL || seed == NULL || out == NULL)
+		return ADG_EINVAL; /* no way to free seed */
+	int rc;
+	struct adg_shard *shard;
+	if (registry == NULL || root == NULL || seed == NULL || out == NULL) {
 		rc = ADG_EINVAL;
-	else if (root->registry != registry)
+		goto out_free_seed;
+	}
+	if (root->registry != registry) {
 		rc = ADG_EFOREIGN;
-	struct adg_shard *shard = rc == 0 ? adg_shard_get(registry) : NULL;
-	if (rc == 0 && shard == NULL)
+		goto out_free_seed;
+	}
+	shard = adg_shard_get(registry);
+	if (shard == NULL) {
 		rc = ADG_ENOMEM;
-	if (rc != 0) {
-		if (seed != NULL)
-			ops->free(seed, ops->ctx);
-		return rc;
+		goto out_free_seed;
 	}
 
 	struct ready hook = {0};
@@ -399,37 +499,29 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 				      options->leaves_only != 0};
 		ready = &hook;
 	}
-
-	adg_grads *grads = NULL;
-	if (adg_node_is_leaf(root)) {
-		rc = adg_grads_new(registry, ops, 1, &grads);
-		if (rc == 0)
-			rc = adg_grads_register(grads, root->id, seed);
-		else
-			ops->free(seed, ops->ctx);
-		if (rc == 0 && ready != NULL)
-			rc = fire(ready, grads, root->id);
-		if (rc != 0) {
-			adg_grads_free(grads);
-			return rc;
-		}
-		*out = grads;
-		return 0;
-	}
+	if (adg_node_is_leaf(root))
+		return backward_of_leaf(registry, root->id, seed, ops, ready,
+					out);
 
 	/* A nested backward (a step calling adg_backward) finds the cache
 	 * taken and uses a tape of its own. */
 	struct adg_tape *t = shard->tape_cache;
 	shard->tape_cache = NULL;
-	if (t == NULL)
-		t = calloc(1, sizeof *t);
+	if (t == NULL) {
+		t = adg_alloc(registry, sizeof *t);
+		if (t == NULL) {
+			rc = ADG_ENOMEM;
+			goto out_free_seed;
+		}
+		*t = (struct adg_tape){0};
+	}
 	/* The backward's own reference to root, for as long as it runs: a
 	 * step may drop the caller's last one. Relaxed: the caller holds a
 	 * reference during the call, so the count is above zero. */
 	atomic_fetch_add_explicit(&root->refs, 1, memory_order_relaxed);
 	size_t len = 0;
-	rc = t == NULL ? ADG_ENOMEM
-		       : take(shard, t, root, ops, ready != NULL, &len, &grads);
+	adg_grads *grads = NULL;
+	rc = take(shard, t, root, ops, ready != NULL, &len, &grads);
 	if (rc != 0)
 		ops->free(seed, ops->ctx);
 	else
@@ -438,11 +530,16 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 	if (shard->tape_cache == NULL)
 		shard->tape_cache = t;
 	else
-		adg_tape_free(t);
+		adg_tape_free(registry, t);
 	if (rc != 0) {
 		adg_grads_free(grads);
 		return rc;
 	}
 	*out = grads;
 	return 0;
+
+out_free_seed:
+	if (seed != NULL)
+		ops->free(seed, ops->ctx);
+	return rc;
 }

@@ -14,8 +14,6 @@
  */
 #include "internal.h"
 
-#include <stdlib.h>
-
 static size_t ckpt_size(size_t n_want_parents)
 {
 	return sizeof(struct adg_ckpt) + n_want_parents * sizeof(uint32_t);
@@ -190,13 +188,10 @@ static int materialise(struct adg_backward_context *ctx,
 			ctx->stack[top++] = missing;
 			continue;
 		}
-		void *inline_outputs[8];
-		void **outputs = inline_outputs;
-		if (n->n_parents > 8) {
-			outputs = malloc(n->n_parents * sizeof *outputs);
-			if (outputs == NULL)
-				return ADG_ENOMEM;
-		}
+		/* Free again once the callback returns: recompute is not
+		 * reentered on this context (a nested backward has its
+		 * own). */
+		void **outputs = ctx->outputs;
 		for (uint32_t k = 0; k < n->n_parents; k++)
 			outputs[k] = n->parents[k] ? n->parents[k]->ckpt->value
 						   : NULL;
@@ -209,8 +204,6 @@ static int materialise(struct adg_backward_context *ctx,
 		};
 		int rc = adg_callback_result(
 			n->ckpt->recompute(&call, n->step.user));
-		if (outputs != inline_outputs)
-			free(outputs);
 		if (rc == 0 && call.output == NULL)
 			rc = ADG_ECALLBACK; /* said yes, gave nothing */
 		if (rc != 0)

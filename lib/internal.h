@@ -280,9 +280,10 @@ struct adg_tape; /* backward.c's reusable scratch */
 /*
  * One thread's slice of a registry: its batch of node ids and its counters,
  * on cache lines no other thread writes. The registry keeps every shard on
- * an append-only list (adg_stats sums them); a thread keeps the shards it
- * owns on its own list. A shard is freed when both have let go (refs); a
- * shard whose thread has exited is adopted by the next new thread.
+ * an append-only list (adg_stats sums them) and frees them all, with its
+ * allocator, in adg_registry_free; a thread finds its shards through the
+ * slots of its struct adg_thread. A shard whose thread has exited (or has
+ * let it go for a slot) is adopted by the next thread that needs one.
  */
 struct adg_shard {
 	_Alignas(ADG_CACHELINE) atomic_uint_fast64_t counters[ADG_C_COUNT];
@@ -302,16 +303,42 @@ struct adg_shard {
 	struct adg_graph *graph_pool;
 	uint32_t graphs_pooled;
 
-	/* Read-mostly, written at adoption and registry teardown. */
+	/* Read-mostly: written at creation and adoption. */
 	_Alignas(ADG_CACHELINE) struct adg_registry *registry;
-	atomic_bool registry_gone;
-	atomic_uint refs; /* 1 for the registry, 1 for an owning thread */
+	bool owned;	  /* a thread's slot holds it; under the threads lock */
+	void *alloc_base; /* what the allocator returned (see zalloc_aligned) */
 	struct adg_shard *next_in_registry;
-	struct adg_shard *next_in_thread;
+};
+
+/* How many registries a thread keeps a shard of at once; past that it
+ * lets go of one (round robin) for the next. */
+#define ADG_THREAD_SLOTS 4
+
+/*
+ * A thread's shards, one slot per registry it uses. Static TLS, allocated
+ * by no one, so no allocator has to outlive it. The owner reads the slots
+ * lock-free; every write to a slot, by the owner or by adg_registry_free
+ * clearing the slots of its registry in every thread, holds the process's
+ * threads lock, which also orders a shard's hand-over between threads.
+ */
+struct adg_thread_slot {
+	/* The slot's registry, NULL when free. Atomic: adg_registry_free
+	 * clears it from another thread while the owner may be comparing it
+	 * with another registry. */
+	struct adg_registry *_Atomic registry;
+	struct adg_shard *shard; /* written and read by the owner only */
+};
+
+struct adg_thread {
+	struct adg_thread_slot slots[ADG_THREAD_SLOTS];
+	struct cds_list_head link; /* in the list of threads, under the lock */
+	bool listed;
+	uint32_t evict_next;
 };
 
 struct adg_registry {
 	adg_allocator allocator;
+	void *alloc_base; /* what the allocator returned for this struct */
 	uint64_t max_node_id;
 	int checkpointing; /* enum adg_checkpointing */
 	/* Set when the first node gets a checkpointing record; until then a
@@ -319,7 +346,7 @@ struct adg_registry {
 	atomic_bool uses_checkpoints;
 	/* Written once per id batch of any thread. */
 	_Alignas(ADG_CACHELINE) atomic_uint_fast64_t next_free_id;
-	/* Written once per thread that starts using the registry. */
+	/* Written once per shard created (under the threads lock). */
 	_Alignas(ADG_CACHELINE) struct adg_shard *_Atomic shards;
 	/* Counts the frees of threads that have no shard (see shared). */
 	struct adg_shard fallback;
@@ -328,21 +355,25 @@ struct adg_registry {
 	char rcu_token;
 };
 
-/* The calling thread's shard of registry, NULL on allocation failure. */
+/* The calling thread's shard of registry when it is not in the first slot;
+ * NULL on allocation failure. */
 struct adg_shard *adg_shard_get_slow(struct adg_registry *registry);
 
-extern __thread struct adg_shard *adg_thread_shards
+extern __thread struct adg_thread adg_this_thread
 	__attribute__((tls_model("initial-exec")));
 
 static inline struct adg_shard *adg_shard_get(struct adg_registry *registry)
 {
-	struct adg_shard *s = adg_thread_shards;
-	/* The thread's most recent shard is first on its list. registry_gone
-	 * tells a freed registry from a new one at the same address. */
-	if (adg_likely(s != NULL && s->registry == registry &&
-		       !atomic_load_explicit(&s->registry_gone,
-					     memory_order_acquire)))
-		return s;
+	struct adg_thread_slot *first = &adg_this_thread.slots[0];
+
+	/* Relaxed: only this thread writes a slot's registry to a registry,
+	 * and adg_registry_free clears only the slots of one that no call may
+	 * use any more; so reading `registry` here means the slot and its
+	 * shard are this thread's. Most threads use one registry: it is in
+	 * the first slot. */
+	if (adg_likely(atomic_load_explicit(&first->registry,
+					    memory_order_relaxed) == registry))
+		return first->shard;
 	return adg_shard_get_slow(registry);
 }
 
@@ -437,7 +468,10 @@ struct adg_ckpt {
 struct adg_backward_context {
 	struct adg_node *node;	 /* whose step runs */
 	struct adg_node **stack; /* recompute's work list, tape-sized */
-	size_t stack_cap;
+	/* A recompute's parent outputs: room for the most parents a tape
+	 * node has, reserved when the tape was taken, so that adg_output_get
+	 * never allocates. */
+	void **outputs;
 };
 
 /* adg_op_with: checks options against the parents and attaches a record
@@ -474,8 +508,8 @@ static inline int adg_callback_result(int rc)
 	return rc > 0 ? ADG_ECALLBACK : rc;
 }
 
-/* Releases the tape scratch of a shard being freed. */
-void adg_tape_free(struct adg_tape *tape);
+/* Releases tape scratch (a shard's, or a nested backward's own). */
+void adg_tape_free(struct adg_registry *registry, struct adg_tape *tape);
 
 /* Registry teardown: frees the nodes a shard keeps for reuse. */
 void adg_node_free_cache(struct adg_shard *shard);

@@ -57,9 +57,10 @@ void adg_node_free_cache(struct adg_shard *shard)
 	}
 }
 
-static struct adg_node *node_new(struct adg_shard *shard,
-				 struct adg_registry *r, uint32_t n_parents,
-				 int *rc)
+/* Inlined: on adg_op's path, the stores that op_new overwrites go. */
+static inline __attribute__((always_inline)) struct adg_node *
+node_new(struct adg_shard *shard, struct adg_registry *r, uint32_t n_parents,
+	 int *rc)
 {
 	struct adg_node *n = node_alloc(shard, r, n_parents);
 	if (n == NULL) {

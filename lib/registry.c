@@ -18,10 +18,20 @@
 #define ID_BATCH 1024
 
 /* initial-exec: one load from the thread pointer on every call, no
- * __tls_get_addr; the variable is small enough for glibc's static TLS
+ * __tls_get_addr; the struct is small enough for glibc's static TLS
  * surplus even when libadg is dlopen'ed. */
-__thread struct adg_shard *adg_thread_shards
+__thread struct adg_thread adg_this_thread
 	__attribute__((tls_model("initial-exec")));
+
+/*
+ * The threads lock: held to change any thread's slots, to adopt or hand
+ * back a shard, and to add a shard to a registry. Taken when a thread
+ * first uses a registry, when it exits, and by adg_registry_free: never on
+ * a path that a training loop repeats.
+ */
+static pthread_mutex_t threads_lock = PTHREAD_MUTEX_INITIALIZER;
+/* The struct adg_thread of every thread that holds a shard. */
+static CDS_LIST_HEAD(threads);
 
 /* Its destructor hands a thread's shards back when the thread exits. */
 static pthread_key_t thread_exit_key;
@@ -41,46 +51,46 @@ static void default_free(void *ptr, size_t size, void *ctx)
 	free(ptr);
 }
 
-static size_t cacheline_round(size_t size)
+/* Registries and shards are cache-line aligned, and the caller's allocator
+ * promises only malloc's alignment: ask for a line more and round up.
+ * *base is what to give back to free_aligned. */
+static void *zalloc_aligned(const adg_allocator *a, size_t size, void **base)
 {
-	return (size + ADG_CACHELINE - 1) / ADG_CACHELINE * ADG_CACHELINE;
+	void *p = a->alloc(size + ADG_CACHELINE, a->ctx);
+	if (p == NULL)
+		return NULL;
+	uintptr_t q = ((uintptr_t)p + ADG_CACHELINE - 1) &
+		      ~(uintptr_t)(ADG_CACHELINE - 1);
+	memset((void *)q, 0, size);
+	*base = p;
+	return (void *)q;
 }
 
-/* Shards and registries are cache-line aligned, so they come from
- * aligned_alloc rather than the caller's allocator; a shard may also
- * outlive its registry, and with it the allocator's context. */
-static void *aligned_zalloc(size_t size)
+static void free_aligned(const adg_allocator *a, void *base, size_t size)
 {
-	void *p = aligned_alloc(ADG_CACHELINE, cacheline_round(size));
-	if (p != NULL)
-		memset(p, 0, size);
-	return p;
+	a->free(base, size + ADG_CACHELINE, a->ctx);
 }
 
-static void shard_unref(struct adg_shard *s)
+/* Under the threads lock: the slot gives its shard back for adoption. */
+static void slot_let_go(struct adg_thread_slot *slot)
 {
-	/* The registry and the owning thread each hold one reference; the
-	 * last to let go frees the shard, after all the other did with it
-	 * (acq_rel). */
-	if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1) {
-		adg_tape_free(s->tape_cache);
-		free(s);
-	}
+	slot->shard->owned = false;
+	atomic_store_explicit(&slot->registry, NULL, memory_order_relaxed);
+	slot->shard = NULL;
 }
 
-static void thread_exit(void *unused)
+static void thread_exit(void *arg)
 {
-	(void)unused;
-	struct adg_shard *s = adg_thread_shards;
+	struct adg_thread *t = arg;
 
-	adg_thread_shards = NULL;
-	while (s != NULL) {
-		struct adg_shard *next = s->next_in_thread;
-		/* Drops the thread's reference: a live registry's shard is
-		 * left with refs == 1, which is what adoption looks for. */
-		shard_unref(s);
-		s = next;
-	}
+	pthread_mutex_lock(&threads_lock);
+	for (int i = 0; i < ADG_THREAD_SLOTS; i++)
+		if (atomic_load_explicit(&t->slots[i].registry,
+					 memory_order_relaxed) != NULL)
+			slot_let_go(&t->slots[i]);
+	cds_list_del(&t->link);
+	t->listed = false;
+	pthread_mutex_unlock(&threads_lock);
 }
 
 static void make_thread_exit_key(void)
@@ -89,84 +99,73 @@ static void make_thread_exit_key(void)
 		pthread_key_create(&thread_exit_key, thread_exit) == 0;
 }
 
-/* Drops this thread's shards of registries that have been freed. */
-static void purge_gone_shards(void)
-{
-	struct adg_shard **link = &adg_thread_shards;
-
-	while (*link != NULL) {
-		struct adg_shard *s = *link;
-		if (atomic_load_explicit(&s->registry_gone,
-					 memory_order_acquire)) {
-			*link = s->next_in_thread;
-			shard_unref(s);
-		} else {
-			link = &s->next_in_thread;
-		}
-	}
-}
-
-/* A shard of r for the calling thread: one an exited thread left, or a new
- * one. */
+/* Under the threads lock: a shard of r for the calling thread, one that an
+ * exited thread left or a new one. */
 static struct adg_shard *shard_adopt(struct adg_registry *r)
 {
 	struct adg_shard *s;
 
-	for (s = atomic_load_explicit(&r->shards, memory_order_acquire);
-	     s != NULL; s = s->next_in_registry) {
-		unsigned int only_registry = 1;
-		/* refs == 1: only the registry holds it, its thread has
-		 * exited. Acquire: see its counters and id batch as that
-		 * thread left them. Two adopters race on the CAS alone. */
-		if (atomic_compare_exchange_strong_explicit(
-			    &s->refs, &only_registry, 2, memory_order_acquire,
-			    memory_order_relaxed))
+	for (s = atomic_load_explicit(&r->shards, memory_order_relaxed);
+	     s != NULL; s = s->next_in_registry)
+		if (!s->owned)
 			return s;
-	}
-	s = aligned_zalloc(sizeof *s);
+	void *base;
+	s = zalloc_aligned(&r->allocator, sizeof *s, &base);
 	if (s == NULL)
 		return NULL;
+	s->alloc_base = base;
 	s->registry = r;
-	atomic_init(&s->refs, 2);
-	/* Release: adg_stats and adopters walking the list see the shard
-	 * initialised. The list only grows while the registry lives. */
-	struct adg_shard *head =
+	s->next_in_registry =
 		atomic_load_explicit(&r->shards, memory_order_relaxed);
-	do
-		s->next_in_registry = head;
-	while (!atomic_compare_exchange_weak_explicit(&r->shards, &head, s,
-						      memory_order_release,
-						      memory_order_relaxed));
+	/* Release: adg_stats, which walks the list without the lock, sees
+	 * the shard initialised. */
+	atomic_store_explicit(&r->shards, s, memory_order_release);
 	return s;
+}
+
+/* Under the threads lock: a free slot of t, or one let go of. */
+static struct adg_thread_slot *slot_for_new(struct adg_thread *t)
+{
+	for (int i = 0; i < ADG_THREAD_SLOTS; i++)
+		if (atomic_load_explicit(&t->slots[i].registry,
+					 memory_order_relaxed) == NULL)
+			return &t->slots[i];
+	struct adg_thread_slot *slot =
+		&t->slots[t->evict_next++ % ADG_THREAD_SLOTS];
+	slot_let_go(slot);
+	return slot;
 }
 
 struct adg_shard *adg_shard_get_slow(struct adg_registry *r)
 {
-	purge_gone_shards();
-	struct adg_shard **link = &adg_thread_shards;
+	struct adg_thread *t = &adg_this_thread;
 	struct adg_shard *s = NULL;
 
-	while (*link != NULL) {
-		if ((*link)->registry == r) {
-			s = *link;
-			*link = s->next_in_thread;
-			break;
-		}
-		link = &(*link)->next_in_thread;
+	/* In another slot: lock-free, as adg_shard_get. */
+	for (int i = 1; i < ADG_THREAD_SLOTS; i++)
+		if (atomic_load_explicit(&t->slots[i].registry,
+					 memory_order_relaxed) == r)
+			return t->slots[i].shard;
+
+	pthread_once(&thread_exit_once, make_thread_exit_key);
+	if (!thread_exit_key_ok)
+		return NULL; /* its shards would never go back */
+	pthread_mutex_lock(&threads_lock);
+	if (!t->listed) {
+		if (pthread_setspecific(thread_exit_key, t) != 0)
+			goto out_unlock;
+		cds_list_add(&t->link, &threads);
+		t->listed = true;
 	}
-	if (s == NULL) {
-		pthread_once(&thread_exit_once, make_thread_exit_key);
-		/* Without the key a thread's shards would never go back. */
-		if (!thread_exit_key_ok ||
-		    pthread_setspecific(thread_exit_key, &thread_exit_key) != 0)
-			return NULL;
-		s = shard_adopt(r);
-		if (s == NULL)
-			return NULL;
-	}
-	/* Most recently used first: the fast path checks only the head. */
-	s->next_in_thread = adg_thread_shards;
-	adg_thread_shards = s;
+	s = shard_adopt(r);
+	if (s == NULL)
+		goto out_unlock;
+	s->owned = true;
+	struct adg_thread_slot *slot = slot_for_new(t);
+	slot->shard = s;
+	atomic_store_explicit(&slot->registry, r, memory_order_relaxed);
+out_unlock:
+	pthread_mutex_unlock(&threads_lock);
 	return s;
 }
 
@@ -214,9 +213,11 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 		    options->checkpointing != ADG_CHECKPOINT_BALANCED)
 			return ADG_EINVAL;
 	}
-	struct adg_registry *r = aligned_zalloc(sizeof *r);
+	void *base;
+	struct adg_registry *r = zalloc_aligned(&allocator, sizeof *r, &base);
 	if (r == NULL)
 		return ADG_ENOMEM;
+	r->alloc_base = base;
 	r->allocator = allocator;
 	r->max_node_id = max_node_id;
 	r->checkpointing = options ? options->checkpointing : 0;
@@ -278,27 +279,35 @@ int adg_registry_free(adg_registry *registry)
 	if (stats.live_nodes != 0)
 		return ADG_EBUSY;
 	/* Graphs on their way back to the allocator wait for call_rcu
-	 * callbacks, which use the allocator and rcu_token. The other threads
-	 * that used the registry are done with it (the contract), so their
-	 * shards' pools may be emptied from here. */
+	 * callbacks, which use the allocator and rcu_token. */
 	rcu_barrier();
 	adg_tsan_acquire(&registry->rcu_token);
-	struct adg_shard *s, *next;
-	for (s = atomic_load_explicit(&registry->shards, memory_order_acquire);
-	     s != NULL; s = s->next_in_registry) {
+	/* No thread may find a shard of this registry from now on; the other
+	 * threads that used it are done with it (the contract), so what their
+	 * shards keep may be freed from here. */
+	pthread_mutex_lock(&threads_lock);
+	struct adg_thread *t;
+	cds_list_for_each_entry (t, &threads, link)
+		for (int i = 0; i < ADG_THREAD_SLOTS; i++)
+			if (atomic_load_explicit(&t->slots[i].registry,
+						 memory_order_relaxed) ==
+			    registry)
+				atomic_store_explicit(&t->slots[i].registry,
+						      NULL,
+						      memory_order_relaxed);
+	pthread_mutex_unlock(&threads_lock);
+
+	adg_allocator a = registry->allocator;
+	struct adg_shard *s =
+		atomic_load_explicit(&registry->shards, memory_order_acquire);
+	while (s != NULL) {
+		struct adg_shard *next = s->next_in_registry;
 		adg_graph_free_pool(s);
 		adg_node_free_cache(s);
-		atomic_store_explicit(&s->registry_gone, true,
-				      memory_order_release);
+		adg_tape_free(registry, s->tape_cache);
+		free_aligned(&a, s->alloc_base, sizeof *s);
+		s = next;
 	}
-	/* This thread lets go of its shard now; others do at their next call
-	 * or when they exit. */
-	purge_gone_shards();
-	for (s = atomic_load_explicit(&registry->shards, memory_order_acquire);
-	     s != NULL; s = next) {
-		next = s->next_in_registry;
-		shard_unref(s);
-	}
-	free(registry);
+	free_aligned(&a, registry->alloc_base, sizeof *registry);
 	return 0;
 }

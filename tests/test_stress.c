@@ -764,3 +764,89 @@ CHECKED_TEST(stress, nested_backward_from_8_threads)
 	cr_expect_eq(atomic_load(&wrong), 0);
 	assert_stats(reg, 0, 0, 0);
 }
+
+/* A thread's shards live in a few slots (lib/registry.c): one thread that
+ * works on more registries than it has slots lets go of one shard for
+ * another and adopts it back later, over and over; every registry's
+ * gradients and counts stay right, and each gives back all its memory. */
+#define MANY_REGISTRIES 7
+#define MANY_ROUNDS	300
+
+CHECKED_TEST(stress, one_thread_more_registries_than_slots)
+{
+	adg_registry *regs[MANY_REGISTRIES];
+	failing_alloc mem[MANY_REGISTRIES] = {0};
+	for (int k = 0; k < MANY_REGISTRIES; k++) {
+		adg_registry_options o = {.allocator =
+						  failing_allocator(&mem[k])};
+		cr_assert_eq(adg_registry_new(&o, &regs[k]), 0);
+	}
+	for (int round = 0; round < MANY_ROUNDS; round++)
+		for (int k = 0; k < MANY_REGISTRIES; k++) {
+			scalar a = s_leaf(regs[k], k + 1),
+			       b = s_leaf(regs[k], 3);
+			scalar y = s_mul(regs[k], a, b);
+			adg_grads *g;
+			cr_assert_eq(s_backward(regs[k], y, &g), 0);
+			cr_assert_eq(s_grad(g, a), 3);
+			cr_assert_eq(s_grad(g, b), k + 1);
+			adg_grads_free(g);
+			s_drop(y);
+			s_drop(a);
+			s_drop(b);
+			assert_stats(regs[k], 0, 0, 0);
+		}
+	for (int k = 0; k < MANY_REGISTRIES; k++) {
+		cr_assert_eq(adg_registry_free(regs[k]), 0);
+		cr_expect_eq(atomic_load(&mem[k].live_bytes), 0,
+			     "registry %d kept %ld bytes", k,
+			     atomic_load(&mem[k].live_bytes));
+	}
+}
+
+/* Threads that used a registry exit while another thread frees it: the
+ * exiting threads hand their shards back under the same lock that the free
+ * takes to clear every thread's slots, so neither touches what the other
+ * frees. The workers are done with the registry (the contract) but not
+ * joined when the free starts. */
+#define EXIT_ROUNDS  200
+#define EXIT_THREADS 4
+static adg_registry *exit_reg;
+static pthread_barrier_t exit_done;
+
+static void *use_then_exit(void *arg)
+{
+	scalar a = s_leaf(exit_reg, (double)(intptr_t)arg + 1);
+	scalar y = s_mul(exit_reg, a, a);
+	adg_grads *g;
+	if (s_backward(exit_reg, y, &g) != 0)
+		atomic_fetch_add(&wrong, 1);
+	adg_grads_free(g);
+	s_drop(y);
+	s_drop(a);
+	pthread_barrier_wait(&exit_done);
+	return NULL;
+}
+
+CHECKED_TEST(stress, threads_exit_while_their_registry_is_freed)
+{
+	for (int round = 0; round < EXIT_ROUNDS; round++) {
+		failing_alloc mem = {0};
+		adg_registry_options o = {.allocator = failing_allocator(&mem)};
+		cr_assert_eq(adg_registry_new(&o, &exit_reg), 0);
+		pthread_barrier_init(&exit_done, NULL, EXIT_THREADS + 1);
+		pthread_t t[EXIT_THREADS];
+		for (intptr_t i = 0; i < EXIT_THREADS; i++)
+			cr_assert_eq(pthread_create(&t[i], NULL, use_then_exit,
+						    (void *)i),
+				     0);
+		pthread_barrier_wait(&exit_done);
+		cr_assert_eq(adg_registry_free(exit_reg), 0);
+		cr_assert_eq(atomic_load(&mem.live_bytes), 0, "round %d",
+			     round);
+		for (int i = 0; i < EXIT_THREADS; i++)
+			pthread_join(t[i], NULL);
+		pthread_barrier_destroy(&exit_done);
+	}
+	cr_expect_eq(atomic_load(&wrong), 0);
+}
