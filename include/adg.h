@@ -287,7 +287,8 @@ ADG_API int adg_output_get(adg_step_call *call, uint64_t id, void **value);
 
 /* The caller's gradient arithmetic. add folds value into *sum (it may
  * replace *sum) and owns value from the call on, failing or not; it returns
- * 0 or a negative code. free releases one value. ctx is passed to both. */
+ * 0 or a negative code. free releases one value. ctx is passed to both.
+ * Neither may use the container it works for (*sum points into it). */
 typedef struct adg_grad_ops {
 	int (*add)(void **sum, void *value, void *ctx);
 	void (*free)(void *value, void *ctx);
