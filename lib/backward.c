@@ -243,7 +243,7 @@ static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
 
 	if (!tape_reserve_nodes(r, t, 1, 0))
 		return ADG_ENOMEM;
-	root->state = ADG_NODE_VISITING;
+	adg_node_set_state(root, ADG_NODE_VISITING);
 	root->tape_links = 0;
 	t->walked[n++] = root;
 	for (size_t i = 0; i < n && rc == 0; i++) {
@@ -273,7 +273,7 @@ static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
 				rc = ADG_ENOMEM;
 				break;
 			}
-			p->state = ADG_NODE_VISITING;
+			adg_node_set_state(p, ADG_NODE_VISITING);
 			p->tape_links = 1;
 			t->walked[n++] = p;
 		}
@@ -285,7 +285,7 @@ static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
 		rc = ADG_ENOMEM;
 	if (rc != 0) {
 		for (size_t i = 0; i < n; i++)
-			t->walked[i]->state = ADG_NODE_LIVE;
+			adg_node_set_state(t->walked[i], ADG_NODE_LIVE);
 		return rc;
 	}
 	*len = n;
@@ -317,6 +317,19 @@ static void sort_by_depth(struct adg_tape *t, size_t n, uint32_t max_depth)
 			t->walked[i];
 }
 
+/* I7: each tape node's tape_links counts the tape's parent slots that name
+ * it. For the assertions only: it costs a pass over the tape. */
+static inline bool tape_links_add_up(struct adg_tape *t, size_t len)
+{
+	uint64_t links = 0, slots = 0;
+	for (size_t i = 0; i < len; i++) {
+		links += t->walked[i]->tape_links;
+		for (uint32_t k = 0; k < t->walked[i]->n_parents; k++)
+			slots += t->walked[i]->parents[k] != NULL;
+	}
+	return links == slots && t->walked[0]->tape_links == 0;
+}
+
 /* Takes the tape from root's graph and creates the container sized for it.
  * On error nothing is taken. */
 static int take(struct adg_shard *shard, struct adg_tape *t,
@@ -335,21 +348,17 @@ static int take(struct adg_shard *shard, struct adg_tape *t,
 		return ADG_ECONSUMED;
 	size_t leaf_slots;
 	int rc = walk(t, g, root, needs, len, &leaf_slots);
-	if (rc == 0) {
-		rc = adg_grads_new(r, ops, *len + leaf_slots, grads);
-		if (rc != 0)
-			for (size_t i = 0; i < *len; i++)
-				t->walked[i]->state = ADG_NODE_LIVE;
-	}
-	if (rc != 0) {
-		adg_graph_unlock(shard, g);
-		return rc;
-	}
+	if (rc != 0)
+		goto out_unlock; /* the walk undid its marks */
+	ADG_ASSERT(tape_links_add_up(t, *len));
+	rc = adg_grads_new(r, ops, *len + leaf_slots, grads);
+	if (rc != 0)
+		goto out_unmark;
 	/* Consumed: the tape's nodes hold their parents' references until
 	 * the backward drops them all at the end (drop_tape_links). */
 	for (size_t i = 0; i < *len; i++) {
 		struct adg_node *n = t->walked[i];
-		n->state = ADG_NODE_CONSUMED;
+		adg_node_set_state(n, ADG_NODE_CONSUMED);
 		adg_graph_detach_locked(g, n);
 	}
 	adg_graph_unlock(shard, g);
@@ -359,6 +368,13 @@ static int take(struct adg_shard *shard, struct adg_tape *t,
 	if (needs.checkpoints)
 		adg_ckpt_plan(t->sorted, *len);
 	return 0;
+
+out_unmark:
+	for (size_t i = 0; i < *len; i++)
+		adg_node_set_state(t->walked[i], ADG_NODE_LIVE);
+out_unlock:
+	adg_graph_unlock(shard, g);
+	return rc;
 }
 
 /* Drops, in one atomic subtraction per node, every reference that the
@@ -433,25 +449,34 @@ static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 	}
 	/* What a failure left of the outputs goes now, exactly once; after a
 	 * success the counts have freed it all, and only records remain. */
-	for (size_t i = 0; i < len; i++)
-		if (t->sorted[i]->ckpt != NULL)
-			adg_ckpt_drop(t->sorted[i]);
+	for (size_t i = 0; i < len; i++) {
+		struct adg_node *n = t->sorted[i];
+		/* I7, I8: a successful backward served every request and,
+		 * with a hook, delivered every contribution. */
+		ADG_ASSERT(rc != 0 || ready == NULL || n->tape_pending == 0);
+		if (n->ckpt == NULL)
+			continue;
+		ADG_ASSERT(rc != 0 ||
+			   (n->ckpt->pending == 0 && n->ckpt->value == NULL));
+		adg_ckpt_drop(n);
+	}
 	drop_tape_links(shard, t, len);
 	return rc;
 }
 
-/* A root that is a leaf: the container holds just the seed. */
+/* A root that is a leaf: the container holds just the seed. Takes *seed
+ * (and sets it to NULL) once the container has it. */
 static int backward_of_leaf(struct adg_registry *registry, uint64_t id,
-			    void *seed, const adg_grad_ops *ops,
+			    void **seed, const adg_grad_ops *ops,
 			    const struct ready *ready, adg_grads **out)
 {
 	adg_grads *grads;
 	int rc = adg_grads_new(registry, ops, 1, &grads);
-	if (rc != 0) {
-		ops->free(seed, ops->ctx);
+	if (rc != 0)
 		return rc;
-	}
-	rc = adg_grads_register(grads, id, seed);
+	/* The container owns seed from here, failing or not. */
+	rc = adg_grads_register(grads, id, *seed);
+	*seed = NULL;
 	if (rc == 0 && ready != NULL)
 		rc = fire(ready, grads, id);
 	if (rc != 0) {
@@ -476,21 +501,20 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 		*out = NULL;
 	if (ops == NULL || ops->add == NULL || ops->free == NULL)
 		return ADG_EINVAL; /* no way to free seed */
-	int rc;
+	int rc = ADG_EINVAL;
 	struct adg_shard *shard;
-	if (registry == NULL || root == NULL || seed == NULL || out == NULL) {
-		rc = ADG_EINVAL;
+	struct adg_tape *t;
+	adg_grads *grads = NULL;
+	size_t len = 0;
+	if (registry == NULL || root == NULL || seed == NULL || out == NULL)
 		goto out_free_seed;
-	}
-	if (root->registry != registry) {
-		rc = ADG_EFOREIGN;
+	rc = ADG_EFOREIGN;
+	if (root->registry != registry)
 		goto out_free_seed;
-	}
+	rc = ADG_ENOMEM;
 	shard = adg_shard_get(registry);
-	if (shard == NULL) {
-		rc = ADG_ENOMEM;
+	if (shard == NULL)
 		goto out_free_seed;
-	}
 
 	struct ready hook = {0};
 	const struct ready *ready = NULL;
@@ -499,45 +523,43 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 				      options->leaves_only != 0};
 		ready = &hook;
 	}
-	if (adg_node_is_leaf(root))
-		return backward_of_leaf(registry, root->id, seed, ops, ready,
-					out);
+	if (adg_node_is_leaf(root)) {
+		rc = backward_of_leaf(registry, root->id, &seed, ops, ready,
+				      out);
+		goto out_free_seed;
+	}
 
 	/* A nested backward (a step calling adg_backward) finds the cache
 	 * taken and uses a tape of its own. */
-	struct adg_tape *t = shard->tape_cache;
+	t = shard->tape_cache;
 	shard->tape_cache = NULL;
 	if (t == NULL) {
 		t = adg_alloc(registry, sizeof *t);
-		if (t == NULL) {
-			rc = ADG_ENOMEM;
+		if (t == NULL)
 			goto out_free_seed;
-		}
 		*t = (struct adg_tape){0};
 	}
 	/* The backward's own reference to root, for as long as it runs: a
 	 * step may drop the caller's last one. Relaxed: the caller holds a
 	 * reference during the call, so the count is above zero. */
 	atomic_fetch_add_explicit(&root->refs, 1, memory_order_relaxed);
-	size_t len = 0;
-	adg_grads *grads = NULL;
 	rc = take(shard, t, root, ops, ready != NULL, &len, &grads);
 	if (rc != 0)
-		ops->free(seed, ops->ctx);
-	else
-		rc = run(shard, t, len, seed, ops, ready, grads);
+		goto out_put_tape;
+	rc = run(shard, t, len, seed, ops, ready, grads);
+	seed = NULL; /* run took it */
+	if (rc != 0) {
+		adg_grads_free(grads);
+		grads = NULL;
+	}
+
+out_put_tape:
 	adg_node_release(shard, root);
 	if (shard->tape_cache == NULL)
 		shard->tape_cache = t;
 	else
 		adg_tape_free(registry, t);
-	if (rc != 0) {
-		adg_grads_free(grads);
-		return rc;
-	}
 	*out = grads;
-	return 0;
-
 out_free_seed:
 	if (seed != NULL)
 		ops->free(seed, ops->ctx);

@@ -103,6 +103,7 @@ static void request(struct adg_node *n)
 static void serve(struct adg_node *n)
 {
 	struct adg_ckpt *c = n->ckpt;
+	ADG_ASSERT(c->pending > 0); /* I8: every serve had its request */
 	if (--c->pending == 0)
 		drop_value(c);
 }

@@ -1,5 +1,18 @@
-/* The names behind adg_strerror, and the version string. */
+/* Error names and messages, the version string, and the assertions'
+ * report. */
 #include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifdef ADG_ASSERTIONS
+void adg_assert_fail(const char *cond, const char *file, int line)
+{
+	fprintf(stderr, "libadg: %s:%d: invariant violated: %s\n", file, line,
+		cond);
+	abort();
+}
+#endif
 
 const char *adg_version(void)
 {

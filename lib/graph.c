@@ -32,6 +32,10 @@
 /* Spins this many times on a held graph lock before yielding the CPU. */
 #define LOCK_SPINS 64
 
+#ifdef ADG_ASSERTIONS
+__thread char adg_thread_identity;
+#endif
+
 void adg_graph_lock_wait(ck_spinlock_fas_t *lock)
 {
 	unsigned int spins = 0;
@@ -112,6 +116,7 @@ static struct adg_graph *graph_new(struct adg_shard *shard,
  * away. */
 static void mark_retired(struct adg_graph *g)
 {
+	ADG_ASSERT(adg_graph_held(g) && g->n_members == 0); /* I4 */
 	/* Release: a reader that sees the new generation also sees the
 	 * pointers republished before it. Only lock holders write gen. */
 	atomic_store_explicit(
@@ -154,6 +159,10 @@ static struct adg_graph *graph_of(const struct adg_node *n)
  * yet published. */
 static void graph_link(struct adg_graph *g, struct adg_node *n)
 {
+	/* I2: locked, or new and unpublished (no member: no one can find
+	 * it). I1: the node is LIVE. */
+	ADG_ASSERT(adg_graph_held(g) || g->n_members == 0);
+	ADG_ASSERT(n->state == ADG_NODE_LIVE && !g->retire_pending);
 	cds_list_add(&n->link, &g->members);
 	g->n_members++;
 	/* n is new: no other thread can reach it before the caller hands it
@@ -166,6 +175,8 @@ static void graph_link(struct adg_graph *g, struct adg_node *n)
 
 void adg_graph_detach_locked(struct adg_graph *g, struct adg_node *n)
 {
+	ADG_ASSERT(adg_graph_held(g) && adg_node_graph(n) == g); /* I2 */
+	ADG_ASSERT(g->n_members > 0);				 /* I4 */
 	cds_list_del(&n->link);
 	rcu_assign_pointer(n->graph, NULL);
 	if (--g->n_members == 0)
@@ -271,6 +282,8 @@ static struct adg_graph *merge_locked(struct adg_shard *shard,
 	 * its life; ties go to the lowest rank. The survivor carries the
 	 * smallest origin: the merged id never depends on who came first. */
 	struct adg_graph *survivor = set[0];
+	for (size_t i = 0; i < n; i++)
+		ADG_ASSERT(adg_graph_held(set[i]) && set[i]->n_members > 0);
 	uint64_t origin =
 		atomic_load_explicit(&set[0]->origin, memory_order_relaxed);
 	for (size_t i = 1; i < n; i++) {

@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /*
@@ -40,6 +41,30 @@
 #define ADG_CACHELINE	CK_MD_CACHELINE
 #define adg_likely(x)	CK_CC_LIKELY(x)
 #define adg_unlikely(x) CK_CC_UNLIKELY(x)
+
+/* Alignment is rounded up by masking (registry.c), and the layout checks
+ * below divide by it: it must be a power of two. */
+#if ADG_CACHELINE <= 0 || (ADG_CACHELINE & (ADG_CACHELINE - 1)) != 0
+#error "ADG_CACHELINE must be a power of two"
+#endif
+
+/*
+ * ADG_ASSERT states an invariant (docs/concurrency.md numbers them: I1,
+ * I2, ...) and checks it in builds with ADG_ASSERTIONS: every build but
+ * release (meson option `assertions`), so the tests, the stress tests and
+ * the fuzzer run with them. A failure is a bug in libadg, not bad input:
+ * it says where and aborts, as liburcu's debug assertions do. In release
+ * builds the condition is compiled but never evaluated.
+ */
+#ifdef ADG_ASSERTIONS
+__attribute__((noreturn, cold)) void
+adg_assert_fail(const char *cond, const char *file, int line);
+#define ADG_ASSERT(cond)                                                       \
+	(adg_likely(cond) ? (void)0                                            \
+			  : adg_assert_fail(#cond, __FILE__, __LINE__))
+#else
+#define ADG_ASSERT(cond) ((void)sizeof(!(cond)))
+#endif
 
 /*
  * ThreadSanitizer sees neither liburcu's publish and dereference nor its
@@ -195,6 +220,11 @@ struct adg_graph {
 	 * address) must not share an address, or one would order what only
 	 * the other should. */
 	ck_spinlock_fas_t lock;
+#ifdef ADG_ASSERTIONS
+	/* Who holds lock (adg_graph_held), for the assertions only. Relaxed
+	 * atomic: others write it while the reader checks for itself. */
+	_Atomic(const void *) owner;
+#endif
 	/* The smallest origin among the graphs merged into this one. Written
 	 * under the lock, read lock-free by adg_node_graph_id. */
 	atomic_uint_fast64_t origin;
@@ -211,6 +241,10 @@ struct adg_graph {
 	struct rcu_head rcu;
 };
 
+_Static_assert(
+	offsetof(struct adg_graph, lock) != 0,
+	"the lock's TSan annotations must not share the graph's address");
+
 /*
  * The per-graph lock: Concurrency Kit's fetch-and-store spinlock. Graphs of
  * unrelated work are locked by one thread only, so the lock is nearly
@@ -223,17 +257,49 @@ struct adg_graph {
  */
 void adg_graph_lock_wait(ck_spinlock_fas_t *lock);
 
+#ifdef ADG_ASSERTIONS
+/* A distinct address per live thread: the identity a lock owner holds. */
+extern __thread char adg_thread_identity;
+#define ADG_ME ((const void *)&adg_thread_identity)
+#define adg_graph_set_owner(g, who)                                            \
+	atomic_store_explicit(&(g)->owner, (who), memory_order_relaxed)
+/* Whether this thread holds g's lock. */
+#define adg_graph_held(g)                                                      \
+	(atomic_load_explicit(&(g)->owner, memory_order_relaxed) == ADG_ME)
+#else
+#define adg_graph_set_owner(g, who) ((void)0)
+#define adg_graph_held(g)	    true
+#endif
+
 static inline void adg_graph_lock(struct adg_graph *g)
 {
 	if (adg_unlikely(!ck_spinlock_fas_trylock(&g->lock)))
 		adg_graph_lock_wait(&g->lock);
 	adg_tsan_acquire(&g->lock);
+	adg_graph_set_owner(g, ADG_ME);
 }
 
 static inline void adg_graph_unlock_plain(struct adg_graph *g)
 {
+	ADG_ASSERT(adg_graph_held(g));
+	adg_graph_set_owner(g, NULL);
 	adg_tsan_release(&g->lock);
 	ck_spinlock_fas_unlock(&g->lock);
+}
+
+/* The one way a placed node's state changes: under the lock of its graph
+ * (I2), and only LIVE -> VISITING (a walk reaches it), VISITING -> LIVE
+ * (the walk is undone) or VISITING -> CONSUMED (the tape is taken) (I1). */
+static inline void adg_node_set_state(struct adg_node *n,
+				      enum adg_node_state to)
+{
+	ADG_ASSERT(adg_node_graph(n) != NULL &&
+		   adg_graph_held(adg_node_graph(n)));
+	ADG_ASSERT(n->state == ADG_NODE_LIVE ? to == ADG_NODE_VISITING
+		   : n->state == ADG_NODE_VISITING
+			   ? to == ADG_NODE_LIVE || to == ADG_NODE_CONSUMED
+			   : false);
+	n->state = to;
 }
 
 /* Places a new LIVE node in its parents' graph, creating a graph when no
@@ -310,6 +376,12 @@ struct adg_shard {
 	struct adg_shard *next_in_registry;
 };
 
+_Static_assert(_Alignof(struct adg_shard) == ADG_CACHELINE &&
+		       offsetof(struct adg_shard, registry) % ADG_CACHELINE ==
+			       0,
+	       "a shard's owner-written fields and its read-mostly fields "
+	       "start cache lines of their own");
+
 /* How many registries a thread keeps a shard of at once; past that it
  * lets go of one (round robin) for the next. */
 #define ADG_THREAD_SLOTS 4
@@ -355,6 +427,14 @@ struct adg_registry {
 	char rcu_token;
 };
 
+_Static_assert(offsetof(struct adg_registry, next_free_id) % ADG_CACHELINE ==
+			       0 &&
+		       offsetof(struct adg_registry, shards) % ADG_CACHELINE ==
+			       0 &&
+		       offsetof(struct adg_registry, shards) >
+			       offsetof(struct adg_registry, next_free_id),
+	       "the id counter and the shard list are on lines of their own");
+
 /* The calling thread's shard of registry when it is not in the first slot;
  * NULL on allocation failure. */
 struct adg_shard *adg_shard_get_slow(struct adg_registry *registry);
@@ -372,8 +452,11 @@ static inline struct adg_shard *adg_shard_get(struct adg_registry *registry)
 	 * shard are this thread's. Most threads use one registry: it is in
 	 * the first slot. */
 	if (adg_likely(atomic_load_explicit(&first->registry,
-					    memory_order_relaxed) == registry))
+					    memory_order_relaxed) ==
+		       registry)) {
+		ADG_ASSERT(first->shard->registry == registry); /* I9 */
 		return first->shard;
+	}
 	return adg_shard_get_slow(registry);
 }
 

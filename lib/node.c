@@ -32,6 +32,11 @@ static struct adg_node *node_alloc(struct adg_shard *shard,
 static void node_dealloc(struct adg_shard *shard, struct adg_node *n)
 {
 	uint32_t k = n->n_parents;
+#ifdef ADG_ASSERTIONS
+	/* The last drop may skip the subtraction (put_refs): zero the count,
+	 * so that a drop of a freed, cached node trips I5. */
+	atomic_store_explicit(&n->refs, 0, memory_order_relaxed);
+#endif
 	/* The fallback shard is shared by threads: it keeps nothing. */
 	if (k < ADG_NODE_CACHE_CLASSES && !shard->shared &&
 	    shard->node_cached[k] < ADG_NODE_CACHE_MAX) {
@@ -132,14 +137,12 @@ static int op_new(adg_registry *registry, adg_node *const *parents,
 	if (n == NULL)
 		return rc;
 	n->depth = depth + 1;
-	n->state = ADG_NODE_LIVE;
+	n->state = ADG_NODE_LIVE; /* I1: before it is published */
 	n->step = *step;
 	if (options != NULL) {
 		rc = adg_ckpt_attach(n, parents, options);
-		if (rc != 0) {
-			node_dealloc(shard, n);
-			return rc;
-		}
+		if (rc != 0)
+			goto out_dealloc;
 	}
 	uint64_t *ids = (uint64_t *)(n->parents + n_parents);
 	for (size_t i = 0; i < n_parents; i++) {
@@ -154,29 +157,29 @@ static int op_new(adg_registry *registry, adg_node *const *parents,
 		 * zero meanwhile, and nothing is published by it. */
 		atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
 	}
-
 	rc = adg_graph_place(shard, n);
-	if (rc != 0) {
-		/* Nothing saw the node: take the references back. They are
-		 * not the last ones (the caller holds each parent). */
-		for (size_t i = 0; i < n_parents; i++)
-			if (n->parents[i] != NULL)
-				atomic_fetch_sub_explicit(&n->parents[i]->refs,
-							  1,
-							  memory_order_relaxed);
-		if (n->ckpt != NULL) {
-			/* The caller keeps the value it offered. */
-			n->ckpt->value = NULL;
-			adg_ckpt_drop(n);
-		}
-		node_dealloc(shard, n);
-		return rc;
-	}
+	if (rc != 0)
+		goto out_put_parents;
 	if (n->ckpt != NULL)
 		adg_ckpt_commit(n);
 	adg_count(shard, ADG_C_OPS_MADE, 1);
 	*out = n;
 	return 0;
+
+out_put_parents:
+	/* Nothing saw the node: take the references back. They are not the
+	 * last ones (the caller holds each parent). */
+	for (size_t i = 0; i < n_parents; i++)
+		if (n->parents[i] != NULL)
+			atomic_fetch_sub_explicit(&n->parents[i]->refs, 1,
+						  memory_order_relaxed);
+	if (n->ckpt != NULL) {
+		n->ckpt->value = NULL; /* the caller keeps what it offered */
+		adg_ckpt_drop(n);
+	}
+out_dealloc:
+	node_dealloc(shard, n);
+	return rc;
 }
 
 int adg_op(adg_registry *registry, adg_node *const *parents, size_t n_parents,
@@ -198,7 +201,10 @@ int adg_node_ref(adg_node *node)
 		return ADG_EINVAL;
 	/* Relaxed: the caller holds a reference, so the count is above zero
 	 * and nothing is published by this increment. */
-	atomic_fetch_add_explicit(&node->refs, 1, memory_order_relaxed);
+	uint64_t old =
+		atomic_fetch_add_explicit(&node->refs, 1, memory_order_relaxed);
+	ADG_ASSERT(old > 0); /* I5: the caller's reference */
+	(void)old;
 	return 0;
 }
 
@@ -230,9 +236,14 @@ static bool put_refs(struct adg_node *node, uint64_t n)
 	 * earlier one did. (acq_rel costs the same locked instruction as
 	 * release alone, and TSan understands it, which it does not a
 	 * fence.) */
-	return atomic_load_explicit(&node->refs, memory_order_acquire) == n ||
-	       atomic_fetch_sub_explicit(&node->refs, n,
-					 memory_order_acq_rel) == n;
+	uint64_t old = atomic_load_explicit(&node->refs, memory_order_acquire);
+	if (old == n)
+		return true;
+	old = atomic_fetch_sub_explicit(&node->refs, n, memory_order_acq_rel);
+	/* I5: this thread holds the n it drops, so the count was at least
+	 * n, whatever other holders did meanwhile. */
+	ADG_ASSERT(old >= n);
+	return old == n;
 }
 
 /* Puts a node nothing references on doomed, taken out of its graph first
@@ -244,6 +255,7 @@ static void doom(struct adg_shard *shard, struct adg_node *node,
 		/* Unreachable now, but still a member of its graph, which a
 		 * concurrent merge may be moving. */
 		struct adg_graph *g = adg_graph_lock_of(node);
+		ADG_ASSERT(g != NULL); /* I1: a LIVE node is in a graph */
 		adg_graph_detach_locked(g, node);
 		adg_graph_unlock(shard, g);
 	}

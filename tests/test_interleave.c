@@ -9,6 +9,10 @@
 #include "internal.h"
 
 #include <criterion/criterion.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 void (*adg_test_point)(enum adg_test_point where);
 
@@ -103,4 +107,39 @@ Test(interleave, graph_id_reader_stalled_across_retire_reuse_and_merge)
 	for (int i = 0; i < sc.n_made; i++)
 		adg_node_unref(sc.made[i]);
 	cr_assert_eq(adg_registry_free(sc.r), 0);
+}
+
+/* The tests, the stress tests and the fuzzer are meant to run with the
+ * invariants checked (ADG_ASSERTIONS, every build but release). A child
+ * process breaks one, I5 (a count never drops below zero), by dropping a
+ * reference it does not hold, and must die of the failed assertion. */
+Test(interleave, invariants_are_checked_in_test_builds)
+{
+#ifndef ADG_ASSERTIONS
+	cr_assert_fail("built without ADG_ASSERTIONS: the tests would not "
+		       "check the invariants");
+#endif
+	pid_t pid = fork();
+	cr_assert_neq(pid, -1);
+	if (pid == 0) {
+		/* Keep the child's report out of the test log. */
+		int null = open("/dev/null", O_WRONLY);
+		if (null >= 0)
+			dup2(null, STDERR_FILENO);
+		adg_registry *r;
+		adg_node *leaf;
+		if (adg_registry_new(NULL, &r) != 0 || adg_leaf(r, &leaf) != 0)
+			_exit(2);
+		adg_node_ref(leaf);
+		adg_node_unref(leaf);
+		adg_node_unref(leaf); /* the last: the leaf goes to the cache */
+		adg_node_unref(leaf); /* one too many */
+		_exit(0);
+	}
+	int status;
+	cr_assert_eq(waitpid(pid, &status, 0), pid);
+	cr_expect(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT,
+		  "the child %s %d instead of aborting",
+		  WIFSIGNALED(status) ? "died of signal" : "exited with",
+		  WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
 }
