@@ -36,28 +36,51 @@ extern "C" {
 #define ADG_VERSION_MINOR 1
 #define ADG_VERSION_PATCH 0
 
-/* Error codes. Every code is negative; 0 is success. */
+/* Error codes: name, value, message (what adg_strerror returns), and what
+ * each means. One table, which the enum, adg_strerror and adg_error_name
+ * are made from, so that a new code cannot miss its message. Every code is
+ * negative; 0 is success. */
+#define ADG_ERROR_MAP(X)                                                       \
+	X(OK, 0, "success")                                                    \
+	/* a NULL or malformed argument */                                     \
+	X(EINVAL, -1, "invalid argument")                                      \
+	/* the allocator returned NULL */                                      \
+	X(ENOMEM, -2, "out of memory")                                         \
+	/* a node belongs to another registry */                               \
+	X(EFOREIGN, -3, "node belongs to another registry")                    \
+	/* the root's step was consumed by a backward */                       \
+	X(ECONSUMED, -4, "root's step was consumed by an earlier backward")    \
+	/* a step the backward needs was consumed */                           \
+	X(EUNAVAILABLE, -5,                                                    \
+	  "a step the backward needs was consumed by an earlier backward")     \
+	/* no node id is left to hand out */                                   \
+	X(ENOIDS, -6, "node ids exhausted")                                    \
+	/* no gradient is held for that node id */                             \
+	X(ENOTFOUND, -7, "no gradient for that node id")                       \
+	/* the registry still has live nodes */                                \
+	X(EBUSY, -8, "registry still has live nodes")                          \
+	/* a callback returned a positive value */                             \
+	X(ECALLBACK, -9, "a callback returned a positive value")
+
 enum adg_error {
-	ADG_OK = 0,
-	ADG_EINVAL = -1,       /* a NULL or malformed argument */
-	ADG_ENOMEM = -2,       /* the allocator returned NULL */
-	ADG_EFOREIGN = -3,     /* a node belongs to another registry */
-	ADG_ECONSUMED = -4,    /* the root's step was consumed by a backward */
-	ADG_EUNAVAILABLE = -5, /* a step the backward needs was consumed */
-	ADG_ENOIDS = -6,       /* no node id is left to hand out */
-	ADG_ENOTFOUND = -7,    /* no gradient is held for that node id */
-	ADG_EBUSY = -8,	       /* the registry still has live nodes */
-	ADG_ECALLBACK = -9,    /* a callback returned a positive value */
+#define ADG_ERROR_ENUM_(name, value, message) ADG_##name = value,
+	ADG_ERROR_MAP(ADG_ERROR_ENUM_)
+#undef ADG_ERROR_ENUM_
 };
 
 /* Negative codes at or below this value are never used by libadg: steps and
  * gradient callbacks may return them for their own failures. */
 #define ADG_EUSER (-1000)
 
-/* Returns a static, human-readable name for code (never NULL). Codes that
+/* Returns a static, human-readable message for code (never NULL). Codes that
  * libadg does not define, including user codes, read "unknown error".
  * Thread-safe. */
 ADG_API const char *adg_strerror(int code);
+
+/* Returns the name of code as a static string, "ADG_EINVAL" for
+ * ADG_EINVAL (never NULL); "ADG_UNKNOWN" for codes libadg does not define.
+ * Like adg_strerror, it returns no error code. Thread-safe. */
+ADG_API const char *adg_error_name(int code);
 
 /* Returns the library's version as "MAJOR.MINOR.PATCH" (static, never
  * NULL): the library that is loaded, which may be newer than this header.

@@ -19,31 +19,29 @@ const char *adg_version(void)
 	return ADG_VERSION_STRING; /* meson's project version */
 }
 
+/* Both from ADG_ERROR_MAP (adg.h): one case per code. */
 const char *adg_strerror(int code)
 {
 	switch (code) {
-	case ADG_OK:
-		return "success";
-	case ADG_EINVAL:
-		return "invalid argument";
-	case ADG_ENOMEM:
-		return "out of memory";
-	case ADG_EFOREIGN:
-		return "node belongs to another registry";
-	case ADG_ECONSUMED:
-		return "root's step was consumed by an earlier backward";
-	case ADG_EUNAVAILABLE:
-		return "a step the backward needs was consumed by an earlier "
-		       "backward";
-	case ADG_ENOIDS:
-		return "node ids exhausted";
-	case ADG_ENOTFOUND:
-		return "no gradient for that node id";
-	case ADG_EBUSY:
-		return "registry still has live nodes";
-	case ADG_ECALLBACK:
-		return "a callback returned a positive value";
+#define MESSAGE(name, value, message)                                          \
+	case value:                                                            \
+		return message;
+		ADG_ERROR_MAP(MESSAGE)
+#undef MESSAGE
 	default:
 		return "unknown error";
+	}
+}
+
+const char *adg_error_name(int code)
+{
+	switch (code) {
+#define NAME(name, value, message)                                             \
+	case value:                                                            \
+		return "ADG_" #name;
+		ADG_ERROR_MAP(NAME)
+#undef NAME
+	default:
+		return "ADG_UNKNOWN";
 	}
 }

@@ -36,11 +36,17 @@ function name_of(d,   t) {
 	t = d; sub(/\(.*/, "", t)
 	return last_ident(t)
 }
-BEGIN { in_comment = 0; in_decl = 0; depth = 0; comment = ""; nsec = 0 }
+BEGIN { in_comment = 0; in_decl = 0; in_macro = 0; depth = 0; comment = ""; nsec = 0 }
 # the file banner (before the include guard) is the introduction
 NR == 1, /^#ifndef ADG_H/ {
 	if ($0 ~ /^#ifndef/) { intro = flush_comment(); comment = ""; next }
 	comment = comment (comment == "" ? "" : "\n") $0
+	next
+}
+# a macro continued with backslashes (ADG_ERROR_MAP) is shown whole
+in_macro {
+	decl = decl "\n" $0
+	if ($0 !~ /\\$/) { in_macro = 0; emit() }
 	next
 }
 in_decl {
@@ -67,6 +73,7 @@ in_comment {
 /^(ADG_API|typedef|struct|enum|#define ADG_[A-Z])/ {
 	if ($0 ~ /^#define ADG_(H|API)/) next
 	decl = $0; depth = gsub(/\{/, "{") - gsub(/\}/, "}")
+	if ($0 ~ /^#define/ && $0 ~ /\\$/) { in_macro = 1; next }
 	if ($0 ~ /^#define/ || (depth <= 0 && $0 ~ /;/)) { emit(); next }
 	in_decl = 1
 	next

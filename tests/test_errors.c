@@ -17,20 +17,34 @@ static const adg_step noop = {noop_backward, NULL, NULL};
 
 Test(errors, strerror_names_every_code)
 {
-	const int codes[] = {ADG_OK,	   ADG_EINVAL,	  ADG_ENOMEM,
-			     ADG_EFOREIGN, ADG_ECONSUMED, ADG_EUNAVAILABLE,
-			     ADG_ENOIDS,   ADG_ENOTFOUND, ADG_EBUSY,
-			     ADG_ECALLBACK};
+	/* Every code of the table: a new one is tested without an edit. */
+#define CODE(name, value, message) ADG_##name,
+	const int codes[] = {ADG_ERROR_MAP(CODE)};
+#undef CODE
 	const size_t n = sizeof codes / sizeof *codes;
+	cr_assert_eq(n, 10, "ADG_OK and the nine error codes");
 	for (size_t i = 0; i < n; i++) {
 		const char *s = adg_strerror(codes[i]);
 		cr_assert_not_null(s);
 		cr_expect_str_neq(s, "unknown error", "code %d", codes[i]);
+		cr_expect_eq(codes[i], -(int)i, "codes are 0, -1, -2, ...");
 		for (size_t k = 0; k < i; k++)
 			cr_expect_str_neq(s, adg_strerror(codes[k]));
 	}
+	cr_expect_str_eq(adg_strerror(ADG_ENOMEM), "out of memory");
 	cr_expect_str_eq(adg_strerror(ADG_EUSER), "unknown error");
 	cr_expect_str_eq(adg_strerror(1), "unknown error");
+}
+
+Test(errors, error_name_spells_the_enum)
+{
+#define NAMED(name, value, message)                                            \
+	cr_expect_str_eq(adg_error_name(ADG_##name), "ADG_" #name);
+	ADG_ERROR_MAP(NAMED)
+#undef NAMED
+	cr_expect_str_eq(adg_error_name(ADG_EUNAVAILABLE), "ADG_EUNAVAILABLE");
+	cr_expect_str_eq(adg_error_name(ADG_EUSER), "ADG_UNKNOWN");
+	cr_expect_str_eq(adg_error_name(7), "ADG_UNKNOWN");
 }
 
 Test(errors, version_matches_the_header)
