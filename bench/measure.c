@@ -1,0 +1,244 @@
+/*
+ * adg-bench's measurements: the sweep's cells, then the one-thread checks
+ * (idle graphs, the hook's overlap, checkpointing), into struct results.
+ *
+ * Each cell (workload, threads, implementation) runs in a child process of
+ * its own, so that its peak RSS is its own and no cell inherits another's
+ * heap; within it, each of --runs runs opens a fresh registry. A run's
+ * threads start together at a barrier and stop when the main thread, after
+ * --ms, raises a flag; the run lasts until the last of them has stopped.
+ */
+#include "driver.h"
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+struct worker {
+	const bench_impl *impl;
+	const bench_workload *wl;
+	void *reg, *shared;
+	int index;
+	pthread_barrier_t *start;
+	const atomic_int *stop;
+	bench_counts counts;
+	uint64_t end_ns;
+};
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	w->impl->thread_begin(w->reg);
+	pthread_barrier_wait(w->start);
+	w->wl->thread(w->shared, w->index, w->stop, &w->counts);
+	w->end_ns = bench_now_ns();
+	w->impl->thread_end(w->reg);
+	return NULL;
+}
+
+static void sleep_ms(int ms)
+{
+	struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
+}
+
+static void run_once(const struct options *o, const bench_impl *impl,
+		     const bench_workload *wl, int threads, struct cell *c,
+		     int run)
+{
+	void *reg = impl->open();
+	void *shared = wl->setup(impl, reg, &o->p, threads);
+	pthread_barrier_t start;
+	atomic_int stop = 0;
+	struct worker *w = calloc(threads, sizeof *w);
+	pthread_t *tid = calloc(threads, sizeof *tid);
+	pthread_barrier_init(&start, NULL, (unsigned)threads + 1);
+	for (int i = 0; i < threads; i++) {
+		w[i] = (struct worker){impl,   wl,    reg, shared, i,
+				       &start, &stop, {0}, 0};
+		if (pthread_create(&tid[i], NULL, worker_main, &w[i]) != 0) {
+			perror("pthread_create");
+			exit(1);
+		}
+	}
+	pthread_barrier_wait(&start);
+	uint64_t t0 = bench_now_ns();
+	sleep_ms(o->ms);
+	atomic_store(&stop, 1);
+	uint64_t end = t0;
+	bench_counts sum = {0};
+	double loss_first = 0, loss_last = 0;
+	int with_loss = 0;
+	for (int i = 0; i < threads; i++) {
+		pthread_join(tid[i], NULL);
+		if (w[i].end_ns > end)
+			end = w[i].end_ns;
+		sum.nodes += w[i].counts.nodes;
+		sum.steps += w[i].counts.steps;
+		sum.ops += w[i].counts.ops;
+		sum.merges += w[i].counts.merges;
+		sum.build_ns += w[i].counts.build_ns;
+		sum.backward_ns += w[i].counts.backward_ns;
+		if (w[i].counts.loss_first > 0) {
+			loss_first += w[i].counts.loss_first;
+			loss_last += w[i].counts.loss_last;
+			with_loss++;
+		}
+	}
+	pthread_barrier_destroy(&start);
+	wl->teardown(shared);
+	impl->close(reg);
+	double secs = (double)(end - t0) * 1e-9;
+	bool by_nodes = strcmp(wl->unit, "nodes") == 0;
+	c->rate[run] = (by_nodes ? (double)sum.nodes : (double)sum.ops) / secs;
+	c->nodes[run] = (double)sum.nodes / secs;
+	c->merges[run] = (double)sum.merges / secs;
+	c->ns_node[run] = sum.nodes ? (double)sum.build_ns / sum.nodes : 0;
+	c->ns_step[run] = sum.steps ? (double)sum.backward_ns / sum.steps : 0;
+	c->loss_first[run] = with_loss ? loss_first / with_loss : 0;
+	c->loss_last[run] = with_loss ? loss_last / with_loss : 0;
+	free(w);
+	free(tid);
+}
+
+/* Runs a cell in a child process; its results come back through a pipe. */
+static bool run_cell(const struct options *o, struct cell *c)
+{
+	int fd[2];
+	if (pipe(fd) != 0)
+		return false;
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid < 0)
+		return false;
+	if (pid == 0) {
+		close(fd[0]);
+		for (int r = 0; r < c->runs; r++)
+			run_once(o, impls[c->impl],
+				 &bench_workloads[c->workload], c->threads, c,
+				 r);
+		struct rusage ru;
+		getrusage(RUSAGE_SELF, &ru);
+		c->peak_rss_kb = ru.ru_maxrss;
+		c->ok = true;
+		ssize_t n = write(fd[1], c, sizeof *c);
+		_exit(n == (ssize_t)sizeof *c ? 0 : 1);
+	}
+	close(fd[1]);
+	struct cell got;
+	ssize_t n = read(fd[0], &got, sizeof got);
+	close(fd[0]);
+	int status;
+	waitpid(pid, &status, 0);
+	if (n != (ssize_t)sizeof got || !WIFEXITED(status) ||
+	    WEXITSTATUS(status) != 0)
+		return false;
+	*c = got;
+	return true;
+}
+
+/* The cells the options ask for, workload by workload, then thread count,
+ * then implementation; a workload that needs graphs skips floor. */
+static int plan(const struct options *o, struct cell *cells)
+{
+	int n = 0;
+	for (int w = 0; w < bench_n_workloads; w++)
+		for (int t = 0; t < o->n_threads; t++)
+			for (enum impl_id i = 0; i < N_IMPLS; i++)
+				if (o->workload_on[w] && o->impl_on[i] &&
+				    (!bench_workloads[w].needs_graphs ||
+				     impls[i]->has_graphs))
+					cells[n++] = (struct cell){
+						.workload = w,
+						.impl = i,
+						.threads = o->threads[t],
+						.runs = o->runs};
+	return n;
+}
+
+static void sweep(const struct options *o, struct results *r)
+{
+	r->cells = calloc((size_t)bench_n_workloads * o->n_threads * N_IMPLS,
+			  sizeof *r->cells);
+	r->n_cells = plan(o, r->cells);
+	for (int k = 0; k < r->n_cells; k++) {
+		struct cell *c = &r->cells[k];
+		bool ok = run_cell(o, c);
+		char m[32];
+		human(m, sizeof m, ok ? median(c->rate, c->runs) : NAN);
+		fprintf(stderr, "[%d/%d] %s threads=%d %s: %s %s/s\n", k + 1,
+			r->n_cells, bench_workloads[c->workload].name,
+			c->threads, impls[c->impl]->name, ok ? m : "FAILED",
+			bench_workloads[c->workload].unit);
+	}
+}
+
+/* A backward's cost with no idle graphs and with --idle-graphs alive. */
+static void idle_check(const struct options *o, struct results *r)
+{
+	for (enum impl_id i = 0; i < N_IMPLS; i++) {
+		if (!o->impl_on[i] || !impls[i]->has_graphs)
+			continue;
+		/* medians of three, alternating with and without */
+		double none[3], with[3];
+		for (int k = 0; k < 3; k++) {
+			none[k] = bench_idle_backward_ns(impls[i], 0,
+							 o->idle_ms / 3, &o->p);
+			with[k] = bench_idle_backward_ns(impls[i],
+							 o->p.idle_graphs,
+							 o->idle_ms / 3, &o->p);
+		}
+		r->idle_ns[i][0] = median(none, 3);
+		r->idle_ns[i][1] = median(with, 3);
+		r->idle_ratio[i] = r->idle_ns[i][1] / r->idle_ns[i][0];
+		fprintf(stderr,
+			"idle %s: %.0f ns per backward, %.0f ns with %d idle "
+			"graphs\n",
+			impls[i]->name, r->idle_ns[i][0], r->idle_ns[i][1],
+			o->p.idle_graphs);
+	}
+}
+
+static void checkpoint_check(const struct options *o, struct results *r)
+{
+	for (int st = 0; st < 2; st++) {
+		double rate[3];
+		for (int k = 0; k < 3; k++)
+			rate[k] =
+				bench_checkpoint(st, CKPT_CHAIN, o->idle_ms / 3,
+						 &r->ckpt_peak[st]);
+		r->ckpt_rate[st] = median(rate, 3);
+	}
+	fprintf(stderr,
+		"checkpoint: %.0f / %.0f nodes/s, peaks %ld / %ld outputs\n",
+		r->ckpt_rate[0], r->ckpt_rate[1], r->ckpt_peak[0],
+		r->ckpt_peak[1]);
+}
+
+void measure(const struct options *o, struct results *r)
+{
+	*r = (struct results){
+		.overlap = NAN, .remaining = NAN, .ckpt_rate = {NAN, NAN}};
+	for (enum impl_id i = 0; i < N_IMPLS; i++)
+		r->idle_ratio[i] = r->idle_ns[i][0] = r->idle_ns[i][1] = NAN;
+	sweep(o, r);
+	if (o->idle)
+		idle_check(o, r);
+	if (o->impl_on[IMPL_ADG] &&
+	    o->workload_on[workload_index("shared-params")]) {
+		r->overlap = bench_overlap_fraction(&o->p, 200, &r->remaining);
+		fprintf(stderr,
+			"overlap: %.0f%% of parameter gradients final while "
+			"steps remained\n",
+			100 * r->overlap);
+	}
+	if (o->impl_on[IMPL_ADG] && o->checkpoint)
+		checkpoint_check(o, r);
+}

@@ -1,0 +1,348 @@
+/*
+ * adg-bench's report: the table and the one-thread figures on stdout, and
+ * the results folder (bench.csv, bench.json, table.txt, summary.md).
+ *
+ * Every ratio compares medians measured in the same run on the same
+ * machine, never figures from another run. The formats are read by people
+ * and scripts, and README.md quotes summary.md: change a column or a key
+ * only on purpose.
+ */
+#include "driver.h"
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+void human(char *buf, size_t size, double v)
+{
+	if (isnan(v))
+		snprintf(buf, size, "-");
+	else if (v >= 1e9)
+		snprintf(buf, size, "%.2fG", v / 1e9);
+	else if (v >= 1e6)
+		snprintf(buf, size, "%.2fM", v / 1e6);
+	else if (v >= 1e3)
+		snprintf(buf, size, "%.1fk", v / 1e3);
+	else
+		snprintf(buf, size, "%.0f", v);
+}
+
+static void ratio(char *buf, size_t size, double a, double b)
+{
+	if (isnan(a) || isnan(b) || b == 0)
+		snprintf(buf, size, "-");
+	else
+		snprintf(buf, size, "%.2f", a / b);
+}
+
+static void machine_line(FILE *f)
+{
+	char model[256] = "unknown cpu";
+	FILE *ci = fopen("/proc/cpuinfo", "r");
+	char line[512];
+	while (ci && fgets(line, sizeof line, ci)) {
+		if (strncmp(line, "model name", 10) == 0) {
+			char *v = strchr(line, ':');
+			if (v) {
+				snprintf(model, sizeof model, "%s", v + 2);
+				model[strcspn(model, "\n")] = 0;
+			}
+			break;
+		}
+	}
+	if (ci)
+		fclose(ci);
+	fprintf(f, "machine: %s, %ld cores online\n", model,
+		sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+void print_heading(const struct options *o)
+{
+	machine_line(stdout);
+	printf("%d runs of %d ms per cell; rates are medians; ratios compare "
+	       "medians measured in this run\n\n",
+	       o->runs, o->ms);
+}
+
+static void print_table(FILE *f, const struct results *r)
+{
+	fprintf(f, "%-13s %4s %-5s %15s %17s %6s %6s %6s %8s %8s %7s\n",
+		"workload", "thr", "impl", "median/s", "min-max", "xseed",
+		"xfloor", "x1thr", "ns/node", "ns/step", "rss MB");
+	for (int i = 0; i < r->n_cells; i++) {
+		const struct cell *c = &r->cells[i];
+		if (!c->ok) {
+			fprintf(f, "%-13s %4d %-5s   (failed)\n",
+				bench_workloads[c->workload].name, c->threads,
+				impls[c->impl]->name);
+			continue;
+		}
+		const bench_workload *wl = &bench_workloads[c->workload];
+		double m = median(c->rate, c->runs);
+		char med[32], lo[16], hi[16], rs[16], rf[16], r1[16], range[40];
+		char unit_rate[48];
+		human(med, sizeof med, m);
+		snprintf(unit_rate, sizeof unit_rate, "%s %s", med, wl->unit);
+		human(lo, sizeof lo, vmin(c->rate, c->runs));
+		human(hi, sizeof hi, vmax(c->rate, c->runs));
+		snprintf(range, sizeof range, "%s-%s", lo, hi);
+		ratio(rs, sizeof rs, m,
+		      rate_of(r, c->workload, IMPL_SEED, c->threads));
+		ratio(rf, sizeof rf, m,
+		      rate_of(r, c->workload, IMPL_FLOOR, c->threads));
+		ratio(r1, sizeof r1, m, rate_of(r, c->workload, c->impl, 1));
+		if (c->impl == IMPL_SEED)
+			snprintf(rs, sizeof rs, "-");
+		if (c->impl == IMPL_FLOOR)
+			snprintf(rf, sizeof rf, "-");
+		fprintf(f,
+			"%-13s %4d %-5s %15s %17s %6s %6s %6s %8.1f %8.1f "
+			"%7.1f",
+			wl->name, c->threads, impls[c->impl]->name, unit_rate,
+			range, rs, rf, r1, median(c->ns_node, c->runs),
+			median(c->ns_step, c->runs), c->peak_rss_kb / 1024.0);
+		if (median(c->loss_first, c->runs) > 0)
+			fprintf(f, "  loss %.4f -> %.4f",
+				median(c->loss_first, c->runs),
+				median(c->loss_last, c->runs));
+		if (median(c->merges, c->runs) > 0 &&
+		    strcmp(wl->name, "merge") == 0)
+			fprintf(f, "  %.2fM merges/s",
+				median(c->merges, c->runs) / 1e6);
+		fprintf(f, "\n");
+	}
+}
+
+void print_report(const struct options *o, const struct results *r)
+{
+	print_table(stdout, r);
+	if (!isnan(r->ckpt_rate[0]))
+		printf("\ncheckpoint (adg, a product, %d adds, a product; 1 "
+		       "thread): none %.2fM nodes/s, peak %ld outputs alive; "
+		       "balanced %.2fM nodes/s, peak %ld\n",
+		       CKPT_CHAIN, r->ckpt_rate[0] / 1e6, r->ckpt_peak[0],
+		       r->ckpt_rate[1] / 1e6, r->ckpt_peak[1]);
+	if (!isnan(r->overlap))
+		printf("\nshared-params, adg_backward_with's hook: %.0f%% of "
+		       "the parameter gradients are final (and could be sent) "
+		       "while steps are still left to run; on average %.0f%% "
+		       "of the steps are left when one is\n",
+		       100 * r->overlap, 100 * r->remaining);
+	if (o->idle) {
+		printf("\nbackward of a %d-node chain, 1 thread, with %d idle "
+		       "graphs alive vs none:\n",
+		       o->p.chain, o->p.idle_graphs);
+		for (enum impl_id i = 0; i < N_IMPLS; i++)
+			if (!isnan(r->idle_ratio[i]))
+				printf("  %-5s %9.0f ns -> %12.0f ns  (%.2f "
+				       "x)\n",
+				       impls[i]->name, r->idle_ns[i][0],
+				       r->idle_ns[i][1], r->idle_ratio[i]);
+	}
+	print_targets(stdout, r, o->p.idle_graphs);
+}
+
+static void write_csv(FILE *f, const struct options *o, const struct results *r)
+{
+	(void)o;
+	fprintf(f, "workload,threads,impl,unit,median,min,max,nodes_per_s,"
+		   "merges_per_s,ns_per_node,ns_per_step,peak_rss_kb,"
+		   "loss_first,loss_last,runs\n");
+	for (const struct cell *c = next_ok(r, NULL); c; c = next_ok(r, c)) {
+		fprintf(f,
+			"%s,%d,%s,%s,%.0f,%.0f,%.0f,%.0f,%.0f,%.2f,%.2f,%ld,"
+			"%.6f,%.6f,%d\n",
+			bench_workloads[c->workload].name, c->threads,
+			impls[c->impl]->name, bench_workloads[c->workload].unit,
+			median(c->rate, c->runs), vmin(c->rate, c->runs),
+			vmax(c->rate, c->runs), median(c->nodes, c->runs),
+			median(c->merges, c->runs), median(c->ns_node, c->runs),
+			median(c->ns_step, c->runs), c->peak_rss_kb,
+			median(c->loss_first, c->runs),
+			median(c->loss_last, c->runs), c->runs);
+	}
+}
+
+static void write_json(FILE *f, const struct options *o,
+		       const struct results *r)
+{
+	fprintf(f, "{\n  \"cells\": [\n");
+	bool first = true;
+	for (const struct cell *c = next_ok(r, NULL); c; c = next_ok(r, c)) {
+		fprintf(f,
+			"%s    {\"workload\": \"%s\", \"threads\": %d, "
+			"\"impl\": \"%s\", \"unit\": \"%s\", \"runs\": [",
+			first ? "" : ",\n", bench_workloads[c->workload].name,
+			c->threads, impls[c->impl]->name,
+			bench_workloads[c->workload].unit);
+		for (int k = 0; k < c->runs; k++)
+			fprintf(f, "%s%.0f", k ? ", " : "", c->rate[k]);
+		fprintf(f,
+			"], \"median\": %.0f, \"nodes_per_s\": %.0f, "
+			"\"ns_per_node\": %.2f, \"ns_per_step\": %.2f, "
+			"\"peak_rss_kb\": %ld, \"loss_first\": %.6f, "
+			"\"loss_last\": %.6f}",
+			median(c->rate, c->runs), median(c->nodes, c->runs),
+			median(c->ns_node, c->runs),
+			median(c->ns_step, c->runs), c->peak_rss_kb,
+			median(c->loss_first, c->runs),
+			median(c->loss_last, c->runs));
+		first = false;
+	}
+	fprintf(f, "\n  ],\n  \"idle\": {\"graphs\": %d", o->p.idle_graphs);
+	for (enum impl_id i = 0; i < N_IMPLS; i++)
+		if (!isnan(r->idle_ratio[i]))
+			fprintf(f,
+				", \"%s\": {\"ns_none\": %.0f, "
+				"\"ns_idle\": %.0f, \"ratio\": %.3f}",
+				impls[i]->name, r->idle_ns[i][0],
+				r->idle_ns[i][1], r->idle_ratio[i]);
+	fprintf(f, "}");
+	if (!isnan(r->ckpt_rate[0]))
+		fprintf(f,
+			",\n  \"checkpoint\": {\"chain\": %d, \"none\": "
+			"{\"nodes_per_s\": %.0f, \"peak_outputs\": %ld}, "
+			"\"balanced\": {\"nodes_per_s\": %.0f, "
+			"\"peak_outputs\": %ld}}",
+			CKPT_CHAIN, r->ckpt_rate[0], r->ckpt_peak[0],
+			r->ckpt_rate[1], r->ckpt_peak[1]);
+	if (!isnan(r->overlap))
+		fprintf(f,
+			",\n  \"overlap\": {\"early_fraction\": %.4f, "
+			"\"mean_steps_left\": %.4f}",
+			r->overlap, r->remaining);
+	fprintf(f, "\n}\n");
+}
+
+static void write_table(FILE *f, const struct options *o,
+			const struct results *r)
+{
+	(void)o;
+	machine_line(f);
+	print_table(f, r);
+}
+
+/* A compact Markdown summary: per workload, a row per thread count. */
+static void write_markdown(FILE *f, const struct options *o,
+			   const struct results *r)
+{
+	machine_line(f);
+	fprintf(f,
+		"\n%d runs of %d ms per cell, medians; ratios of medians "
+		"measured in the same run.\n",
+		o->runs, o->ms);
+	for (int w = 0; w < bench_n_workloads; w++) {
+		if (!o->workload_on[w])
+			continue;
+		const char *unit = bench_workloads[w].unit;
+		fprintf(f, "\n**%s** (%s/s)\n\n", bench_workloads[w].name,
+			unit);
+		fprintf(f,
+			"| threads | adg | seed | floor | adg/seed | adg/floor "
+			"| adg vs 1 thread |\n");
+		fprintf(f, "|---:|---:|---:|---:|---:|---:|---:|\n");
+		for (int t = 0; t < o->n_threads; t++) {
+			int th = o->threads[t];
+			double rt[N_IMPLS];
+			char cell[N_IMPLS][32], rs[16], rf[16], r1[16];
+			for (enum impl_id i = 0; i < N_IMPLS; i++) {
+				rt[i] = rate_of(r, w, i, th);
+				human(cell[i], sizeof cell[i], rt[i]);
+			}
+			ratio(rs, sizeof rs, rt[IMPL_ADG], rt[IMPL_SEED]);
+			ratio(rf, sizeof rf, rt[IMPL_ADG], rt[IMPL_FLOOR]);
+			ratio(r1, sizeof r1, rt[IMPL_ADG],
+			      rate_of(r, w, IMPL_ADG, 1));
+			fprintf(f, "| %d | %s | %s | %s | %s | %s | %s |\n", th,
+				cell[IMPL_ADG], cell[IMPL_SEED],
+				cell[IMPL_FLOOR], rs, rf, r1);
+		}
+	}
+	int dj = workload_index("disjoint");
+	const struct cell *ca = find_cell(r, dj, IMPL_ADG, 1);
+	const struct cell *cf = find_cell(r, dj, IMPL_FLOOR, 1);
+	if (ca && cf)
+		fprintf(f,
+			"\nPer registered node, 1 thread (disjoint): adg %.1f "
+			"ns, floor %.1f ns; per backward step: adg %.1f ns, "
+			"floor %.1f ns.\n",
+			median(ca->ns_node, ca->runs),
+			median(cf->ns_node, cf->runs),
+			median(ca->ns_step, ca->runs),
+			median(cf->ns_step, cf->runs));
+	if (!isnan(r->idle_ratio[IMPL_ADG]))
+		fprintf(f,
+			"\nBackward of a %d-node chain with %d idle graphs "
+			"alive: adg %.0f ns -> %.0f ns (%.2f x)",
+			o->p.chain, o->p.idle_graphs, r->idle_ns[IMPL_ADG][0],
+			r->idle_ns[IMPL_ADG][1], r->idle_ratio[IMPL_ADG]);
+	if (!isnan(r->idle_ratio[IMPL_SEED]))
+		fprintf(f, ", seed %.0f ns -> %.0f ns (%.0f x)",
+			r->idle_ns[IMPL_SEED][0], r->idle_ns[IMPL_SEED][1],
+			r->idle_ratio[IMPL_SEED]);
+	fprintf(f, "\n");
+	if (!isnan(r->overlap))
+		fprintf(f,
+			"\nGradient-ready hook (shared-params): %.0f%% of the "
+			"parameter gradients are final while steps are still "
+			"left to run; on average %.0f%% of the steps are left "
+			"when one is.\n",
+			100 * r->overlap, 100 * r->remaining);
+	if (!isnan(r->ckpt_rate[0]))
+		fprintf(f,
+			"\nCheckpointing (a product, %d memory-bound "
+			"adds, a product; 1 thread): `NONE` %.2fM "
+			"nodes/s, at most %ld outputs alive; "
+			"`BALANCED` %.2fM nodes/s, at most %ld.\n",
+			CKPT_CHAIN, r->ckpt_rate[0] / 1e6, r->ckpt_peak[0],
+			r->ckpt_rate[1] / 1e6, r->ckpt_peak[1]);
+	fprintf(f, "\n```");
+	print_targets(f, r, o->p.idle_graphs);
+	fprintf(f, "```\n");
+}
+
+/* The results folder's files, in the order they are written; a file that
+ * cannot be opened is skipped, as it always was. */
+static const struct {
+	const char *name;
+	void (*write)(FILE *f, const struct options *o,
+		      const struct results *r);
+} files[] = {
+	{"bench.csv", write_csv},
+	{"bench.json", write_json},
+	{"summary.md", write_markdown},
+	{"table.txt", write_table},
+};
+
+int write_results(const struct options *o, const struct results *r, char *dir,
+		  size_t size)
+{
+	char stamp[64];
+	time_t now = time(NULL);
+	strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", localtime(&now));
+	mkdir(o->out_dir, 0755);
+	if (strlen(o->out_dir) > 900) {
+		fprintf(stderr, "adg-bench: --out is too long\n");
+		return 2;
+	}
+	snprintf(dir, size, "%s/%s", o->out_dir, stamp);
+	if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+		perror(dir);
+		return 1;
+	}
+	for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+		char path[1100];
+		snprintf(path, sizeof path, "%s/%s", dir, files[i].name);
+		FILE *f = fopen(path, "w");
+		if (f == NULL)
+			continue;
+		files[i].write(f, o, r);
+		fclose(f);
+	}
+	printf("\nresults: %s/{bench.csv,bench.json,table.txt,summary.md}\n",
+	       dir);
+	return 0;
+}

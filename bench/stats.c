@@ -1,0 +1,74 @@
+/*
+ * adg-bench's statistics: a cell's runs reduced to the figures the reports
+ * print. Medians, so that one run disturbed by the machine moves nothing;
+ * min and max show how far the runs spread.
+ */
+#include "driver.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+double median(const double *v, int n)
+{
+	double s[MAX_RUNS];
+	memcpy(s, v, n * sizeof *s);
+	qsort(s, n, sizeof *s, cmp_double);
+	return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
+double vmin(const double *v, int n)
+{
+	double m = v[0];
+	for (int i = 1; i < n; i++)
+		m = v[i] < m ? v[i] : m;
+	return m;
+}
+
+double vmax(const double *v, int n)
+{
+	double m = v[0];
+	for (int i = 1; i < n; i++)
+		m = v[i] > m ? v[i] : m;
+	return m;
+}
+
+const struct cell *next_ok(const struct results *r, const struct cell *prev)
+{
+	for (const struct cell *c = prev ? prev + 1 : r->cells;
+	     c < r->cells + r->n_cells; c++)
+		if (c->ok)
+			return c;
+	return NULL;
+}
+
+const struct cell *find_cell(const struct results *r, int workload,
+			     enum impl_id impl, int threads)
+{
+	for (const struct cell *c = next_ok(r, NULL); c; c = next_ok(r, c))
+		if (c->workload == workload && c->impl == impl &&
+		    c->threads == threads)
+			return c;
+	return NULL;
+}
+
+double rate_of(const struct results *r, int workload, enum impl_id impl,
+	       int threads)
+{
+	const struct cell *c = find_cell(r, workload, impl, threads);
+	return c ? median(c->rate, c->runs) : NAN;
+}
+
+int workload_index(const char *name)
+{
+	for (int i = 0; i < bench_n_workloads; i++)
+		if (strcmp(bench_workloads[i].name, name) == 0)
+			return i;
+	return -1;
+}
