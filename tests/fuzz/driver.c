@@ -561,6 +561,50 @@ static void do_graph(struct fuzz *f, size_t i)
 
 /* ---------------------------------------------------------------- run */
 
+/* The kinds, in ops.def's order, with their argument bytes and names. */
+static const struct op_info {
+	enum adg_fuzz_op kind; /* its first code */
+	unsigned count, args;
+	const char *name;
+} op_table[] = {
+#define OP(name, first, count, args, text)                                     \
+	{ADG_FUZZ_##name, (count), (args), (text)},
+#include "ops.def"
+#undef OP
+};
+
+static const struct op_info *decode(uint8_t byte)
+{
+	unsigned code = byte % ADG_FUZZ_OPCODES;
+	size_t i = 0;
+	while (code >= op_table[i].kind + op_table[i].count)
+		i++;
+	return &op_table[i];
+}
+
+/* Whether an operation of this kind is skipped now: it needs a handle and
+ * there is none, or makes one and there is no room. */
+static bool skipped(const struct fuzz *f, enum adg_fuzz_op kind)
+{
+	bool full = f->nh == ADG_FUZZ_MAX_HANDLES, empty = f->nh == 0;
+	switch (kind) {
+	case ADG_FUZZ_LEAF:
+		return full;
+	case ADG_FUZZ_OP:
+	case ADG_FUZZ_REF:
+		return full || empty;
+	case ADG_FUZZ_STATS:
+		return false;
+	case ADG_FUZZ_DROP:
+	case ADG_FUZZ_BACKWARD:
+	case ADG_FUZZ_BACKWARD_HOOK:
+	case ADG_FUZZ_GRAPH:
+	case ADG_FUZZ_BACKWARD_NEWEST:
+		return empty;
+	}
+	return true;
+}
+
 /* Decodes and runs one operation at *pos; returns false at the end of the
  * input. */
 static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
@@ -569,46 +613,22 @@ static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
 	if (*pos >= size)
 		return false;
 	size_t start = *pos;
-	unsigned kind = data[(*pos)++] % 16;
-	/* Argument bytes: backward takes two, stats and backward-newest
-	 * none, the others one (an op then its parents' indices). */
-	size_t need = kind == 11 || kind == 12	 ? 2
-		      : kind == 13 || kind == 15 ? 0
-						 : 1;
-	if (size - *pos < need)
+	const struct op_info *op = decode(data[(*pos)++]);
+	if (size - *pos < op->args)
 		return false;
 	const uint8_t *arg = data + *pos;
-	*pos += need;
-	if (kind >= 3 && kind <= 6) {
-		size_t n = 1 + arg[0] % 3;
+	*pos += op->args;
+	if (op->kind == ADG_FUZZ_OP) {
+		size_t n = 1 + arg[0] % 3; /* then the parents' indices */
 		if (size - *pos < n)
 			return false;
 		*pos += n;
 	}
 
-	static const char *const names[16] = {"leaf",
-					      "leaf",
-					      "leaf",
-					      "op",
-					      "op",
-					      "op",
-					      "op",
-					      "ref",
-					      "drop",
-					      "drop",
-					      "drop",
-					      "backward",
-					      "backward-hook",
-					      "stats",
-					      "graph",
-					      "backward-newest"};
-	bool full = f->nh == ADG_FUZZ_MAX_HANDLES, empty = f->nh == 0;
-	size_t i = need > 0 && !empty ? arg[0] % f->nh : 0;
-	bool skip = kind <= 2	 ? full
-		    : kind <= 7	 ? full || empty
-		    : kind == 13 ? false
-				 : empty;
-	f->op_name = names[kind];
+	/* The handle an operation names by its first argument. */
+	size_t i = op->args > 0 && f->nh > 0 ? arg[0] % f->nh : 0;
+	bool skip = skipped(f, op->kind);
+	f->op_name = op->name;
 	f->op_start = start;
 	f->op_end = *pos;
 	f->op_skipped = skip;
@@ -619,24 +639,35 @@ static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
 	}
 	if (!skip) {
 		f->cov.ops_run++;
-		if (kind <= 2)
+		switch (op->kind) {
+		case ADG_FUZZ_LEAF:
 			do_leaf(f, arg[0]);
-		else if (kind <= 6)
+			break;
+		case ADG_FUZZ_OP:
 			do_op(f, arg[0], arg + 1);
-		else if (kind == 7)
+			break;
+		case ADG_FUZZ_REF:
 			do_ref(f, i);
-		else if (kind <= 10)
+			break;
+		case ADG_FUZZ_DROP:
 			do_drop(f, i);
-		else if (kind == 11)
+			break;
+		case ADG_FUZZ_BACKWARD:
 			do_backward(f, i, 2 * (uint64_t)arg[1] + 1, NULL);
-		else if (kind == 12)
+			break;
+		case ADG_FUZZ_BACKWARD_HOOK:
 			do_backward_hook(f, i, arg[1]);
-		else if (kind == 13)
+			break;
+		case ADG_FUZZ_STATS:
 			do_stats(f);
-		else if (kind == 14)
+			break;
+		case ADG_FUZZ_GRAPH:
 			do_graph(f, i);
-		else
+			break;
+		case ADG_FUZZ_BACKWARD_NEWEST:
 			do_backward(f, f->nh - 1, 1, NULL);
+			break;
+		}
 	}
 	check_all(f);
 	return true;

@@ -5,9 +5,10 @@
  * libFuzzer target (fuzz_target.c) and the corpus replay test
  * (tests/test_replay.c).
  *
- * Input format: a sequence of operations, each an opcode byte followed by
- * its argument bytes; an operation cut short by the end of the input is
- * not run. The opcode byte selects the kind by its value modulo 16:
+ * Input format (documented here only; ops.def holds the codes): a sequence
+ * of operations, each an opcode byte followed by its argument bytes; an
+ * operation cut short by the end of the input is not run. The opcode byte
+ * selects the kind by its value modulo ADG_FUZZ_OPCODES (16):
  *
  *   0-2    leaf      v        a leaf of value 2v+1 (odd: products of odd
  *                             numbers never wrap to 0)
@@ -42,18 +43,33 @@
 #define ADG_FUZZ_MAX_HANDLES 64
 #define ADG_FUZZ_MAX_OPS     512
 
-/* Opcodes, one per kind (the first value of each range above). */
-enum adg_fuzz_opcode {
-	ADG_FUZZ_LEAF = 0,
-	ADG_FUZZ_OP = 3,
-	ADG_FUZZ_REF = 7,
-	ADG_FUZZ_DROP = 8,
-	ADG_FUZZ_BACKWARD = 11,
-	ADG_FUZZ_BACKWARD_HOOK = 12,
-	ADG_FUZZ_STATS = 13,
-	ADG_FUZZ_GRAPH = 14,
-	ADG_FUZZ_BACKWARD_NEWEST = 15,
+/* The kinds of operation, each named by the first code of its range
+ * (ops.def). */
+enum adg_fuzz_op {
+#define OP(name, first, count, args, text) ADG_FUZZ_##name = (first),
+#include "ops.def"
+#undef OP
 };
+
+/* The codes implied by the counts alone: each range starts where the one
+ * before ends. ADG_FUZZ_OPCODES, the modulus, is their sum. */
+enum adg_fuzz_code {
+#define OP(name, first, count, args, text)                                     \
+	ADG_FUZZ_FIRST_##name,                                                 \
+		ADG_FUZZ_LAST_##name = ADG_FUZZ_FIRST_##name + (count)-1,
+#include "ops.def"
+#undef OP
+	ADG_FUZZ_OPCODES
+};
+
+/* So a FIRST in ops.def that leaves a gap or overlaps does not compile. */
+#define OP(name, first, count, args, text)                                     \
+	_Static_assert((count) >= 1 && (first) == ADG_FUZZ_FIRST_##name,       \
+		       "ops.def: " #name                                       \
+		       " must start where the previous ends");
+#include "ops.def"
+#undef OP
+_Static_assert(ADG_FUZZ_OPCODES <= 256, "ops.def: more codes than a byte");
 
 /* What inputs exercised, summed over runs: lets the replay test check that
  * the corpus covers every kind of operation and outcome. One X(name) per

@@ -3,17 +3,36 @@
 
 Each scenario is written with named handles; Seq tracks the driver's handle
 array (new handles at the end, a dropped one replaced by the last) to turn
-names into indices. The encoding is documented in driver.h. The files are
+names into indices. The encoding is documented in driver.h; the opcodes and
+argument counts come from ops.def, which the driver reads too. The files are
 committed: rerun this only to change the corpus.
 
     python3 tests/fuzz/gen_corpus.py [out_dir]
 """
 import os
 import random
+import re
 import sys
 
-LEAF, OP, REF, DROP, BACKWARD, BACKWARD_HOOK, STATS, GRAPH, BACKWARD_NEWEST = (
-    0, 3, 7, 8, 11, 12, 13, 14, 15)
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def read_ops(path):
+    """ops.def's lines as {NAME: (first code, argument bytes)}, checked as
+    driver.h checks them: the ranges follow one another from 0."""
+    ops, code = {}, 0
+    with open(path) as fp:
+        for m in re.finditer(r'^OP\((\w+), (\d+), (\d+), (\d+), "([^"]+)"\)$',
+                             fp.read(), re.M):
+            name, first, count, args = m[1], int(m[2]), int(m[3]), int(m[4])
+            assert first == code and count >= 1, f"ops.def: {name}'s range"
+            ops[name] = (first, args)
+            code += count
+    assert ops, "ops.def: no OP lines"
+    return ops
+
+
+OPS = read_ops(os.path.join(HERE, "ops.def"))
 
 # Which gradients the ready hook takes (driver.h): none, even ids, ids
 # divisible by 3, all.
@@ -21,6 +40,8 @@ TAKE_NONE, TAKE_EVEN, TAKE_THIRD, TAKE_ALL = range(4)
 
 
 class Seq:
+    """One input: a method per operation of ops.def, named after it."""
+
     def __init__(self):
         self.out = bytearray()
         self.handles = []
@@ -28,42 +49,52 @@ class Seq:
     def _idx(self, name):
         return self.handles.index(name)
 
+    def _emit(self, op, args, parents=()):
+        first, n_args = OPS[op]
+        assert len(args) == n_args, f"{op} takes {n_args} argument bytes"
+        self.out += bytes([first] + list(args) +
+                          [self._idx(x) for x in parents])
+
     def leaf(self, name, v=1):
-        self.out += bytes([LEAF, v])
+        self._emit("LEAF", [v])
         self.handles.append(name)
 
     def op(self, name, parents, fail=False, take=False):
         assert 1 <= len(parents) <= 3
         flags = (7 if fail else 0) + (8 if take else 0)
-        p = len(parents) - 1 + 3 * flags
-        self.out += bytes([OP, p] + [self._idx(x) for x in parents])
+        self._emit("OP", [len(parents) - 1 + 3 * flags], parents)
         self.handles.append(name)
 
     def ref(self, name, new):
-        self.out += bytes([REF, self._idx(name)])
+        self._emit("REF", [self._idx(name)])
         self.handles.append(new)
 
     def drop(self, name):
         i = self._idx(name)
-        self.out += bytes([DROP, i])
+        self._emit("DROP", [i])
         self.handles[i] = self.handles[-1]
         self.handles.pop()
 
     def backward(self, name, seed=0):
-        self.out += bytes([BACKWARD, self._idx(name), seed])
+        self._emit("BACKWARD", [self._idx(name), seed])
 
     def backward_hook(self, name, leaves_only=False, take=TAKE_NONE, seed=0):
         s = (1 if leaves_only else 0) + 2 * take + 8 * seed
-        self.out += bytes([BACKWARD_HOOK, self._idx(name), s])
+        self._emit("BACKWARD_HOOK", [self._idx(name), s])
 
     def backward_newest(self):
-        self.out += bytes([BACKWARD_NEWEST])
+        self._emit("BACKWARD_NEWEST", [])
 
     def stats(self):
-        self.out += bytes([STATS])
+        self._emit("STATS", [])
 
     def graph(self, name):
-        self.out += bytes([GRAPH, self._idx(name)])
+        self._emit("GRAPH", [self._idx(name)])
+
+
+# An operation added to ops.def must be given its encoder here.
+for _op in OPS:
+    assert callable(getattr(Seq, _op.lower(), None)), f"Seq.{_op.lower()}"
 
 
 def leaves(s, n, prefix="l"):
@@ -510,9 +541,8 @@ def write_random(out_dir):
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
-        here, "corpus")
+        HERE, "corpus")
     os.makedirs(out_dir, exist_ok=True)
     for i, (name, fn) in enumerate(SCENARIOS.items()):
         s = Seq()
