@@ -44,6 +44,7 @@ struct fuzz {
 	adg_grad_ops ops;
 	struct model model;
 	struct model_backward expect;
+	uint64_t running; /* the step in progress in a backward, or 0 */
 	struct handle h[ADG_FUZZ_MAX_HANDLES];
 	size_t nh;
 	/* Gradient boxes and step closures not yet freed. */
@@ -161,6 +162,35 @@ static int box_add(void **sum, void *value, void *ctx)
 
 /* --------------------------------------------------------------- steps */
 
+/* The step of id is called: the one before it has returned. Steps run
+ * deepest first, once each, and none after one failed. */
+static void step_begin(struct fuzz *f, uint64_t id)
+{
+	struct model_backward *e = &f->expect;
+
+	if (f->running != 0)
+		model_step_end(&f->model, e, f->running);
+	f->running = 0;
+	if (e->rc != 0 || !e->on_tape[id] || e->ran[id])
+		mismatch(f, "the step of %" PRIu64 " ran, model: %s", id,
+			 e->ran[id] ? "it ran already" : "not on the tape");
+	if (e->failed_step != 0)
+		mismatch(f,
+			 "the step of %" PRIu64
+			 " ran after the step of %" PRIu64 " failed",
+			 id, e->failed_step);
+	uint32_t depth = f->model.node[id].depth;
+	for (uint64_t k = 1; k < f->model.next_id; k++)
+		if (e->on_tape[k] && !e->ran[k] &&
+		    f->model.node[k].depth > depth)
+			mismatch(f,
+				 "the step of %" PRIu64
+				 " ran before the deeper step of %" PRIu64,
+				 id, k);
+	model_step_begin(&f->model, e, id);
+	f->running = id;
+}
+
 static int step_backward(adg_step_call *call, void *user)
 {
 	struct step *s = user;
@@ -183,6 +213,7 @@ static int step_backward(adg_step_call *call, void *user)
 				 ", want %" PRIu64,
 				 s->id, i, call->parent_ids[i],
 				 s->parent_ids[i]);
+	step_begin(f, s->id);
 	f->runs[s->id]++;
 	if (call->grad == NULL)
 		return s->fails ? fail_code(s->id) : 0;
@@ -343,29 +374,20 @@ static void do_drop(struct fuzz *f, size_t i)
 	f->cov.cascades += f->model.nodes_freed - freed >= 2;
 }
 
-/* Which steps ran in this backward, against the model's tape: all of them
- * on success; after a failure, every step deeper than the first failing
- * one, none shallower, at most one each at its depth. */
-static void check_runs(struct fuzz *f, uint64_t failed_id)
+/* Which steps ran in this backward: step_begin checked each as it came;
+ * unless one failed, every step of the tape ran. Each was called with its
+ * final gradient. */
+static void check_runs(struct fuzz *f)
 {
 	const struct model_backward *e = &f->expect;
 
 	for (uint64_t id = 1; id < f->model.next_id; id++) {
 		unsigned ran = f->runs[id] - f->runs_before[id];
-		unsigned want_min = 0, want_max = 0;
-		if (e->on_tape[id]) {
-			uint32_t depth = f->model.node[id].depth;
-			if (e->rc == 0 || depth > e->fail_depth ||
-			    id == failed_id)
-				want_min = want_max = 1;
-			else if (depth == e->fail_depth)
-				want_max = 1;
-		}
-		if (ran < want_min || ran > want_max)
+		if (e->on_tape[id] && e->failed_step == 0 && ran == 0)
 			mismatch(f,
-				 "step %" PRIu64 " ran %u times in this "
-				 "backward, model: %u..%u (on tape: %d)",
-				 id, ran, want_min, want_max, e->on_tape[id]);
+				 "step %" PRIu64 " never ran in a backward "
+				 "where no step failed",
+				 id);
 		if (ran == 0)
 			continue;
 		/* Called with NULL when none arrived or the hook took it. */
@@ -440,26 +462,17 @@ static int on_ready(uint64_t id, void **grad, void *ctx)
 static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 			const struct model_hook *hook)
 {
-	const struct model_backward *e = &f->expect;
+	struct model_backward *e = &f->expect;
 	uint64_t root = f->h[i].id;
 	adg_grads *out = (adg_grads *)&out; /* must become NULL on error */
 
 	uint64_t freed = f->model.nodes_freed;
 	memcpy(f->runs_before, f->runs, sizeof f->runs);
 	memset(f->fired, 0, sizeof f->fired);
-	model_backward(&f->model, root, seed, hook, &f->expect);
+	model_backward(&f->model, root, seed, hook, e);
 	f->cov.backward_hook += hook != NULL;
 	f->cov.cascades += f->model.nodes_freed - freed >= 2;
-	if (f->model.node[root].leaf)
-		f->cov.backward_leaf++;
-	else if (e->rc == 0)
-		f->cov.backward_ok++;
-	else if (e->rc == ADG_ECONSUMED)
-		f->cov.backward_consumed++;
-	else if (e->rc == ADG_EUNAVAILABLE)
-		f->cov.backward_unavailable++;
-	else
-		f->cov.backward_failed++;
+	f->running = 0;
 	int rc;
 	if (hook == NULL) {
 		rc = adg_backward(f->reg, f->h[i].node, box(f, seed), &f->ops,
@@ -469,34 +482,37 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 		rc = adg_backward_with(f->reg, f->h[i].node, box(f, seed),
 				       &f->ops, &o, &out);
 	}
+	if (f->running != 0)
+		model_step_end(&f->model, e, f->running);
+	f->running = 0;
+	if (e->rc == 0)
+		model_backward_end(&f->model, e);
 
 	if (f->trace)
 		fprintf(stderr,
 			"adg-fuzz:    backward from %" PRIu64 ": %d (%s)\n",
 			root, rc, adg_strerror(rc));
-	uint64_t failed_id = 0;
-	if (e->rc == MODEL_STEP_FAILED) {
-		/* The code names the step that failed: it must be one of the
-		 * deepest failing steps on the tape. */
-		uint64_t id = (uint64_t)(ADG_EUSER - (int64_t)rc);
-		if (rc > ADG_EUSER || id >= f->model.next_id ||
-		    !e->on_tape[id] || !f->model.node[id].fails ||
-		    f->model.node[id].depth != e->fail_depth)
-			mismatch(f,
-				 "adg_backward from %" PRIu64
-				 " returned %d (%s), model: the code of a "
-				 "failing step at depth %" PRIu32,
-				 root, rc, adg_strerror(rc), e->fail_depth);
-		failed_id = id;
-	} else {
-		if (rc != e->rc)
-			mismatch(f,
-				 "adg_backward from node %" PRIu64
-				 " returned %d (%s), model %d (%s)",
-				 root, rc, adg_strerror(rc), e->rc,
-				 adg_strerror(e->rc));
-	}
-	check_runs(f, failed_id);
+	/* The steps that ran decide the outcome: the first to fail names
+	 * itself in its code. */
+	int want = e->rc;
+	if (want == 0 && e->failed_step != 0)
+		want = fail_code(e->failed_step);
+	if (rc != want)
+		mismatch(f,
+			 "adg_backward from node %" PRIu64
+			 " returned %d (%s), model %d (%s)",
+			 root, rc, adg_strerror(rc), want, adg_strerror(want));
+	if (f->model.node[root].leaf)
+		f->cov.backward_leaf++;
+	else if (rc == 0)
+		f->cov.backward_ok++;
+	else if (rc == ADG_ECONSUMED)
+		f->cov.backward_consumed++;
+	else if (rc == ADG_EUNAVAILABLE)
+		f->cov.backward_unavailable++;
+	else
+		f->cov.backward_failed++;
+	check_runs(f);
 	/* After a failure the hook may have missed ids, never more. */
 	for (uint64_t id = 1; hook != NULL && id < f->model.next_id; id++)
 		if (f->fired[id] == 0 && e->fires[id] && rc == 0)
@@ -684,7 +700,7 @@ size_t adg_fuzz_run(const uint8_t *data, size_t size,
 	const char *trace = getenv("ADG_FUZZ_TRACE");
 	f->trace = trace != NULL && trace[0] == '1';
 	f->ops = (adg_grad_ops){box_add, box_free, f};
-	model_init(&f->model);
+	model_init(&f->model, ADG_CHECKPOINT_NONE);
 	f->data = data;
 	f->op_name = "adg_registry_new";
 	expect_rc(f, "adg_registry_new", adg_registry_new(NULL, &f->reg), 0);
