@@ -1,11 +1,18 @@
 /*
  * The differential fuzzer's core: see driver.h.
  *
- * Gradients are heap boxes holding a uint64_t, and each step is a heap
- * closure, so that AddressSanitizer sees a leak or a double free, and the
- * counters below see one in any build. Node values multiply modulo 2^64 and
- * gradients add modulo 2^64: exact whatever the order, so libadg and the
- * model must agree bit for bit.
+ * Gradients are heap boxes holding a uint64_t, and each step and output is
+ * a heap object, so that AddressSanitizer sees a leak or a double free,
+ * and the counters below see one in any build. Node values multiply modulo
+ * 2^64 and gradients add modulo 2^64: exact whatever the order, so libadg
+ * and the model must agree bit for bit.
+ *
+ * A node's output holds its value (a recompute multiplies its parents'
+ * outputs, and leaves' values) and its id. A step gets every output it
+ * asked for, its own first, then its slots in order, and adds their values
+ * to each gradient it registers: an output that is wrong, or rebuilt from
+ * wrong outputs, changes the gradients. Every step also asks for one
+ * output it did not ask for, which libadg must refuse.
  */
 #include "driver.h"
 
@@ -27,6 +34,14 @@ struct handle {
 
 struct fuzz;
 
+/* How an op-with's recompute callback ends (driver.h). */
+enum recompute_end {
+	RECOMPUTE_BUILDS,
+	RECOMPUTE_FAILS,    /* its own code */
+	RECOMPUTE_EMPTY,    /* 0 and no output: ADG_ECALLBACK */
+	RECOMPUTE_POSITIVE, /* a positive value: ADG_ECALLBACK */
+};
+
 /* A step closure: what the step needs to compute its parents' gradients,
  * and what it is checked against when libadg calls it. */
 struct step {
@@ -35,8 +50,23 @@ struct step {
 	size_t n;
 	uint64_t parent_ids[MODEL_MAX_PARENTS];
 	uint64_t parent_values[MODEL_MAX_PARENTS];
+	bool parent_leaf[MODEL_MAX_PARENTS];
+	uint64_t value; /* the node's: its parents' values multiplied */
 	bool fails;
 	bool takes_grad;
+	/* adg_op_with: the outputs it asks for, and whether it gets them. */
+	bool want_self;
+	size_t n_want;
+	uint32_t want[MODEL_MAX_WANTS];
+	bool gets;
+	enum recompute_end recompute;
+};
+
+/* An output: the value of node id. */
+struct output {
+	struct fuzz *f; /* adg_output's free has no context */
+	uint64_t id;
+	uint64_t value;
 };
 
 struct fuzz {
@@ -47,15 +77,24 @@ struct fuzz {
 	uint64_t running; /* the step in progress in a backward, or 0 */
 	struct handle h[ADG_FUZZ_MAX_HANDLES];
 	size_t nh;
-	/* Gradient boxes and step closures not yet freed. */
+	/* Gradient boxes, step closures and outputs not yet freed. */
 	long boxes_live;
 	long steps_live;
+	long outputs_live;
+	uint64_t frees; /* outputs libadg freed, so far */
 	/* Per node id: what libadg did with its step. */
 	unsigned runs[MODEL_MAX_NODES + 1];
 	unsigned runs_before[MODEL_MAX_NODES + 1];
 	unsigned releases[MODEL_MAX_NODES + 1];
 	bool got_grad[MODEL_MAX_NODES + 1];
 	uint64_t grad_in[MODEL_MAX_NODES + 1];
+	/* Per node id: its outputs alive, how often libadg freed one and ran
+	 * its recompute, and what adg_output_get returns when that fails. */
+	unsigned out_live[MODEL_MAX_NODES + 1];
+	uint64_t out_frees[MODEL_MAX_NODES + 1];
+	uint64_t recomputes[MODEL_MAX_NODES + 1];
+	int recompute_rc[MODEL_MAX_NODES + 1];
+	bool getting; /* inside adg_output_get, where recomputes run */
 	/* The ready hook of the current backward: whose gradient it takes,
 	 * how often it was called for each id. */
 	bool takes[MODEL_MAX_NODES + 1];
@@ -75,6 +114,22 @@ struct fuzz {
 static int fail_code(uint64_t id)
 {
 	return ADG_EUSER - (int)id;
+}
+
+/* The same for a failing recompute, in a range of its own. */
+static int recompute_fail_code(uint64_t id)
+{
+	return ADG_EUSER - MODEL_MAX_NODES - (int)id;
+}
+
+static void *xmalloc(size_t size)
+{
+	void *p = malloc(size);
+	if (p == NULL) {
+		fprintf(stderr, "adg-fuzz: out of memory\n");
+		abort();
+	}
+	return p;
 }
 
 /* Writes what the current operation is, with its bytes, for reports. */
@@ -136,11 +191,7 @@ static void expect_rc(const struct fuzz *f, const char *what, int got, int want)
 
 static uint64_t *box(struct fuzz *f, uint64_t v)
 {
-	uint64_t *p = malloc(sizeof *p);
-	if (p == NULL) {
-		fprintf(stderr, "adg-fuzz: out of memory\n");
-		abort();
-	}
+	uint64_t *p = xmalloc(sizeof *p);
 	*p = v;
 	f->boxes_live++;
 	return p;
@@ -160,6 +211,53 @@ static int box_add(void **sum, void *value, void *ctx)
 	return 0;
 }
 
+/* ------------------------------------------------------------- outputs */
+
+static struct output *output_new(struct fuzz *f, uint64_t id, uint64_t value)
+{
+	struct output *o = xmalloc(sizeof *o);
+	*o = (struct output){f, id, value};
+	f->out_live[id]++;
+	f->outputs_live++;
+	return o;
+}
+
+/* adg_output's free. */
+static void output_free(void *value)
+{
+	struct output *o = value;
+	struct fuzz *f = o->f;
+	f->out_live[o->id]--;
+	f->out_frees[o->id]++;
+	f->frees++;
+	f->outputs_live--;
+	free(o);
+}
+
+/* Frees a value that libadg refused, as its owner: not one of libadg's
+ * frees. */
+static void output_discard(struct output *o)
+{
+	o->f->out_frees[o->id]--;
+	o->f->frees--;
+	output_free(o);
+}
+
+/* Every node's output against the model: whether it is alive, and how
+ * many times libadg ran its free and its recompute. */
+static void check_outputs(const struct fuzz *f)
+{
+	for (uint64_t id = 1; id < f->model.next_id; id++) {
+		const struct model_node *n = &f->model.node[id];
+		expect_of(f, "outputs alive of node", id, f->out_live[id],
+			  n->held);
+		expect_of(f, "output frees of node", id, f->out_frees[id],
+			  n->frees);
+		expect_of(f, "recomputes of node", id, f->recomputes[id],
+			  n->recomputes);
+	}
+}
+
 /* --------------------------------------------------------------- steps */
 
 /* The step of id is called: the one before it has returned. Steps run
@@ -171,6 +269,8 @@ static void step_begin(struct fuzz *f, uint64_t id)
 	if (f->running != 0)
 		model_step_end(&f->model, e, f->running);
 	f->running = 0;
+	/* What the previous step's return, or the take, freed. */
+	check_outputs(f);
 	if (e->rc != 0 || !e->on_tape[id] || e->ran[id])
 		mismatch(f, "the step of %" PRIu64 " ran, model: %s", id,
 			 e->ran[id] ? "it ran already" : "not on the tape");
@@ -189,6 +289,83 @@ static void step_begin(struct fuzz *f, uint64_t id)
 				 id, k);
 	model_step_begin(&f->model, e, id);
 	f->running = id;
+}
+
+/* Asks for an output the step did not ask for: libadg must refuse it. */
+static void probe(struct fuzz *f, adg_step_call *call, const struct step *s)
+{
+	uint64_t id = s->id;
+	for (size_t k = 0; k < s->n && model_asks(&f->model, s->id, id); k++)
+		id = s->parent_ids[k];
+	if (model_asks(&f->model, s->id, id))
+		return; /* it asked for them all */
+	void *v = &v;
+	int rc = adg_output_get(call, id, &v);
+	if (rc != ADG_EINVAL || v != NULL)
+		mismatch(f,
+			 "adg_output_get in the step of %" PRIu64
+			 " for %" PRIu64 ", which it did not ask for, "
+			 "returned %d (%s)%s",
+			 s->id, id, rc, adg_strerror(rc),
+			 v != NULL ? " and a value" : "");
+}
+
+/* Gets the output of target, which the step asked for, and adds its value
+ * to *sum. Returns 0 or the get's code. */
+static int get_output(struct fuzz *f, adg_step_call *call, const struct step *s,
+		      uint64_t target, uint64_t *sum)
+{
+	void *v = &v;
+	f->getting = true;
+	int rc = adg_output_get(call, target, &v);
+	f->getting = false;
+	if (f->trace)
+		fprintf(stderr,
+			"adg-fuzz:    step %" PRIu64 " gets %" PRIu64
+			": %d (%s)\n",
+			s->id, target, rc, adg_strerror(rc));
+	uint64_t failed =
+		model_output_get(&f->model, &f->expect, s->id, target);
+	int want = failed != 0 ? f->recompute_rc[failed] : 0;
+	if (rc != want)
+		mismatch(f,
+			 "adg_output_get in the step of %" PRIu64
+			 " for %" PRIu64 " returned %d (%s), model %d (%s)",
+			 s->id, target, rc, adg_strerror(rc), want,
+			 adg_strerror(want));
+	/* What it rebuilt, and freed once a rebuild no longer needed it. */
+	check_outputs(f);
+	if (rc != 0) {
+		if (v != NULL)
+			mismatch(f, "a failed adg_output_get set a value");
+		f->cov.recompute_failures++;
+		return rc;
+	}
+	const struct output *o = v;
+	if (o == NULL || o->id != target)
+		mismatch(f,
+			 "adg_output_get in the step of %" PRIu64
+			 " for %" PRIu64 " gave the output of %" PRIu64,
+			 s->id, target, o != NULL ? o->id : 0);
+	f->cov.outputs_got++;
+	*sum += o->value;
+	return 0;
+}
+
+/* Gets what the step asked for: its own output, then its slots'. */
+static int get_outputs(struct fuzz *f, adg_step_call *call,
+		       const struct step *s, uint64_t *sum)
+{
+	int rc = 0;
+	if (!s->gets) {
+		f->cov.gets_skipped += s->want_self || s->n_want > 0;
+		return 0;
+	}
+	if (s->want_self)
+		rc = get_output(f, call, s, s->id, sum);
+	for (size_t w = 0; w < s->n_want && rc == 0; w++)
+		rc = get_output(f, call, s, s->parent_ids[s->want[w]], sum);
+	return rc;
 }
 
 static int step_backward(adg_step_call *call, void *user)
@@ -215,11 +392,20 @@ static int step_backward(adg_step_call *call, void *user)
 				 s->parent_ids[i]);
 	step_begin(f, s->id);
 	f->runs[s->id]++;
+	uint64_t g = 0;
+	if (call->grad != NULL) {
+		g = *(uint64_t *)call->grad;
+		f->got_grad[s->id] = true;
+		f->grad_in[s->id] = g;
+	}
+	probe(f, call, s);
+	/* A failed get fails the step with its code. */
+	uint64_t sum = 0;
+	int rc = get_outputs(f, call, s, &sum);
+	if (rc != 0)
+		return rc;
 	if (call->grad == NULL)
 		return s->fails ? fail_code(s->id) : 0;
-	uint64_t g = *(uint64_t *)call->grad;
-	f->got_grad[s->id] = true;
-	f->grad_in[s->id] = g;
 	if (s->takes_grad) {
 		f->cov.grads_taken++;
 		box_free(call->grad, f);
@@ -232,15 +418,62 @@ static int step_backward(adg_step_call *call, void *user)
 		for (size_t k = 0; k < s->n; k++)
 			if (k != i)
 				d *= s->parent_values[k];
-		int rc = adg_grads_register(call->grads, s->parent_ids[i],
-					    box(f, d));
-		if (rc != 0)
+		int rc_reg = adg_grads_register(call->grads, s->parent_ids[i],
+						box(f, d + sum));
+		if (rc_reg != 0)
 			mismatch(f,
 				 "adg_grads_register in step %" PRIu64
 				 " returned %d (%s)",
-				 s->id, rc, adg_strerror(rc));
+				 s->id, rc_reg, adg_strerror(rc_reg));
 	}
 	return s->fails ? fail_code(s->id) : 0;
+}
+
+/* Rebuilds the output from the parents' outputs (a leaf's value for a
+ * leaf), or ends as the op said. */
+static int step_recompute(adg_recompute_call *call, void *user)
+{
+	struct step *s = user;
+	struct fuzz *f = s->f;
+
+	if (!f->getting || call->node_id != s->id || call->n_parents != s->n ||
+	    call->output != NULL)
+		mismatch(f,
+			 "recompute of %" PRIu64 " called for %" PRIu64
+			 " with %zu parents%s%s",
+			 s->id, call->node_id, call->n_parents,
+			 f->getting ? "" : ", outside adg_output_get",
+			 call->output != NULL ? ", output set" : "");
+	uint64_t value = 1;
+	for (size_t k = 0; k < s->n; k++) {
+		const struct output *p = call->parent_outputs[k];
+		if (call->parent_ids[k] != s->parent_ids[k] ||
+		    (p == NULL) != s->parent_leaf[k] ||
+		    (p != NULL && p->id != s->parent_ids[k]))
+			mismatch(f,
+				 "recompute of %" PRIu64
+				 ": parent %zu is %" PRIu64 " with %s output%s",
+				 s->id, k, call->parent_ids[k],
+				 p == NULL ? "no" : "an",
+				 p != NULL && p->id != s->parent_ids[k]
+					 ? " of another node"
+					 : "");
+		value *= p != NULL ? p->value : s->parent_values[k];
+	}
+	f->recomputes[s->id]++;
+	f->cov.recomputes++;
+	switch (s->recompute) {
+	case RECOMPUTE_FAILS:
+		return recompute_fail_code(s->id);
+	case RECOMPUTE_EMPTY:
+		return 0;
+	case RECOMPUTE_POSITIVE:
+		return 1;
+	case RECOMPUTE_BUILDS:
+		break;
+	}
+	call->output = output_new(f, s->id, value);
+	return 0;
 }
 
 static void step_release(void *user)
@@ -275,6 +508,7 @@ static void check_all(struct fuzz *f)
 	expect_u64(f, "step closures alive", (uint64_t)f->steps_live,
 		   want.live_steps);
 	expect_u64(f, "gradient boxes alive", (uint64_t)f->boxes_live, 0);
+	check_outputs(f);
 
 	for (size_t i = 0; i < f->nh; i++) {
 		uint64_t id = 0, graph = 0;
@@ -319,41 +553,146 @@ static void do_leaf(struct fuzz *f, uint8_t v)
 	f->cov.leaves++;
 }
 
-static void do_op(struct fuzz *f, uint8_t p, const uint8_t *idx)
+/* The closure of an op on the handles at idx, from p (driver.h); fills
+ * parents. */
+static struct step *step_new(struct fuzz *f, uint8_t p, const uint8_t *idx,
+			     adg_node **parents)
 {
-	size_t n = 1 + p % 3;
 	unsigned flags = p / 3;
-	struct step *s = calloc(1, sizeof *s);
-	adg_node *parents[MODEL_MAX_PARENTS];
-	uint64_t value = 1;
+	struct step *s = xmalloc(sizeof *s);
 
-	if (s == NULL) {
-		fprintf(stderr, "adg-fuzz: out of memory\n");
-		abort();
-	}
-	s->f = f;
-	s->n = n;
-	s->fails = flags % 8 == 7;
-	s->takes_grad = (flags / 8) % 2 == 1;
-	for (size_t i = 0; i < n; i++) {
+	*s = (struct step){
+		.f = f,
+		.n = 1 + p % 3,
+		.value = 1,
+		.fails = flags % 8 == 7,
+		.takes_grad = (flags / 8) % 2 == 1,
+	};
+	for (size_t i = 0; i < s->n; i++) {
 		const struct handle *h = &f->h[idx[i] % f->nh];
 		parents[i] = h->node;
 		s->parent_ids[i] = h->id;
 		s->parent_values[i] = h->value;
-		value *= h->value;
+		s->parent_leaf[i] = f->model.node[h->id].leaf;
+		s->value *= h->value;
 	}
 	f->steps_live++;
+	return s;
+}
+
+static void do_op(struct fuzz *f, uint8_t p, const uint8_t *idx)
+{
+	adg_node *parents[MODEL_MAX_PARENTS];
+	struct step *s = step_new(f, p, idx, parents);
 	adg_step step = {step_backward, step_release, s};
 	adg_node *node;
 	uint64_t id = 0;
-	expect_rc(f, "adg_op", adg_op(f->reg, parents, n, &step, &node), 0);
+	expect_rc(f, "adg_op", adg_op(f->reg, parents, s->n, &step, &node), 0);
 	expect_rc(f, "adg_node_id", adg_node_id(node, &id), 0);
-	uint64_t want = model_op(&f->model, s->parent_ids, n, s->fails);
+	uint64_t want = model_op(&f->model, s->parent_ids, s->n, s->fails);
 	expect_u64(f, "new node id", id, want);
 	s->id = id;
-	push(f, node, id, value);
+	push(f, node, id, s->value);
 	f->cov.nodes++;
 	f->cov.failing_steps += s->fails;
+}
+
+/* Whether the op of s names a consumed parent whose output it needs. */
+static bool needs_consumed(const struct fuzz *f, const struct step *s,
+			   const struct model_output *o)
+{
+	for (size_t k = 0; k < s->n; k++) {
+		const struct model_node *p = &f->model.node[s->parent_ids[k]];
+		bool wanted = o->recompute && !p->leaf;
+		for (size_t w = 0; w < o->n_want; w++)
+			wanted = wanted || o->want[w] == k;
+		if (wanted && p->consumed)
+			return true;
+	}
+	return false;
+}
+
+static void do_op_with(struct fuzz *f, uint8_t p, uint8_t o, const uint8_t *idx)
+{
+	adg_node *parents[MODEL_MAX_PARENTS];
+	struct step *s = step_new(f, p, idx, parents);
+	unsigned end = p / 3 / 16, kind = o & 3;
+	s->recompute = end == 1	  ? RECOMPUTE_FAILS
+		       : end == 2 ? RECOMPUTE_EMPTY
+		       : end == 3 ? RECOMPUTE_POSITIVE
+				  : RECOMPUTE_BUILDS;
+	struct model_output mo = {
+		.value = kind == 1 || kind == 2,
+		.recompute = kind >= 2,
+		.memory_bound = (o >> 2) & 1,
+		.recompute_fails = s->recompute != RECOMPUTE_BUILDS,
+		.want_self = (o >> 3) & 1,
+		.gets = (o >> 7) == 0,
+	};
+	for (unsigned k = 0; k < 3; k++)
+		if ((o >> (4 + k)) & 1)
+			mo.want[mo.n_want++] = k % s->n;
+	s->want_self = mo.want_self;
+	s->n_want = mo.n_want;
+	memcpy(s->want, mo.want, sizeof s->want);
+	s->gets = mo.gets;
+
+	/* The value is made before the node: it carries the id the model
+	 * expects, which the check below confirms. */
+	uint64_t next = f->model.next_id;
+	adg_output out = {
+		.value = mo.value ? output_new(f, next, s->value) : NULL,
+		.free = output_free,
+		.recompute = mo.recompute ? step_recompute : NULL,
+		.memory_bound = mo.memory_bound,
+	};
+	adg_op_options opts = {
+		.output = kind != 0 ? &out : NULL,
+		.want_self = mo.want_self,
+		.want_parents = mo.want,
+		.n_want_parents = mo.n_want,
+	};
+	adg_step step = {step_backward, step_release, s};
+	adg_node *node = (adg_node *)&node; /* must become NULL on error */
+	bool consumed = needs_consumed(f, s, &mo);
+	int rc = adg_op_with(f->reg, parents, s->n, &step, &opts, &node);
+	int want_rc;
+	uint64_t want = model_op_with(&f->model, s->parent_ids, s->n, s->fails,
+				      &mo, &want_rc);
+	expect_rc(f, "adg_op_with", rc, want_rc);
+	if (f->trace)
+		fprintf(stderr,
+			"adg-fuzz:    adg_op_with: %d (%s), id %" PRIu64
+			", output %u, want_self %d, %zu wants\n",
+			rc, adg_strerror(rc), want, kind, mo.want_self,
+			mo.n_want);
+	if (rc != 0) {
+		if (node != NULL)
+			mismatch(f, "a failed adg_op_with left *out non-NULL");
+		/* Nothing was taken: the value and the step are ours. */
+		if (out.value != NULL) {
+			expect_of(f, "outputs alive of refused node", next,
+				  f->out_live[next], 1);
+			output_discard(out.value);
+		}
+		free(s);
+		f->steps_live--;
+		f->cov.ops_with_refused++;
+		return;
+	}
+	uint64_t id = 0;
+	expect_rc(f, "adg_node_id", adg_node_id(node, &id), 0);
+	expect_u64(f, "new node id", id, want);
+	s->id = id;
+	f->recompute_rc[id] =
+		s->recompute == RECOMPUTE_FAILS	   ? recompute_fail_code(id)
+		: s->recompute == RECOMPUTE_BUILDS ? 0
+						   : ADG_ECALLBACK;
+	push(f, node, id, s->value);
+	f->cov.ops_with++;
+	f->cov.failing_steps += s->fails;
+	f->cov.asks_consumed += consumed;
+	f->cov.dropped_at_once += f->model.node[id].frees;
 }
 
 static void do_ref(struct fuzz *f, size_t i)
@@ -366,12 +705,13 @@ static void do_ref(struct fuzz *f, size_t i)
 
 static void do_drop(struct fuzz *f, size_t i)
 {
-	uint64_t freed = f->model.nodes_freed;
+	uint64_t freed = f->model.nodes_freed, frees = f->frees;
 	expect_rc(f, "adg_node_unref", adg_node_unref(f->h[i].node), 0);
 	model_unref(&f->model, f->h[i].id);
 	f->h[i] = f->h[--f->nh];
 	f->cov.drops++;
 	f->cov.cascades += f->model.nodes_freed - freed >= 2;
+	f->cov.freed_unrun += f->frees - frees;
 }
 
 /* Which steps ran in this backward: step_begin checked each as it came;
@@ -495,7 +835,9 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 	/* The steps that ran decide the outcome: the first to fail names
 	 * itself in its code. */
 	int want = e->rc;
-	if (want == 0 && e->failed_step != 0)
+	if (want == 0 && e->failed_recompute != 0)
+		want = f->recompute_rc[e->failed_recompute];
+	else if (want == 0 && e->failed_step != 0)
 		want = fail_code(e->failed_step);
 	if (rc != want)
 		mismatch(f,
@@ -512,6 +854,11 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 		f->cov.backward_unavailable++;
 	else
 		f->cov.backward_failed++;
+	f->cov.freed_at_take += e->freed_at_take;
+	if (rc == 0)
+		f->cov.kept_to_end += e->freed_at_end;
+	else
+		f->cov.freed_after_failure += e->freed_at_end;
 	check_runs(f);
 	/* After a failure the hook may have missed ids, never more. */
 	for (uint64_t id = 1; hook != NULL && id < f->model.next_id; id++)
@@ -607,6 +954,7 @@ static bool skipped(const struct fuzz *f, enum adg_fuzz_op kind)
 	case ADG_FUZZ_LEAF:
 		return full;
 	case ADG_FUZZ_OP:
+	case ADG_FUZZ_OP_WITH:
 	case ADG_FUZZ_REF:
 		return full || empty;
 	case ADG_FUZZ_STATS:
@@ -634,7 +982,7 @@ static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
 		return false;
 	const uint8_t *arg = data + *pos;
 	*pos += op->args;
-	if (op->kind == ADG_FUZZ_OP) {
+	if (op->kind == ADG_FUZZ_OP || op->kind == ADG_FUZZ_OP_WITH) {
 		size_t n = 1 + arg[0] % 3; /* then the parents' indices */
 		if (size - *pos < n)
 			return false;
@@ -661,6 +1009,9 @@ static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
 			break;
 		case ADG_FUZZ_OP:
 			do_op(f, arg[0], arg + 1);
+			break;
+		case ADG_FUZZ_OP_WITH:
+			do_op_with(f, arg[0], arg[1], arg + 2);
 			break;
 		case ADG_FUZZ_REF:
 			do_ref(f, i);
@@ -692,20 +1043,25 @@ static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
 size_t adg_fuzz_run(const uint8_t *data, size_t size,
 		    struct adg_fuzz_coverage *cov)
 {
-	struct fuzz *f = calloc(1, sizeof *f);
-	if (f == NULL) {
-		fprintf(stderr, "adg-fuzz: out of memory\n");
-		abort();
-	}
+	struct fuzz *f = xmalloc(sizeof *f);
+	memset(f, 0, sizeof *f);
 	const char *trace = getenv("ADG_FUZZ_TRACE");
 	f->trace = trace != NULL && trace[0] == '1';
 	f->ops = (adg_grad_ops){box_add, box_free, f};
-	model_init(&f->model, ADG_CHECKPOINT_NONE);
+	/* The header byte, if any: the strategy. */
+	adg_registry_options options = {
+		.checkpointing = size > 0 && (data[0] & 1)
+					 ? ADG_CHECKPOINT_BALANCED
+					 : ADG_CHECKPOINT_NONE,
+	};
+	model_init(&f->model, options.checkpointing);
+	f->cov.balanced = options.checkpointing == ADG_CHECKPOINT_BALANCED;
 	f->data = data;
 	f->op_name = "adg_registry_new";
-	expect_rc(f, "adg_registry_new", adg_registry_new(NULL, &f->reg), 0);
+	expect_rc(f, "adg_registry_new", adg_registry_new(&options, &f->reg),
+		  0);
 
-	size_t pos = 0, ran = 0;
+	size_t pos = size > 0 ? 1 : 0, ran = 0;
 	while (ran < ADG_FUZZ_MAX_OPS) {
 		f->op_index = ran;
 		if (!step_once(f, data, size, &pos))
@@ -732,6 +1088,7 @@ size_t adg_fuzz_run(const uint8_t *data, size_t size,
 	expect_rc(f, "adg_registry_free", adg_registry_free(f->reg), 0);
 	expect_u64(f, "step closures leaked", (uint64_t)f->steps_live, 0);
 	expect_u64(f, "gradient boxes leaked", (uint64_t)f->boxes_live, 0);
+	expect_u64(f, "outputs leaked", (uint64_t)f->outputs_live, 0);
 	if (cov != NULL) {
 		f->cov.merges = f->model.merges;
 #define ADG_FUZZ_ADD(name) cov->name += f->cov.name;
