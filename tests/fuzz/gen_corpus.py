@@ -20,10 +20,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def read_ops(path):
     """ops.def's lines as {NAME: (first code, argument bytes)}, checked as
     driver.h checks them: the ranges follow one another from 0."""
+    line_re = re.compile(
+        r'OP\(\s*(\w+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*"[^"]*"\s*\)')
     ops, code = {}, 0
     with open(path) as fp:
-        for m in re.finditer(r'^OP\((\w+), (\d+), (\d+), (\d+), "([^"]+)"\)$',
-                             fp.read(), re.M):
+        for line in fp:
+            if not line.startswith("OP("):
+                continue
+            m = line_re.fullmatch(line.strip())
+            assert m, f"ops.def: cannot read {line.strip()}"
             name, first, count, args = m[1], int(m[2]), int(m[3]), int(m[4])
             assert first == code and count >= 1, f"ops.def: {name}'s range"
             ops[name] = (first, args)
