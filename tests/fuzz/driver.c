@@ -34,7 +34,10 @@ struct handle {
 
 struct fuzz;
 
-/* How an op-with's recompute callback ends (driver.h). */
+/* How an op-with's recompute callback ends (driver.h). Not generated: one
+ * that sets an output and then fails, whose output libadg does not free
+ * (lib/checkpoint.c, materialise), though the header says that it owns
+ * it once set. */
 enum recompute_end {
 	RECOMPUTE_BUILDS,
 	RECOMPUTE_FAILS,    /* its own code */
