@@ -1,11 +1,18 @@
 /*
  * The differential fuzzer's core: see driver.h.
  *
- * Gradients are heap boxes holding a uint64_t, and each step is a heap
- * closure, so that AddressSanitizer sees a leak or a double free, and the
- * counters below see one in any build. Node values multiply modulo 2^64 and
- * gradients add modulo 2^64: exact whatever the order, so libadg and the
- * model must agree bit for bit.
+ * Gradients are heap boxes holding a uint64_t, and each step and output is
+ * a heap object, so that AddressSanitizer sees a leak or a double free,
+ * and the counters below see one in any build. Node values multiply modulo
+ * 2^64 and gradients add modulo 2^64: exact whatever the order, so libadg
+ * and the model must agree bit for bit.
+ *
+ * A node's output holds its value (a recompute multiplies its parents'
+ * outputs, and leaves' values) and its id. A step gets every output it
+ * asked for, its own first, then its slots in order, and adds their values
+ * to each gradient it registers: an output that is wrong, or rebuilt from
+ * wrong outputs, changes the gradients. Every step also asks for one
+ * output it did not ask for, which libadg must refuse.
  */
 #include "driver.h"
 
@@ -27,6 +34,17 @@ struct handle {
 
 struct fuzz;
 
+/* How an op-with's recompute callback ends (driver.h). Not generated: one
+ * that sets an output and then fails, whose output libadg does not free
+ * (lib/checkpoint.c, materialise), though the header says that it owns
+ * it once set. */
+enum recompute_end {
+	RECOMPUTE_BUILDS,
+	RECOMPUTE_FAILS,    /* its own code */
+	RECOMPUTE_EMPTY,    /* 0 and no output: ADG_ECALLBACK */
+	RECOMPUTE_POSITIVE, /* a positive value: ADG_ECALLBACK */
+};
+
 /* A step closure: what the step needs to compute its parents' gradients,
  * and what it is checked against when libadg calls it. */
 struct step {
@@ -35,8 +53,23 @@ struct step {
 	size_t n;
 	uint64_t parent_ids[MODEL_MAX_PARENTS];
 	uint64_t parent_values[MODEL_MAX_PARENTS];
+	bool parent_leaf[MODEL_MAX_PARENTS];
+	uint64_t value; /* the node's: its parents' values multiplied */
 	bool fails;
 	bool takes_grad;
+	/* adg_op_with: the outputs it asks for, and whether it gets them. */
+	bool want_self;
+	size_t n_want;
+	uint32_t want[MODEL_MAX_WANTS];
+	bool gets;
+	enum recompute_end recompute;
+};
+
+/* An output: the value of node id. */
+struct output {
+	struct fuzz *f; /* adg_output's free has no context */
+	uint64_t id;
+	uint64_t value;
 };
 
 struct fuzz {
@@ -44,17 +77,27 @@ struct fuzz {
 	adg_grad_ops ops;
 	struct model model;
 	struct model_backward expect;
+	uint64_t running; /* the step in progress in a backward, or 0 */
 	struct handle h[ADG_FUZZ_MAX_HANDLES];
 	size_t nh;
-	/* Gradient boxes and step closures not yet freed. */
+	/* Gradient boxes, step closures and outputs not yet freed. */
 	long boxes_live;
 	long steps_live;
+	long outputs_live;
+	uint64_t frees; /* outputs libadg freed, so far */
 	/* Per node id: what libadg did with its step. */
 	unsigned runs[MODEL_MAX_NODES + 1];
 	unsigned runs_before[MODEL_MAX_NODES + 1];
 	unsigned releases[MODEL_MAX_NODES + 1];
 	bool got_grad[MODEL_MAX_NODES + 1];
 	uint64_t grad_in[MODEL_MAX_NODES + 1];
+	/* Per node id: its outputs alive, how often libadg freed one and ran
+	 * its recompute, and what adg_output_get returns when that fails. */
+	unsigned out_live[MODEL_MAX_NODES + 1];
+	uint64_t out_frees[MODEL_MAX_NODES + 1];
+	uint64_t recomputes[MODEL_MAX_NODES + 1];
+	int recompute_rc[MODEL_MAX_NODES + 1];
+	bool getting; /* inside adg_output_get, where recomputes run */
 	/* The ready hook of the current backward: whose gradient it takes,
 	 * how often it was called for each id. */
 	bool takes[MODEL_MAX_NODES + 1];
@@ -74,6 +117,22 @@ struct fuzz {
 static int fail_code(uint64_t id)
 {
 	return ADG_EUSER - (int)id;
+}
+
+/* The same for a failing recompute, in a range of its own. */
+static int recompute_fail_code(uint64_t id)
+{
+	return ADG_EUSER - MODEL_MAX_NODES - (int)id;
+}
+
+static void *xmalloc(size_t size)
+{
+	void *p = malloc(size);
+	if (p == NULL) {
+		fprintf(stderr, "adg-fuzz: out of memory\n");
+		abort();
+	}
+	return p;
 }
 
 /* Writes what the current operation is, with its bytes, for reports. */
@@ -135,11 +194,7 @@ static void expect_rc(const struct fuzz *f, const char *what, int got, int want)
 
 static uint64_t *box(struct fuzz *f, uint64_t v)
 {
-	uint64_t *p = malloc(sizeof *p);
-	if (p == NULL) {
-		fprintf(stderr, "adg-fuzz: out of memory\n");
-		abort();
-	}
+	uint64_t *p = xmalloc(sizeof *p);
 	*p = v;
 	f->boxes_live++;
 	return p;
@@ -159,7 +214,162 @@ static int box_add(void **sum, void *value, void *ctx)
 	return 0;
 }
 
+/* ------------------------------------------------------------- outputs */
+
+static struct output *output_new(struct fuzz *f, uint64_t id, uint64_t value)
+{
+	struct output *o = xmalloc(sizeof *o);
+	*o = (struct output){f, id, value};
+	f->out_live[id]++;
+	f->outputs_live++;
+	return o;
+}
+
+/* adg_output's free. */
+static void output_free(void *value)
+{
+	struct output *o = value;
+	struct fuzz *f = o->f;
+	f->out_live[o->id]--;
+	f->out_frees[o->id]++;
+	f->frees++;
+	f->outputs_live--;
+	free(o);
+}
+
+/* Frees a value that libadg refused, as its owner: not one of libadg's
+ * frees. */
+static void output_discard(struct output *o)
+{
+	o->f->out_frees[o->id]--;
+	o->f->frees--;
+	output_free(o);
+}
+
+/* Every node's output against the model: whether it is alive, and how
+ * many times libadg ran its free and its recompute. */
+static void check_outputs(const struct fuzz *f)
+{
+	for (uint64_t id = 1; id < f->model.next_id; id++) {
+		const struct model_node *n = &f->model.node[id];
+		expect_of(f, "outputs alive of node", id, f->out_live[id],
+			  n->held);
+		expect_of(f, "output frees of node", id, f->out_frees[id],
+			  n->frees);
+		expect_of(f, "recomputes of node", id, f->recomputes[id],
+			  n->recomputes);
+	}
+}
+
 /* --------------------------------------------------------------- steps */
+
+/* The step of id is called: the one before it has returned. Steps run
+ * deepest first, once each, and none after one failed. */
+static void step_begin(struct fuzz *f, uint64_t id)
+{
+	struct model_backward *e = &f->expect;
+
+	if (f->running != 0)
+		model_step_end(&f->model, e, f->running);
+	f->running = 0;
+	/* What the previous step's return, or the take, freed. */
+	check_outputs(f);
+	if (e->rc != 0 || !e->on_tape[id] || e->ran[id])
+		mismatch(f, "the step of %" PRIu64 " ran, model: %s", id,
+			 e->ran[id] ? "it ran already" : "not on the tape");
+	if (e->failed_step != 0)
+		mismatch(f,
+			 "the step of %" PRIu64
+			 " ran after the step of %" PRIu64 " failed",
+			 id, e->failed_step);
+	uint32_t depth = f->model.node[id].depth;
+	for (uint64_t k = 1; k < f->model.next_id; k++)
+		if (e->on_tape[k] && !e->ran[k] &&
+		    f->model.node[k].depth > depth)
+			mismatch(f,
+				 "the step of %" PRIu64
+				 " ran before the deeper step of %" PRIu64,
+				 id, k);
+	model_step_begin(&f->model, e, id);
+	f->running = id;
+}
+
+/* Asks for an output the step did not ask for: libadg must refuse it. */
+static void probe(struct fuzz *f, adg_step_call *call, const struct step *s)
+{
+	uint64_t id = s->id;
+	for (size_t k = 0; k < s->n && model_asks(&f->model, s->id, id); k++)
+		id = s->parent_ids[k];
+	if (model_asks(&f->model, s->id, id))
+		return; /* it asked for them all */
+	void *v = &v;
+	int rc = adg_output_get(call, id, &v);
+	if (rc != ADG_EINVAL || v != NULL)
+		mismatch(f,
+			 "adg_output_get in the step of %" PRIu64
+			 " for %" PRIu64 ", which it did not ask for, "
+			 "returned %d (%s)%s",
+			 s->id, id, rc, adg_strerror(rc),
+			 v != NULL ? " and a value" : "");
+}
+
+/* Gets the output of target, which the step asked for, and adds its value
+ * to *sum. Returns 0 or the get's code. */
+static int get_output(struct fuzz *f, adg_step_call *call, const struct step *s,
+		      uint64_t target, uint64_t *sum)
+{
+	void *v = &v;
+	f->getting = true;
+	int rc = adg_output_get(call, target, &v);
+	f->getting = false;
+	if (f->trace)
+		fprintf(stderr,
+			"adg-fuzz:    step %" PRIu64 " gets %" PRIu64
+			": %d (%s)\n",
+			s->id, target, rc, adg_strerror(rc));
+	uint64_t failed =
+		model_output_get(&f->model, &f->expect, s->id, target);
+	int want = failed != 0 ? f->recompute_rc[failed] : 0;
+	if (rc != want)
+		mismatch(f,
+			 "adg_output_get in the step of %" PRIu64
+			 " for %" PRIu64 " returned %d (%s), model %d (%s)",
+			 s->id, target, rc, adg_strerror(rc), want,
+			 adg_strerror(want));
+	/* What it rebuilt, and freed once a rebuild no longer needed it. */
+	check_outputs(f);
+	if (rc != 0) {
+		if (v != NULL)
+			mismatch(f, "a failed adg_output_get set a value");
+		f->cov.recompute_failures++;
+		return rc;
+	}
+	const struct output *o = v;
+	if (o == NULL || o->id != target)
+		mismatch(f,
+			 "adg_output_get in the step of %" PRIu64
+			 " for %" PRIu64 " gave the output of %" PRIu64,
+			 s->id, target, o != NULL ? o->id : 0);
+	f->cov.outputs_got++;
+	*sum += o->value;
+	return 0;
+}
+
+/* Gets what the step asked for: its own output, then its slots'. */
+static int get_outputs(struct fuzz *f, adg_step_call *call,
+		       const struct step *s, uint64_t *sum)
+{
+	int rc = 0;
+	if (!s->gets) {
+		f->cov.gets_skipped += s->want_self || s->n_want > 0;
+		return 0;
+	}
+	if (s->want_self)
+		rc = get_output(f, call, s, s->id, sum);
+	for (size_t w = 0; w < s->n_want && rc == 0; w++)
+		rc = get_output(f, call, s, s->parent_ids[s->want[w]], sum);
+	return rc;
+}
 
 static int step_backward(adg_step_call *call, void *user)
 {
@@ -183,12 +393,22 @@ static int step_backward(adg_step_call *call, void *user)
 				 ", want %" PRIu64,
 				 s->id, i, call->parent_ids[i],
 				 s->parent_ids[i]);
+	step_begin(f, s->id);
 	f->runs[s->id]++;
+	uint64_t g = 0;
+	if (call->grad != NULL) {
+		g = *(uint64_t *)call->grad;
+		f->got_grad[s->id] = true;
+		f->grad_in[s->id] = g;
+	}
+	probe(f, call, s);
+	/* A failed get fails the step with its code. */
+	uint64_t sum = 0;
+	int rc = get_outputs(f, call, s, &sum);
+	if (rc != 0)
+		return rc;
 	if (call->grad == NULL)
 		return s->fails ? fail_code(s->id) : 0;
-	uint64_t g = *(uint64_t *)call->grad;
-	f->got_grad[s->id] = true;
-	f->grad_in[s->id] = g;
 	if (s->takes_grad) {
 		f->cov.grads_taken++;
 		box_free(call->grad, f);
@@ -201,15 +421,62 @@ static int step_backward(adg_step_call *call, void *user)
 		for (size_t k = 0; k < s->n; k++)
 			if (k != i)
 				d *= s->parent_values[k];
-		int rc = adg_grads_register(call->grads, s->parent_ids[i],
-					    box(f, d));
-		if (rc != 0)
+		int rc_reg = adg_grads_register(call->grads, s->parent_ids[i],
+						box(f, d + sum));
+		if (rc_reg != 0)
 			mismatch(f,
 				 "adg_grads_register in step %" PRIu64
 				 " returned %d (%s)",
-				 s->id, rc, adg_strerror(rc));
+				 s->id, rc_reg, adg_strerror(rc_reg));
 	}
 	return s->fails ? fail_code(s->id) : 0;
+}
+
+/* Rebuilds the output from the parents' outputs (a leaf's value for a
+ * leaf), or ends as the op said. */
+static int step_recompute(adg_recompute_call *call, void *user)
+{
+	struct step *s = user;
+	struct fuzz *f = s->f;
+
+	if (!f->getting || call->node_id != s->id || call->n_parents != s->n ||
+	    call->output != NULL)
+		mismatch(f,
+			 "recompute of %" PRIu64 " called for %" PRIu64
+			 " with %zu parents%s%s",
+			 s->id, call->node_id, call->n_parents,
+			 f->getting ? "" : ", outside adg_output_get",
+			 call->output != NULL ? ", output set" : "");
+	uint64_t value = 1;
+	for (size_t k = 0; k < s->n; k++) {
+		const struct output *p = call->parent_outputs[k];
+		if (call->parent_ids[k] != s->parent_ids[k] ||
+		    (p == NULL) != s->parent_leaf[k] ||
+		    (p != NULL && p->id != s->parent_ids[k]))
+			mismatch(f,
+				 "recompute of %" PRIu64
+				 ": parent %zu is %" PRIu64 " with %s output%s",
+				 s->id, k, call->parent_ids[k],
+				 p == NULL ? "no" : "an",
+				 p != NULL && p->id != s->parent_ids[k]
+					 ? " of another node"
+					 : "");
+		value *= p != NULL ? p->value : s->parent_values[k];
+	}
+	f->recomputes[s->id]++;
+	f->cov.recomputes++;
+	switch (s->recompute) {
+	case RECOMPUTE_FAILS:
+		return recompute_fail_code(s->id);
+	case RECOMPUTE_EMPTY:
+		return 0;
+	case RECOMPUTE_POSITIVE:
+		return 1;
+	case RECOMPUTE_BUILDS:
+		break;
+	}
+	call->output = output_new(f, s->id, value);
+	return 0;
 }
 
 static void step_release(void *user)
@@ -244,6 +511,7 @@ static void check_all(struct fuzz *f)
 	expect_u64(f, "step closures alive", (uint64_t)f->steps_live,
 		   want.live_steps);
 	expect_u64(f, "gradient boxes alive", (uint64_t)f->boxes_live, 0);
+	check_outputs(f);
 
 	for (size_t i = 0; i < f->nh; i++) {
 		uint64_t id = 0, graph = 0;
@@ -288,41 +556,146 @@ static void do_leaf(struct fuzz *f, uint8_t v)
 	f->cov.leaves++;
 }
 
-static void do_op(struct fuzz *f, uint8_t p, const uint8_t *idx)
+/* The closure of an op on the handles at idx, from p (driver.h); fills
+ * parents. */
+static struct step *step_new(struct fuzz *f, uint8_t p, const uint8_t *idx,
+			     adg_node **parents)
 {
-	size_t n = 1 + p % 3;
 	unsigned flags = p / 3;
-	struct step *s = calloc(1, sizeof *s);
-	adg_node *parents[MODEL_MAX_PARENTS];
-	uint64_t value = 1;
+	struct step *s = xmalloc(sizeof *s);
 
-	if (s == NULL) {
-		fprintf(stderr, "adg-fuzz: out of memory\n");
-		abort();
-	}
-	s->f = f;
-	s->n = n;
-	s->fails = flags % 8 == 7;
-	s->takes_grad = (flags / 8) % 2 == 1;
-	for (size_t i = 0; i < n; i++) {
+	*s = (struct step){
+		.f = f,
+		.n = 1 + p % 3,
+		.value = 1,
+		.fails = flags % 8 == 7,
+		.takes_grad = (flags / 8) % 2 == 1,
+	};
+	for (size_t i = 0; i < s->n; i++) {
 		const struct handle *h = &f->h[idx[i] % f->nh];
 		parents[i] = h->node;
 		s->parent_ids[i] = h->id;
 		s->parent_values[i] = h->value;
-		value *= h->value;
+		s->parent_leaf[i] = f->model.node[h->id].leaf;
+		s->value *= h->value;
 	}
 	f->steps_live++;
+	return s;
+}
+
+static void do_op(struct fuzz *f, uint8_t p, const uint8_t *idx)
+{
+	adg_node *parents[MODEL_MAX_PARENTS];
+	struct step *s = step_new(f, p, idx, parents);
 	adg_step step = {step_backward, step_release, s};
 	adg_node *node;
 	uint64_t id = 0;
-	expect_rc(f, "adg_op", adg_op(f->reg, parents, n, &step, &node), 0);
+	expect_rc(f, "adg_op", adg_op(f->reg, parents, s->n, &step, &node), 0);
 	expect_rc(f, "adg_node_id", adg_node_id(node, &id), 0);
-	uint64_t want = model_op(&f->model, s->parent_ids, n, s->fails);
+	uint64_t want = model_op(&f->model, s->parent_ids, s->n, s->fails);
 	expect_u64(f, "new node id", id, want);
 	s->id = id;
-	push(f, node, id, value);
+	push(f, node, id, s->value);
 	f->cov.nodes++;
 	f->cov.failing_steps += s->fails;
+}
+
+/* Whether the op of s names a consumed parent whose output it needs. */
+static bool needs_consumed(const struct fuzz *f, const struct step *s,
+			   const struct model_output *o)
+{
+	for (size_t k = 0; k < s->n; k++) {
+		const struct model_node *p = &f->model.node[s->parent_ids[k]];
+		bool wanted = o->recompute && !p->leaf;
+		for (size_t w = 0; w < o->n_want; w++)
+			wanted = wanted || o->want[w] == k;
+		if (wanted && p->consumed)
+			return true;
+	}
+	return false;
+}
+
+static void do_op_with(struct fuzz *f, uint8_t p, uint8_t o, const uint8_t *idx)
+{
+	adg_node *parents[MODEL_MAX_PARENTS];
+	struct step *s = step_new(f, p, idx, parents);
+	unsigned end = p / 3 / 16, kind = o & 3;
+	s->recompute = end == 1	  ? RECOMPUTE_FAILS
+		       : end == 2 ? RECOMPUTE_EMPTY
+		       : end == 3 ? RECOMPUTE_POSITIVE
+				  : RECOMPUTE_BUILDS;
+	struct model_output mo = {
+		.value = kind == 1 || kind == 2,
+		.recompute = kind >= 2,
+		.memory_bound = (o >> 2) & 1,
+		.recompute_fails = s->recompute != RECOMPUTE_BUILDS,
+		.want_self = (o >> 3) & 1,
+		.gets = (o >> 7) == 0,
+	};
+	for (unsigned k = 0; k < 3; k++)
+		if ((o >> (4 + k)) & 1)
+			mo.want[mo.n_want++] = k % s->n;
+	s->want_self = mo.want_self;
+	s->n_want = mo.n_want;
+	memcpy(s->want, mo.want, sizeof s->want);
+	s->gets = mo.gets;
+
+	/* The value is made before the node: it carries the id the model
+	 * expects, which the check below confirms. */
+	uint64_t next = f->model.next_id;
+	adg_output out = {
+		.value = mo.value ? output_new(f, next, s->value) : NULL,
+		.free = output_free,
+		.recompute = mo.recompute ? step_recompute : NULL,
+		.memory_bound = mo.memory_bound,
+	};
+	adg_op_options opts = {
+		.output = kind != 0 ? &out : NULL,
+		.want_self = mo.want_self,
+		.want_parents = mo.want,
+		.n_want_parents = mo.n_want,
+	};
+	adg_step step = {step_backward, step_release, s};
+	adg_node *node = (adg_node *)&node; /* must become NULL on error */
+	bool consumed = needs_consumed(f, s, &mo);
+	int rc = adg_op_with(f->reg, parents, s->n, &step, &opts, &node);
+	int want_rc;
+	uint64_t want = model_op_with(&f->model, s->parent_ids, s->n, s->fails,
+				      &mo, &want_rc);
+	expect_rc(f, "adg_op_with", rc, want_rc);
+	if (f->trace)
+		fprintf(stderr,
+			"adg-fuzz:    adg_op_with: %d (%s), id %" PRIu64
+			", output %u, want_self %d, %zu wants\n",
+			rc, adg_strerror(rc), want, kind, mo.want_self,
+			mo.n_want);
+	if (rc != 0) {
+		if (node != NULL)
+			mismatch(f, "a failed adg_op_with left *out non-NULL");
+		/* Nothing was taken: the value and the step are ours. */
+		if (out.value != NULL) {
+			expect_of(f, "outputs alive of refused node", next,
+				  f->out_live[next], 1);
+			output_discard(out.value);
+		}
+		free(s);
+		f->steps_live--;
+		f->cov.ops_with_refused++;
+		return;
+	}
+	uint64_t id = 0;
+	expect_rc(f, "adg_node_id", adg_node_id(node, &id), 0);
+	expect_u64(f, "new node id", id, want);
+	s->id = id;
+	f->recompute_rc[id] =
+		s->recompute == RECOMPUTE_FAILS	   ? recompute_fail_code(id)
+		: s->recompute == RECOMPUTE_BUILDS ? 0
+						   : ADG_ECALLBACK;
+	push(f, node, id, s->value);
+	f->cov.ops_with++;
+	f->cov.failing_steps += s->fails;
+	f->cov.asks_consumed += consumed;
+	f->cov.dropped_at_once += f->model.node[id].frees;
 }
 
 static void do_ref(struct fuzz *f, size_t i)
@@ -335,37 +708,29 @@ static void do_ref(struct fuzz *f, size_t i)
 
 static void do_drop(struct fuzz *f, size_t i)
 {
-	uint64_t freed = f->model.nodes_freed;
+	uint64_t freed = f->model.nodes_freed, frees = f->frees;
 	expect_rc(f, "adg_node_unref", adg_node_unref(f->h[i].node), 0);
 	model_unref(&f->model, f->h[i].id);
 	f->h[i] = f->h[--f->nh];
 	f->cov.drops++;
 	f->cov.cascades += f->model.nodes_freed - freed >= 2;
+	f->cov.freed_unrun += f->frees - frees;
 }
 
-/* Which steps ran in this backward, against the model's tape: all of them
- * on success; after a failure, every step deeper than the first failing
- * one, none shallower, at most one each at its depth. */
-static void check_runs(struct fuzz *f, uint64_t failed_id)
+/* Which steps ran in this backward: step_begin checked each as it came;
+ * unless one failed, every step of the tape ran. Each was called with its
+ * final gradient. */
+static void check_runs(struct fuzz *f)
 {
 	const struct model_backward *e = &f->expect;
 
 	for (uint64_t id = 1; id < f->model.next_id; id++) {
 		unsigned ran = f->runs[id] - f->runs_before[id];
-		unsigned want_min = 0, want_max = 0;
-		if (e->on_tape[id]) {
-			uint32_t depth = f->model.node[id].depth;
-			if (e->rc == 0 || depth > e->fail_depth ||
-			    id == failed_id)
-				want_min = want_max = 1;
-			else if (depth == e->fail_depth)
-				want_max = 1;
-		}
-		if (ran < want_min || ran > want_max)
+		if (e->on_tape[id] && e->failed_step == 0 && ran == 0)
 			mismatch(f,
-				 "step %" PRIu64 " ran %u times in this "
-				 "backward, model: %u..%u (on tape: %d)",
-				 id, ran, want_min, want_max, e->on_tape[id]);
+				 "step %" PRIu64 " never ran in a backward "
+				 "where no step failed",
+				 id);
 		if (ran == 0)
 			continue;
 		/* Called with NULL when none arrived or the hook took it. */
@@ -440,26 +805,17 @@ static int on_ready(uint64_t id, void **grad, void *ctx)
 static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 			const struct model_hook *hook)
 {
-	const struct model_backward *e = &f->expect;
+	struct model_backward *e = &f->expect;
 	uint64_t root = f->h[i].id;
 	adg_grads *out = (adg_grads *)&out; /* must become NULL on error */
 
 	uint64_t freed = f->model.nodes_freed;
 	memcpy(f->runs_before, f->runs, sizeof f->runs);
 	memset(f->fired, 0, sizeof f->fired);
-	model_backward(&f->model, root, seed, hook, &f->expect);
+	model_backward(&f->model, root, seed, hook, e);
 	f->cov.backward_hook += hook != NULL;
 	f->cov.cascades += f->model.nodes_freed - freed >= 2;
-	if (f->model.node[root].leaf)
-		f->cov.backward_leaf++;
-	else if (e->rc == 0)
-		f->cov.backward_ok++;
-	else if (e->rc == ADG_ECONSUMED)
-		f->cov.backward_consumed++;
-	else if (e->rc == ADG_EUNAVAILABLE)
-		f->cov.backward_unavailable++;
-	else
-		f->cov.backward_failed++;
+	f->running = 0;
 	int rc;
 	if (hook == NULL) {
 		rc = adg_backward(f->reg, f->h[i].node, box(f, seed), &f->ops,
@@ -469,34 +825,44 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 		rc = adg_backward_with(f->reg, f->h[i].node, box(f, seed),
 				       &f->ops, &o, &out);
 	}
+	if (f->running != 0)
+		model_step_end(&f->model, e, f->running);
+	f->running = 0;
+	if (e->rc == 0)
+		model_backward_end(&f->model, e);
 
 	if (f->trace)
 		fprintf(stderr,
 			"adg-fuzz:    backward from %" PRIu64 ": %d (%s)\n",
 			root, rc, adg_strerror(rc));
-	uint64_t failed_id = 0;
-	if (e->rc == MODEL_STEP_FAILED) {
-		/* The code names the step that failed: it must be one of the
-		 * deepest failing steps on the tape. */
-		uint64_t id = (uint64_t)(ADG_EUSER - (int64_t)rc);
-		if (rc > ADG_EUSER || id >= f->model.next_id ||
-		    !e->on_tape[id] || !f->model.node[id].fails ||
-		    f->model.node[id].depth != e->fail_depth)
-			mismatch(f,
-				 "adg_backward from %" PRIu64
-				 " returned %d (%s), model: the code of a "
-				 "failing step at depth %" PRIu32,
-				 root, rc, adg_strerror(rc), e->fail_depth);
-		failed_id = id;
-	} else {
-		if (rc != e->rc)
-			mismatch(f,
-				 "adg_backward from node %" PRIu64
-				 " returned %d (%s), model %d (%s)",
-				 root, rc, adg_strerror(rc), e->rc,
-				 adg_strerror(e->rc));
-	}
-	check_runs(f, failed_id);
+	/* The steps that ran decide the outcome: the first to fail names
+	 * itself in its code. */
+	int want = e->rc;
+	if (want == 0 && e->failed_recompute != 0)
+		want = f->recompute_rc[e->failed_recompute];
+	else if (want == 0 && e->failed_step != 0)
+		want = fail_code(e->failed_step);
+	if (rc != want)
+		mismatch(f,
+			 "adg_backward from node %" PRIu64
+			 " returned %d (%s), model %d (%s)",
+			 root, rc, adg_strerror(rc), want, adg_strerror(want));
+	if (f->model.node[root].leaf)
+		f->cov.backward_leaf++;
+	else if (rc == 0)
+		f->cov.backward_ok++;
+	else if (rc == ADG_ECONSUMED)
+		f->cov.backward_consumed++;
+	else if (rc == ADG_EUNAVAILABLE)
+		f->cov.backward_unavailable++;
+	else
+		f->cov.backward_failed++;
+	f->cov.freed_at_take += e->freed_at_take;
+	if (rc == 0)
+		f->cov.kept_to_end += e->freed_at_end;
+	else
+		f->cov.freed_after_failure += e->freed_at_end;
+	check_runs(f);
 	/* After a failure the hook may have missed ids, never more. */
 	for (uint64_t id = 1; hook != NULL && id < f->model.next_id; id++)
 		if (f->fired[id] == 0 && e->fires[id] && rc == 0)
@@ -561,6 +927,51 @@ static void do_graph(struct fuzz *f, size_t i)
 
 /* ---------------------------------------------------------------- run */
 
+/* The kinds, in ops.def's order, with their argument bytes and names. */
+static const struct op_info {
+	enum adg_fuzz_op kind; /* its first code */
+	unsigned count, args;
+	const char *name;
+} op_table[] = {
+#define OP(name, first, count, args, text)                                     \
+	{ADG_FUZZ_##name, (count), (args), (text)},
+#include "ops.def"
+#undef OP
+};
+
+static const struct op_info *decode(uint8_t byte)
+{
+	unsigned code = byte % ADG_FUZZ_OPCODES;
+	size_t i = 0;
+	while (code >= op_table[i].kind + op_table[i].count)
+		i++;
+	return &op_table[i];
+}
+
+/* Whether an operation of this kind is skipped now: it needs a handle and
+ * there is none, or makes one and there is no room. */
+static bool skipped(const struct fuzz *f, enum adg_fuzz_op kind)
+{
+	bool full = f->nh == ADG_FUZZ_MAX_HANDLES, empty = f->nh == 0;
+	switch (kind) {
+	case ADG_FUZZ_LEAF:
+		return full;
+	case ADG_FUZZ_OP:
+	case ADG_FUZZ_OP_WITH:
+	case ADG_FUZZ_REF:
+		return full || empty;
+	case ADG_FUZZ_STATS:
+		return false;
+	case ADG_FUZZ_DROP:
+	case ADG_FUZZ_BACKWARD:
+	case ADG_FUZZ_BACKWARD_HOOK:
+	case ADG_FUZZ_GRAPH:
+	case ADG_FUZZ_BACKWARD_NEWEST:
+		return empty;
+	}
+	return true;
+}
+
 /* Decodes and runs one operation at *pos; returns false at the end of the
  * input. */
 static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
@@ -569,46 +980,22 @@ static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
 	if (*pos >= size)
 		return false;
 	size_t start = *pos;
-	unsigned kind = data[(*pos)++] % 16;
-	/* Argument bytes: backward takes two, stats and backward-newest
-	 * none, the others one (an op then its parents' indices). */
-	size_t need = kind == 11 || kind == 12	 ? 2
-		      : kind == 13 || kind == 15 ? 0
-						 : 1;
-	if (size - *pos < need)
+	const struct op_info *op = decode(data[(*pos)++]);
+	if (size - *pos < op->args)
 		return false;
 	const uint8_t *arg = data + *pos;
-	*pos += need;
-	if (kind >= 3 && kind <= 6) {
-		size_t n = 1 + arg[0] % 3;
+	*pos += op->args;
+	if (op->kind == ADG_FUZZ_OP || op->kind == ADG_FUZZ_OP_WITH) {
+		size_t n = 1 + arg[0] % 3; /* then the parents' indices */
 		if (size - *pos < n)
 			return false;
 		*pos += n;
 	}
 
-	static const char *const names[16] = {"leaf",
-					      "leaf",
-					      "leaf",
-					      "op",
-					      "op",
-					      "op",
-					      "op",
-					      "ref",
-					      "drop",
-					      "drop",
-					      "drop",
-					      "backward",
-					      "backward-hook",
-					      "stats",
-					      "graph",
-					      "backward-newest"};
-	bool full = f->nh == ADG_FUZZ_MAX_HANDLES, empty = f->nh == 0;
-	size_t i = need > 0 && !empty ? arg[0] % f->nh : 0;
-	bool skip = kind <= 2	 ? full
-		    : kind <= 7	 ? full || empty
-		    : kind == 13 ? false
-				 : empty;
-	f->op_name = names[kind];
+	/* The handle an operation names by its first argument. */
+	size_t i = op->args > 0 && f->nh > 0 ? arg[0] % f->nh : 0;
+	bool skip = skipped(f, op->kind);
+	f->op_name = op->name;
 	f->op_start = start;
 	f->op_end = *pos;
 	f->op_skipped = skip;
@@ -619,24 +1006,38 @@ static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
 	}
 	if (!skip) {
 		f->cov.ops_run++;
-		if (kind <= 2)
+		switch (op->kind) {
+		case ADG_FUZZ_LEAF:
 			do_leaf(f, arg[0]);
-		else if (kind <= 6)
+			break;
+		case ADG_FUZZ_OP:
 			do_op(f, arg[0], arg + 1);
-		else if (kind == 7)
+			break;
+		case ADG_FUZZ_OP_WITH:
+			do_op_with(f, arg[0], arg[1], arg + 2);
+			break;
+		case ADG_FUZZ_REF:
 			do_ref(f, i);
-		else if (kind <= 10)
+			break;
+		case ADG_FUZZ_DROP:
 			do_drop(f, i);
-		else if (kind == 11)
+			break;
+		case ADG_FUZZ_BACKWARD:
 			do_backward(f, i, 2 * (uint64_t)arg[1] + 1, NULL);
-		else if (kind == 12)
+			break;
+		case ADG_FUZZ_BACKWARD_HOOK:
 			do_backward_hook(f, i, arg[1]);
-		else if (kind == 13)
+			break;
+		case ADG_FUZZ_STATS:
 			do_stats(f);
-		else if (kind == 14)
+			break;
+		case ADG_FUZZ_GRAPH:
 			do_graph(f, i);
-		else
+			break;
+		case ADG_FUZZ_BACKWARD_NEWEST:
 			do_backward(f, f->nh - 1, 1, NULL);
+			break;
+		}
 	}
 	check_all(f);
 	return true;
@@ -645,20 +1046,25 @@ static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
 size_t adg_fuzz_run(const uint8_t *data, size_t size,
 		    struct adg_fuzz_coverage *cov)
 {
-	struct fuzz *f = calloc(1, sizeof *f);
-	if (f == NULL) {
-		fprintf(stderr, "adg-fuzz: out of memory\n");
-		abort();
-	}
+	struct fuzz *f = xmalloc(sizeof *f);
+	memset(f, 0, sizeof *f);
 	const char *trace = getenv("ADG_FUZZ_TRACE");
 	f->trace = trace != NULL && trace[0] == '1';
 	f->ops = (adg_grad_ops){box_add, box_free, f};
-	model_init(&f->model);
+	/* The header byte, if any: the strategy. */
+	adg_registry_options options = {
+		.checkpointing = size > 0 && (data[0] & 1)
+					 ? ADG_CHECKPOINT_BALANCED
+					 : ADG_CHECKPOINT_NONE,
+	};
+	model_init(&f->model, options.checkpointing);
+	f->cov.balanced = options.checkpointing == ADG_CHECKPOINT_BALANCED;
 	f->data = data;
 	f->op_name = "adg_registry_new";
-	expect_rc(f, "adg_registry_new", adg_registry_new(NULL, &f->reg), 0);
+	expect_rc(f, "adg_registry_new", adg_registry_new(&options, &f->reg),
+		  0);
 
-	size_t pos = 0, ran = 0;
+	size_t pos = size > 0 ? 1 : 0, ran = 0;
 	while (ran < ADG_FUZZ_MAX_OPS) {
 		f->op_index = ran;
 		if (!step_once(f, data, size, &pos))
@@ -685,6 +1091,7 @@ size_t adg_fuzz_run(const uint8_t *data, size_t size,
 	expect_rc(f, "adg_registry_free", adg_registry_free(f->reg), 0);
 	expect_u64(f, "step closures leaked", (uint64_t)f->steps_live, 0);
 	expect_u64(f, "gradient boxes leaked", (uint64_t)f->boxes_live, 0);
+	expect_u64(f, "outputs leaked", (uint64_t)f->outputs_live, 0);
 	if (cov != NULL) {
 		f->cov.merges = f->model.merges;
 #define ADG_FUZZ_ADD(name) cov->name += f->cov.name;

@@ -5,9 +5,13 @@
  * libFuzzer target (fuzz_target.c) and the corpus replay test
  * (tests/test_replay.c).
  *
- * Input format: a sequence of operations, each an opcode byte followed by
- * its argument bytes; an operation cut short by the end of the input is
- * not run. The opcode byte selects the kind by its value modulo 16:
+ * Input format (documented here only; ops.def holds the codes): a header
+ * byte, then a sequence of operations. The header chooses the registry's
+ * checkpointing strategy: ADG_CHECKPOINT_BALANCED if its bit 0 is set,
+ * ADG_CHECKPOINT_NONE otherwise (its other bits are ignored). Each
+ * operation is an opcode byte followed by its argument bytes; one cut
+ * short by the end of the input is not run. The opcode byte selects the
+ * kind by its value modulo ADG_FUZZ_OPCODES (20):
  *
  *   0-2    leaf      v        a leaf of value 2v+1 (odd: products of odd
  *                             numbers never wrap to 0)
@@ -26,6 +30,27 @@
  *   13     stats              compares adg_stats
  *   14     graph     i        compares handle i's graph id
  *   15     backward-newest    backward from the newest handle, seed 1
+ *   16-19  op-with   p o i... the same as op with adg_op_with: o says what
+ *                             it offers and asks for (below); r = f/16 how
+ *                             its recompute callback ends: it fails with
+ *                             its own code if r == 1, gives no output if
+ *                             2, returns a positive value if 3, and builds
+ *                             the output otherwise
+ *
+ * The options of op-with, from the bits of o:
+ *
+ *   0-1    its output: none (0), the value (1), the value and a recompute
+ *          callback (2), or a recompute callback alone (3)
+ *   2      memory-bound
+ *   3      its step asks for its own output (want_self)
+ *   4-6    its step asks for the output of parent slot k % n for each bit
+ *          k set (n parents: repeats when n < 3)
+ *   7      its step never calls adg_output_get for what it asked
+ *
+ * Options that libadg must refuse (asking for a leaf's output, or for that
+ * of a parent that offers none, a recompute callback with such a parent
+ * that is not a leaf, want_self without an output) are expected to fail
+ * with ADG_EINVAL; nothing is made, and the handles stay as they were.
  *
  * Handles live in an array; a new handle goes at the end, a dropped one is
  * replaced by the last. An operation that would need a handle when there is
@@ -42,18 +67,33 @@
 #define ADG_FUZZ_MAX_HANDLES 64
 #define ADG_FUZZ_MAX_OPS     512
 
-/* Opcodes, one per kind (the first value of each range above). */
-enum adg_fuzz_opcode {
-	ADG_FUZZ_LEAF = 0,
-	ADG_FUZZ_OP = 3,
-	ADG_FUZZ_REF = 7,
-	ADG_FUZZ_DROP = 8,
-	ADG_FUZZ_BACKWARD = 11,
-	ADG_FUZZ_BACKWARD_HOOK = 12,
-	ADG_FUZZ_STATS = 13,
-	ADG_FUZZ_GRAPH = 14,
-	ADG_FUZZ_BACKWARD_NEWEST = 15,
+/* The kinds of operation, each named by the first code of its range
+ * (ops.def). */
+enum adg_fuzz_op {
+#define OP(name, first, count, args, text) ADG_FUZZ_##name = (first),
+#include "ops.def"
+#undef OP
 };
+
+/* The codes implied by the counts alone: each range starts where the one
+ * before ends. ADG_FUZZ_OPCODES, the modulus, is their sum. */
+enum adg_fuzz_code {
+#define OP(name, first, count, args, text)                                     \
+	ADG_FUZZ_FIRST_##name,                                                 \
+		ADG_FUZZ_LAST_##name = ADG_FUZZ_FIRST_##name + (count)-1,
+#include "ops.def"
+#undef OP
+	ADG_FUZZ_OPCODES
+};
+
+/* So a FIRST in ops.def that leaves a gap or overlaps does not compile. */
+#define OP(name, first, count, args, text)                                     \
+	_Static_assert((count) >= 1 && (first) == ADG_FUZZ_FIRST_##name,       \
+		       "ops.def: " #name                                       \
+		       " must start where the previous ends");
+#include "ops.def"
+#undef OP
+_Static_assert(ADG_FUZZ_OPCODES <= 256, "ops.def: more codes than a byte");
 
 /* What inputs exercised, summed over runs: lets the replay test check that
  * the corpus covers every kind of operation and outcome. One X(name) per
@@ -76,7 +116,20 @@ enum adg_fuzz_opcode {
 	X(failing_steps)	/* nodes whose step fails */                   \
 	X(grads_taken)		/* steps that took their gradient */           \
 	X(merges)		/* graphs absorbed into another */             \
-	X(cascades)		/* drops or backwards that freed 2+ nodes */
+	X(cascades)		/* drops or backwards that freed 2+ nodes */   \
+	X(balanced)		/* inputs run with ADG_CHECKPOINT_BALANCED */  \
+	X(ops_with)		/* adg_op_with, success */                     \
+	X(ops_with_refused)	/* adg_op_with, ADG_EINVAL */                  \
+	X(asks_consumed)	/* adg_op_with needing a consumed parent */    \
+	X(dropped_at_once)	/* values the balanced strategy dropped */     \
+	X(freed_at_take)	/* outputs no step of a backward needed */     \
+	X(outputs_got)		/* adg_output_get, success */                  \
+	X(recomputes)		/* recompute callbacks run */                  \
+	X(recompute_failures)	/* adg_output_get failed by a recompute */     \
+	X(gets_skipped)		/* steps that asked, then got nothing */       \
+	X(kept_to_end)		/* outputs a backward held to its end */       \
+	X(freed_after_failure)	/* outputs a failed backward freed */          \
+	X(freed_unrun)		/* outputs freed with nodes dropped unrun */
 
 struct adg_fuzz_coverage {
 #define ADG_FUZZ_FIELD(name) uint64_t name;

@@ -3,67 +3,134 @@
 
 Each scenario is written with named handles; Seq tracks the driver's handle
 array (new handles at the end, a dropped one replaced by the last) to turn
-names into indices. The encoding is documented in driver.h. The files are
+names into indices. The encoding is documented in driver.h; the opcodes and
+argument counts come from ops.def, which the driver reads too. The files are
 committed: rerun this only to change the corpus.
 
     python3 tests/fuzz/gen_corpus.py [out_dir]
 """
 import os
 import random
+import re
 import sys
 
-LEAF, OP, REF, DROP, BACKWARD, BACKWARD_HOOK, STATS, GRAPH, BACKWARD_NEWEST = (
-    0, 3, 7, 8, 11, 12, 13, 14, 15)
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def read_ops(path):
+    """ops.def's lines as {NAME: (first code, argument bytes)}, checked as
+    driver.h checks them: the ranges follow one another from 0."""
+    line_re = re.compile(
+        r'OP\(\s*(\w+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*"[^"]*"\s*\)')
+    ops, code = {}, 0
+    with open(path) as fp:
+        for line in fp:
+            if not line.startswith("OP("):
+                continue
+            m = line_re.fullmatch(line.strip())
+            assert m, f"ops.def: cannot read {line.strip()}"
+            name, first, count, args = m[1], int(m[2]), int(m[3]), int(m[4])
+            assert first == code and count >= 1, f"ops.def: {name}'s range"
+            ops[name] = (first, args)
+            code += count
+    assert ops, "ops.def: no OP lines"
+    return ops
+
+
+OPS = read_ops(os.path.join(HERE, "ops.def"))
 
 # Which gradients the ready hook takes (driver.h): none, even ids, ids
 # divisible by 3, all.
 TAKE_NONE, TAKE_EVEN, TAKE_THIRD, TAKE_ALL = range(4)
 
+# The header's strategy (driver.h).
+NONE, BALANCED = 0, 1
+
+# How an op-with's recompute callback ends (driver.h): it builds the
+# output, fails with its own code, gives no output, returns a positive
+# value.
+BUILDS, FAILS, EMPTY, POSITIVE = range(4)
+
 
 class Seq:
-    def __init__(self):
-        self.out = bytearray()
+    """One input: a method per operation of ops.def, named after it."""
+
+    def __init__(self, strategy=NONE):
+        self.out = bytearray([strategy])  # the header
         self.handles = []
 
     def _idx(self, name):
         return self.handles.index(name)
 
+    def _emit(self, op, args, parents=()):
+        first, n_args = OPS[op]
+        assert len(args) == n_args, f"{op} takes {n_args} argument bytes"
+        self.out += bytes([first] + list(args) +
+                          [self._idx(x) for x in parents])
+
     def leaf(self, name, v=1):
-        self.out += bytes([LEAF, v])
+        self._emit("LEAF", [v])
         self.handles.append(name)
 
     def op(self, name, parents, fail=False, take=False):
         assert 1 <= len(parents) <= 3
         flags = (7 if fail else 0) + (8 if take else 0)
-        p = len(parents) - 1 + 3 * flags
-        self.out += bytes([OP, p] + [self._idx(x) for x in parents])
+        self._emit("OP", [len(parents) - 1 + 3 * flags], parents)
         self.handles.append(name)
 
+    def op_with(self, name, parents, value=False, recompute=False,
+                memory_bound=False, want_self=False, want=(), gets=True,
+                fail=False, take=False, ends=BUILDS, refused=False):
+        """adg_op_with. want: the parent slots the step asks for, in the
+        order it gets them; refused: the options are invalid, no handle."""
+        n = len(parents)
+        assert 1 <= n <= 3
+        # Bit k of o's wants asks for slot k % n, in the order of k.
+        mask, k = 0, 0
+        for slot in want:
+            while k % n != slot:
+                k += 1
+            assert k < 3, f"wants {want} on {n} parents"
+            mask |= 1 << k
+            k += 1
+        kind = [[0, 3], [1, 2]][value][recompute]
+        o = (kind | memory_bound << 2 | want_self << 3 | mask << 4 |
+             (not gets) << 7)
+        flags = (7 if fail else 0) + (8 if take else 0) + 16 * ends
+        self._emit("OP_WITH", [n - 1 + 3 * flags, o], parents)
+        if not refused:
+            self.handles.append(name)
+
     def ref(self, name, new):
-        self.out += bytes([REF, self._idx(name)])
+        self._emit("REF", [self._idx(name)])
         self.handles.append(new)
 
     def drop(self, name):
         i = self._idx(name)
-        self.out += bytes([DROP, i])
+        self._emit("DROP", [i])
         self.handles[i] = self.handles[-1]
         self.handles.pop()
 
     def backward(self, name, seed=0):
-        self.out += bytes([BACKWARD, self._idx(name), seed])
+        self._emit("BACKWARD", [self._idx(name), seed])
 
     def backward_hook(self, name, leaves_only=False, take=TAKE_NONE, seed=0):
         s = (1 if leaves_only else 0) + 2 * take + 8 * seed
-        self.out += bytes([BACKWARD_HOOK, self._idx(name), s])
+        self._emit("BACKWARD_HOOK", [self._idx(name), s])
 
     def backward_newest(self):
-        self.out += bytes([BACKWARD_NEWEST])
+        self._emit("BACKWARD_NEWEST", [])
 
     def stats(self):
-        self.out += bytes([STATS])
+        self._emit("STATS", [])
 
     def graph(self, name):
-        self.out += bytes([GRAPH, self._idx(name)])
+        self._emit("GRAPH", [self._idx(name)])
+
+
+# An operation added to ops.def must be given its encoder here.
+for _op in OPS:
+    assert callable(getattr(Seq, _op.lower(), None)), f"Seq.{_op.lower()}"
 
 
 def leaves(s, n, prefix="l"):
@@ -74,9 +141,17 @@ def leaves(s, n, prefix="l"):
 SCENARIOS = {}
 
 
-def scenario(fn):
-    SCENARIOS[fn.__name__] = fn
-    return fn
+def scenario(fn=None, strategies=(NONE,)):
+    """Registers a scenario: one file per strategy, suffixed with its name
+    when there are several."""
+    def register(fn):
+        for strategy in strategies:
+            name = fn.__name__
+            if len(strategies) > 1:
+                name += ["_none", "_balanced"][strategy]
+            SCENARIOS[name] = (fn, strategy)
+        return fn
+    return register(fn) if fn is not None else register
 
 
 @scenario
@@ -500,6 +575,221 @@ def stats_and_graph_queries(s):
     s.stats()
 
 
+# ---- Checkpointing (adg_op_with). Values are kept, rebuilt or both;
+# memory-bound ones with a recompute callback are what the balanced
+# strategy drops at once.
+
+
+def mem_add(s, name, parent, **kw):
+    """An activation: value, recompute, memory-bound."""
+    s.op_with(name, [parent], value=True, recompute=True, memory_bound=True,
+              **kw)
+
+
+@scenario(strategies=(NONE, BALANCED))
+def ckpt_chain(s):
+    # y asks for the end of a chain of adds. None keeps every value and
+    # frees those no step asks for when the tape is taken; balanced dropped
+    # the adds' and rebuilds each once, freeing each parent's as soon as
+    # its child is rebuilt.
+    leaves(s, 3)
+    s.op_with("c0", ["l0", "l1"], value=True)
+    prev = "c0"
+    for k in range(1, 7):
+        mem_add(s, f"m{k}", prev)
+        prev = f"m{k}"
+    s.op_with("y", [prev, "l2"], value=True, want=[0])
+    s.backward("y", 3)
+
+
+@scenario(strategies=(NONE, BALANCED))
+def ckpt_diamond_rebuilt_once(s):
+    # r offers a recompute only: two steps ask for it, it is built once.
+    leaves(s, 4)
+    s.op_with("c0", ["l0", "l1"], value=True)
+    s.op_with("r", ["c0"], recompute=True, memory_bound=True)
+    s.op_with("y1", ["r", "l2"], value=True, want=[0])
+    s.op_with("y2", ["r", "l3"], value=True, want=[0])
+    s.op("z", ["y1", "y2"])
+    s.backward("z", 1)
+
+
+@scenario(strategies=(NONE, BALANCED))
+def ckpt_own_output_and_repeats(s):
+    leaves(s, 2)
+    s.op_with("a", ["l0", "l1"], value=True, want_self=True)
+    # x * x asking for both slots (one parent) and for its own output.
+    s.op_with("sq", ["a", "a"], value=True, recompute=True,
+              memory_bound=True, want_self=True, want=[0, 1])
+    # One parent asked for three times.
+    s.op_with("b", ["sq"], recompute=True, want=[0, 0, 0])
+    s.op_with("c", ["b", "sq", "l1"], value=True, want=[1], want_self=True)
+    s.backward("c", 5)
+
+
+@scenario(strategies=(NONE, BALANCED))
+def ckpt_skipped_gets(s):
+    # y asks for m and never gets it. Balanced: m's rebuild never happens,
+    # and c0's output, which it would have needed, stays to the end of the
+    # backward. None: m's kept value goes when y returns.
+    leaves(s, 2)
+    s.op_with("c0", ["l0", "l1"], value=True)
+    mem_add(s, "m", "c0")
+    s.op_with("y", ["m", "l1"], want=[0], gets=False)
+    s.op("z", ["y"])
+    s.backward("z", 2)
+
+
+@scenario
+def ckpt_refused_options(s):
+    leaves(s, 2)
+    s.op("plain", ["l0", "l1"])
+    s.op_with("a", ["l0", "l1"], value=True)
+    s.op_with("x", ["l0"], want_self=True, refused=True)  # offers nothing
+    s.op_with("x", ["a", "l0"], value=True, want=[1], refused=True)  # leaf
+    s.op_with("x", ["plain", "a"], want=[0], refused=True)  # offers none
+    s.op_with("x", ["a", "plain"], recompute=True, refused=True)
+    s.op_with("x", ["l0", "plain"], value=True, recompute=True, want=[0],
+              refused=True)
+    # Fine: a recompute needs nothing of leaves. Its id comes after the
+    # ones the refused calls used up.
+    s.op_with("x", ["a", "l1"], value=True, recompute=True, want=[0])
+    s.backward("x", 1)
+
+
+@scenario(strategies=(NONE, BALANCED))
+def ckpt_consumed_parent_offers(s):
+    # A consumed parent still offers its output: adg_op_with asking for it
+    # succeeds, and a backward that needs the parent is unavailable.
+    leaves(s, 2)
+    s.op_with("a", ["l0", "l1"], value=True, recompute=True,
+              memory_bound=True)
+    s.backward("a")
+    s.op_with("b", ["a", "l1"], value=True, want=[0])
+    s.op_with("c", ["a"], recompute=True, memory_bound=True)
+    s.backward("b")  # EUNAVAILABLE
+    s.op("d", ["c", "b"])
+    s.backward("d")  # EUNAVAILABLE
+    s.drop("b")  # b lives on in d
+    s.drop("d")  # frees d, b and c unrun, with b's output
+    s.stats()
+
+
+@scenario(strategies=(NONE, BALANCED))
+def ckpt_failing_step(s):
+    # m2's step fails: the outputs still held (c0's and m1's, which their
+    # own steps would have asked for) are freed once at the end.
+    leaves(s, 2)
+    s.op_with("c0", ["l0", "l1"], value=True, want_self=True)
+    mem_add(s, "m1", "c0", want_self=True)
+    mem_add(s, "m2", "m1", fail=True)
+    mem_add(s, "m3", "m2")
+    mem_add(s, "m4", "m3")
+    s.op_with("y", ["m4", "l1"], value=True, want=[0])
+    s.op_with("z", ["y", "m3"], want=[0, 1])
+    s.backward("z", 4)
+    s.backward("m1")  # ECONSUMED
+
+
+@scenario(strategies=(BALANCED,))
+def ckpt_recompute_ends_badly(s):
+    # One graph per way a recompute can end badly: its own code, no
+    # output, a positive value; then one where a parent's rebuild fails
+    # on the way. The get fails with that code, and so does the backward.
+    leaves(s, 2)
+    for k, ends in enumerate((FAILS, EMPTY, POSITIVE)):
+        s.op_with(f"c{k}", ["l0", "l1"], value=True)
+        mem_add(s, f"m{k}", f"c{k}")
+        s.op_with(f"r{k}", [f"m{k}", "l1"], recompute=True, ends=ends)
+        s.op_with(f"y{k}", [f"r{k}", "l0"], want=[0])
+        s.backward(f"y{k}", k)
+    s.op_with("c", ["l0"], value=True)
+    mem_add(s, "m", "c", ends=FAILS)
+    s.op_with("r", ["m"], recompute=True)
+    s.op_with("y", ["r", "m"], want=[0, 1])
+    s.backward("y")
+
+
+@scenario(strategies=(NONE, BALANCED))
+def ckpt_freed_unrun(s):
+    # Outputs go with their nodes when a graph is dropped without a
+    # backward.
+    leaves(s, 2)
+    s.op_with("a", ["l0", "l1"], value=True)
+    mem_add(s, "b", "a", want=[0])
+    s.op_with("c", ["b", "a"], recompute=True, want_self=True)
+    s.drop("a")
+    s.drop("b")
+    s.stats()
+    s.drop("c")
+    s.stats()
+
+
+@scenario(strategies=(BALANCED,))
+def ckpt_merge(s):
+    # Outputs follow their nodes through a merge: two checkpointed chains
+    # in graphs of their own, joined by an op that asks for both ends.
+    leaves(s, 2)
+    for h in range(2):
+        s.op_with(f"c{h}", [f"l{h}", f"l{h}"], value=True)
+        prev = f"c{h}"
+        for k in range(3):
+            mem_add(s, f"m{h}{k}", prev)
+            prev = f"m{h}{k}"
+    s.op_with("z", ["m02", "m12"], want=[0, 1])
+    s.graph("c0")
+    s.backward("z", 1)
+
+
+@scenario(strategies=(NONE, BALANCED))
+def ckpt_rebuilt_from_two(s):
+    # j is rebuilt from two outputs, one of them rebuilt too, and a leaf;
+    # k is memory-bound but cannot rebuild itself: both strategies keep
+    # it.
+    leaves(s, 2)
+    s.op_with("a", ["l0", "l1"], value=True)
+    s.op_with("k", ["l1", "l0"], value=True, memory_bound=True)
+    mem_add(s, "b", "a")
+    s.op_with("j", ["k", "l0", "b"], value=True, recompute=True,
+              memory_bound=True)
+    s.op_with("y", ["j", "k"], want=[0, 1])
+    s.backward("y", 6)
+
+
+@scenario(strategies=(BALANCED,))
+def ckpt_hook_takes(s):
+    # The hook takes gradients: the steps it starves still get their
+    # outputs, and register nothing.
+    leaves(s, 2)
+    s.op_with("a", ["l0", "l1"], value=True, want_self=True)
+    s.op_with("b", ["a", "l1"], recompute=True, memory_bound=True,
+              want=[0], want_self=True, take=True)
+    s.op_with("c", ["b"], value=True, want=[0])
+    s.backward_hook("c", take=TAKE_EVEN, seed=2)
+    s.op_with("d", ["l0", "l1"], recompute=True, want_self=True)
+    s.backward_hook("d", take=TAKE_ALL)
+
+
+@scenario(strategies=(NONE, BALANCED))
+def ckpt_training_loop(s):
+    # Forward with checkpointed activations, backward, drop; six times.
+    leaves(s, 3, "p")
+    for it in range(6):
+        s.op_with("x0", ["p0", "p1"], value=True)
+        prev = "x0"
+        for k in range(1, 5):
+            if k % 2:
+                mem_add(s, f"x{k}", prev)
+            else:
+                s.op_with(f"x{k}", [prev, f"p{k % 3}"], value=True,
+                          want=[0])
+            s.drop(prev)
+            prev = f"x{k}"
+        s.backward(prev, it)
+        s.drop(prev)
+        s.stats()
+
+
 def write_random(out_dir):
     rng = random.Random(20240531)
     for k in range(6):
@@ -510,12 +800,11 @@ def write_random(out_dir):
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
-        here, "corpus")
+        HERE, "corpus")
     os.makedirs(out_dir, exist_ok=True)
-    for i, (name, fn) in enumerate(SCENARIOS.items()):
-        s = Seq()
+    for i, (name, (fn, strategy)) in enumerate(SCENARIOS.items()):
+        s = Seq(strategy)
         fn(s)
         path = os.path.join(out_dir, f"{i:02d}-{name.replace('_', '-')}")
         with open(path, "wb") as fp:

@@ -3,6 +3,14 @@
  * recomputed from their definition each time something may have been freed,
  * and graph membership is a label (the graph's origin) on each node, so
  * there is no bookkeeping that could drift out of step with the rules.
+ *
+ * Checkpointing, likewise, keeps no request counts. An output is held
+ * from its forward (unless the balanced strategy drops it at once) or from
+ * its rebuild, and goes as soon as nothing needs it any more: when the
+ * backward takes its tape, when the last step that asked for it returns
+ * or the last planned rebuild of a child is done, at the end of the
+ * backward, or with its node freed unrun. in_use states "needs" from its
+ * definition each time.
  */
 #include "model.h"
 
@@ -21,10 +29,11 @@
 		}                                                              \
 	} while (0)
 
-void model_init(struct model *m)
+void model_init(struct model *m, int checkpointing)
 {
 	memset(m, 0, sizeof *m);
 	m->next_id = 1;
+	m->checkpointing = checkpointing;
 }
 
 static struct model_node *live_node(struct model *m, uint64_t id)
@@ -32,6 +41,19 @@ static struct model_node *live_node(struct model *m, uint64_t id)
 	MODEL_CHECK(id >= 1 && id < m->next_id);
 	MODEL_CHECK(m->node[id].alive);
 	return &m->node[id];
+}
+
+static bool offers(const struct model_node *n)
+{
+	return n->out.value || n->out.recompute;
+}
+
+/* An output value of n is freed. */
+static void free_output(struct model_node *n)
+{
+	MODEL_CHECK(n->held);
+	n->held = false;
+	n->frees++;
 }
 
 /* A node that still holds its step (and with it its parents). */
@@ -114,6 +136,51 @@ uint64_t model_op(struct model *m, const uint64_t *parents, size_t n_parents,
 	return id;
 }
 
+uint64_t model_op_with(struct model *m, const uint64_t *parents, size_t n,
+		       bool fails, const struct model_output *out, int *rc)
+{
+	bool offering = out->value || out->recompute;
+	/* Whether a node offers an output is fixed when it is made: a leaf
+	 * offers none, a consumed node still does. */
+	bool valid = offering || !out->want_self;
+	for (size_t w = 0; w < out->n_want; w++) {
+		MODEL_CHECK(out->want[w] < n);
+		valid = valid && offers(live_node(m, parents[out->want[w]]));
+	}
+	/* A rebuild needs the outputs of the parents that are not leaves. */
+	for (size_t k = 0; k < n && out->recompute; k++) {
+		const struct model_node *p = live_node(m, parents[k]);
+		valid = valid && (p->leaf || offers(p));
+	}
+	if (!valid) {
+		*rc = ADG_EINVAL;
+		return new_id(m);
+	}
+
+	uint64_t id = model_op(m, parents, n, fails);
+	struct model_node *node = &m->node[id];
+	node->out = *out;
+	node->held = out->value;
+	/* Balanced drops at once what it can rebuild cheaply. */
+	if (out->value && out->recompute && out->memory_bound &&
+	    m->checkpointing == ADG_CHECKPOINT_BALANCED)
+		free_output(node);
+	*rc = 0;
+	return id;
+}
+
+bool model_asks(const struct model *m, uint64_t step, uint64_t target)
+{
+	MODEL_CHECK(step >= 1 && step < m->next_id);
+	const struct model_node *n = &m->node[step];
+	if (target == step)
+		return n->out.want_self;
+	for (size_t w = 0; w < n->out.n_want; w++)
+		if (n->parents[n->out.want[w]] == target)
+			return true;
+	return false;
+}
+
 /* References on every node, from their definition: the caller's handles,
  * plus one per parent slot naming it in every node that still holds its
  * step. Leaves are never counted by their children. */
@@ -150,10 +217,15 @@ static void collect(struct model *m)
 			struct model_node *n = &m->node[k];
 			if (!n->alive || refs[k] != 0)
 				continue;
-			if (holds_step(n))
+			if (holds_step(n)) {
 				for (size_t i = 0; i < n->n_parents; i++)
 					if (!m->node[n->parents[i]].leaf)
 						refs[n->parents[i]]--;
+				/* Freed unrun. (A consumed node's output goes
+				 * at the end of the backward that took it.) */
+				if (n->held)
+					free_output(n);
+			}
 			n->alive = false;
 			n->graph = 0;
 			m->nodes_freed++;
@@ -187,7 +259,8 @@ bool model_step_released(const struct model *m, uint64_t id)
 {
 	MODEL_CHECK(id >= 1 && id < m->next_id);
 	const struct model_node *n = &m->node[id];
-	return !n->leaf && (n->consumed || !n->alive);
+	/* An id used up by a refused adg_op_with never had a step. */
+	return n->exists && !n->leaf && (n->consumed || !n->alive);
 }
 
 void model_stats(const struct model *m, struct model_stats *out)
@@ -222,6 +295,81 @@ static void finalise(const struct model *m, const struct model_hook *hook,
 		return;
 	out->fires[id] = true;
 	out->taken[id] = out->has_grad[id] && hook->takes[id];
+}
+
+uint64_t model_fold(const struct model *m, uint64_t id)
+{
+	const struct model_node *n = &m->node[id];
+	uint64_t sum = 0;
+	if (!n->out.gets)
+		return 0;
+	if (n->out.want_self)
+		sum += n->value;
+	for (size_t w = 0; w < n->out.n_want; w++)
+		sum += m->node[n->parents[n->out.want[w]]].value;
+	return sum;
+}
+
+/* Whether anything in backward b still needs o's output: a step of the
+ * tape that asked for it and has not returned, or a planned rebuild of a
+ * child that has not happened. (libadg counts both when it takes the
+ * tape, and a rebuild that never happens, its step having asked and not
+ * got, keeps its parents' outputs to the end.) */
+static bool in_use(const struct model *m, const struct model_backward *b,
+		   uint64_t o)
+{
+	for (uint64_t s = o; s < m->next_id; s++) {
+		if (!b->on_tape[s])
+			continue;
+		if (!b->done[s] && model_asks(m, s, o))
+			return true;
+		const struct model_node *n = &m->node[s];
+		for (size_t k = 0; k < n->n_parents; k++)
+			if (n->parents[k] == o && b->planned[s] && !b->built[s])
+				return true;
+	}
+	return false;
+}
+
+/* o's output goes if it is held and nothing needs it. */
+static void release(struct model *m, const struct model_backward *b, uint64_t o)
+{
+	if (m->node[o].held && !in_use(m, b, o))
+		free_output(&m->node[o]);
+}
+
+/* Which outputs the tape needs, which of them must be rebuilt, and the
+ * take itself: a held output no one needs goes now. */
+static void take_outputs(struct model *m, struct model_backward *b)
+{
+	for (uint64_t s = 1; s < m->next_id; s++) {
+		const struct model_node *n = &m->node[s];
+		if (!b->on_tape[s])
+			continue;
+		if (n->out.want_self)
+			b->needed[s] = true;
+		for (size_t w = 0; w < n->out.n_want; w++)
+			b->needed[n->parents[n->out.want[w]]] = true;
+	}
+	/* A child has a larger id than its parents: from the highest down,
+	 * a node's need is complete when its turn comes. */
+	for (uint64_t k = m->next_id - 1; k >= 1; k--) {
+		const struct model_node *n = &m->node[k];
+		if (!b->on_tape[k] || !b->needed[k] || n->held)
+			continue;
+		/* Balanced dropped it, or it offered none: it can rebuild. */
+		MODEL_CHECK(n->out.recompute);
+		b->planned[k] = true;
+		for (size_t i = 0; i < n->n_parents; i++)
+			if (!m->node[n->parents[i]].leaf)
+				b->needed[n->parents[i]] = true;
+	}
+	for (uint64_t k = 1; k < m->next_id; k++) {
+		if (!b->on_tape[k] || !m->node[k].held)
+			continue;
+		release(m, b, k);
+		b->freed_at_take += !m->node[k].held;
+	}
 }
 
 void model_backward(struct model *m, uint64_t root, uint64_t seed,
@@ -279,18 +427,6 @@ void model_backward(struct model *m, uint64_t root, uint64_t seed,
 		return;
 	}
 
-	/* The first step to fail is at the largest depth among the failing
-	 * ones: steps run deepest first. */
-	bool failed = false;
-	for (uint64_t k = 1; k < m->next_id; k++) {
-		const struct model_node *n = &m->node[k];
-		if (out->on_tape[k] && n->fails &&
-		    (!failed || n->depth > out->fail_depth)) {
-			failed = true;
-			out->fail_depth = n->depth;
-		}
-	}
-
 	/* Gradients, as if every step ran. Any order in which each node comes
 	 * after all of its children will do, and ids give one: a child is
 	 * created after its parents. So when k comes up, its gradient is
@@ -314,7 +450,7 @@ void model_backward(struct model *m, uint64_t root, uint64_t seed,
 			uint64_t p = n->parents[i];
 			MODEL_CHECK(p < k);
 			out->has_grad[p] = true;
-			out->grad[p] += g;
+			out->grad[p] += g + model_fold(m, k);
 		}
 	}
 	/* Leaves are final once every tape node ran: the hook sees each
@@ -330,10 +466,11 @@ void model_backward(struct model *m, uint64_t root, uint64_t seed,
 	for (uint64_t k = 1; k < m->next_id; k++)
 		if (m->node[k].leaf && out->has_grad[k] && !out->taken[k])
 			out->n_leaf_grads++;
-	out->rc = failed ? MODEL_STEP_FAILED : 0;
 
+	take_outputs(m, out);
 	/* Consumed, ran or not: each tape node leaves its graph and gives
-	 * up its step and its references on its parents. */
+	 * up its step and its references on its parents. Their outputs stay
+	 * with the backward until model_backward_end. */
 	for (uint64_t k = 1; k < m->next_id; k++) {
 		if (!out->on_tape[k])
 			continue;
@@ -341,4 +478,75 @@ void model_backward(struct model *m, uint64_t root, uint64_t seed,
 		m->node[k].graph = 0;
 	}
 	collect(m);
+}
+
+void model_step_begin(struct model *m, struct model_backward *b, uint64_t id)
+{
+	MODEL_CHECK(id >= 1 && id < m->next_id);
+	MODEL_CHECK(b->rc == 0 && b->on_tape[id] && !b->ran[id]);
+	b->ran[id] = true;
+}
+
+/* Rebuilds o's output if it is not held: first its parents' that are not,
+ * in slot order, as libadg does (the order decides which of two failing
+ * recomputes runs). Returns 0, or the node whose recompute failed. */
+static uint64_t build(struct model *m, struct model_backward *b, uint64_t o)
+{
+	struct model_node *n = &m->node[o];
+	if (n->held)
+		return 0;
+	/* Not held, yet asked for now: the take planned to rebuild it. Once:
+	 * it stays held while anything needs it. */
+	MODEL_CHECK(b->planned[o] && !b->built[o]);
+	for (size_t k = 0; k < n->n_parents; k++) {
+		if (m->node[n->parents[k]].leaf)
+			continue;
+		uint64_t failed = build(m, b, n->parents[k]);
+		if (failed != 0)
+			return failed;
+	}
+	n->recomputes++;
+	if (n->out.recompute_fails)
+		return o;
+	n->held = true;
+	b->built[o] = true;
+	for (size_t k = 0; k < n->n_parents; k++)
+		if (!m->node[n->parents[k]].leaf)
+			release(m, b, n->parents[k]);
+	return 0;
+}
+
+uint64_t model_output_get(struct model *m, struct model_backward *b,
+			  uint64_t step, uint64_t target)
+{
+	MODEL_CHECK(b->ran[step] && !b->done[step] && b->failed_step == 0);
+	MODEL_CHECK(model_asks(m, step, target));
+	uint64_t failed = build(m, b, target);
+	/* The step returns the get's code: it is the one that fails. */
+	if (failed != 0)
+		b->failed_recompute = failed;
+	return failed;
+}
+
+void model_step_end(struct model *m, struct model_backward *b, uint64_t id)
+{
+	const struct model_node *n = &m->node[id];
+	MODEL_CHECK(b->ran[id] && !b->done[id] && b->failed_step == 0);
+	b->done[id] = true;
+	if (n->fails || b->failed_recompute != 0)
+		b->failed_step = id;
+	if (n->out.want_self)
+		release(m, b, id);
+	for (size_t w = 0; w < n->out.n_want; w++)
+		release(m, b, n->parents[n->out.want[w]]);
+}
+
+void model_backward_end(struct model *m, struct model_backward *b)
+{
+	for (uint64_t k = 1; k < m->next_id; k++) {
+		if (b->on_tape[k] && m->node[k].held) {
+			free_output(&m->node[k]);
+			b->freed_at_end++;
+		}
+	}
 }

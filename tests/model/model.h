@@ -6,6 +6,12 @@
  *
  * It follows one thread's view: ids are handed out 1, 2, 3, ... and every
  * operation it is given is valid (the caller holds each node it names).
+ *
+ * Checkpointing (adg_op_with) is modelled by what exists when: whether each
+ * node's output is held, and how many times its free and its recompute have
+ * run. A backward is followed step by step, in the order libadg runs them
+ * (model_step_begin and the calls after it), since which outputs are held
+ * at a given moment depends on that order.
  */
 #ifndef ADG_TEST_MODEL_H
 #define ADG_TEST_MODEL_H
@@ -15,12 +21,25 @@
 #include <stdint.h>
 
 #define MODEL_MAX_PARENTS 3
+/* Parent slots a step asks for; repeats allowed. */
+#define MODEL_MAX_WANTS 3
 /* Ids 1..MODEL_MAX_NODES; the fuzzer creates at most one node per op. */
 #define MODEL_MAX_NODES 1024
 
-/* model_backward's result when a step failed: libadg then returns that
- * step's own code, which the model leaves to the caller to check. */
-#define MODEL_STEP_FAILED 1
+/* What an op made with adg_op_with offers and asks for. All false and
+ * empty: a plain op (adg_op). */
+struct model_output {
+	bool value;	      /* offers the value its forward computed */
+	bool recompute;	      /* offers a recompute callback */
+	bool memory_bound;    /* the balanced strategy may drop the value */
+	bool recompute_fails; /* its recompute callback fails when it runs */
+	bool want_self;	      /* its step asks for its own output */
+	size_t n_want;
+	uint32_t want[MODEL_MAX_WANTS]; /* parent slots its step asks for */
+	/* Its step calls adg_output_get for each of them; false: it asks in
+	 * adg_op_with, and then never gets any. */
+	bool gets;
+};
 
 struct model_node {
 	bool exists;   /* created (ids below next_id) */
@@ -34,10 +53,15 @@ struct model_node {
 	uint64_t parents[MODEL_MAX_PARENTS]; /* ids, repeats kept */
 	uint64_t graph;	  /* origin of its graph; 0 for leaves, consumed */
 	uint64_t handles; /* the caller's references */
+	struct model_output out;
+	bool held;	     /* an output value of this node exists */
+	uint64_t frees;	     /* output values freed so far */
+	uint64_t recomputes; /* recompute callbacks run so far */
 };
 
 struct model {
 	struct model_node node[MODEL_MAX_NODES + 1];
+	int checkpointing; /* enum adg_checkpointing */
 	uint64_t next_id;
 	uint64_t merges;
 	uint64_t nodes_freed;
@@ -61,20 +85,17 @@ struct model_hook {
 };
 
 struct model_backward {
-	/* 0, ADG_ECONSUMED, ADG_EUNAVAILABLE or MODEL_STEP_FAILED. */
+	/* 0 (the tape is taken and its steps run: see failed_step for the
+	 * outcome), ADG_ECONSUMED or ADG_EUNAVAILABLE. */
 	int rc;
-	/* MODEL_STEP_FAILED: the depth of the deepest failing step. The first
-	 * step to fail is one of the failing tape nodes at this depth (which
-	 * one depends on the order within a depth, which libadg leaves
-	 * open); every tape node deeper ran, none shallower did. */
-	uint32_t fail_depth;
-	/* The non-leaf nodes the backward takes (0 or EUNAVAILABLE: none). */
+	/* The non-leaf nodes the backward takes (with a nonzero rc: none). */
 	bool on_tape[MODEL_MAX_NODES + 1];
 	/* The final gradient of every id that receives one, as if every step
 	 * ran: what the hook sees; unless the hook took it, what a tape
 	 * node's step is called with and what the container holds for a
 	 * leaf. Without has_grad, they get NULL and the container holds
-	 * nothing for it. */
+	 * nothing for it. A step that gets outputs adds their values to each
+	 * gradient it registers (model_fold). */
 	bool has_grad[MODEL_MAX_NODES + 1];
 	uint64_t grad[MODEL_MAX_NODES + 1];
 	/* With a hook: the ids it is called for (once each, on success), and
@@ -83,9 +104,30 @@ struct model_backward {
 	bool taken[MODEL_MAX_NODES + 1];
 	/* rc 0: how many gradients the container holds (the leaves'). */
 	size_t n_leaf_grads;
+
+	/* Checkpointing, fixed when the tape is taken. A node is needed when
+	 * a step of the tape asks for its output, or a needed node that has
+	 * none held must be rebuilt from it; that rebuild is planned. */
+	bool needed[MODEL_MAX_NODES + 1];
+	bool planned[MODEL_MAX_NODES + 1];
+	uint64_t freed_at_take; /* held outputs no one needed */
+
+	/* As the steps run. A step has begun (ran) and returned (done); a
+	 * node's output was rebuilt (built). */
+	bool ran[MODEL_MAX_NODES + 1];
+	bool done[MODEL_MAX_NODES + 1];
+	bool built[MODEL_MAX_NODES + 1];
+	/* The first step to fail, 0 while none has; and the node whose
+	 * recompute made it fail, 0 when the step failed on its own. Then
+	 * libadg runs no further step and returns that failure's code. */
+	uint64_t failed_step;
+	uint64_t failed_recompute;
+	/* model_backward_end: outputs still held at the end, freed there. */
+	uint64_t freed_at_end;
 };
 
-void model_init(struct model *m);
+/* A fresh registry with this checkpointing strategy. */
+void model_init(struct model *m, int checkpointing);
 
 /* Creates a leaf with one handle; returns its id. */
 uint64_t model_leaf(struct model *m, uint64_t value);
@@ -94,6 +136,16 @@ uint64_t model_leaf(struct model *m, uint64_t value);
  * handle; returns its id. fails: its step will fail when run. */
 uint64_t model_op(struct model *m, const uint64_t *parents, size_t n,
 		  bool fails);
+
+/* The same with adg_op_with: sets *rc to 0, or to ADG_EINVAL when libadg
+ * must refuse the options (then no node is made, but the id is used up:
+ * libadg takes it first). Returns the id. */
+uint64_t model_op_with(struct model *m, const uint64_t *parents, size_t n,
+		       bool fails, const struct model_output *out, int *rc);
+
+/* Whether the step of node step asked for the output of node target (so
+ * adg_output_get serves it; otherwise it returns ADG_EINVAL). */
+bool model_asks(const struct model *m, uint64_t step, uint64_t target);
 
 void model_ref(struct model *m, uint64_t id);
 /* Drops one handle, then frees whatever no longer has a reference. */
@@ -108,8 +160,31 @@ void model_stats(const struct model *m, struct model_stats *out);
 bool model_step_released(const struct model *m, uint64_t id);
 
 /* Runs a backward from root (live) with the given seed value, and with a
- * ready hook unless hook is NULL. */
+ * ready hook unless hook is NULL: takes the tape (consuming its nodes and
+ * freeing the outputs no step needs) and fills *out. With out->rc 0 the
+ * steps then run, reported one by one with the calls below, and
+ * model_backward_end closes it. */
 void model_backward(struct model *m, uint64_t root, uint64_t seed,
 		    const struct model_hook *hook, struct model_backward *out);
+
+/* The step of id (on the tape, not yet run) begins. */
+void model_step_begin(struct model *m, struct model_backward *b, uint64_t id);
+
+/* The step running calls adg_output_get for target, which it asked for.
+ * Returns 0 when libadg must hand out the output (rebuilding what it has
+ * to), or the node whose recompute fails on the way: the get then fails
+ * with that callback's code. */
+uint64_t model_output_get(struct model *m, struct model_backward *b,
+			  uint64_t step, uint64_t target);
+
+/* The step of id returned. */
+void model_step_end(struct model *m, struct model_backward *b, uint64_t id);
+
+/* The backward returned: the outputs its tape still held are freed. */
+void model_backward_end(struct model *m, struct model_backward *b);
+
+/* What the step of id adds to each gradient it registers: the sum of the
+ * outputs it gets (none unless it gets them), at their true values. */
+uint64_t model_fold(const struct model *m, uint64_t id);
 
 #endif
