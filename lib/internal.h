@@ -501,6 +501,16 @@ static inline int adg_next_id(struct adg_shard *s, uint64_t *id)
 	return 0;
 }
 
+/* Gives back the id adg_next_id just handed out, for a node no one saw: a
+ * refused call changes nothing, ids included. Nothing in between took
+ * another: the caller made no other node on this thread. */
+static inline void adg_put_id(struct adg_shard *s, uint64_t id)
+{
+	ADG_ASSERT(id + 1 == s->next_id);
+	s->next_id = id;
+	s->ids_left++;
+}
+
 /* ------------------------------------------------------------------- RCU */
 
 /* Ends a read-side section; in TSan builds, first orders what the section

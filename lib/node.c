@@ -178,6 +178,7 @@ out_put_parents:
 		adg_ckpt_drop(n);
 	}
 out_dealloc:
+	adg_put_id(shard, n->id);
 	node_dealloc(shard, n);
 	return rc;
 }

@@ -334,3 +334,49 @@ CHECKED_TEST(regress, step_drops_last_handle_of_root_with_output)
 {
 	step_drops_root(1, true);
 }
+
+/* ------------------------------------------ found by the fuzzer's model */
+
+/* A refused call changes nothing, node ids included: op_new took the new
+ * node's id before checking the options (or placing the node), and a
+ * refused adg_op_with, or an adg_op whose placement ran out of memory,
+ * used one up. */
+CHECKED_TEST(regress, refused_op_takes_no_node_id)
+{
+	failing_alloc mem = {0};
+	adg_registry_options ro = {.allocator = failing_allocator(&mem)};
+	adg_registry *r;
+	cr_assert_eq(adg_registry_new(&ro, &r), 0);
+	adg_node *leaves[9], *a, *b, *y = NULL;
+	for (int i = 0; i < 9; i++)
+		cr_assert_eq(adg_leaf(r, &leaves[i]), 0);
+	adg_step st = {noop_backward, NULL, NULL};
+	cr_assert_eq(adg_op(r, &leaves[0], 1, &st, &a), 0);
+	cr_assert_eq(adg_op(r, &leaves[1], 1, &st, &b), 0);
+	uint64_t b_id, y_id;
+	adg_node_id(b, &b_id);
+
+	/* want_self without an output */
+	adg_op_options self = {.want_self = 1};
+	cr_assert_eq(adg_op_with(r, &a, 1, &st, &self, &y), ADG_EINVAL);
+	/* nine parents in two graphs: the node (not cached: 4 or more
+	 * parents) is the first allocation, placement's scratch the second */
+	adg_node *nine[9] = {a, b};
+	for (int i = 2; i < 9; i++)
+		nine[i] = leaves[i];
+	atomic_store(&mem.fail_in, 2);
+	cr_assert_eq(adg_op(r, nine, 9, &st, &y), ADG_ENOMEM);
+	cr_assert_eq(atomic_load(&mem.fail_in), 0, "placement failed");
+
+	cr_assert_eq(adg_op(r, &a, 1, &st, &y), 0);
+	adg_node_id(y, &y_id);
+	cr_expect_eq(y_id, b_id + 1, "the next id after %llu is %llu",
+		     (unsigned long long)b_id, (unsigned long long)y_id);
+	adg_node *all[] = {a, b, y};
+	for (int i = 0; i < 3; i++)
+		adg_node_unref(all[i]);
+	for (int i = 0; i < 9; i++)
+		adg_node_unref(leaves[i]);
+	cr_assert_eq(adg_registry_free(r), 0);
+	cr_expect_eq(atomic_load(&mem.live_bytes), 0);
+}

@@ -651,8 +651,8 @@ def ckpt_refused_options(s):
     s.op_with("x", ["a", "plain"], recompute=True, refused=True)
     s.op_with("x", ["l0", "plain"], value=True, recompute=True, want=[0],
               refused=True)
-    # Fine: a recompute needs nothing of leaves. Its id comes after the
-    # ones the refused calls used up.
+    # Fine: a recompute needs nothing of leaves. Its id comes right after
+    # a's: the refused calls used none.
     s.op_with("x", ["a", "l1"], value=True, recompute=True, want=[0])
     s.backward("x", 1)
 

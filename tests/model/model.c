@@ -153,8 +153,8 @@ uint64_t model_op_with(struct model *m, const uint64_t *parents, size_t n,
 		valid = valid && (p->leaf || offers(p));
 	}
 	if (!valid) {
-		*rc = ADG_EINVAL;
-		return new_id(m);
+		*rc = ADG_EINVAL; /* nothing changes, node ids included */
+		return 0;
 	}
 
 	uint64_t id = model_op(m, parents, n, fails);
@@ -259,7 +259,6 @@ bool model_step_released(const struct model *m, uint64_t id)
 {
 	MODEL_CHECK(id >= 1 && id < m->next_id);
 	const struct model_node *n = &m->node[id];
-	/* An id used up by a refused adg_op_with never had a step. */
 	return n->exists && !n->leaf && (n->consumed || !n->alive);
 }
 

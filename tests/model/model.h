@@ -138,8 +138,8 @@ uint64_t model_op(struct model *m, const uint64_t *parents, size_t n,
 		  bool fails);
 
 /* The same with adg_op_with: sets *rc to 0, or to ADG_EINVAL when libadg
- * must refuse the options (then no node is made, but the id is used up:
- * libadg takes it first). Returns the id. */
+ * must refuse the options (then nothing changes: no node is made and no
+ * id used up). Returns the id, 0 when refused. */
 uint64_t model_op_with(struct model *m, const uint64_t *parents, size_t n,
 		       bool fails, const struct model_output *out, int *rc);
 
