@@ -207,8 +207,12 @@ static int materialise(struct adg_backward_context *ctx,
 			n->ckpt->recompute(&call, n->step.user));
 		if (rc == 0 && call.output == NULL)
 			rc = ADG_ECALLBACK; /* said yes, gave nothing */
-		if (rc != 0)
+		if (rc != 0) {
+			/* An output set before failing is libadg's too. */
+			if (call.output != NULL)
+				n->ckpt->free(call.output);
 			return rc;
+		}
 		n->ckpt->value = call.output;
 		/* Rebuilt once: each parent's part in it is served. */
 		for (uint32_t k = 0; k < n->n_parents; k++)

@@ -380,3 +380,49 @@ CHECKED_TEST(regress, refused_op_takes_no_node_id)
 	cr_assert_eq(adg_registry_free(r), 0);
 	cr_expect_eq(atomic_load(&mem.live_bytes), 0);
 }
+
+/* A recompute callback that sets an output and then fails: libadg owns the
+ * output from the moment it is set (adg.h), so it frees it; materialise
+ * returned the callback's code and dropped the output on the floor. */
+static int sets_then_fails(adg_recompute_call *call, void *user)
+{
+	(void)user;
+	call->output = output_new(*(double *)call->parent_outputs[0]);
+	return ADG_EUSER - 1;
+}
+
+CHECKED_TEST(regress, recompute_that_sets_then_fails_frees_its_output)
+{
+	adg_registry *r;
+	adg_registry_options ro = {.checkpointing = ADG_CHECKPOINT_BALANCED};
+	cr_assert_eq(adg_registry_new(&ro, &r), 0);
+	scalar a = s_leaf(r, 3);
+	/* b offers its value; m rebuilds its own from b's (BALANCED keeps
+	 * none of a memory-bound output); c's step asks for m's. */
+	adg_output bo = {output_new(3), output_free, NULL, 0};
+	adg_op_options bopt = {.output = &bo};
+	adg_step bst = {prod_backward, prod_release, prod_step_new(&a, 1)};
+	adg_node *b, *m, *c;
+	cr_assert_eq(adg_op_with(r, &a.node, 1, &bst, &bopt, &b), 0);
+	adg_output mo = {output_new(3), output_free, sets_then_fails, 1};
+	adg_op_options mopt = {.output = &mo};
+	scalar bs = {.node = b, .value = 3};
+	adg_step mst = {prod_backward, prod_release, prod_step_new(&bs, 1)};
+	cr_assert_eq(adg_op_with(r, &b, 1, &mst, &mopt, &m), 0);
+	static const uint32_t slot0 = 0;
+	adg_op_options copt = {.want_parents = &slot0, .n_want_parents = 1};
+	scalar ms = {.node = m, .value = 3};
+	adg_step cst = {want_backward, prod_release, prod_step_new(&ms, 1)};
+	cr_assert_eq(adg_op_with(r, &m, 1, &cst, &copt, &c), 0);
+
+	adg_grads *g;
+	cr_expect_eq(adg_backward(r, c, scalar_box(1), &scalar_ops, &g),
+		     ADG_EUSER - 1);
+	cr_expect_eq(atomic_load(&outputs_freed), atomic_load(&outputs_made),
+		     "outputs made %ld, freed %ld", atomic_load(&outputs_made),
+		     atomic_load(&outputs_freed));
+	adg_node *all[] = {c, m, b, a.node};
+	for (int i = 0; i < 4; i++)
+		adg_node_unref(all[i]);
+	cr_assert_eq(adg_registry_free(r), 0);
+}

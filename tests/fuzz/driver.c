@@ -34,15 +34,14 @@ struct handle {
 
 struct fuzz;
 
-/* How an op-with's recompute callback ends (driver.h). Not generated: one
- * that sets an output and then fails, whose output libadg does not free
- * (lib/checkpoint.c, materialise), though the header says that it owns
- * it once set. */
+/* How an op-with's recompute callback ends (driver.h). */
 enum recompute_end {
 	RECOMPUTE_BUILDS,
-	RECOMPUTE_FAILS,    /* its own code */
-	RECOMPUTE_EMPTY,    /* 0 and no output: ADG_ECALLBACK */
-	RECOMPUTE_POSITIVE, /* a positive value: ADG_ECALLBACK */
+	RECOMPUTE_FAILS,	   /* its own code */
+	RECOMPUTE_SETS_THEN_FAILS, /* an output, then its own code: libadg
+				      owns the output and frees it */
+	RECOMPUTE_EMPTY,	   /* 0 and no output: ADG_ECALLBACK */
+	RECOMPUTE_POSITIVE,	   /* a positive value: ADG_ECALLBACK */
 };
 
 /* A step closure: what the step needs to compute its parents' gradients,
@@ -468,6 +467,9 @@ static int step_recompute(adg_recompute_call *call, void *user)
 	switch (s->recompute) {
 	case RECOMPUTE_FAILS:
 		return recompute_fail_code(s->id);
+	case RECOMPUTE_SETS_THEN_FAILS:
+		call->output = output_new(f, s->id, value);
+		return recompute_fail_code(s->id);
 	case RECOMPUTE_EMPTY:
 		return 0;
 	case RECOMPUTE_POSITIVE:
@@ -623,12 +625,15 @@ static void do_op_with(struct fuzz *f, uint8_t p, uint8_t o, const uint8_t *idx)
 	s->recompute = end == 1	  ? RECOMPUTE_FAILS
 		       : end == 2 ? RECOMPUTE_EMPTY
 		       : end == 3 ? RECOMPUTE_POSITIVE
+		       : end == 4 ? RECOMPUTE_SETS_THEN_FAILS
 				  : RECOMPUTE_BUILDS;
 	struct model_output mo = {
 		.value = kind == 1 || kind == 2,
 		.recompute = kind >= 2,
 		.memory_bound = (o >> 2) & 1,
 		.recompute_fails = s->recompute != RECOMPUTE_BUILDS,
+		.recompute_sets_output =
+			s->recompute == RECOMPUTE_SETS_THEN_FAILS,
 		.want_self = (o >> 3) & 1,
 		.gets = (o >> 7) == 0,
 	};
@@ -688,7 +693,9 @@ static void do_op_with(struct fuzz *f, uint8_t p, uint8_t o, const uint8_t *idx)
 	expect_u64(f, "new node id", id, want);
 	s->id = id;
 	f->recompute_rc[id] =
-		s->recompute == RECOMPUTE_FAILS	   ? recompute_fail_code(id)
+		s->recompute == RECOMPUTE_FAILS ||
+				s->recompute == RECOMPUTE_SETS_THEN_FAILS
+			? recompute_fail_code(id)
 		: s->recompute == RECOMPUTE_BUILDS ? 0
 						   : ADG_ECALLBACK;
 	push(f, node, id, s->value);

@@ -34,8 +34,10 @@
  *                             it offers and asks for (below); r = f/16 how
  *                             its recompute callback ends: it fails with
  *                             its own code if r == 1, gives no output if
- *                             2, returns a positive value if 3, and builds
- *                             the output otherwise
+ *                             2, returns a positive value if 3, sets an
+ *                             output and then fails with its own code if
+ *                             4 (libadg frees that output), and builds the
+ *                             output otherwise
  *
  * The options of op-with, from the bits of o:
  *

@@ -48,8 +48,8 @@ NONE, BALANCED = 0, 1
 
 # How an op-with's recompute callback ends (driver.h): it builds the
 # output, fails with its own code, gives no output, returns a positive
-# value.
-BUILDS, FAILS, EMPTY, POSITIVE = range(4)
+# value, sets an output and then fails with its own code.
+BUILDS, FAILS, EMPTY, POSITIVE, SETS_THEN_FAILS = range(5)
 
 
 class Seq:
@@ -694,10 +694,11 @@ def ckpt_failing_step(s):
 @scenario(strategies=(BALANCED,))
 def ckpt_recompute_ends_badly(s):
     # One graph per way a recompute can end badly: its own code, no
-    # output, a positive value; then one where a parent's rebuild fails
-    # on the way. The get fails with that code, and so does the backward.
+    # output, a positive value, an output and then its own code (libadg
+    # frees that output); then one where a parent's rebuild fails on the
+    # way. The get fails with that code, and so does the backward.
     leaves(s, 2)
-    for k, ends in enumerate((FAILS, EMPTY, POSITIVE)):
+    for k, ends in enumerate((FAILS, EMPTY, POSITIVE, SETS_THEN_FAILS)):
         s.op_with(f"c{k}", ["l0", "l1"], value=True)
         mem_add(s, f"m{k}", f"c{k}")
         s.op_with(f"r{k}", [f"m{k}", "l1"], recompute=True, ends=ends)

@@ -505,8 +505,10 @@ static uint64_t build(struct model *m, struct model_backward *b, uint64_t o)
 			return failed;
 	}
 	n->recomputes++;
-	if (n->out.recompute_fails)
+	if (n->out.recompute_fails) {
+		n->frees += n->out.recompute_sets_output;
 		return o;
+	}
 	n->held = true;
 	b->built[o] = true;
 	for (size_t k = 0; k < n->n_parents; k++)

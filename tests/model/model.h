@@ -33,7 +33,9 @@ struct model_output {
 	bool recompute;	      /* offers a recompute callback */
 	bool memory_bound;    /* the balanced strategy may drop the value */
 	bool recompute_fails; /* its recompute callback fails when it runs */
-	bool want_self;	      /* its step asks for its own output */
+	/* ... having set an output first, which libadg then frees */
+	bool recompute_sets_output;
+	bool want_self; /* its step asks for its own output */
 	size_t n_want;
 	uint32_t want[MODEL_MAX_WANTS]; /* parent slots its step asks for */
 	/* Its step calls adg_output_get for each of them; false: it asks in
