@@ -281,9 +281,8 @@ typedef struct adg_op_options {
 } adg_op_options;
 
 /* adg_op with checkpointing. Requests are counted per backward: a kept
- * output is freed as soon as the last step that asked for it has run (or,
- * when a step asked for a rebuilt output it then never got, at the end of
- * the backward: the rebuild would have read it), an
+ * output is freed as soon as the last step that asked for it has run (or
+ * the last rebuild that would read it has happened, or will not), an
  * output no step of a backward asks for is freed when the backward takes
  * its tape, and a recomputed one is built once and kept only while a
  * later request needs it. Outputs follow nodes through merges, and a

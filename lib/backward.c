@@ -452,15 +452,13 @@ static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 	 * success the counts have freed it all, and only records remain. */
 	for (size_t i = 0; i < len; i++) {
 		struct adg_node *n = t->sorted[i];
-		/* I7: with a hook, a successful backward delivered every
-		 * contribution. I8: an output whose requests are all served
-		 * is gone (a rebuild that no step got leaves its parents'
-		 * requests unserved until here). */
+		/* I7, I8: a successful backward served every request and,
+		 * with a hook, delivered every contribution. */
 		ADG_ASSERT(rc != 0 || ready == NULL || n->tape_pending == 0);
 		if (n->ckpt == NULL)
 			continue;
-		ADG_ASSERT(rc != 0 || n->ckpt->pending != 0 ||
-			   n->ckpt->value == NULL);
+		ADG_ASSERT(rc != 0 ||
+			   (n->ckpt->pending == 0 && n->ckpt->value == NULL));
 		adg_ckpt_drop(n);
 	}
 	drop_tape_links(shard, t, len);

@@ -99,13 +99,39 @@ static void request(struct adg_node *n)
 	n->ckpt->pending++;
 }
 
-/* One request on n served: the output goes with the last. */
-static void serve(struct adg_node *n)
+/* One request on n served: the output goes with the last. A node planned
+ * for a rebuild that has not happened and that no one needs any more will
+ * not be rebuilt: it goes on *unbuilt, once (its count reaches zero once),
+ * for serve to let go of what the rebuild would have read. */
+static void serve_one(struct adg_node *n, struct adg_node **unbuilt)
 {
 	struct adg_ckpt *c = n->ckpt;
 	ADG_ASSERT(c->pending > 0); /* I8: every serve had its request */
-	if (--c->pending == 0)
-		drop_value(c);
+	if (--c->pending != 0)
+		return;
+	drop_value(c);
+	if (c->rebuild_planned) {
+		c->rebuild_planned = false;
+		c->unbuilt_next = *unbuilt;
+		*unbuilt = n;
+	}
+}
+
+/* Serves one request on n, and those of rebuilds that will not happen,
+ * up the graph: a work list through the records, not recursion, so that a
+ * long chain of them cannot overflow the stack. */
+static void serve(struct adg_node *n)
+{
+	struct adg_node *unbuilt = NULL;
+
+	serve_one(n, &unbuilt);
+	while (unbuilt != NULL) {
+		struct adg_node *u = unbuilt;
+		unbuilt = u->ckpt->unbuilt_next;
+		for (uint32_t k = 0; k < u->n_parents; k++)
+			if (u->parents[k] != NULL)
+				serve_one(u->parents[k], &unbuilt);
+	}
 }
 
 void adg_ckpt_plan(struct adg_node **tape, size_t len)
@@ -132,6 +158,7 @@ void adg_ckpt_plan(struct adg_node **tape, size_t len)
 		struct adg_ckpt *c = n->ckpt;
 		if (c == NULL || c->pending == 0 || c->value != NULL)
 			continue;
+		c->rebuild_planned = true;
 		for (uint32_t k = 0; k < n->n_parents; k++)
 			if (n->parents[k] != NULL)
 				request(n->parents[k]);
@@ -214,6 +241,7 @@ static int materialise(struct adg_backward_context *ctx,
 			return rc;
 		}
 		n->ckpt->value = call.output;
+		n->ckpt->rebuild_planned = false;
 		/* Rebuilt once: each parent's part in it is served. */
 		for (uint32_t k = 0; k < n->n_parents; k++)
 			if (n->parents[k] != NULL)

@@ -552,6 +552,10 @@ struct adg_ckpt {
 	/* During a backward: requests still to serve. 64 bits: one per
 	 * want slot of every tape child, and a slot count is 32 bits. */
 	uint64_t pending;
+	/* During a backward: the take planned to rebuild the output, and it
+	 * has not been rebuilt yet; see serve. */
+	bool rebuild_planned;
+	struct adg_node *unbuilt_next; /* serve's work list */
 	bool want_self;
 	uint32_t n_want_parents;
 	uint32_t want_parents[]; /* parent slots */

@@ -129,7 +129,6 @@ _Static_assert(ADG_FUZZ_OPCODES <= 256, "ops.def: more codes than a byte");
 	X(recomputes)		/* recompute callbacks run */                  \
 	X(recompute_failures)	/* adg_output_get failed by a recompute */     \
 	X(gets_skipped)		/* steps that asked, then got nothing */       \
-	X(kept_to_end)		/* outputs a backward held to its end */       \
 	X(freed_after_failure)	/* outputs a failed backward freed */          \
 	X(freed_unrun)		/* outputs freed with nodes dropped unrun */
 

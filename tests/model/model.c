@@ -8,9 +8,9 @@
  * from its forward (unless the balanced strategy drops it at once) or from
  * its rebuild, and goes as soon as nothing needs it any more: when the
  * backward takes its tape, when the last step that asked for it returns
- * or the last planned rebuild of a child is done, at the end of the
- * backward, or with its node freed unrun. in_use states "needs" from its
- * definition each time.
+ * or the last planned rebuild of a child is done or will not happen, at
+ * the end of the backward, or with its node freed unrun. in_use states
+ * "needs" from its definition each time.
  */
 #include "model.h"
 
@@ -309,32 +309,45 @@ uint64_t model_fold(const struct model *m, uint64_t id)
 	return sum;
 }
 
-/* Whether anything in backward b still needs o's output: a step of the
- * tape that asked for it and has not returned, or a planned rebuild of a
- * child that has not happened. (libadg counts both when it takes the
- * tape, and a rebuild that never happens, its step having asked and not
- * got, keeps its parents' outputs to the end.) */
-static bool in_use(const struct model *m, const struct model_backward *b,
-		   uint64_t o)
+/* Which outputs of the tape anything in backward b still needs: those a
+ * step of the tape asked for and has not returned from, and those a
+ * planned rebuild of a child reads, while that rebuild has not happened
+ * and the child's output is itself still needed (a rebuild no one needs
+ * any more will not happen). A child has a larger id than its parents:
+ * from the highest down, a node's children are decided before it. */
+static void in_use(const struct model *m, const struct model_backward *b,
+		   bool *use)
 {
-	for (uint64_t s = o; s < m->next_id; s++) {
-		if (!b->on_tape[s])
-			continue;
-		if (!b->done[s] && model_asks(m, s, o))
-			return true;
-		const struct model_node *n = &m->node[s];
-		for (size_t k = 0; k < n->n_parents; k++)
-			if (n->parents[k] == o && b->planned[s] && !b->built[s])
-				return true;
+	for (uint64_t o = m->next_id - 1; o >= 1; o--) {
+		use[o] = false;
+		for (uint64_t s = o; s < m->next_id && !use[o]; s++) {
+			if (!b->on_tape[s])
+				continue;
+			if (!b->done[s] && model_asks(m, s, o))
+				use[o] = true;
+			const struct model_node *n = &m->node[s];
+			bool reads = b->planned[s] && !b->built[s] && use[s];
+			for (size_t k = 0; k < n->n_parents && reads; k++)
+				use[o] = use[o] || n->parents[k] == o;
+		}
 	}
-	return false;
 }
 
-/* o's output goes if it is held and nothing needs it. */
-static void release(struct model *m, const struct model_backward *b, uint64_t o)
+/* Every held output of the tape that nothing needs goes; returns how many
+ * went. */
+static unsigned release(struct model *m, const struct model_backward *b)
 {
-	if (m->node[o].held && !in_use(m, b, o))
-		free_output(&m->node[o]);
+	bool use[MODEL_MAX_NODES + 1];
+	unsigned freed = 0;
+
+	in_use(m, b, use);
+	for (uint64_t k = 1; k < m->next_id; k++) {
+		if (b->on_tape[k] && m->node[k].held && !use[k]) {
+			free_output(&m->node[k]);
+			freed++;
+		}
+	}
+	return freed;
 }
 
 /* Which outputs the tape needs, which of them must be rebuilt, and the
@@ -363,12 +376,7 @@ static void take_outputs(struct model *m, struct model_backward *b)
 			if (!m->node[n->parents[i]].leaf)
 				b->needed[n->parents[i]] = true;
 	}
-	for (uint64_t k = 1; k < m->next_id; k++) {
-		if (!b->on_tape[k] || !m->node[k].held)
-			continue;
-		release(m, b, k);
-		b->freed_at_take += !m->node[k].held;
-	}
+	b->freed_at_take += release(m, b);
 }
 
 void model_backward(struct model *m, uint64_t root, uint64_t seed,
@@ -511,9 +519,7 @@ static uint64_t build(struct model *m, struct model_backward *b, uint64_t o)
 	}
 	n->held = true;
 	b->built[o] = true;
-	for (size_t k = 0; k < n->n_parents; k++)
-		if (!m->node[n->parents[k]].leaf)
-			release(m, b, n->parents[k]);
+	release(m, b);
 	return 0;
 }
 
@@ -536,10 +542,7 @@ void model_step_end(struct model *m, struct model_backward *b, uint64_t id)
 	b->done[id] = true;
 	if (n->fails || b->failed_recompute != 0)
 		b->failed_step = id;
-	if (n->out.want_self)
-		release(m, b, id);
-	for (size_t w = 0; w < n->out.n_want; w++)
-		release(m, b, n->parents[n->out.want[w]]);
+	release(m, b);
 }
 
 void model_backward_end(struct model *m, struct model_backward *b)
