@@ -1,52 +1,18 @@
 /* Regressions: use-after-free bugs between a backward and the nodes it
  * takes. Plain builds fail these tests by their assertions; AddressSanitizer
  * and ThreadSanitizer builds also report the bad access. */
-#include "scalar.h"
+#include "fixture.h"
 
-#include <criterion/criterion.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 
-static adg_registry *reg;
-static atomic_long outputs_made, outputs_freed;
-
-static void setup(void)
-{
-	atomic_store(&outputs_made, 0);
-	atomic_store(&outputs_freed, 0);
-	begin_clean(&reg);
-}
-
-static void end_checks(void)
-{
-	end_clean(reg);
-	cr_expect_eq(atomic_load(&outputs_freed), atomic_load(&outputs_made),
-		     "outputs made %ld, freed %ld", atomic_load(&outputs_made),
-		     atomic_load(&outputs_freed));
-}
-
-TestSuite(regress, .init = setup, .timeout = 120);
-
-static double *output_new(double v)
-{
-	double *p = malloc(sizeof *p);
-	cr_assert_not_null(p);
-	*p = v;
-	atomic_fetch_add(&outputs_made, 1);
-	return p;
-}
-
-static void output_free(void *v)
-{
-	free(v);
-	atomic_fetch_add(&outputs_freed, 1);
-}
+FIXTURE_SUITE(regress, .timeout = 120);
 
 static int output_rebuild(adg_recompute_call *call, void *user)
 {
 	(void)user;
-	call->output = output_new(*(double *)call->parent_outputs[0]);
+	call->output = s_output_new(*(double *)call->parent_outputs[0]);
 	return 0;
 }
 
@@ -55,7 +21,7 @@ static int output_rebuild(adg_recompute_call *call, void *user)
 /* p = a (a product of one factor) that offers its value as its output. */
 static scalar offering(scalar a)
 {
-	adg_output out = {output_new(a.value), output_free, NULL, 0};
+	adg_output out = {s_output_new(a.value), s_output_free, NULL, 0};
 	adg_op_options opt = {.output = &out};
 	adg_step st = {prod_backward, prod_release, prod_step_new(&a, 1)};
 	scalar p = {.value = a.value};
@@ -76,11 +42,11 @@ static int want_backward(adg_step_call *call, void *user)
 static int child_of(scalar p, bool rebuild, adg_node **out)
 {
 	static const uint32_t slot0 = 0;
-	adg_output o = {NULL, output_free, output_rebuild, 0};
+	adg_output o = {NULL, s_output_free, output_rebuild, 0};
 	adg_op_options opt = {.want_parents = &slot0, .n_want_parents = 1};
 	adg_step st = {want_backward, prod_release, prod_step_new(&p, 1)};
 	if (rebuild) {
-		o.value = output_new(p.value);
+		o.value = s_output_new(p.value);
 		opt = (adg_op_options){.output = &o};
 		st.backward = prod_backward;
 	}
@@ -88,7 +54,7 @@ static int child_of(scalar p, bool rebuild, adg_node **out)
 	if (rc != 0) {
 		prod_release(st.user);
 		if (o.value != NULL)
-			output_free(o.value);
+			s_output_free(o.value);
 	}
 	return rc;
 }
@@ -291,7 +257,7 @@ static void step_drops_root(size_t n, bool offers)
 		.root = &root, .parents = parents, .n = n, .offers = offers};
 	adg_step st = {self_drop_backward, self_drop_release, &d};
 	if (offers) {
-		adg_output out = {output_new(2), output_free, NULL, 0};
+		adg_output out = {s_output_new(2), s_output_free, NULL, 0};
 		adg_op_options opt = {.output = &out, .want_self = 1};
 		cr_assert_eq(adg_op_with(reg, parents, n, &st, &opt, &root), 0);
 	} else {

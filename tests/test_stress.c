@@ -1,25 +1,12 @@
 /* Concurrency stress, bounded by iteration counts: every result is checked,
  * and ThreadSanitizer and AddressSanitizer builds run the same code. */
-#include "scalar.h"
+#include "fixture.h"
 
-#include <criterion/criterion.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 
-static adg_registry *reg;
-
-static void setup(void)
-{
-	begin_clean(&reg);
-}
-
-static void end_checks(void)
-{
-	end_clean(reg);
-}
-
-TestSuite(stress, .init = setup, .timeout = 600);
+FIXTURE_SUITE(stress, .timeout = 600);
 
 static void run_threads(int n, void *(*fn)(void *))
 {
