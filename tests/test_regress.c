@@ -98,20 +98,25 @@ CHECKED_TEST(regress, op_with_accepts_a_consumed_parent)
 #define RACE_ROUNDS 20000
 #endif
 #define RACE_KIDS 16
-static scalar race_p;
-static adg_node *race_kids[RACE_KIDS];
-static int race_n_kids;
-static atomic_int race_go, race_ready, race_made;
-static atomic_bool race_consumed;
-static atomic_long refused, wrong;
+
+/* One round hands p to the maker through go and the kids back through
+ * made: those stores and loads order the plain fields. */
+struct race {
+	scalar p;
+	adg_node *kids[RACE_KIDS];
+	int n_kids;
+	atomic_int go, ready, made;
+	atomic_bool consumed;
+	atomic_long refused, wrong;
+};
 
 static void *race_maker(void *arg)
 {
-	(void)arg;
+	struct race *r = arg;
 	for (int round = 1; round <= RACE_ROUNDS; round++) {
-		while (atomic_load(&race_go) != round)
+		while (atomic_load(&r->go) != round)
 			sched_yield();
-		atomic_store(&race_ready, round);
+		atomic_store(&r->ready, round);
 		int n = 0;
 		bool done;
 		do {
@@ -121,65 +126,68 @@ static void *race_maker(void *arg)
 			 * children and ThreadSanitizer sees what the library
 			 * leaves unordered. The yield lets the backward run
 			 * when both threads share a CPU. */
-			done = atomic_load_explicit(&race_consumed,
+			done = atomic_load_explicit(&r->consumed,
 						    memory_order_relaxed);
-			if (child_of(race_p, n % 2, &race_kids[n]) != 0)
-				atomic_fetch_add(&refused, 1);
+			if (child_of(r->p, n % 2, &r->kids[n]) != 0)
+				atomic_fetch_add(&r->refused, 1);
 			n++;
 			sched_yield();
 		} while (!done && n < RACE_KIDS);
-		race_n_kids = n;
-		atomic_store(&race_made, round);
+		r->n_kids = n;
+		atomic_store(&r->made, round);
 	}
 	return NULL;
 }
 
 CHECKED_TEST(regress, op_with_races_the_backward_that_consumes_a_parent)
 {
+	struct race *r = calloc(1, sizeof *r);
+	cr_assert_not_null(r);
 	pthread_t maker;
-	cr_assert_eq(pthread_create(&maker, NULL, race_maker, NULL), 0);
+	cr_assert_eq(pthread_create(&maker, NULL, race_maker, r), 0);
 	for (int round = 1; round <= RACE_ROUNDS; round++) {
 		scalar a = s_leaf(reg, 3);
-		race_p = offering(a);
+		r->p = offering(a);
 		/* p itself, or a child of p made before the round: both tapes
 		 * take p's step. */
 		bool from_child = round % 2;
-		scalar c0 = from_child ? s_mul(reg, race_p, a) : race_p;
-		atomic_store(&race_consumed, false);
-		atomic_store(&race_go, round);
-		while (atomic_load(&race_ready) != round)
+		scalar c0 = from_child ? s_mul(reg, r->p, a) : r->p;
+		atomic_store(&r->consumed, false);
+		atomic_store(&r->go, round);
+		while (atomic_load(&r->ready) != round)
 			sched_yield();
 		adg_grads *g;
 		void *v;
 		int rc = s_backward(reg, c0, &g);
-		atomic_store(&race_consumed, true);
+		atomic_store(&r->consumed, true);
 		if (rc != 0 || adg_grads_get(g, a.id, &v) != 0 ||
 		    *(double *)v != (from_child ? 2 * a.value : 1))
-			atomic_fetch_add(&wrong, 1);
+			atomic_fetch_add(&r->wrong, 1);
 		adg_grads_free(g);
-		while (atomic_load(&race_made) != round)
+		while (atomic_load(&r->made) != round)
 			sched_yield();
-		for (int i = 0; i < race_n_kids; i++) {
-			if (race_kids[i] == NULL)
+		for (int i = 0; i < r->n_kids; i++) {
+			if (r->kids[i] == NULL)
 				continue;
-			if (adg_backward(reg, race_kids[i], scalar_box(1),
+			if (adg_backward(reg, r->kids[i], scalar_box(1),
 					 &scalar_ops, &g) != ADG_EUNAVAILABLE)
-				atomic_fetch_add(&wrong, 1);
+				atomic_fetch_add(&r->wrong, 1);
 			adg_grads_free(g);
-			adg_node_unref(race_kids[i]);
+			adg_node_unref(r->kids[i]);
 		}
 		if (from_child)
 			s_drop(c0);
-		s_drop(race_p);
+		s_drop(r->p);
 		s_drop(a);
 	}
 	pthread_join(maker, NULL);
-	cr_expect_eq(atomic_load(&refused), 0,
+	cr_expect_eq(atomic_load(&r->refused), 0,
 		     "adg_op_with refused a consumed parent %ld times",
-		     atomic_load(&refused));
-	cr_expect_eq(atomic_load(&wrong), 0, "%ld wrong backward results",
-		     atomic_load(&wrong));
+		     atomic_load(&r->refused));
+	cr_expect_eq(atomic_load(&r->wrong), 0, "%ld wrong backward results",
+		     atomic_load(&r->wrong));
 	assert_stats(reg, 0, 0, 0);
+	free(r);
 }
 
 /* ------------------------------------------ a step drops its root's handle */
