@@ -19,6 +19,14 @@ extern const adg_grad_ops scalar_ops;
 
 double *scalar_box(double v);
 
+/* Forward outputs for checkpointed ops (adg_output): heap doubles, so that
+ * AddressSanitizer sees them, counted alive, made in all, and the most
+ * alive at once, so that leaks, double frees and peaks show. */
+extern atomic_long scalar_outputs_live, scalar_outputs_made,
+	scalar_outputs_peak;
+double *s_output_new(double v);
+void s_output_free(void *v);
+
 /* A forward value and the node that records it. */
 typedef struct scalar {
 	adg_node *node;
@@ -62,23 +70,5 @@ adg_allocator failing_allocator(failing_alloc *state);
 
 void assert_stats(adg_registry *r, uint64_t nodes, uint64_t steps,
 		  uint64_t graphs);
-
-/* Zeroes the live counters and creates *r. */
-void begin_clean(adg_registry **r);
-/* Frees r (it must have no live node), then asserts that no gradient, step
- * closure or, in AddressSanitizer builds, heap block was leaked. */
-void end_clean(adg_registry *r);
-
-/* Criterion 2.4 ignores assertion failures in a suite's .fini, so a test
- * whose end checks must count runs them at the end of its own body: the
- * file defines end_checks(), CHECKED_TEST calls it after the body. */
-#define CHECKED_TEST(suite, name, ...)                                         \
-	static void suite##_##name##_body(void);                               \
-	Test(suite, name, ##__VA_ARGS__)                                       \
-	{                                                                      \
-		suite##_##name##_body();                                       \
-		end_checks();                                                  \
-	}                                                                      \
-	static void suite##_##name##_body(void)
 
 #endif

@@ -1,23 +1,10 @@
 /* Backward: the chain rule through products, repeated parents, consumed
  * steps, nested backward, failing steps. */
-#include "scalar.h"
+#include "fixture.h"
 
-#include <criterion/criterion.h>
 #include <stdlib.h>
 
-static adg_registry *reg;
-
-static void setup(void)
-{
-	begin_clean(&reg);
-}
-
-static void end_checks(void)
-{
-	end_clean(reg);
-}
-
-TestSuite(backward, .init = setup);
+FIXTURE_SUITE(backward);
 
 static size_t count(const adg_grads *g)
 {

@@ -1,53 +1,19 @@
 /* Checkpointing: outputs kept or recomputed for the backward, with counted
- * lifetimes. Outputs here are heap doubles, counted alive, so that leaks
- * and double frees show (and ASan catches them). */
-#include "scalar.h"
+ * lifetimes. Outputs here are the scalar backend's heap doubles, counted
+ * alive, so that leaks and double frees show (and ASan catches them). */
+#include "fixture.h"
 
-#include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-static atomic_long outputs_live, outputs_peak, outputs_made, recomputes;
-
-static double *output_new(double v)
-{
-	double *p = malloc(sizeof *p);
-	cr_assert_not_null(p);
-	*p = v;
-	long live = atomic_fetch_add(&outputs_live, 1) + 1;
-	atomic_fetch_add(&outputs_made, 1);
-	long peak = atomic_load(&outputs_peak);
-	while (live > peak &&
-	       !atomic_compare_exchange_weak(&outputs_peak, &peak, live))
-		;
-	return p;
-}
-
-static void output_free(void *v)
-{
-	free(v);
-	atomic_fetch_sub(&outputs_live, 1);
-}
-
-static adg_registry *reg;
+static atomic_long recomputes;
 
 static void open_registry(int strategy)
 {
-	atomic_store(&scalar_values_live, 0);
-	atomic_store(&scalar_steps_live, 0);
-	atomic_store(&outputs_live, 0);
-	atomic_store(&outputs_peak, 0);
-	atomic_store(&outputs_made, 0);
 	atomic_store(&recomputes, 0);
 	adg_registry_options o = {.checkpointing = strategy};
-	cr_assert_eq(adg_registry_new(&o, &reg), 0);
-}
-
-static void close_registry(void)
-{
-	end_clean(reg);
-	cr_assert_eq(atomic_load(&outputs_live), 0, "outputs leaked");
+	fixture_open(&o);
 }
 
 /* --------------------------------------------------------------- ops */
@@ -94,7 +60,7 @@ static int add_k_recompute(adg_recompute_call *call, void *user)
 	struct op *o = user;
 	atomic_fetch_add(&recomputes, 1);
 	cr_assert_not_null(call->parent_outputs[0]);
-	call->output = output_new(*(double *)call->parent_outputs[0] + o->k);
+	call->output = s_output_new(*(double *)call->parent_outputs[0] + o->k);
 	return 0;
 }
 
@@ -159,7 +125,7 @@ static void build_chain(int fail_at)
 	cr_assert_eq(adg_leaf(reg, &w), 0);
 	cr_assert_eq(adg_leaf(reg, &w2), 0);
 	adg_node *p2[2] = {a, w};
-	adg_output out = {output_new(A * W), output_free, NULL, 0};
+	adg_output out = {s_output_new(A * W), s_output_free, NULL, 0};
 	adg_node *c0 = make(p2, 2, mul_leaves_backward, (struct op){W, A, 0},
 			    &out, 0, NULL);
 	chain[0] = a, chain[1] = w, chain[2] = w2, chain[3] = c0;
@@ -167,14 +133,15 @@ static void build_chain(int fail_at)
 	double v = A * W;
 	for (int i = 1; i <= CHAIN; i++) {
 		v += 1;
-		adg_output o = {output_new(v), output_free, add_k_recompute, 1};
+		adg_output o = {s_output_new(v), s_output_free, add_k_recompute,
+				1};
 		prev = make(&prev, 1, add_k_backward,
 			    (struct op){1, v - 1, i == fail_at}, &o, 0, NULL);
 		chain[3 + i] = prev;
 	}
 	adg_node *p3[2] = {prev, w2};
 	const uint32_t want0 = 0;
-	adg_output oc = {output_new(v * W2), output_free, NULL, 0};
+	adg_output oc = {s_output_new(v * W2), s_output_free, NULL, 0};
 	chain[CHAIN + 4] = make(p3, 2, mul_leaf_backward, (struct op){W2, v, 0},
 				&oc, 1, &want0);
 }
@@ -188,12 +155,12 @@ static void drop_chain(void)
 /* Runs the chain's backward; returns the peak of live outputs during it. */
 static long chain_backward(double grads_out[3])
 {
-	atomic_store(&outputs_peak, atomic_load(&outputs_live));
+	atomic_store(&scalar_outputs_peak, atomic_load(&scalar_outputs_live));
 	adg_grads *g;
 	cr_assert_eq(adg_backward(reg, chain[CHAIN + 4], scalar_box(1),
 				  &scalar_ops, &g),
 		     0);
-	long peak = atomic_load(&outputs_peak);
+	long peak = atomic_load(&scalar_outputs_peak);
 	for (int i = 0; i < 3; i++) {
 		uint64_t id;
 		void *v;
@@ -202,7 +169,8 @@ static long chain_backward(double grads_out[3])
 		grads_out[i] = *(double *)v;
 	}
 	adg_grads_free(g);
-	cr_expect_eq(atomic_load(&outputs_live), 0, "all outputs served");
+	cr_expect_eq(atomic_load(&scalar_outputs_live), 0,
+		     "all outputs served");
 	return peak;
 }
 
@@ -215,14 +183,14 @@ Test(checkpoint, chain_balanced_keeps_a_handful_none_keeps_all)
 	for (int s = 0; s < 2; s++) {
 		open_registry(strategies[s]);
 		build_chain(0);
-		long made = atomic_load(&outputs_made);
+		long made = atomic_load(&scalar_outputs_made);
 		peak[s] = chain_backward(got[s]);
-		made_extra[s] = atomic_load(&outputs_made) - made;
+		made_extra[s] = atomic_load(&scalar_outputs_made) - made;
 		for (int i = 0; i < 3; i++)
 			cr_expect_eq(got[s][i], want[i], "strategy %d leaf %d",
 				     s, i);
 		drop_chain();
-		close_registry();
+		fixture_close();
 	}
 	fprintf(stderr,
 		"checkpoint chain of %d adds: peak live outputs during the "
@@ -274,16 +242,16 @@ Test(checkpoint, diamond_recomputes_a_shared_output_once)
 	adg_leaf(reg, &w1);
 	adg_leaf(reg, &w2);
 	adg_node *p[2] = {a, w};
-	adg_output oc = {output_new(6), output_free, NULL, 0};
+	adg_output oc = {s_output_new(6), s_output_free, NULL, 0};
 	adg_node *c0 = make(p, 2, mul_leaves_backward, (struct op){3, 2, 0},
 			    &oc, 0, NULL);
-	adg_output orr = {output_new(7), output_free, add_k_recompute, 1};
+	adg_output orr = {s_output_new(7), s_output_free, add_k_recompute, 1};
 	adg_node *r = make(&c0, 1, add_k_backward, (struct op){1, 6, 0}, &orr,
 			   0, NULL);
 	const uint32_t want0 = 0;
 	adg_node *pr1[2] = {r, w1}, *pr2[2] = {r, w2};
-	adg_output o1 = {output_new(7 * 4), output_free, NULL, 0};
-	adg_output o2 = {output_new(7 * 5), output_free, NULL, 0};
+	adg_output o1 = {s_output_new(7 * 4), s_output_free, NULL, 0};
+	adg_output o2 = {s_output_new(7 * 5), s_output_free, NULL, 0};
 	adg_node *y1 = make(pr1, 2, mul_leaf_backward, (struct op){4, 7, 0},
 			    &o1, 1, &want0);
 	adg_node *y2 = make(pr2, 2, mul_leaf_backward, (struct op){5, 7, 0},
@@ -299,7 +267,7 @@ Test(checkpoint, diamond_recomputes_a_shared_output_once)
 	adg_grads_free(g);
 	adg_node *all[] = {a, w, w1, w2, c0, r, y1, y2, z};
 	drop_nodes(all, 9);
-	close_registry();
+	fixture_close();
 }
 
 /* A recompute callback that runs a forward and a backward of its own on a
@@ -320,7 +288,8 @@ static int nested_recompute(adg_recompute_call *call, void *user)
 	adg_node_unref(v);
 	adg_node_unref(u);
 	atomic_fetch_add(&recomputes, 1);
-	call->output = output_new(*(double *)call->parent_outputs[0] + du - 5);
+	call->output =
+		s_output_new(*(double *)call->parent_outputs[0] + du - 5);
 	return 0;
 }
 
@@ -336,15 +305,15 @@ static void build_small_chain(adg_recompute_fn recompute,
 	adg_leaf(reg, &n[SMALL_A]);
 	adg_leaf(reg, &n[SMALL_W]);
 	adg_leaf(reg, &n[SMALL_W2]);
-	adg_output oc = {output_new(6), output_free, NULL, 0};
+	adg_output oc = {s_output_new(6), s_output_free, NULL, 0};
 	n[SMALL_C0] = make(&n[SMALL_A], 2, mul_leaves_backward, /* a, w */
 			   (struct op){3, 2, 0}, &oc, 0, NULL);
-	adg_output om = {output_new(7), output_free, recompute, 1};
+	adg_output om = {s_output_new(7), s_output_free, recompute, 1};
 	n[SMALL_M] = make(&n[SMALL_C0], 1, add_k_backward, (struct op){1, 6, 0},
 			  &om, 0, NULL);
 	const uint32_t want0 = 0;
 	adg_node *pm[2] = {n[SMALL_M], n[SMALL_W2]};
-	adg_output oy = {output_new(35), output_free, NULL, 0};
+	adg_output oy = {s_output_new(35), s_output_free, NULL, 0};
 	n[SMALL_Y] =
 		make(pm, 2, y_backward, (struct op){5, 7, 0}, &oy, 1, &want0);
 }
@@ -363,7 +332,7 @@ Test(checkpoint, recompute_may_run_a_nested_backward)
 	cr_expect_eq(grad_in(g, n[SMALL_W2]), 7.0);
 	adg_grads_free(g);
 	drop_nodes(n, SMALL_NODES);
-	close_registry();
+	fixture_close();
 }
 
 /* A failing step in the middle of the chain: the backward stops, and every
@@ -378,9 +347,10 @@ Test(checkpoint, failing_backward_frees_every_output_once)
 					  &scalar_ops, &g),
 			     ADG_EUSER - 3);
 		cr_expect_null(g);
-		cr_expect_eq(atomic_load(&outputs_live), 0, "strategy %d", s);
+		cr_expect_eq(atomic_load(&scalar_outputs_live), 0,
+			     "strategy %d", s);
 		drop_chain();
-		close_registry();
+		fixture_close();
 	}
 }
 
@@ -390,10 +360,11 @@ Test(checkpoint, graph_freed_unrun_frees_its_outputs)
 	for (int s = 0; s < 2; s++) {
 		open_registry(s);
 		build_chain(0);
-		cr_expect_eq(atomic_load(&outputs_live), s == 0 ? CHAIN + 2 : 2,
+		cr_expect_eq(atomic_load(&scalar_outputs_live),
+			     s == 0 ? CHAIN + 2 : 2,
 			     "kept after the forward, strategy %d", s);
 		drop_chain();
-		close_registry();
+		fixture_close();
 	}
 }
 
@@ -404,7 +375,7 @@ static long live_at_first_step = -1;
 static int observing_backward(adg_step_call *call, void *user)
 {
 	if (live_at_first_step < 0)
-		live_at_first_step = atomic_load(&outputs_live);
+		live_at_first_step = atomic_load(&scalar_outputs_live);
 	return mul_leaf_backward(call, user);
 }
 
@@ -413,16 +384,16 @@ Test(checkpoint, unrequested_outputs_go_when_the_tape_is_taken)
 	open_registry(ADG_CHECKPOINT_NONE);
 	adg_node *n[SMALL_NODES];
 	build_small_chain(add_k_recompute, observing_backward, n);
-	cr_assert_eq(atomic_load(&outputs_live), 3);
+	cr_assert_eq(atomic_load(&scalar_outputs_live), 3);
 	adg_grads *g;
 	cr_assert_eq(
 		adg_backward(reg, n[SMALL_Y], scalar_box(1), &scalar_ops, &g),
 		0);
 	cr_expect_eq(live_at_first_step, 1, "only m's, which y asks for");
-	cr_expect_eq(atomic_load(&outputs_live), 0);
+	cr_expect_eq(atomic_load(&scalar_outputs_live), 0);
 	adg_grads_free(g);
 	drop_nodes(n, SMALL_NODES);
-	close_registry();
+	fixture_close();
 }
 
 /* Bad options and bad calls. */
@@ -461,11 +432,11 @@ Test(checkpoint, bad_options_and_calls)
 	adg_node *p[2] = {a, w};
 	adg_step st = {noop_backward, NULL, NULL};
 	cr_assert_eq(adg_op(reg, p, 2, &st, &none_offered), 0);
-	double *v = output_new(1);
+	double *v = s_output_new(1);
 	adg_output no_free = {v, NULL, NULL, 0};
-	adg_output nothing = {NULL, output_free, NULL, 0};
-	adg_output fine = {v, output_free, NULL, 0};
-	adg_output rebuild = {v, output_free, add_k_recompute, 1};
+	adg_output nothing = {NULL, s_output_free, NULL, 0};
+	adg_output fine = {v, s_output_free, NULL, 0};
+	adg_output rebuild = {v, s_output_free, add_k_recompute, 1};
 	const uint32_t want0 = 0, want1 = 1, want5 = 5;
 	adg_op_options bad_opts[] = {
 		{&no_free, 0, NULL, 0}, /* no free */
@@ -487,7 +458,8 @@ Test(checkpoint, bad_options_and_calls)
 	cr_expect_eq(adg_op_with(reg, q, 2, &st, &want_none, &y), ADG_EINVAL);
 	cr_expect_eq(adg_op_with(reg, q, 2, &st, &rebuild_none, &y),
 		     ADG_EINVAL);
-	cr_expect_eq(atomic_load(&outputs_live), 1, "the caller's still");
+	cr_expect_eq(atomic_load(&scalar_outputs_live), 1,
+		     "the caller's still");
 
 	/* asking for what the step did not ask for */
 	adg_node *c;
@@ -513,45 +485,41 @@ Test(checkpoint, bad_options_and_calls)
 	adg_grads_free(g);
 	adg_node *all[] = {a, w, none_offered, c, z};
 	drop_nodes(all, 5);
-	close_registry();
+	fixture_close();
 }
 
 /* Allocation failure while attaching: nothing is taken, the caller keeps
  * the value. */
 Test(checkpoint, out_of_memory_keeps_the_callers_value)
 {
-	atomic_store(&outputs_live, 0);
-	atomic_store(&scalar_values_live, 0);
-	atomic_store(&scalar_steps_live, 0);
-	failing_alloc fa = {0};
-	adg_registry_options o = {.allocator = failing_allocator(&fa),
+	adg_registry_options o = {.allocator =
+					  failing_allocator(&fixture_alloc),
 				  .checkpointing = ADG_CHECKPOINT_BALANCED};
-	cr_assert_eq(adg_registry_new(&o, &reg), 0);
+	fixture_open(&o);
 	adg_node *a, *w, *y = (adg_node *)&y;
 	adg_leaf(reg, &a);
 	adg_leaf(reg, &w);
 	adg_node *p[2] = {a, w};
 	adg_step st = {noop_backward, NULL, NULL};
-	double *v = output_new(1);
-	adg_output fine = {v, output_free, NULL, 0};
+	double *v = s_output_new(1);
+	adg_output fine = {v, s_output_free, NULL, 0};
 	adg_op_options keep = {&fine, 0, NULL, 0};
 	int failures = 0;
 	for (int k = 1;; k++) {
-		atomic_store(&fa.fail_in, k);
+		atomic_store(&fixture_alloc.fail_in, k);
 		int rc = adg_op_with(reg, p, 2, &st, &keep, &y);
-		atomic_store(&fa.fail_in, 0);
+		atomic_store(&fixture_alloc.fail_in, 0);
 		if (rc == 0)
 			break;
 		cr_assert_eq(rc, ADG_ENOMEM);
-		cr_expect_eq(atomic_load(&outputs_live), 1);
+		cr_expect_eq(atomic_load(&scalar_outputs_live), 1);
 		failures++;
 	}
 	cr_expect_gt(failures, 0);
 	adg_node_unref(y); /* frees v with the node */
 	adg_node_unref(a);
 	adg_node_unref(w);
-	close_registry();
-	cr_expect_eq(atomic_load(&fa.live_bytes), 0);
+	fixture_close(); /* and fixture_alloc holds nothing */
 }
 
 /* Outputs follow their nodes through merges: two threads build
@@ -566,7 +534,7 @@ static void *build_half(void *arg)
 	adg_node *a;
 	cr_assert_eq(adg_leaf(reg, &a), 0);
 	adg_node *p[2] = {a, a};
-	adg_output oc = {output_new(4), output_free, NULL, 0};
+	adg_output oc = {s_output_new(4), s_output_free, NULL, 0};
 	adg_node *prev = make(p, 2, mul_leaves_backward, (struct op){2, 2, 0},
 			      &oc, 0, NULL);
 	halves[h][0] = a;
@@ -574,7 +542,8 @@ static void *build_half(void *arg)
 	double v = 4;
 	for (int i = 2; i < 8; i++) {
 		v += 1;
-		adg_output o = {output_new(v), output_free, add_k_recompute, 1};
+		adg_output o = {s_output_new(v), s_output_free, add_k_recompute,
+				1};
 		prev = make(&prev, 1, add_k_backward, (struct op){1, v - 1, 0},
 			    &o, 0, NULL);
 		halves[h][i] = prev;
@@ -608,7 +577,7 @@ Test(checkpoint, outputs_follow_nodes_through_a_merge)
 		pthread_create(&t[h], NULL, build_half, (void *)h);
 	for (int h = 0; h < 2; h++)
 		pthread_join(t[h], NULL);
-	cr_expect_eq(atomic_load(&outputs_live), 2, "the two products");
+	cr_expect_eq(atomic_load(&scalar_outputs_live), 2, "the two products");
 	adg_node *ends[2] = {halves[0][7], halves[1][7]};
 	const uint32_t both[2] = {0, 1};
 	adg_step st = {join_backward, op_release, op_new((struct op){0})};
@@ -623,11 +592,11 @@ Test(checkpoint, outputs_follow_nodes_through_a_merge)
 	/* z = (a0^2 + 6)(a1^2 + 6) at a = 2: dz/da0 = 2 a0 (a1^2 + 6) */
 	cr_expect_eq(grad_in(g, halves[0][0]), 2 * 2.0 * 10);
 	cr_expect_eq(atomic_load(&recomputes), 12, "six adds a side");
-	cr_expect_eq(atomic_load(&outputs_live), 0);
+	cr_expect_eq(atomic_load(&scalar_outputs_live), 0);
 	adg_grads_free(g);
 	adg_node_unref(z);
 	for (int h = 0; h < 2; h++)
 		for (int i = 0; i < 8; i++)
 			adg_node_unref(halves[h][i]);
-	close_registry();
+	fixture_close();
 }

@@ -1,10 +1,8 @@
 /* 9. Every error code, on bad input to every public function; and on
  * allocation failure the registry is left as it was. */
-#include "scalar.h"
+#include "fixture.h"
 
-#include <criterion/criterion.h>
 #include <stdio.h>
-#include <string.h>
 
 static int noop_backward(adg_step_call *call, void *user)
 {
@@ -296,22 +294,11 @@ Test(errors, grads_functions)
 /* ENOMEM: fail each allocation of an operation in turn; each failure
  * reports ADG_ENOMEM and leaves the counts as they were, and the
  * operation then succeeds. */
-static failing_alloc fa;
-static adg_registry *freg;
-
 static void with_failing_registry(void)
 {
-	memset(&fa, 0, sizeof fa);
-	atomic_store(&scalar_values_live, 0);
-	atomic_store(&scalar_steps_live, 0);
-	adg_registry_options o = {.allocator = failing_allocator(&fa)};
-	cr_assert_eq(adg_registry_new(&o, &freg), 0);
-}
-
-static void end_checks(void)
-{
-	end_clean(freg);
-	cr_expect_eq(atomic_load(&fa.live_bytes), 0, "allocator leak");
+	adg_registry_options o = {.allocator =
+					  failing_allocator(&fixture_alloc)};
+	fixture_open(&o);
 }
 
 TestSuite(nomem, .init = with_failing_registry);
@@ -329,37 +316,37 @@ static void expect_same_stats(const struct adg_stats *a,
 CHECKED_TEST(nomem, leaf_and_op)
 {
 	adg_node *a, *b;
-	atomic_store(&fa.fail_in, 1);
-	cr_expect_eq(adg_leaf(freg, &a), ADG_ENOMEM);
-	cr_assert_eq(adg_leaf(freg, &a), 0);
-	cr_assert_eq(adg_leaf(freg, &b), 0);
+	atomic_store(&fixture_alloc.fail_in, 1);
+	cr_expect_eq(adg_leaf(reg, &a), ADG_ENOMEM);
+	cr_assert_eq(adg_leaf(reg, &a), 0);
+	cr_assert_eq(adg_leaf(reg, &b), 0);
 	adg_node *ab[2] = {a, b};
 	adg_node *x, *y, *z;
 	/* A new graph: node, then graph. */
 	for (int k = 1;; k++) {
 		struct adg_stats before, after;
-		adg_stats(freg, &before);
-		atomic_store(&fa.fail_in, k);
-		int rc = adg_op(freg, ab, 2, &noop, &x);
-		atomic_store(&fa.fail_in, 0);
+		adg_stats(reg, &before);
+		atomic_store(&fixture_alloc.fail_in, k);
+		int rc = adg_op(reg, ab, 2, &noop, &x);
+		atomic_store(&fixture_alloc.fail_in, 0);
 		if (rc == 0)
 			break;
 		cr_assert_eq(rc, ADG_ENOMEM);
-		adg_stats(freg, &after);
+		adg_stats(reg, &after);
 		expect_same_stats(&before, &after);
 		cr_assert_lt(k, 10);
 	}
-	cr_assert_eq(adg_op(freg, ab, 2, &noop, &y), 0);
+	cr_assert_eq(adg_op(reg, ab, 2, &noop, &y), 0);
 	/* A merge needs no allocation beyond the node. */
 	adg_node *xy[2] = {x, y};
-	atomic_store(&fa.fail_in, 1);
-	cr_expect_eq(adg_op(freg, xy, 2, &noop, &z), ADG_ENOMEM);
+	atomic_store(&fixture_alloc.fail_in, 1);
+	cr_expect_eq(adg_op(reg, xy, 2, &noop, &z), ADG_ENOMEM);
 	struct adg_stats st;
-	adg_stats(freg, &st);
+	adg_stats(reg, &st);
 	cr_expect_eq(st.merges, 0);
 	cr_expect_eq(st.live_graphs, 2);
-	cr_assert_eq(adg_op(freg, xy, 2, &noop, &z), 0);
-	adg_stats(freg, &st);
+	cr_assert_eq(adg_op(reg, xy, 2, &noop, &z), 0);
+	adg_stats(reg, &st);
 	cr_expect_eq(st.merges, 1);
 	/* Many parents (more than fit on the stack) use the allocator. */
 	adg_node *many[20];
@@ -368,9 +355,9 @@ CHECKED_TEST(nomem, leaf_and_op)
 	adg_node *w;
 	int failures = 0;
 	for (int k = 1;; k++) {
-		atomic_store(&fa.fail_in, k);
-		int rc = adg_op(freg, many, 20, &noop, &w);
-		atomic_store(&fa.fail_in, 0);
+		atomic_store(&fixture_alloc.fail_in, k);
+		int rc = adg_op(reg, many, 20, &noop, &w);
+		atomic_store(&fixture_alloc.fail_in, 0);
 		if (rc == 0)
 			break;
 		cr_assert_eq(rc, ADG_ENOMEM);
@@ -384,24 +371,24 @@ CHECKED_TEST(nomem, leaf_and_op)
 
 CHECKED_TEST(nomem, backward_takes_nothing_when_it_fails)
 {
-	scalar a = s_leaf(freg, 2), b = s_leaf(freg, 3);
-	scalar x = s_mul(freg, a, b), y = s_mul(freg, x, a);
+	scalar a = s_leaf(reg, 2), b = s_leaf(reg, 3);
+	scalar x = s_mul(reg, a, b), y = s_mul(reg, x, a);
 	struct adg_stats before, after;
-	adg_stats(freg, &before);
-	atomic_store(&fa.fail_in, 1);
+	adg_stats(reg, &before);
+	atomic_store(&fixture_alloc.fail_in, 1);
 	adg_grads *g = (adg_grads *)&g;
-	cr_expect_eq(s_backward(freg, y, &g), ADG_ENOMEM);
+	cr_expect_eq(s_backward(reg, y, &g), ADG_ENOMEM);
 	cr_expect_null(g);
-	adg_stats(freg, &after);
+	adg_stats(reg, &after);
 	expect_same_stats(&before, &after);
 	cr_expect_eq(atomic_load(&scalar_values_live), 0, "seed freed");
 	cr_expect_neq(s_graph(y), 0, "the tape went back");
-	cr_assert_eq(s_backward(freg, y, &g), 0);
+	cr_assert_eq(s_backward(reg, y, &g), 0);
 	cr_expect_eq(s_grad(g, a), 12.0);
 	adg_grads_free(g);
 	/* A leaf root needs a container too. */
-	atomic_store(&fa.fail_in, 1);
-	cr_expect_eq(s_backward(freg, a, &g), ADG_ENOMEM);
+	atomic_store(&fixture_alloc.fail_in, 1);
+	cr_expect_eq(s_backward(reg, a, &g), ADG_ENOMEM);
 	cr_expect_eq(atomic_load(&scalar_values_live), 0);
 	scalar all[] = {a, b, x, y};
 	for (int i = 0; i < 4; i++)
@@ -410,14 +397,14 @@ CHECKED_TEST(nomem, backward_takes_nothing_when_it_fails)
 
 CHECKED_TEST(nomem, grads_growth)
 {
-	scalar a = s_leaf(freg, 2);
+	scalar a = s_leaf(reg, 2);
 	adg_grads *g;
-	cr_assert_eq(s_backward(freg, a, &g), 0);
+	cr_assert_eq(s_backward(reg, a, &g), 0);
 	int failed = 0;
 	for (uint64_t id = 100; id < 200; id++) {
-		atomic_store(&fa.fail_in, 1);
+		atomic_store(&fixture_alloc.fail_in, 1);
 		int rc = adg_grads_register(g, id, scalar_box(1));
-		atomic_store(&fa.fail_in, 0);
+		atomic_store(&fixture_alloc.fail_in, 0);
 		if (rc == ADG_ENOMEM) {
 			failed++;
 			cr_assert_eq(adg_grads_register(g, id, scalar_box(1)),
@@ -445,12 +432,12 @@ static int failing_add(void **sum, void *value, void *ctx)
 
 CHECKED_TEST(nomem, add_failure_in_a_step_stops_the_backward)
 {
-	scalar a = s_leaf(freg, 2);
-	scalar y = s_mul(freg, a, a);
+	scalar a = s_leaf(reg, 2);
+	scalar y = s_mul(reg, a, a);
 	adg_grad_ops ops = scalar_ops;
 	ops.add = failing_add;
 	adg_grads *g;
-	cr_expect_eq(adg_backward(freg, y.node, scalar_box(1), &ops, &g),
+	cr_expect_eq(adg_backward(reg, y.node, scalar_box(1), &ops, &g),
 		     ADG_EUSER - 1);
 	cr_expect_eq(atomic_load(&scalar_values_live), 0);
 	cr_expect_eq(atomic_load(&scalar_steps_live), 0);

@@ -1,36 +1,23 @@
 /* The gradient container against a plain array model. */
-#include "scalar.h"
+#include "fixture.h"
 
-#include <criterion/criterion.h>
 #include <stdlib.h>
 
-static adg_registry *reg;
-static adg_node *leaf;
-static uint64_t leaf_id;
+FIXTURE_SUITE(grads);
 
-static void setup(void)
-{
-	begin_clean(&reg);
-	cr_assert_eq(adg_leaf(reg, &leaf), 0);
-	adg_node_id(leaf, &leaf_id);
-}
-
-static void end_checks(void)
-{
-	adg_node_unref(leaf);
-	end_clean(reg);
-}
-
-TestSuite(grads, .init = setup);
-
+/* An empty container: a leaf's backward, less the seed. The container
+ * outlives the leaf's handle. */
 static adg_grads *container(void)
 {
+	scalar leaf = s_leaf(reg, 0);
 	adg_grads *g;
-	cr_assert_eq(adg_backward(reg, leaf, scalar_box(0), &scalar_ops, &g),
-		     0);
+	cr_assert_eq(
+		adg_backward(reg, leaf.node, scalar_box(0), &scalar_ops, &g),
+		0);
 	void *seed;
-	cr_assert_eq(adg_grads_take(g, leaf_id, &seed), 0);
+	cr_assert_eq(adg_grads_take(g, leaf.id, &seed), 0);
 	scalar_ops.free(seed, NULL);
+	s_drop(leaf);
 	return g;
 }
 
@@ -120,9 +107,10 @@ static int keeping_backward(adg_step_call *call, void *user)
 
 CHECKED_TEST(grads, step_may_take_its_gradient)
 {
+	scalar leaf = s_leaf(reg, 1);
 	adg_node *y;
 	adg_step st = {keeping_backward, NULL, NULL};
-	cr_assert_eq(adg_op(reg, &leaf, 1, &st, &y), 0);
+	cr_assert_eq(adg_op(reg, &leaf.node, 1, &st, &y), 0);
 	adg_grads *g;
 	cr_assert_eq(adg_backward(reg, y, scalar_box(9), &scalar_ops, &g), 0);
 	cr_assert_not_null(kept);
@@ -130,4 +118,5 @@ CHECKED_TEST(grads, step_may_take_its_gradient)
 	scalar_ops.free(kept, NULL);
 	adg_grads_free(g);
 	adg_node_unref(y);
+	s_drop(leaf);
 }

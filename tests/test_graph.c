@@ -1,23 +1,10 @@
 /* Graphs: leaves never join them, parents' graphs merge deterministically,
  * graph ids. */
-#include "scalar.h"
+#include "fixture.h"
 
-#include <criterion/criterion.h>
 #include <pthread.h>
 
-static adg_registry *reg;
-
-static void setup(void)
-{
-	begin_clean(&reg);
-}
-
-static void end_checks(void)
-{
-	end_clean(reg);
-}
-
-TestSuite(graph, .init = setup);
+FIXTURE_SUITE(graph);
 
 static struct adg_stats stats(void)
 {

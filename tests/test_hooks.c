@@ -1,22 +1,9 @@
 /* The gradient-ready hook of adg_backward_with. */
-#include "scalar.h"
+#include "fixture.h"
 
-#include <criterion/criterion.h>
 #include <stdlib.h>
 
-static adg_registry *reg;
-
-static void setup(void)
-{
-	begin_clean(&reg);
-}
-
-static void end_checks(void)
-{
-	end_clean(reg);
-}
-
-TestSuite(hooks, .init = setup);
+FIXTURE_SUITE(hooks);
 
 /* What the hook saw, in order. */
 #define MAX_EVENTS 64

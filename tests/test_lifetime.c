@@ -1,24 +1,11 @@
 /* Node lifetime: references decide what is freed, and memory stays bounded
  * over a training loop of any length. */
-#include "scalar.h"
+#include "fixture.h"
 
-#include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdlib.h>
 
-static adg_registry *reg;
-
-static void setup(void)
-{
-	begin_clean(&reg);
-}
-
-static void end_checks(void)
-{
-	end_clean(reg);
-}
-
-TestSuite(lifetime, .init = setup);
+FIXTURE_SUITE(lifetime);
 
 /* One training iteration: 20 ops on the 4 parameters, backward, drop. */
 static void iteration(scalar params[4], double *loss_grad_sum)

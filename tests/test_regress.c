@@ -1,52 +1,18 @@
 /* Regressions: use-after-free bugs between a backward and the nodes it
  * takes. Plain builds fail these tests by their assertions; AddressSanitizer
  * and ThreadSanitizer builds also report the bad access. */
-#include "scalar.h"
+#include "fixture.h"
 
-#include <criterion/criterion.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 
-static adg_registry *reg;
-static atomic_long outputs_made, outputs_freed;
-
-static void setup(void)
-{
-	atomic_store(&outputs_made, 0);
-	atomic_store(&outputs_freed, 0);
-	begin_clean(&reg);
-}
-
-static void end_checks(void)
-{
-	end_clean(reg);
-	cr_expect_eq(atomic_load(&outputs_freed), atomic_load(&outputs_made),
-		     "outputs made %ld, freed %ld", atomic_load(&outputs_made),
-		     atomic_load(&outputs_freed));
-}
-
-TestSuite(regress, .init = setup, .timeout = 120);
-
-static double *output_new(double v)
-{
-	double *p = malloc(sizeof *p);
-	cr_assert_not_null(p);
-	*p = v;
-	atomic_fetch_add(&outputs_made, 1);
-	return p;
-}
-
-static void output_free(void *v)
-{
-	free(v);
-	atomic_fetch_add(&outputs_freed, 1);
-}
+FIXTURE_SUITE(regress, .timeout = 120);
 
 static int output_rebuild(adg_recompute_call *call, void *user)
 {
 	(void)user;
-	call->output = output_new(*(double *)call->parent_outputs[0]);
+	call->output = s_output_new(*(double *)call->parent_outputs[0]);
 	return 0;
 }
 
@@ -55,7 +21,7 @@ static int output_rebuild(adg_recompute_call *call, void *user)
 /* p = a (a product of one factor) that offers its value as its output. */
 static scalar offering(scalar a)
 {
-	adg_output out = {output_new(a.value), output_free, NULL, 0};
+	adg_output out = {s_output_new(a.value), s_output_free, NULL, 0};
 	adg_op_options opt = {.output = &out};
 	adg_step st = {prod_backward, prod_release, prod_step_new(&a, 1)};
 	scalar p = {.value = a.value};
@@ -76,11 +42,11 @@ static int want_backward(adg_step_call *call, void *user)
 static int child_of(scalar p, bool rebuild, adg_node **out)
 {
 	static const uint32_t slot0 = 0;
-	adg_output o = {NULL, output_free, output_rebuild, 0};
+	adg_output o = {NULL, s_output_free, output_rebuild, 0};
 	adg_op_options opt = {.want_parents = &slot0, .n_want_parents = 1};
 	adg_step st = {want_backward, prod_release, prod_step_new(&p, 1)};
 	if (rebuild) {
-		o.value = output_new(p.value);
+		o.value = s_output_new(p.value);
 		opt = (adg_op_options){.output = &o};
 		st.backward = prod_backward;
 	}
@@ -88,7 +54,7 @@ static int child_of(scalar p, bool rebuild, adg_node **out)
 	if (rc != 0) {
 		prod_release(st.user);
 		if (o.value != NULL)
-			output_free(o.value);
+			s_output_free(o.value);
 	}
 	return rc;
 }
@@ -132,20 +98,25 @@ CHECKED_TEST(regress, op_with_accepts_a_consumed_parent)
 #define RACE_ROUNDS 20000
 #endif
 #define RACE_KIDS 16
-static scalar race_p;
-static adg_node *race_kids[RACE_KIDS];
-static int race_n_kids;
-static atomic_int race_go, race_ready, race_made;
-static atomic_bool race_consumed;
-static atomic_long refused, wrong;
+
+/* One round hands p to the maker through go and the kids back through
+ * made: those stores and loads order the plain fields. */
+struct race {
+	scalar p;
+	adg_node *kids[RACE_KIDS];
+	int n_kids;
+	atomic_int go, ready, made;
+	atomic_bool consumed;
+	atomic_long refused, wrong;
+};
 
 static void *race_maker(void *arg)
 {
-	(void)arg;
+	struct race *r = arg;
 	for (int round = 1; round <= RACE_ROUNDS; round++) {
-		while (atomic_load(&race_go) != round)
+		while (atomic_load(&r->go) != round)
 			sched_yield();
-		atomic_store(&race_ready, round);
+		atomic_store(&r->ready, round);
 		int n = 0;
 		bool done;
 		do {
@@ -155,65 +126,68 @@ static void *race_maker(void *arg)
 			 * children and ThreadSanitizer sees what the library
 			 * leaves unordered. The yield lets the backward run
 			 * when both threads share a CPU. */
-			done = atomic_load_explicit(&race_consumed,
+			done = atomic_load_explicit(&r->consumed,
 						    memory_order_relaxed);
-			if (child_of(race_p, n % 2, &race_kids[n]) != 0)
-				atomic_fetch_add(&refused, 1);
+			if (child_of(r->p, n % 2, &r->kids[n]) != 0)
+				atomic_fetch_add(&r->refused, 1);
 			n++;
 			sched_yield();
 		} while (!done && n < RACE_KIDS);
-		race_n_kids = n;
-		atomic_store(&race_made, round);
+		r->n_kids = n;
+		atomic_store(&r->made, round);
 	}
 	return NULL;
 }
 
 CHECKED_TEST(regress, op_with_races_the_backward_that_consumes_a_parent)
 {
+	struct race *r = calloc(1, sizeof *r);
+	cr_assert_not_null(r);
 	pthread_t maker;
-	cr_assert_eq(pthread_create(&maker, NULL, race_maker, NULL), 0);
+	cr_assert_eq(pthread_create(&maker, NULL, race_maker, r), 0);
 	for (int round = 1; round <= RACE_ROUNDS; round++) {
 		scalar a = s_leaf(reg, 3);
-		race_p = offering(a);
+		r->p = offering(a);
 		/* p itself, or a child of p made before the round: both tapes
 		 * take p's step. */
 		bool from_child = round % 2;
-		scalar c0 = from_child ? s_mul(reg, race_p, a) : race_p;
-		atomic_store(&race_consumed, false);
-		atomic_store(&race_go, round);
-		while (atomic_load(&race_ready) != round)
+		scalar c0 = from_child ? s_mul(reg, r->p, a) : r->p;
+		atomic_store(&r->consumed, false);
+		atomic_store(&r->go, round);
+		while (atomic_load(&r->ready) != round)
 			sched_yield();
 		adg_grads *g;
 		void *v;
 		int rc = s_backward(reg, c0, &g);
-		atomic_store(&race_consumed, true);
+		atomic_store(&r->consumed, true);
 		if (rc != 0 || adg_grads_get(g, a.id, &v) != 0 ||
 		    *(double *)v != (from_child ? 2 * a.value : 1))
-			atomic_fetch_add(&wrong, 1);
+			atomic_fetch_add(&r->wrong, 1);
 		adg_grads_free(g);
-		while (atomic_load(&race_made) != round)
+		while (atomic_load(&r->made) != round)
 			sched_yield();
-		for (int i = 0; i < race_n_kids; i++) {
-			if (race_kids[i] == NULL)
+		for (int i = 0; i < r->n_kids; i++) {
+			if (r->kids[i] == NULL)
 				continue;
-			if (adg_backward(reg, race_kids[i], scalar_box(1),
+			if (adg_backward(reg, r->kids[i], scalar_box(1),
 					 &scalar_ops, &g) != ADG_EUNAVAILABLE)
-				atomic_fetch_add(&wrong, 1);
+				atomic_fetch_add(&r->wrong, 1);
 			adg_grads_free(g);
-			adg_node_unref(race_kids[i]);
+			adg_node_unref(r->kids[i]);
 		}
 		if (from_child)
 			s_drop(c0);
-		s_drop(race_p);
+		s_drop(r->p);
 		s_drop(a);
 	}
 	pthread_join(maker, NULL);
-	cr_expect_eq(atomic_load(&refused), 0,
+	cr_expect_eq(atomic_load(&r->refused), 0,
 		     "adg_op_with refused a consumed parent %ld times",
-		     atomic_load(&refused));
-	cr_expect_eq(atomic_load(&wrong), 0, "%ld wrong backward results",
-		     atomic_load(&wrong));
+		     atomic_load(&r->refused));
+	cr_expect_eq(atomic_load(&r->wrong), 0, "%ld wrong backward results",
+		     atomic_load(&r->wrong));
 	assert_stats(reg, 0, 0, 0);
+	free(r);
 }
 
 /* ------------------------------------------ a step drops its root's handle */
@@ -291,7 +265,7 @@ static void step_drops_root(size_t n, bool offers)
 		.root = &root, .parents = parents, .n = n, .offers = offers};
 	adg_step st = {self_drop_backward, self_drop_release, &d};
 	if (offers) {
-		adg_output out = {output_new(2), output_free, NULL, 0};
+		adg_output out = {s_output_new(2), s_output_free, NULL, 0};
 		adg_op_options opt = {.output = &out, .want_self = 1};
 		cr_assert_eq(adg_op_with(reg, parents, n, &st, &opt, &root), 0);
 	} else {

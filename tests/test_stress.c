@@ -1,45 +1,51 @@
 /* Concurrency stress, bounded by iteration counts: every result is checked,
- * and ThreadSanitizer and AddressSanitizer builds run the same code. */
-#include "scalar.h"
+ * and ThreadSanitizer and AddressSanitizer builds run the same code. Each
+ * scenario keeps its state in a struct of its own, which its threads get
+ * through their argument. */
+#include "fixture.h"
 
-#include <criterion/criterion.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 
-static adg_registry *reg;
+FIXTURE_SUITE(stress, .timeout = 600);
 
-static void setup(void)
-{
-	begin_clean(&reg);
-}
+/* What each thread of a scenario gets: the scenario and its number. */
+struct thread {
+	void *s;
+	int i;
+};
 
-static void end_checks(void)
-{
-	end_clean(reg);
-}
-
-TestSuite(stress, .init = setup, .timeout = 600);
-
-static void run_threads(int n, void *(*fn)(void *))
+/* Runs fn on n threads, numbered from 0, and joins them. */
+static void run_threads(int n, void *(*fn)(void *), void *s)
 {
 	pthread_t *t = malloc(n * sizeof *t);
-	for (intptr_t i = 0; i < n; i++)
-		cr_assert_eq(pthread_create(&t[i], NULL, fn, (void *)i), 0);
+	struct thread *arg = malloc(n * sizeof *arg);
+	cr_assert(t != NULL && arg != NULL);
+	for (int i = 0; i < n; i++) {
+		arg[i] = (struct thread){s, i};
+		cr_assert_eq(pthread_create(&t[i], NULL, fn, &arg[i]), 0);
+	}
 	for (int i = 0; i < n; i++)
 		pthread_join(t[i], NULL);
 	free(t);
+	free(arg);
 }
 
 /* Disjoint graphs on shared leaves, with backward, at 2, 8, 32 threads. */
-static scalar params[4];
-static atomic_int wrong;
-static int disjoint_rounds;
+struct disjoint {
+	scalar params[4];
+	int rounds;
+	atomic_int wrong;
+};
 
 static void *disjoint_worker(void *arg)
 {
-	double own_value = (double)((intptr_t)arg % 5 + 1);
-	for (int round = 0; round < disjoint_rounds; round++) {
+	const struct thread *t = arg;
+	struct disjoint *d = t->s;
+	const scalar *params = d->params;
+	double own_value = (double)(t->i % 5 + 1);
+	for (int round = 0; round < d->rounds; round++) {
 		scalar own = s_leaf(reg, own_value);
 		scalar h = s_mul(reg, own, params[0]);
 		scalar h2 = s_mul(reg, h, params[1]);
@@ -50,7 +56,7 @@ static void *disjoint_worker(void *arg)
 		s_drop(h3);
 		adg_grads *g;
 		if (s_backward(reg, out, &g) != 0) {
-			atomic_fetch_add(&wrong, 1);
+			atomic_fetch_add(&d->wrong, 1);
 			s_drop(out);
 			s_drop(own);
 			continue;
@@ -64,7 +70,7 @@ static void *disjoint_worker(void *arg)
 			void *v;
 			if (adg_grads_get(g, params[k].id, &v) != 0 ||
 			    *(double *)v != want[k])
-				atomic_fetch_add(&wrong, 1);
+				atomic_fetch_add(&d->wrong, 1);
 		}
 		adg_grads_free(g);
 		s_drop(out);
@@ -75,11 +81,11 @@ static void *disjoint_worker(void *arg)
 
 static void disjoint(int threads, int rounds)
 {
+	struct disjoint d = {.rounds = rounds};
 	for (int k = 0; k < 4; k++)
-		params[k] = s_leaf(reg, k + 2);
-	disjoint_rounds = rounds;
-	run_threads(threads, disjoint_worker);
-	cr_expect_eq(atomic_load(&wrong), 0);
+		d.params[k] = s_leaf(reg, k + 2);
+	run_threads(threads, disjoint_worker, &d);
+	cr_expect_eq(atomic_load(&d.wrong), 0);
 	struct adg_stats st;
 	adg_stats(reg, &st);
 	cr_expect_eq(st.merges, 0);
@@ -87,7 +93,7 @@ static void disjoint(int threads, int rounds)
 	cr_expect_eq(st.live_steps, 0);
 	cr_expect_eq(st.live_graphs, 0);
 	for (int k = 0; k < 4; k++)
-		s_drop(params[k]);
+		s_drop(d.params[k]);
 }
 
 CHECKED_TEST(stress, disjoint_graphs_2_threads)
@@ -111,81 +117,84 @@ CHECKED_TEST(stress, disjoint_graphs_32_threads)
 #define MERGERS	  4
 #define READERS	  2
 #define MERGE_OPS 1500
-static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
-static scalar pool[POOL];
-static atomic_bool merging_done;
-static scalar pool_leaf;
-
+/* Backward passes on graphs of their own, on the same registry and at the
+ * same time as the merges: each checks its gradient. */
+#define BACKWARDERS 2
 /* The test's own record of every op node, to compute components later. */
 #define MAX_NODES (POOL + MERGERS * MERGE_OPS)
-static struct {
-	scalar x;
-	int parent[2];
-	bool starts_graph;
-} made[MAX_NODES];
-static atomic_int n_made;
-static int pool_index[POOL];
 
-static scalar take_ref(int slot, int *index)
+struct merges {
+	pthread_mutex_t lock; /* guards pool and pool_index */
+	scalar pool[POOL];
+	int pool_index[POOL];
+	scalar leaf;
+	struct {
+		scalar x;
+		int parent[2];
+		bool starts_graph;
+	} made[MAX_NODES];
+	atomic_int n_made;
+	atomic_bool merging_done;
+	pthread_barrier_t start;
+	atomic_long side_passes;
+	/* How often the leaf occurs in each made node's product: its
+	 * gradient, since every value is 1. */
+	double *occurrences;
+	atomic_int backward_ok, wrong;
+};
+
+static scalar take_ref(struct merges *m, int slot, int *index)
 {
-	pthread_mutex_lock(&pool_lock);
-	scalar x = pool[slot];
-	*index = pool_index[slot];
+	pthread_mutex_lock(&m->lock);
+	scalar x = m->pool[slot];
+	*index = m->pool_index[slot];
 	adg_node_ref(x.node);
-	pthread_mutex_unlock(&pool_lock);
+	pthread_mutex_unlock(&m->lock);
 	return x;
 }
 
-static void *merger(void *arg)
+static void merger(struct merges *m, int i)
 {
-	unsigned int seed = (unsigned int)(intptr_t)arg * 7919 + 1;
-	for (int i = 0; i < MERGE_OPS; i++) {
+	unsigned int seed = (unsigned int)i * 7919 + 1;
+	for (int op = 0; op < MERGE_OPS; op++) {
 		int ia, ib;
 		int sa = rand_r(&seed) % POOL, sb = rand_r(&seed) % POOL;
-		scalar a = take_ref(sa, &ia), b = take_ref(sb, &ib);
+		scalar a = take_ref(m, sa, &ia), b = take_ref(m, sb, &ib);
 		scalar y = s_mul(reg, a, b);
-		int idx = atomic_fetch_add(&n_made, 1);
-		made[idx].x = y;
-		made[idx].parent[0] = ia;
-		made[idx].parent[1] = ib;
+		int idx = atomic_fetch_add(&m->n_made, 1);
+		m->made[idx].x = y;
+		m->made[idx].parent[0] = ia;
+		m->made[idx].parent[1] = ib;
 		adg_node_ref(y.node); /* made[] keeps one */
-		pthread_mutex_lock(&pool_lock);
-		scalar old = pool[sa];
-		pool[sa] = y;
-		pool_index[sa] = idx;
-		pthread_mutex_unlock(&pool_lock);
+		pthread_mutex_lock(&m->lock);
+		scalar old = m->pool[sa];
+		m->pool[sa] = y;
+		m->pool_index[sa] = idx;
+		pthread_mutex_unlock(&m->lock);
 		s_drop(old);
 		s_drop(a);
 		s_drop(b);
 	}
-	return NULL;
 }
 
-static void *reader(void *arg)
+static void reader(struct merges *m, int i)
 {
-	unsigned int seed = (unsigned int)(intptr_t)arg * 31 + 7;
-	long lookups = 0;
-	while (!atomic_load(&merging_done)) {
+	unsigned int seed = (unsigned int)i * 31 + 7;
+	while (!atomic_load(&m->merging_done)) {
 		int ix;
-		scalar x = take_ref(rand_r(&seed) % POOL, &ix);
+		scalar x = take_ref(m, rand_r(&seed) % POOL, &ix);
 		uint64_t g;
 		if (adg_node_graph_id(x.node, &g) != 0 || g == 0)
-			atomic_fetch_add(&wrong, 1);
+			atomic_fetch_add(&m->wrong, 1);
 		s_drop(x);
-		lookups++;
 	}
-	return (void *)lookups;
 }
 
-/* Backward passes on graphs of their own, on the same registry and at the
- * same time as the merges: each checks its gradient. */
-#define BACKWARDERS 2
-static atomic_long side_passes;
-
-static void *side_backward(void *arg)
+static void side_backward(struct merges *m, int i)
 {
-	double v = 2 + (double)(intptr_t)arg;
-	for (int pass = 0; pass < 20 || !atomic_load(&merging_done); pass++) {
+	double v = 2 + (double)i;
+	for (int pass = 0; pass < 20 || !atomic_load(&m->merging_done);
+	     pass++) {
 		scalar a = s_leaf(reg, v), b = s_leaf(reg, 3);
 		scalar ab = s_mul(reg, a, b), y = s_mul(reg, ab, a);
 		adg_grads *g = NULL;
@@ -193,50 +202,46 @@ static void *side_backward(void *arg)
 		if (s_backward(reg, y, &g) != 0 ||
 		    adg_grads_get(g, a.id, &d) != 0 ||
 		    *(double *)d != 2 * v * 3)
-			atomic_fetch_add(&wrong, 1);
+			atomic_fetch_add(&m->wrong, 1);
 		adg_grads_free(g);
 		scalar all[] = {a, b, ab, y};
-		for (int i = 0; i < 4; i++)
-			s_drop(all[i]);
-		atomic_fetch_add(&side_passes, 1);
+		for (int k = 0; k < 4; k++)
+			s_drop(all[k]);
+		atomic_fetch_add(&m->side_passes, 1);
 	}
-	return NULL;
 }
-
-static pthread_barrier_t merge_start;
 
 static void *merge_or_read(void *arg)
 {
-	intptr_t i = (intptr_t)arg;
+	const struct thread *t = arg;
+	struct merges *m = t->s;
 	/* Everyone starts together, so that the roles overlap. */
-	pthread_barrier_wait(&merge_start);
-	if (i < MERGERS)
-		return merger(arg);
-	if (i < MERGERS + READERS)
-		return reader(arg);
-	return side_backward(arg);
+	pthread_barrier_wait(&m->start);
+	if (t->i < MERGERS)
+		merger(m, t->i);
+	else if (t->i < MERGERS + READERS)
+		reader(m, t->i);
+	else
+		side_backward(m, t->i);
+	return NULL;
 }
-
-/* How often the leaf occurs in each made node's product: its gradient,
- * since every value is 1. */
-static double *occurrences;
-static atomic_int backward_ok;
 
 static void *pool_backward(void *arg)
 {
-	intptr_t t = (intptr_t)arg;
-	for (int slot = (int)t; slot < POOL; slot += 4) {
+	const struct thread *t = arg;
+	struct merges *m = t->s;
+	for (int slot = t->i; slot < POOL; slot += 4) {
 		adg_grads *g;
-		int rc = s_backward(reg, pool[slot], &g);
+		int rc = s_backward(reg, m->pool[slot], &g);
 		if (rc == ADG_EUNAVAILABLE || rc == ADG_ECONSUMED)
 			continue;
 		void *v;
-		double want = occurrences[pool_index[slot]];
-		if (rc != 0 || adg_grads_get(g, pool_leaf.id, &v) != 0 ||
+		double want = m->occurrences[m->pool_index[slot]];
+		if (rc != 0 || adg_grads_get(g, m->leaf.id, &v) != 0 ||
 		    (want < 0x1p50 && *(double *)v != want))
-			atomic_fetch_add(&wrong, 1);
+			atomic_fetch_add(&m->wrong, 1);
 		else
-			atomic_fetch_add(&backward_ok, 1);
+			atomic_fetch_add(&m->backward_ok, 1);
 		adg_grads_free(g);
 	}
 	return NULL;
@@ -251,58 +256,64 @@ static int find_root(int *up, int i)
 
 CHECKED_TEST(stress, merges_in_random_orders_with_lookups)
 {
-	pool_leaf = s_leaf(reg, 1);
+	struct merges *m = calloc(1, sizeof *m);
+	cr_assert_not_null(m);
+	pthread_mutex_init(&m->lock, NULL);
+	m->leaf = s_leaf(reg, 1);
 	for (int i = 0; i < POOL; i++) {
-		scalar y = s_mul(reg, pool_leaf, pool_leaf);
-		made[i].x = y;
-		made[i].parent[0] = made[i].parent[1] = -1;
-		made[i].starts_graph = true;
+		scalar y = s_mul(reg, m->leaf, m->leaf);
+		m->made[i].x = y;
+		m->made[i].parent[0] = m->made[i].parent[1] = -1;
+		m->made[i].starts_graph = true;
 		adg_node_ref(y.node);
-		pool[i] = y;
-		pool_index[i] = i;
+		m->pool[i] = y;
+		m->pool_index[i] = i;
 	}
-	atomic_store(&n_made, POOL);
+	atomic_store(&m->n_made, POOL);
 	enum { ALL = MERGERS + READERS + BACKWARDERS };
 	pthread_t t[ALL];
-	pthread_barrier_init(&merge_start, NULL, ALL);
-	for (intptr_t i = 0; i < ALL; i++)
-		pthread_create(&t[i], NULL, merge_or_read, (void *)i);
+	struct thread arg[ALL];
+	pthread_barrier_init(&m->start, NULL, ALL);
+	for (int i = 0; i < ALL; i++) {
+		arg[i] = (struct thread){m, i};
+		pthread_create(&t[i], NULL, merge_or_read, &arg[i]);
+	}
 	for (int i = 0; i < MERGERS; i++)
 		pthread_join(t[i], NULL);
-	atomic_store(&merging_done, true);
+	atomic_store(&m->merging_done, true);
 	for (int i = MERGERS; i < ALL; i++)
 		pthread_join(t[i], NULL);
-	pthread_barrier_destroy(&merge_start);
+	pthread_barrier_destroy(&m->start);
 	cr_expect_eq(
-		atomic_load(&wrong), 0,
+		atomic_load(&m->wrong), 0,
 		"a live op reported no graph, or a side backward was wrong");
-	cr_expect_gt(atomic_load(&side_passes), 0);
+	cr_expect_gt(atomic_load(&m->side_passes), 0);
 
 	/* Components of the parent relation; each graph's id must be the
 	 * smallest id of the graph-starting nodes in it. */
-	int n = atomic_load(&n_made);
+	int n = atomic_load(&m->n_made);
 	int *up = malloc(n * sizeof *up);
 	for (int i = 0; i < n; i++)
 		up[i] = i;
 	for (int i = 0; i < n; i++)
 		for (int k = 0; k < 2; k++)
-			if (made[i].parent[k] >= 0)
-				up[find_root(up, made[i].parent[k])] =
+			if (m->made[i].parent[k] >= 0)
+				up[find_root(up, m->made[i].parent[k])] =
 					find_root(up, i);
 	uint64_t *smallest = malloc(n * sizeof *smallest);
 	for (int i = 0; i < n; i++)
 		smallest[i] = UINT64_MAX;
 	for (int i = 0; i < n; i++) {
 		int r = find_root(up, i);
-		if (made[i].starts_graph && made[i].x.id < smallest[r])
-			smallest[r] = made[i].x.id;
+		if (m->made[i].starts_graph && m->made[i].x.id < smallest[r])
+			smallest[r] = m->made[i].x.id;
 	}
 	struct adg_stats st;
 	adg_stats(reg, &st);
 	int components = 0;
 	for (int i = 0; i < n; i++) {
 		int r = find_root(up, i);
-		cr_assert_eq(s_graph(made[i].x), smallest[r], "node %d", i);
+		cr_assert_eq(s_graph(m->made[i].x), smallest[r], "node %d", i);
 		if (r == i)
 			components++;
 	}
@@ -312,49 +323,56 @@ CHECKED_TEST(stress, merges_in_random_orders_with_lookups)
 	/* Backward from every pooled root at once, from several threads:
 	 * the tapes overlap, so each step is taken once and the others get
 	 * ADG_EUNAVAILABLE or ADG_ECONSUMED, never a partial result. */
-	occurrences = malloc(n * sizeof *occurrences);
+	m->occurrences = malloc(n * sizeof *m->occurrences);
 	for (int i = 0; i < n; i++)
-		occurrences[i] =
-			made[i].parent[0] < 0
+		m->occurrences[i] =
+			m->made[i].parent[0] < 0
 				? 2
-				: occurrences[made[i].parent[0]] +
-					  occurrences[made[i].parent[1]];
-	run_threads(4, pool_backward);
-	cr_expect_eq(atomic_load(&wrong), 0, "a wrong or partial gradient");
-	cr_expect_gt(atomic_load(&backward_ok), 0);
+				: m->occurrences[m->made[i].parent[0]] +
+					  m->occurrences[m->made[i].parent[1]];
+	run_threads(4, pool_backward, m);
+	cr_expect_eq(atomic_load(&m->wrong), 0, "a wrong or partial gradient");
+	cr_expect_gt(atomic_load(&m->backward_ok), 0);
 	for (int i = 0; i < n; i++)
-		s_drop(made[i].x);
+		s_drop(m->made[i].x);
 	free(up);
 	free(smallest);
-	free(occurrences);
+	free(m->occurrences);
 	for (int i = 0; i < POOL; i++)
-		s_drop(pool[i]);
-	s_drop(pool_leaf);
+		s_drop(m->pool[i]);
+	s_drop(m->leaf);
 	assert_stats(reg, 0, 0, 0);
+	pthread_mutex_destroy(&m->lock);
+	free(m);
 }
 
 /* Overlapping tapes: two threads race backward on roots that share all of
  * their ancestors; exactly one takes them. */
-static scalar race_a, race_b, race_roots[2];
-static int race_rc[2];
-static pthread_barrier_t race_start;
+struct overlap {
+	scalar a, b, roots[2];
+	int rc[2];
+	pthread_barrier_t start;
+	atomic_int wrong;
+};
 
 static void *race_backward(void *arg)
 {
-	intptr_t i = (intptr_t)arg;
+	const struct thread *t = arg;
+	struct overlap *o = t->s;
+	int i = t->i;
 	adg_grads *g = NULL;
-	pthread_barrier_wait(&race_start);
-	race_rc[i] = s_backward(reg, race_roots[i], &g);
-	if (race_rc[i] == 0) {
+	pthread_barrier_wait(&o->start);
+	o->rc[i] = s_backward(reg, o->roots[i], &g);
+	if (o->rc[i] == 0) {
 		/* roots a^2 b^2 and a b^3 at a = 2, b = 3: the whole
 		 * gradient or nothing */
 		double want_a = i == 0 ? 2 * 2.0 * 9 : 27.0;
 		double want_b = i == 0 ? 2 * 4.0 * 3 : 3 * 2.0 * 9;
 		void *va, *vb;
-		if (adg_grads_get(g, race_a.id, &va) != 0 ||
-		    adg_grads_get(g, race_b.id, &vb) != 0 ||
+		if (adg_grads_get(g, o->a.id, &va) != 0 ||
+		    adg_grads_get(g, o->b.id, &vb) != 0 ||
 		    *(double *)va != want_a || *(double *)vb != want_b)
-			atomic_fetch_add(&wrong, 1);
+			atomic_fetch_add(&o->wrong, 1);
 	}
 	adg_grads_free(g);
 	return NULL;
@@ -362,70 +380,70 @@ static void *race_backward(void *arg)
 
 CHECKED_TEST(stress, overlapping_backward_takes_each_step_once)
 {
+	struct overlap o = {0};
 	for (int round = 0; round < 300; round++) {
-		scalar a = race_a = s_leaf(reg, 2), b = race_b = s_leaf(reg, 3);
+		scalar a = o.a = s_leaf(reg, 2), b = o.b = s_leaf(reg, 3);
 		scalar x = s_mul(reg, a, b);
 		scalar x2 = s_mul(reg, x, b);
-		race_roots[0] = s_mul(reg, x2, a);
-		race_roots[1] = s_mul(reg, x2, b);
-		pthread_barrier_init(&race_start, NULL, 2);
-		pthread_t t[2];
-		for (intptr_t i = 0; i < 2; i++)
-			pthread_create(&t[i], NULL, race_backward, (void *)i);
+		o.roots[0] = s_mul(reg, x2, a);
+		o.roots[1] = s_mul(reg, x2, b);
+		pthread_barrier_init(&o.start, NULL, 2);
+		run_threads(2, race_backward, &o);
+		pthread_barrier_destroy(&o.start);
+		int ok = (o.rc[0] == 0) + (o.rc[1] == 0);
+		cr_assert_eq(ok, 1, "round %d: %d %d", round, o.rc[0], o.rc[1]);
 		for (int i = 0; i < 2; i++)
-			pthread_join(t[i], NULL);
-		pthread_barrier_destroy(&race_start);
-		int ok = (race_rc[0] == 0) + (race_rc[1] == 0);
-		cr_assert_eq(ok, 1, "round %d: %d %d", round, race_rc[0],
-			     race_rc[1]);
-		for (int i = 0; i < 2; i++)
-			if (race_rc[i] != 0)
-				cr_assert_eq(race_rc[i], ADG_EUNAVAILABLE);
+			if (o.rc[i] != 0)
+				cr_assert_eq(o.rc[i], ADG_EUNAVAILABLE);
 		assert_stats(reg, 6, 1, 1);
-		scalar all[] = {a, b, x, x2, race_roots[0], race_roots[1]};
+		scalar all[] = {a, b, x, x2, o.roots[0], o.roots[1]};
 		for (int i = 0; i < 6; i++)
 			s_drop(all[i]);
 	}
-	cr_expect_eq(atomic_load(&wrong), 0);
+	cr_expect_eq(atomic_load(&o.wrong), 0);
 }
 
 /* Reference drops race with registrations that name the dropped node: the
  * registering thread holds its own reference while it calls. */
 #define DROPPERS    4
 #define DROP_ROUNDS 2000
-static scalar shared_x;
-static pthread_barrier_t drop_start;
-static scalar children[DROPPERS];
+
+struct drops {
+	scalar w, x;
+	pthread_barrier_t start;
+	scalar children[DROPPERS];
+};
 
 static void *drop_or_use(void *arg)
 {
-	intptr_t i = (intptr_t)arg;
-	scalar own = shared_x;
+	const struct thread *t = arg;
+	struct drops *d = t->s;
+	scalar own = d->x;
 	adg_node_ref(own.node); /* taken before the barrier: ours to use */
-	pthread_barrier_wait(&drop_start);
-	if (i == 0)
-		s_drop(shared_x); /* the creator's reference */
-	children[i] = s_mul(reg, own, params[0]);
+	pthread_barrier_wait(&d->start);
+	if (t->i == 0)
+		s_drop(d->x); /* the creator's reference */
+	d->children[t->i] = s_mul(reg, own, d->w);
 	s_drop(own);
 	return NULL;
 }
 
 CHECKED_TEST(stress, drops_race_with_registrations)
 {
-	params[0] = s_leaf(reg, 3);
+	struct drops d = {.w = s_leaf(reg, 3)};
 	for (int round = 0; round < DROP_ROUNDS / 10; round++) {
 		scalar a = s_leaf(reg, 2);
-		shared_x = s_mul(reg, a, a);
-		pthread_barrier_init(&drop_start, NULL, DROPPERS);
-		run_threads(DROPPERS, drop_or_use);
-		pthread_barrier_destroy(&drop_start);
+		d.x = s_mul(reg, a, a);
+		pthread_barrier_init(&d.start, NULL, DROPPERS);
+		run_threads(DROPPERS, drop_or_use, &d);
+		pthread_barrier_destroy(&d.start);
 		/* every child keeps x and its step: each backward from a child
 		 * but the first finds x consumed */
 		assert_stats(reg, 3 + DROPPERS, 1 + DROPPERS, 1);
 		int succeeded = 0;
 		for (int i = 0; i < DROPPERS; i++) {
 			adg_grads *g;
-			int rc = s_backward(reg, children[i], &g);
+			int rc = s_backward(reg, d.children[i], &g);
 			if (rc == 0) {
 				succeeded++;
 				cr_expect_eq(s_grad(g, a), 2 * 2.0 * 3);
@@ -433,13 +451,13 @@ CHECKED_TEST(stress, drops_race_with_registrations)
 			} else {
 				cr_expect_eq(rc, ADG_EUNAVAILABLE);
 			}
-			s_drop(children[i]);
+			s_drop(d.children[i]);
 		}
 		cr_expect_eq(succeeded, 1);
 		assert_stats(reg, 2, 0, 0);
 		s_drop(a);
 	}
-	s_drop(params[0]);
+	s_drop(d.w);
 }
 
 /* Churn: merges, unrun frees, backward passes and lookups on one shared
@@ -447,57 +465,64 @@ CHECKED_TEST(stress, drops_race_with_registrations)
  * that merges are moving nodes out of. */
 #define CHURN_THREADS 6
 #define CHURN_OPS     3000
-static scalar churn_pool[POOL];
-static pthread_mutex_t churn_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static scalar churn_take(int slot)
+struct churn {
+	pthread_mutex_t lock; /* guards pool */
+	scalar pool[POOL];
+	scalar leaf;
+	atomic_int wrong;
+};
+
+static scalar churn_take(struct churn *c, int slot)
 {
-	pthread_mutex_lock(&churn_lock);
-	scalar x = churn_pool[slot];
+	pthread_mutex_lock(&c->lock);
+	scalar x = c->pool[slot];
 	adg_node_ref(x.node);
-	pthread_mutex_unlock(&churn_lock);
+	pthread_mutex_unlock(&c->lock);
 	return x;
 }
 
-static void churn_put(int slot, scalar x)
+static void churn_put(struct churn *c, int slot, scalar x)
 {
-	pthread_mutex_lock(&churn_lock);
-	scalar old = churn_pool[slot];
-	churn_pool[slot] = x;
-	pthread_mutex_unlock(&churn_lock);
+	pthread_mutex_lock(&c->lock);
+	scalar old = c->pool[slot];
+	c->pool[slot] = x;
+	pthread_mutex_unlock(&c->lock);
 	s_drop(old); /* may free an unrun graph, or part of one */
 }
 
 static void *churn_worker(void *arg)
 {
-	unsigned int seed = (unsigned int)(intptr_t)arg * 104729 + 3;
+	const struct thread *t = arg;
+	struct churn *c = t->s;
+	unsigned int seed = (unsigned int)t->i * 104729 + 3;
 	for (int i = 0; i < CHURN_OPS; i++) {
 		int kind = rand_r(&seed) % 10;
 		int sa = rand_r(&seed) % POOL, sb = rand_r(&seed) % POOL;
 		int sc = rand_r(&seed) % POOL;
-		scalar a = churn_take(sa);
+		scalar a = churn_take(c, sa);
 		if (kind < 6) {
-			scalar b = churn_take(sb);
-			churn_put(sc, s_mul(reg, a, b));
+			scalar b = churn_take(c, sb);
+			churn_put(c, sc, s_mul(reg, a, b));
 			s_drop(b);
 		} else if (kind < 8) {
 			adg_grads *g;
 			int rc = s_backward(reg, a, &g);
 			if (rc == 0) {
 				void *v;
-				if (adg_grads_get(g, pool_leaf.id, &v) != 0 ||
+				if (adg_grads_get(g, c->leaf.id, &v) != 0 ||
 				    *(double *)v < 1)
-					atomic_fetch_add(&wrong, 1);
+					atomic_fetch_add(&c->wrong, 1);
 				adg_grads_free(g);
-				churn_put(sa, s_mul(reg, pool_leaf, pool_leaf));
+				churn_put(c, sa, s_mul(reg, c->leaf, c->leaf));
 			} else if (rc != ADG_EUNAVAILABLE &&
 				   rc != ADG_ECONSUMED) {
-				atomic_fetch_add(&wrong, 1);
+				atomic_fetch_add(&c->wrong, 1);
 			}
 		} else {
 			uint64_t gid;
 			if (adg_node_graph_id(a.node, &gid) != 0)
-				atomic_fetch_add(&wrong, 1);
+				atomic_fetch_add(&c->wrong, 1);
 		}
 		s_drop(a);
 	}
@@ -506,15 +531,17 @@ static void *churn_worker(void *arg)
 
 CHECKED_TEST(stress, merges_frees_backward_and_lookups_at_once)
 {
-	pool_leaf = s_leaf(reg, 1);
+	struct churn c = {.leaf = s_leaf(reg, 1)};
+	pthread_mutex_init(&c.lock, NULL);
 	for (int i = 0; i < POOL; i++)
-		churn_pool[i] = s_mul(reg, pool_leaf, pool_leaf);
-	run_threads(CHURN_THREADS, churn_worker);
-	cr_expect_eq(atomic_load(&wrong), 0);
+		c.pool[i] = s_mul(reg, c.leaf, c.leaf);
+	run_threads(CHURN_THREADS, churn_worker, &c);
+	cr_expect_eq(atomic_load(&c.wrong), 0);
 	for (int i = 0; i < POOL; i++)
-		s_drop(churn_pool[i]);
+		s_drop(c.pool[i]);
 	assert_stats(reg, 1, 0, 0);
-	s_drop(pool_leaf);
+	s_drop(c.leaf);
+	pthread_mutex_destroy(&c.lock);
 }
 
 /* Regression: a backward walking to a parent that another thread's
@@ -528,9 +555,12 @@ CHECKED_TEST(stress, merges_frees_backward_and_lookups_at_once)
  * threads (unlike the scalar backend's counters), so that as little as
  * possible orders the two. */
 #define SHARE_ROUNDS 300
-static adg_node *share_a, *share_x, *share_j1;
-static int share_rc[2];
-static atomic_bool share_joined;
+
+struct share {
+	adg_node *a, *x, *j1;
+	int rc[2];
+	atomic_bool joined;
+};
 
 static int token_add(void **sum, void *value, void *ctx)
 {
@@ -564,55 +594,57 @@ static adg_node *token_op(adg_node *p, adg_node *q)
 	return out;
 }
 
-static void *consume_shared(void *arg)
+static void consume_shared(struct share *s)
 {
-	(void)arg;
 	adg_grads *g = NULL;
-	share_rc[0] = adg_backward(reg, share_j1, (void *)1, &token_ops, &g);
+	s->rc[0] = adg_backward(reg, s->j1, (void *)1, &token_ops, &g);
 	adg_grads_free(g);
 	/* Stay alive until the other thread is done: an exiting thread hands
 	 * its shard back, which would order it before a later adopter. */
-	while (!atomic_load_explicit(&share_joined, memory_order_relaxed))
+	while (!atomic_load_explicit(&s->joined, memory_order_relaxed))
 		sched_yield();
-	return NULL;
 }
 
-static void *join_consumed(void *arg)
+static void join_consumed(struct share *s)
 {
-	(void)arg;
 	uint64_t gid = 1;
 	/* No lock and no barrier between the threads: only x's graph
 	 * pointer says that the other backward has taken it. */
-	while (adg_node_graph_id(share_x, &gid) == 0 && gid != 0)
+	while (adg_node_graph_id(s->x, &gid) == 0 && gid != 0)
 		sched_yield();
-	adg_node *j2 = token_op(share_x, share_a);
+	adg_node *j2 = token_op(s->x, s->a);
 	adg_grads *g = NULL;
-	share_rc[1] = adg_backward(reg, j2, (void *)1, &token_ops, &g);
+	s->rc[1] = adg_backward(reg, j2, (void *)1, &token_ops, &g);
 	adg_grads_free(g);
 	adg_node_unref(j2);
-	atomic_store_explicit(&share_joined, true, memory_order_relaxed);
-	return NULL;
+	atomic_store_explicit(&s->joined, true, memory_order_relaxed);
 }
 
 static void *consume_or_join(void *arg)
 {
-	return (intptr_t)arg == 0 ? consume_shared(arg) : join_consumed(arg);
+	const struct thread *t = arg;
+	if (t->i == 0)
+		consume_shared(t->s);
+	else
+		join_consumed(t->s);
+	return NULL;
 }
 
 CHECKED_TEST(stress, backward_meets_parent_consumed_by_another_thread)
 {
-	cr_assert_eq(adg_leaf(reg, &share_a), 0);
+	struct share s = {0};
+	cr_assert_eq(adg_leaf(reg, &s.a), 0);
 	for (int round = 0; round < SHARE_ROUNDS; round++) {
-		share_x = token_op(share_a, share_a);
-		share_j1 = token_op(share_x, share_a);
-		atomic_store(&share_joined, false);
-		run_threads(2, consume_or_join);
-		cr_assert_eq(share_rc[0], 0, "round %d", round);
-		cr_assert_eq(share_rc[1], ADG_EUNAVAILABLE, "round %d", round);
-		adg_node_unref(share_j1);
-		adg_node_unref(share_x);
+		s.x = token_op(s.a, s.a);
+		s.j1 = token_op(s.x, s.a);
+		atomic_store(&s.joined, false);
+		run_threads(2, consume_or_join, &s);
+		cr_assert_eq(s.rc[0], 0, "round %d", round);
+		cr_assert_eq(s.rc[1], ADG_EUNAVAILABLE, "round %d", round);
+		adg_node_unref(s.j1);
+		adg_node_unref(s.x);
 	}
-	adg_node_unref(share_a);
+	adg_node_unref(s.a);
 }
 
 /* burn issue 5573: a concurrent backward freed steps of a graph another
@@ -622,63 +654,70 @@ CHECKED_TEST(stress, backward_meets_parent_consumed_by_another_thread)
  * drop their references; the reused leaf's gradient is never missing. */
 #define REUSE_ROUNDS 1000
 #define REUSE_OTHERS 3
-static scalar reuse_leaf;
-static pthread_barrier_t reuse_start;
 
-static void *reuse_other(void *arg)
+struct reuse {
+	scalar leaf;
+	pthread_barrier_t start;
+	atomic_int wrong;
+};
+
+static void reuse_other(struct reuse *r, int i)
 {
-	double v = 5 + (double)(intptr_t)arg;
-	pthread_barrier_wait(&reuse_start);
+	double v = 5 + (double)i;
+	pthread_barrier_wait(&r->start);
 	scalar own = s_leaf(reg, v);
-	scalar y = s_mul(reg, reuse_leaf, own);
+	scalar y = s_mul(reg, r->leaf, own);
 	adg_grads *g;
-	if (s_backward(reg, y, &g) != 0 || s_grad(g, reuse_leaf) != v)
-		atomic_fetch_add(&wrong, 1);
+	if (s_backward(reg, y, &g) != 0 || s_grad(g, r->leaf) != v)
+		atomic_fetch_add(&r->wrong, 1);
 	adg_grads_free(g);
 	s_drop(y);
 	s_drop(own);
-	return NULL;
 }
 
-static void *reuse_main(void *arg)
+static void reuse_main(struct reuse *r)
 {
-	(void)arg;
 	scalar a = s_leaf(reg, 3), b = s_leaf(reg, 4);
-	scalar y1 = s_mul(reg, reuse_leaf, a);
+	scalar y1 = s_mul(reg, r->leaf, a);
 	adg_grads *g;
-	pthread_barrier_wait(&reuse_start);
-	if (s_backward(reg, y1, &g) != 0 || s_grad(g, reuse_leaf) != 3)
-		atomic_fetch_add(&wrong, 1);
+	pthread_barrier_wait(&r->start);
+	if (s_backward(reg, y1, &g) != 0 || s_grad(g, r->leaf) != 3)
+		atomic_fetch_add(&r->wrong, 1);
 	adg_grads_free(g);
 	/* The leaf again, while the others are mid-backward. */
-	scalar y2 = s_mul(reg, reuse_leaf, b);
+	scalar y2 = s_mul(reg, r->leaf, b);
 	scalar y3 = s_mul(reg, y2, a);
 	s_drop(y2);
 	void *v;
 	if (s_backward(reg, y3, &g) != 0 ||
-	    adg_grads_get(g, reuse_leaf.id, &v) != 0 || *(double *)v != 12)
-		atomic_fetch_add(&wrong, 1);
+	    adg_grads_get(g, r->leaf.id, &v) != 0 || *(double *)v != 12)
+		atomic_fetch_add(&r->wrong, 1);
 	adg_grads_free(g);
 	scalar all[] = {a, b, y1, y3};
 	for (int i = 0; i < 4; i++)
 		s_drop(all[i]);
-	return NULL;
 }
 
 static void *reuse_role(void *arg)
 {
-	return (intptr_t)arg == 0 ? reuse_main(arg) : reuse_other(arg);
+	const struct thread *t = arg;
+	if (t->i == 0)
+		reuse_main(t->s);
+	else
+		reuse_other(t->s, t->i);
+	return NULL;
 }
 
 CHECKED_TEST(stress, reused_leaf_never_misses_its_gradient)
 {
+	struct reuse r = {0};
 	for (int round = 0; round < REUSE_ROUNDS; round++) {
-		reuse_leaf = s_leaf(reg, 2);
-		pthread_barrier_init(&reuse_start, NULL, REUSE_OTHERS + 1);
-		run_threads(REUSE_OTHERS + 1, reuse_role);
-		pthread_barrier_destroy(&reuse_start);
-		s_drop(reuse_leaf);
-		cr_assert_eq(atomic_load(&wrong), 0, "round %d", round);
+		r.leaf = s_leaf(reg, 2);
+		pthread_barrier_init(&r.start, NULL, REUSE_OTHERS + 1);
+		run_threads(REUSE_OTHERS + 1, reuse_role, &r);
+		pthread_barrier_destroy(&r.start);
+		s_drop(r.leaf);
+		cr_assert_eq(atomic_load(&r.wrong), 0, "round %d", round);
 	}
 	assert_stats(reg, 0, 0, 0);
 }
@@ -689,10 +728,12 @@ CHECKED_TEST(stress, reused_leaf_never_misses_its_gradient)
 #define NEST_THREADS 8
 #define NEST_ROUNDS  100
 
+/* A step's closure; wrong is the scenario's count of wrong results. */
 struct nest {
 	struct prod_step *inner;
 	adg_node *other, *sibling;
 	uint64_t other_leaf;
+	atomic_int *wrong;
 };
 
 static int nest_backward(adg_step_call *call, void *user)
@@ -705,12 +746,12 @@ static int nest_backward(adg_step_call *call, void *user)
 	if (rc != 0)
 		return rc;
 	if (adg_grads_get(g, n->other_leaf, &v) != 0 || *(double *)v != 7)
-		atomic_fetch_add(&wrong, 1);
+		atomic_fetch_add(n->wrong, 1);
 	adg_grads_free(g);
 	g = NULL;
 	if (adg_backward(call->registry, n->sibling, scalar_box(1), &scalar_ops,
 			 &g) != ADG_EUNAVAILABLE)
-		atomic_fetch_add(&wrong, 1);
+		atomic_fetch_add(n->wrong, 1);
 	adg_grads_free(g);
 	return prod_backward(call, n->inner);
 }
@@ -724,7 +765,8 @@ static void nest_release(void *user)
 
 static void *nest_worker(void *arg)
 {
-	(void)arg;
+	const struct thread *t = arg;
+	atomic_int *wrong = t->s;
 	for (int round = 0; round < NEST_ROUNDS; round++) {
 		scalar a = s_leaf(reg, 2), b = s_leaf(reg, 3),
 		       e = s_leaf(reg, 5), f = s_leaf(reg, 7);
@@ -737,11 +779,12 @@ static void *nest_worker(void *arg)
 		n->other = other.node;
 		n->sibling = sib.node;
 		n->other_leaf = e.id;
+		n->wrong = wrong;
 		adg_node *parents[2] = {x.node, b.node};
 		adg_step st = {nest_backward, nest_release, n};
 		scalar y = {.value = x.value * b.value};
 		if (adg_op(reg, parents, 2, &st, &y.node) != 0) {
-			atomic_fetch_add(&wrong, 1);
+			atomic_fetch_add(wrong, 1);
 			nest_release(n);
 			continue;
 		}
@@ -749,7 +792,7 @@ static void *nest_worker(void *arg)
 		adg_grads *g;
 		/* y = a b b: dy/da = b^2 */
 		if (s_backward(reg, y, &g) != 0 || s_grad(g, a) != 9)
-			atomic_fetch_add(&wrong, 1);
+			atomic_fetch_add(wrong, 1);
 		adg_grads_free(g);
 		scalar all[] = {a, b, e, f, other, x, sib, y};
 		for (int i = 0; i < 8; i++)
@@ -760,7 +803,8 @@ static void *nest_worker(void *arg)
 
 CHECKED_TEST(stress, nested_backward_from_8_threads)
 {
-	run_threads(NEST_THREADS, nest_worker);
+	atomic_int wrong = 0;
+	run_threads(NEST_THREADS, nest_worker, &wrong);
 	cr_expect_eq(atomic_load(&wrong), 0);
 	assert_stats(reg, 0, 0, 0);
 }
@@ -811,42 +855,52 @@ CHECKED_TEST(stress, one_thread_more_registries_than_slots)
  * joined when the free starts. */
 #define EXIT_ROUNDS  200
 #define EXIT_THREADS 4
-static adg_registry *exit_reg;
-static pthread_barrier_t exit_done;
+
+struct exiting {
+	adg_registry *r;
+	pthread_barrier_t done;
+	atomic_int wrong;
+};
 
 static void *use_then_exit(void *arg)
 {
-	scalar a = s_leaf(exit_reg, (double)(intptr_t)arg + 1);
-	scalar y = s_mul(exit_reg, a, a);
+	const struct thread *t = arg;
+	struct exiting *e = t->s;
+	scalar a = s_leaf(e->r, (double)t->i + 1);
+	scalar y = s_mul(e->r, a, a);
 	adg_grads *g;
-	if (s_backward(exit_reg, y, &g) != 0)
-		atomic_fetch_add(&wrong, 1);
+	if (s_backward(e->r, y, &g) != 0)
+		atomic_fetch_add(&e->wrong, 1);
 	adg_grads_free(g);
 	s_drop(y);
 	s_drop(a);
-	pthread_barrier_wait(&exit_done);
+	pthread_barrier_wait(&e->done);
 	return NULL;
 }
 
 CHECKED_TEST(stress, threads_exit_while_their_registry_is_freed)
 {
+	struct exiting e = {0};
 	for (int round = 0; round < EXIT_ROUNDS; round++) {
 		failing_alloc mem = {0};
 		adg_registry_options o = {.allocator = failing_allocator(&mem)};
-		cr_assert_eq(adg_registry_new(&o, &exit_reg), 0);
-		pthread_barrier_init(&exit_done, NULL, EXIT_THREADS + 1);
+		cr_assert_eq(adg_registry_new(&o, &e.r), 0);
+		pthread_barrier_init(&e.done, NULL, EXIT_THREADS + 1);
 		pthread_t t[EXIT_THREADS];
-		for (intptr_t i = 0; i < EXIT_THREADS; i++)
+		struct thread arg[EXIT_THREADS];
+		for (int i = 0; i < EXIT_THREADS; i++) {
+			arg[i] = (struct thread){&e, i};
 			cr_assert_eq(pthread_create(&t[i], NULL, use_then_exit,
-						    (void *)i),
+						    &arg[i]),
 				     0);
-		pthread_barrier_wait(&exit_done);
-		cr_assert_eq(adg_registry_free(exit_reg), 0);
+		}
+		pthread_barrier_wait(&e.done);
+		cr_assert_eq(adg_registry_free(e.r), 0);
 		cr_assert_eq(atomic_load(&mem.live_bytes), 0, "round %d",
 			     round);
 		for (int i = 0; i < EXIT_THREADS; i++)
 			pthread_join(t[i], NULL);
-		pthread_barrier_destroy(&exit_done);
+		pthread_barrier_destroy(&e.done);
 	}
-	cr_expect_eq(atomic_load(&wrong), 0);
+	cr_expect_eq(atomic_load(&e.wrong), 0);
 }

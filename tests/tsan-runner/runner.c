@@ -1,6 +1,8 @@
 /* The TSan build's test runner: see criterion/criterion.h. */
+#define _GNU_SOURCE /* FNM_EXTMATCH, for Criterion's !(...) and @(...) */
 #include "criterion/criterion.h"
 
+#include <fnmatch.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -73,7 +75,17 @@ static void run_child(const struct runner_test *t, const struct runner_suite *s)
 
 int main(int argc, char **argv)
 {
-	const char *only = argc > 1 ? argv[1] : NULL; /* suite::name filter */
+	/* Criterion's --filter PATTERN (or --filter=PATTERN): a shell
+	 * pattern, extended as in ksh, over "suite/name". */
+	const char *filter = NULL;
+	if (argc == 3 && strcmp(argv[1], "--filter") == 0)
+		filter = argv[2];
+	else if (argc == 2 && strncmp(argv[1], "--filter=", 9) == 0)
+		filter = argv[1] + 9;
+	else if (argc != 1) {
+		fprintf(stderr, "usage: %s [--filter PATTERN]\n", argv[0]);
+		return 2;
+	}
 	int passed = 0, failures = 0;
 
 	/* Constructors registered the tests in reverse; run them in order. */
@@ -85,9 +97,10 @@ int main(int argc, char **argv)
 		ordered = t;
 	}
 	for (struct runner_test *t = ordered; t != NULL; t = t->next) {
-		char id[256];
+		char id[256], path[256];
 		snprintf(id, sizeof id, "%s::%s", t->suite, t->name);
-		if (only != NULL && strcmp(only, id) != 0)
+		snprintf(path, sizeof path, "%s/%s", t->suite, t->name);
+		if (filter != NULL && fnmatch(filter, path, FNM_EXTMATCH) != 0)
 			continue;
 		fflush(NULL);
 		pid_t pid = fork();

@@ -5,6 +5,8 @@
  * reserved ranges ("Could not initialize inheritable arena", Criterion issue
  * 274). The test sources stay the same; this runner gives each test its own
  * forked child, as Criterion does, and prints "tsan: N passed, N failed".
+ * Of Criterion's options it takes --filter, with which tests/meson.build
+ * splits a binary's tests across test tiers.
  *
  * Stricter than Criterion in one respect: a failed check in .fini counts.
  */
