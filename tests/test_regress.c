@@ -315,34 +315,40 @@ CHECKED_TEST(regress, step_drops_last_handle_of_root_with_output)
  * node's id before checking the options (or placing the node), and a
  * refused adg_op_with, or an adg_op whose placement ran out of memory,
  * used one up. */
+/* Reopens reg on fixture_alloc, with a strategy. */
+static void reopen(int checkpointing)
+{
+	fixture_close();
+	fixture_open(&(adg_registry_options){
+		.checkpointing = checkpointing,
+		.allocator = failing_allocator(&fixture_alloc)});
+}
+
 CHECKED_TEST(regress, refused_op_takes_no_node_id)
 {
-	failing_alloc mem = {0};
-	adg_registry_options ro = {.allocator = failing_allocator(&mem)};
-	adg_registry *r;
-	cr_assert_eq(adg_registry_new(&ro, &r), 0);
+	reopen(ADG_CHECKPOINT_NONE);
 	adg_node *leaves[9], *a, *b, *y = NULL;
 	for (int i = 0; i < 9; i++)
-		cr_assert_eq(adg_leaf(r, &leaves[i]), 0);
+		cr_assert_eq(adg_leaf(reg, &leaves[i]), 0);
 	adg_step st = {noop_backward, NULL, NULL};
-	cr_assert_eq(adg_op(r, &leaves[0], 1, &st, &a), 0);
-	cr_assert_eq(adg_op(r, &leaves[1], 1, &st, &b), 0);
+	cr_assert_eq(adg_op(reg, &leaves[0], 1, &st, &a), 0);
+	cr_assert_eq(adg_op(reg, &leaves[1], 1, &st, &b), 0);
 	uint64_t b_id, y_id;
 	adg_node_id(b, &b_id);
 
 	/* want_self without an output */
 	adg_op_options self = {.want_self = 1};
-	cr_assert_eq(adg_op_with(r, &a, 1, &st, &self, &y), ADG_EINVAL);
+	cr_assert_eq(adg_op_with(reg, &a, 1, &st, &self, &y), ADG_EINVAL);
 	/* nine parents in two graphs: the node (not cached: 4 or more
 	 * parents) is the first allocation, placement's scratch the second */
 	adg_node *nine[9] = {a, b};
 	for (int i = 2; i < 9; i++)
 		nine[i] = leaves[i];
-	atomic_store(&mem.fail_in, 2);
-	cr_assert_eq(adg_op(r, nine, 9, &st, &y), ADG_ENOMEM);
-	cr_assert_eq(atomic_load(&mem.fail_in), 0, "placement failed");
+	atomic_store(&fixture_alloc.fail_in, 2);
+	cr_assert_eq(adg_op(reg, nine, 9, &st, &y), ADG_ENOMEM);
+	cr_assert_eq(atomic_load(&fixture_alloc.fail_in), 0, "it failed");
 
-	cr_assert_eq(adg_op(r, &a, 1, &st, &y), 0);
+	cr_assert_eq(adg_op(reg, &a, 1, &st, &y), 0);
 	adg_node_id(y, &y_id);
 	cr_expect_eq(y_id, b_id + 1, "the next id after %llu is %llu",
 		     (unsigned long long)b_id, (unsigned long long)y_id);
@@ -351,8 +357,38 @@ CHECKED_TEST(regress, refused_op_takes_no_node_id)
 		adg_node_unref(all[i]);
 	for (int i = 0; i < 9; i++)
 		adg_node_unref(leaves[i]);
-	cr_assert_eq(adg_registry_free(r), 0);
-	cr_expect_eq(atomic_load(&mem.live_bytes), 0);
+}
+
+/* The balanced strategy's graph for the two tests below: b keeps its value
+ * (3, from leaf a), m's memory-bound output is rebuilt from b's, and c's
+ * step asks for m's output; c's and m's steps are the caller's. */
+struct rebuilt {
+	scalar a;
+	adg_node *b, *m, *c;
+};
+
+static struct rebuilt rebuilt_graph(adg_recompute_fn rebuild, adg_step mst,
+				    adg_step cst)
+{
+	static const uint32_t slot0 = 0;
+	struct rebuilt g = {.a = s_leaf(reg, 3)};
+	adg_output bo = {s_output_new(3), s_output_free, NULL, 0};
+	adg_op_options bopt = {.output = &bo};
+	adg_step bst = {prod_backward, prod_release, prod_step_new(&g.a, 1)};
+	cr_assert_eq(adg_op_with(reg, &g.a.node, 1, &bst, &bopt, &g.b), 0);
+	adg_output mo = {s_output_new(3), s_output_free, rebuild, 1};
+	adg_op_options mopt = {.output = &mo};
+	cr_assert_eq(adg_op_with(reg, &g.b, 1, &mst, &mopt, &g.m), 0);
+	adg_op_options copt = {.want_parents = &slot0, .n_want_parents = 1};
+	cr_assert_eq(adg_op_with(reg, &g.m, 1, &cst, &copt, &g.c), 0);
+	return g;
+}
+
+static void rebuilt_drop(struct rebuilt g)
+{
+	adg_node *all[] = {g.c, g.m, g.b, g.a.node};
+	for (int i = 0; i < 4; i++)
+		adg_node_unref(all[i]);
 }
 
 /* A recompute callback that sets an output and then fails: libadg owns the
@@ -361,42 +397,49 @@ CHECKED_TEST(regress, refused_op_takes_no_node_id)
 static int sets_then_fails(adg_recompute_call *call, void *user)
 {
 	(void)user;
-	call->output = output_new(*(double *)call->parent_outputs[0]);
+	call->output = s_output_new(*(double *)call->parent_outputs[0]);
 	return ADG_EUSER - 1;
 }
 
 CHECKED_TEST(regress, recompute_that_sets_then_fails_frees_its_output)
 {
-	adg_registry *r;
-	adg_registry_options ro = {.checkpointing = ADG_CHECKPOINT_BALANCED};
-	cr_assert_eq(adg_registry_new(&ro, &r), 0);
-	scalar a = s_leaf(r, 3);
-	/* b offers its value; m rebuilds its own from b's (BALANCED keeps
-	 * none of a memory-bound output); c's step asks for m's. */
-	adg_output bo = {output_new(3), output_free, NULL, 0};
-	adg_op_options bopt = {.output = &bo};
-	adg_step bst = {prod_backward, prod_release, prod_step_new(&a, 1)};
-	adg_node *b, *m, *c;
-	cr_assert_eq(adg_op_with(r, &a.node, 1, &bst, &bopt, &b), 0);
-	adg_output mo = {output_new(3), output_free, sets_then_fails, 1};
-	adg_op_options mopt = {.output = &mo};
-	scalar bs = {.node = b, .value = 3};
-	adg_step mst = {prod_backward, prod_release, prod_step_new(&bs, 1)};
-	cr_assert_eq(adg_op_with(r, &b, 1, &mst, &mopt, &m), 0);
-	static const uint32_t slot0 = 0;
-	adg_op_options copt = {.want_parents = &slot0, .n_want_parents = 1};
-	scalar ms = {.node = m, .value = 3};
-	adg_step cst = {want_backward, prod_release, prod_step_new(&ms, 1)};
-	cr_assert_eq(adg_op_with(r, &m, 1, &cst, &copt, &c), 0);
-
-	adg_grads *g;
-	cr_expect_eq(adg_backward(r, c, scalar_box(1), &scalar_ops, &g),
+	reopen(ADG_CHECKPOINT_BALANCED);
+	adg_step noop = {noop_backward, NULL, NULL};
+	adg_step asks = {want_backward, NULL, NULL};
+	struct rebuilt g = rebuilt_graph(sets_then_fails, noop, asks);
+	adg_grads *grads;
+	cr_expect_eq(adg_backward(reg, g.c, scalar_box(1), &scalar_ops, &grads),
 		     ADG_EUSER - 1);
-	cr_expect_eq(atomic_load(&outputs_freed), atomic_load(&outputs_made),
-		     "outputs made %ld, freed %ld", atomic_load(&outputs_made),
-		     atomic_load(&outputs_freed));
-	adg_node *all[] = {c, m, b, a.node};
-	for (int i = 0; i < 4; i++)
-		adg_node_unref(all[i]);
-	cr_assert_eq(adg_registry_free(r), 0);
+	cr_expect_eq(atomic_load(&scalar_outputs_live), 0,
+		     "outputs alive after the backward: %ld",
+		     atomic_load(&scalar_outputs_live));
+	rebuilt_drop(g);
+}
+
+/* A step that asks for a rebuilt output and returns without getting it:
+ * the rebuild will not happen, so b's output, which only the rebuild would
+ * have read, goes when c's step returns, before m's step runs; it stayed
+ * to the end of the backward. */
+static int counts_live_outputs(adg_step_call *call, void *user)
+{
+	(void)call;
+	*(long *)user = atomic_load(&scalar_outputs_live);
+	return 0;
+}
+
+CHECKED_TEST(regress, rebuild_no_step_got_frees_what_it_would_read)
+{
+	reopen(ADG_CHECKPOINT_BALANCED);
+	long live_in_m = -1;
+	adg_step counts = {counts_live_outputs, NULL, &live_in_m};
+	adg_step asks_only = {noop_backward, NULL, NULL};
+	struct rebuilt g = rebuilt_graph(output_rebuild, counts, asks_only);
+	cr_assert_eq(atomic_load(&scalar_outputs_live), 1, "b's, kept");
+	adg_grads *grads;
+	cr_assert_eq(adg_backward(reg, g.c, scalar_box(1), &scalar_ops, &grads),
+		     0);
+	adg_grads_free(grads);
+	cr_expect_eq(live_in_m, 0, "outputs alive when m's step ran: %ld",
+		     live_in_m);
+	rebuilt_drop(g);
 }
