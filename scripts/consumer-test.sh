@@ -8,8 +8,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
 
+# ADG_WERROR (set by scripts/test.sh, what CI runs): warnings are errors.
 meson setup "$work/build" --prefix="$prefix" --libdir=lib \
-	--buildtype=release -Dtests=disabled >/dev/null
+	--buildtype=release -Dtests=disabled ${ADG_WERROR:+--werror} >/dev/null
 ninja -C "$work/build" install >/dev/null
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
 cp examples/quickstart.c "$work/"
@@ -26,8 +27,13 @@ check() { # name, binary
 	fi
 }
 
+# pkg-config's flags, one word each, as a user's Makefile splits them.
+read -ra shared_flags <<<"$(pkg-config --cflags --libs adg)"
+read -ra cflags <<<"$(pkg-config --cflags adg)"
+read -ra static_libs <<<"$(pkg-config --static --libs adg | sed 's/-ladg//')"
+
 # shared: -ladg finds libadg.so; the rpath stands in for ldconfig
-cc -o quickstart-shared quickstart.c $(pkg-config --cflags --libs adg) \
+cc -o quickstart-shared quickstart.c "${shared_flags[@]}" \
 	-Wl,-rpath,"$prefix/lib"
 check shared quickstart-shared
 if ldd quickstart-shared | grep -q 'libadg\.so\.0'; then :; else
@@ -36,9 +42,8 @@ if ldd quickstart-shared | grep -q 'libadg\.so\.0'; then :; else
 fi
 
 # static: libadg.a, plus what Requires.private brings (liburcu-bp, ck)
-cc -o quickstart-static quickstart.c $(pkg-config --cflags adg) \
-	-Wl,-Bstatic -ladg -Wl,-Bdynamic \
-	$(pkg-config --static --libs adg | sed 's/-ladg//')
+cc -o quickstart-static quickstart.c "${cflags[@]}" \
+	-Wl,-Bstatic -ladg -Wl,-Bdynamic "${static_libs[@]}"
 check static quickstart-static
 if ldd quickstart-static | grep -q libadg; then
 	echo "consumer static: still needs libadg.so"

@@ -5,7 +5,8 @@ set -euo pipefail
 
 want=(meson ninja-build pkg-config gcc liburcu-dev libck-dev)
 case "${1:-}" in
-test) want+=(libcriterion-dev valgrind openmpi-bin libopenmpi-dev clang) ;;
+test) want+=(libcriterion-dev valgrind openmpi-bin libopenmpi-dev clang
+	clang-format shellcheck) ;;
 bench) want+=(gnuplot-nox valgrind) ;;
 esac
 

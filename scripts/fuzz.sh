@@ -50,7 +50,7 @@ if [ ! -f "$build/build.ninja" ]; then
 	# driver's.
 	CC=clang meson setup "$build" --buildtype=debugoptimized \
 		-Dfuzz=true -Db_sanitize=address,undefined -Db_lundef=false \
-		-Dc_args=-fsanitize=fuzzer-no-link \
+		-Dc_args=-fsanitize=fuzzer-no-link ${ADG_WERROR:+--werror} \
 		>/dev/null
 fi
 ninja -C "$build" tests/fuzz/adg-fuzz >"$build/fuzz-build.log" 2>&1 || {

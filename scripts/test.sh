@@ -11,12 +11,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
+# CI's builds treat warnings as errors (a developer's need not): these
+# builds, the consumer's and the fuzzer's.
+export ADG_WERROR=1
 
 log=$(mktemp) # valgrind's and the consumer test's verdicts
 trap 'rm -f "$log"' EXIT
 status=0
 for variant in plain asan tsan; do
 	dir=build-test-$variant
+	# shellcheck disable=SC2054 # the commas are meson's, in one word
 	case $variant in
 	plain) opts=() ;;
 	asan) opts=(-Db_sanitize=address,undefined -Db_lundef=false) ;;
@@ -24,7 +28,8 @@ for variant in plain asan tsan; do
 	esac
 	echo "=== $variant build"
 	if [ ! -f "$dir/build.ninja" ]; then
-		meson setup "$dir" --buildtype=debugoptimized "${opts[@]}" >/dev/null
+		meson setup "$dir" --buildtype=debugoptimized --werror \
+			"${opts[@]}" >/dev/null
 	fi
 	ninja -C "$dir" >/dev/null
 	# No --suite: every tier, and any test that is in none.

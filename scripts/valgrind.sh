@@ -6,12 +6,14 @@
 # process's valgrind exit code, so the verdict comes from the ERROR SUMMARY
 # of every process. Usage: valgrind.sh [build folder] (default build).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 build=${1:-build}
 command -v valgrind >/dev/null || { echo "valgrind not found" >&2; exit 2; }
 passed=0 failed=0
 for exe in "$build"/tests/test_*; do
-	[ -f "$exe" ] && [ -x "$exe" ] || continue
+	if [ ! -f "$exe" ] || [ ! -x "$exe" ]; then
+		continue
+	fi
 	out=$(mktemp)
 	valgrind --trace-children=yes --leak-check=full \
 		--show-leak-kinds=definite,indirect,possible \
