@@ -96,6 +96,9 @@ static struct adg_graph *graph_new(struct adg_shard *shard,
 		if (g == NULL)
 			return NULL;
 		ck_spinlock_fas_init(&g->lock);
+#ifdef ADG_ASSERTIONS
+		atomic_init(&g->owner, NULL);
+#endif
 		atomic_init(&g->gen, 0);
 		g->rank = origin;
 		g->registry = r;

@@ -348,8 +348,9 @@ struct adg_tape; /* backward.c's reusable scratch */
  * on cache lines no other thread writes. The registry keeps every shard on
  * an append-only list (adg_stats sums them) and frees them all, with its
  * allocator, in adg_registry_free; a thread finds its shards through the
- * slots of its struct adg_thread. A shard whose thread has exited (or has
- * let it go for a slot) is adopted by the next thread that needs one.
+ * slots of its struct adg_thread (or, past ADG_THREAD_SLOTS registries,
+ * its overflow list). A shard whose thread has exited is adopted by the
+ * next thread that needs one.
  */
 struct adg_shard {
 	_Alignas(ADG_CACHELINE) atomic_uint_fast64_t counters[ADG_C_COUNT];
@@ -371,9 +372,12 @@ struct adg_shard {
 
 	/* Read-mostly: written at creation and adoption. */
 	_Alignas(ADG_CACHELINE) struct adg_registry *registry;
-	bool owned;	  /* a thread's slot holds it; under the threads lock */
+	bool owned;	  /* a live thread holds it; under the threads lock */
 	void *alloc_base; /* what the allocator returned (see zalloc_aligned) */
 	struct adg_shard *next_in_registry;
+	/* In its thread's overflow list (struct adg_thread), under the
+	 * threads lock. */
+	struct adg_shard *next_overflow;
 };
 
 _Static_assert(_Alignof(struct adg_shard) == ADG_CACHELINE &&
@@ -382,8 +386,9 @@ _Static_assert(_Alignof(struct adg_shard) == ADG_CACHELINE &&
 	       "a shard's owner-written fields and its read-mostly fields "
 	       "start cache lines of their own");
 
-/* How many registries a thread keeps a shard of at once; past that it
- * lets go of one (round robin) for the next. */
+/* How many registries a thread finds its shard of without a lock; past
+ * that, one slot's shard (round robin) moves to the thread's overflow
+ * list for the next. */
 #define ADG_THREAD_SLOTS 4
 
 /*
@@ -403,6 +408,11 @@ struct adg_thread_slot {
 
 struct adg_thread {
 	struct adg_thread_slot slots[ADG_THREAD_SLOTS];
+	/* The thread's other shards, found under the threads lock. A thread
+	 * keeps every shard it took until it exits (or the registry goes):
+	 * a call up its stack (a backward whose step works on other
+	 * registries) may still be using one that lost its slot. */
+	struct adg_shard *overflow;
 	struct cds_list_head link; /* in the list of threads, under the lock */
 	bool listed;
 	uint32_t evict_next;

@@ -71,23 +71,24 @@ static void free_aligned(const adg_allocator *a, void *base, size_t size)
 	a->free(base, size + ADG_CACHELINE, a->ctx);
 }
 
-/* Under the threads lock: the slot gives its shard back for adoption. */
-static void slot_let_go(struct adg_thread_slot *slot)
-{
-	slot->shard->owned = false;
-	atomic_store_explicit(&slot->registry, NULL, memory_order_relaxed);
-	slot->shard = NULL;
-}
-
+/* An exiting thread's shards go back for adoption. */
 static void thread_exit(void *arg)
 {
 	struct adg_thread *t = arg;
 
 	pthread_mutex_lock(&threads_lock);
-	for (int i = 0; i < ADG_THREAD_SLOTS; i++)
-		if (atomic_load_explicit(&t->slots[i].registry,
-					 memory_order_relaxed) != NULL)
-			slot_let_go(&t->slots[i]);
+	for (int i = 0; i < ADG_THREAD_SLOTS; i++) {
+		struct adg_thread_slot *slot = &t->slots[i];
+		if (atomic_load_explicit(&slot->registry,
+					 memory_order_relaxed) == NULL)
+			continue;
+		slot->shard->owned = false;
+		atomic_store_explicit(&slot->registry, NULL,
+				      memory_order_relaxed);
+	}
+	for (struct adg_shard *s = t->overflow; s != NULL; s = s->next_overflow)
+		s->owned = false;
+	t->overflow = NULL;
 	cds_list_del(&t->link);
 	t->listed = false;
 	pthread_mutex_unlock(&threads_lock);
@@ -123,7 +124,24 @@ static struct adg_shard *shard_adopt(struct adg_registry *r)
 	return s;
 }
 
-/* Under the threads lock: a free slot of t, or one let go of. */
+/* Under the threads lock: r's shard in t's overflow list, taken out of
+ * it, or NULL. */
+static struct adg_shard *overflow_take(struct adg_thread *t,
+				       struct adg_registry *r)
+{
+	for (struct adg_shard **link = &t->overflow; *link != NULL;
+	     link = &(*link)->next_overflow) {
+		struct adg_shard *s = *link;
+		if (s->registry == r) {
+			*link = s->next_overflow;
+			return s;
+		}
+	}
+	return NULL;
+}
+
+/* Under the threads lock: a free slot of t, or one whose shard moves to
+ * t's overflow list (still t's). */
 static struct adg_thread_slot *slot_for_new(struct adg_thread *t)
 {
 	for (int i = 0; i < ADG_THREAD_SLOTS; i++)
@@ -132,7 +150,9 @@ static struct adg_thread_slot *slot_for_new(struct adg_thread *t)
 			return &t->slots[i];
 	struct adg_thread_slot *slot =
 		&t->slots[t->evict_next++ % ADG_THREAD_SLOTS];
-	slot_let_go(slot);
+	slot->shard->next_overflow = t->overflow;
+	t->overflow = slot->shard;
+	atomic_store_explicit(&slot->registry, NULL, memory_order_relaxed);
 	return slot;
 }
 
@@ -157,7 +177,9 @@ struct adg_shard *adg_shard_get_slow(struct adg_registry *r)
 		cds_list_add(&t->link, &threads);
 		t->listed = true;
 	}
-	s = shard_adopt(r);
+	s = overflow_take(t, r);
+	if (s == NULL)
+		s = shard_adopt(r);
 	if (s == NULL)
 		goto out_unlock;
 	s->owned = true;
@@ -287,7 +309,7 @@ int adg_registry_free(adg_registry *registry)
 	 * shards keep may be freed from here. */
 	pthread_mutex_lock(&threads_lock);
 	struct adg_thread *t;
-	cds_list_for_each_entry (t, &threads, link)
+	cds_list_for_each_entry (t, &threads, link) {
 		for (int i = 0; i < ADG_THREAD_SLOTS; i++)
 			if (atomic_load_explicit(&t->slots[i].registry,
 						 memory_order_relaxed) ==
@@ -295,6 +317,9 @@ int adg_registry_free(adg_registry *registry)
 				atomic_store_explicit(&t->slots[i].registry,
 						      NULL,
 						      memory_order_relaxed);
+		/* At most one: a thread holds one shard per registry. */
+		overflow_take(t, registry);
+	}
 	pthread_mutex_unlock(&threads_lock);
 
 	adg_allocator a = registry->allocator;

@@ -904,3 +904,82 @@ CHECKED_TEST(stress, threads_exit_while_their_registry_is_freed)
 	}
 	cr_expect_eq(atomic_load(&e.wrong), 0);
 }
+
+/* A step of a backward on reg works on more registries than a thread has
+ * slots, so reg's slot goes to another registry while the backward still
+ * runs on reg's shard; meanwhile a second thread starts on reg. It must
+ * get a shard of its own: the one the backward runs on stays this
+ * thread's until it exits, or two threads would write one shard's ids,
+ * counters and caches. */
+#define SLOT_OTHERS 6
+
+struct slot_steal {
+	adg_registry *others[SLOT_OTHERS];
+	atomic_int stage; /* 1: the step let reg's slot go; 2: thread 2 ran */
+	atomic_int wrong;
+};
+
+static int many_registries_step(adg_step_call *call, void *user)
+{
+	(void)call;
+	struct slot_steal *s = user;
+	for (int k = 0; k < SLOT_OTHERS; k++) {
+		scalar x = s_leaf(s->others[k], 1);
+		s_drop(x);
+	}
+	atomic_store(&s->stage, 1);
+	while (atomic_load(&s->stage) != 2)
+		sched_yield();
+	return 0;
+}
+
+static void *start_on_reg(void *arg)
+{
+	struct slot_steal *s = arg;
+	while (atomic_load(&s->stage) != 1)
+		sched_yield();
+	/* Ops and backward passes, which use the shard's ids, counters,
+	 * node cache and tape, as the backward on the other thread does
+	 * once its step returns. */
+	for (int i = 0; i < 64; i++) {
+		scalar x = s_leaf(reg, 3), y = s_mul(reg, x, x);
+		adg_grads *g;
+		if (s_backward(reg, y, &g) != 0 || s_grad(g, x) != 6)
+			atomic_fetch_add(&s->wrong, 1);
+		adg_grads_free(g);
+		s_drop(y);
+		s_drop(x);
+		if (i == 15)
+			atomic_store(&s->stage, 2); /* and go on meanwhile */
+	}
+	return NULL;
+}
+
+CHECKED_TEST(stress, a_step_on_many_registries_keeps_its_shard)
+{
+	struct slot_steal s = {0};
+	for (int k = 0; k < SLOT_OTHERS; k++)
+		cr_assert_eq(adg_registry_new(NULL, &s.others[k]), 0);
+	scalar a = s_leaf(reg, 2);
+	adg_step st = {many_registries_step, NULL, &s};
+	adg_node *y;
+	cr_assert_eq(adg_op(reg, &a.node, 1, &st, &y), 0);
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, start_on_reg, &s), 0);
+	adg_grads *g;
+	cr_assert_eq(adg_backward(reg, y, scalar_box(1), &scalar_ops, &g), 0);
+	/* Made while the other thread makes its own: ids stay unique. */
+	scalar after[32];
+	for (int i = 0; i < 32; i++)
+		after[i] = s_leaf(reg, 1);
+	pthread_join(t, NULL);
+	cr_expect_eq(atomic_load(&s.wrong), 0);
+	adg_grads_free(g);
+	for (int i = 0; i < 32; i++)
+		s_drop(after[i]);
+	adg_node_unref(y);
+	s_drop(a);
+	assert_stats(reg, 0, 0, 0);
+	for (int k = 0; k < SLOT_OTHERS; k++)
+		cr_assert_eq(adg_registry_free(s.others[k]), 0);
+}
