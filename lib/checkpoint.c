@@ -9,8 +9,12 @@
  * per backward, when the tape is taken: one per step that asks, plus one
  * per parent slot of each recomputed node that some request needs. Kept
  * outputs no request needs are freed there and then; the others as their
- * last request is served. A node's record lives in the node, so it follows
- * the node through merges, and only the node's owner touches it: no lock.
+ * last request is served: by the step that asked, by the rebuild that
+ * read it, or by a planned rebuild that will not happen (its own requests
+ * all served, it was never asked for). Whether a node offers an output at
+ * all is a flag of the node, fixed at registration, which any holder may
+ * read. The record lives in the node, so it follows the node through
+ * merges, and only the node's owner touches it: no lock.
  */
 #include "internal.h"
 
