@@ -1,6 +1,8 @@
 /* The fixture most tests share: see fixture.h. */
 #include "fixture.h"
 
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/lsan_interface.h>
@@ -42,4 +44,19 @@ void fixture_close(void)
 #if defined(__SANITIZE_ADDRESS__)
 	cr_assert_eq(__lsan_do_recoverable_leak_check(), 0, "heap leak");
 #endif
+}
+
+void run_threads(int n, void *(*fn)(void *), void *s)
+{
+	pthread_t *t = malloc(n * sizeof *t);
+	struct thread *arg = malloc(n * sizeof *arg);
+	cr_assert(t != NULL && arg != NULL);
+	for (int i = 0; i < n; i++) {
+		arg[i] = (struct thread){s, i};
+		cr_assert_eq(pthread_create(&t[i], NULL, fn, &arg[i]), 0);
+	}
+	for (int i = 0; i < n; i++)
+		pthread_join(t[i], NULL);
+	free(t);
+	free(arg);
 }

@@ -35,6 +35,17 @@ void fixture_open_default(void);
  * leaked. */
 void fixture_close(void);
 
+/* What each thread of a concurrent scenario gets: the scenario's state
+ * (a struct of the test's, never file-scope globals) and its number. */
+struct thread {
+	void *s;
+	int i;
+};
+
+/* Runs fn on n threads, numbered from 0, each with &(struct thread){s, i},
+ * and joins them. */
+void run_threads(int n, void *(*fn)(void *), void *s);
+
 #define FIXTURE_SUITE(suite, ...)                                              \
 	TestSuite(suite, .init = fixture_open_default, ##__VA_ARGS__)
 

@@ -104,23 +104,28 @@ CHECKED_TEST(graph, joining_two_graphs_merges_to_smallest_origin)
  * every gradient right. */
 #define SHARED_THREADS 8
 #define SHARED_ROUNDS  300
-static scalar shared_leaves[4];
-static atomic_int shared_wrong;
+
+struct shared_leaves {
+	scalar leaves[4];
+	atomic_int wrong;
+};
 
 static void *shared_leaves_worker(void *arg)
 {
-	double scale = (double)(intptr_t)arg + 2;
+	const struct thread *t = arg;
+	struct shared_leaves *s = t->s;
+	double scale = (double)t->i + 2;
 	for (int round = 0; round < SHARED_ROUNDS; round++) {
 		scalar own = s_leaf(reg, scale);
-		scalar acc = s_mul(reg, own, shared_leaves[0]);
+		scalar acc = s_mul(reg, own, s->leaves[0]);
 		for (int k = 1; k < 4; k++) {
-			scalar next = s_mul(reg, acc, shared_leaves[k]);
+			scalar next = s_mul(reg, acc, s->leaves[k]);
 			s_drop(acc);
 			acc = next;
 		}
 		adg_grads *g;
 		if (s_backward(reg, acc, &g) != 0) {
-			atomic_fetch_add(&shared_wrong, 1);
+			atomic_fetch_add(&s->wrong, 1);
 			continue;
 		}
 		/* d(own * l0 l1 l2 l3)/d l_k = own * prod of the others */
@@ -128,11 +133,11 @@ static void *shared_leaves_worker(void *arg)
 			double want = scale;
 			for (int j = 0; j < 4; j++)
 				if (j != k)
-					want *= shared_leaves[j].value;
+					want *= s->leaves[j].value;
 			void *v;
-			if (adg_grads_get(g, shared_leaves[k].id, &v) != 0 ||
+			if (adg_grads_get(g, s->leaves[k].id, &v) != 0 ||
 			    *(double *)v != want)
-				atomic_fetch_add(&shared_wrong, 1);
+				atomic_fetch_add(&s->wrong, 1);
 		}
 		adg_grads_free(g);
 		s_drop(acc);
@@ -143,38 +148,45 @@ static void *shared_leaves_worker(void *arg)
 
 CHECKED_TEST(graph, threads_on_shared_leaves_never_merge)
 {
+	struct shared_leaves s = {0};
 	for (int k = 0; k < 4; k++)
-		shared_leaves[k] = s_leaf(reg, k + 1);
-	pthread_t t[SHARED_THREADS];
-	for (intptr_t i = 0; i < SHARED_THREADS; i++)
-		pthread_create(&t[i], NULL, shared_leaves_worker, (void *)i);
-	for (int i = 0; i < SHARED_THREADS; i++)
-		pthread_join(t[i], NULL);
-	cr_expect_eq(atomic_load(&shared_wrong), 0);
+		s.leaves[k] = s_leaf(reg, k + 1);
+	run_threads(SHARED_THREADS, shared_leaves_worker, &s);
+	cr_expect_eq(atomic_load(&s.wrong), 0);
 	struct adg_stats st = stats();
 	cr_expect_eq(st.merges, 0, "%llu merges",
 		     (unsigned long long)st.merges);
 	cr_expect_eq(st.live_nodes, 4);
 	cr_expect_eq(st.live_graphs, 0);
 	for (int k = 0; k < 4; k++)
-		s_drop(shared_leaves[k]);
+		s_drop(s.leaves[k]);
 }
 
 /* 5. Four subgraphs built on four threads, joined by one op: one graph whose
  * id is the smallest origin, however the threads ran; its backward equals
  * the same expression built on one thread. */
 #define JOIN_PARTS 4
-static pthread_barrier_t join_start;
-static scalar join_leaves[JOIN_PARTS][2];
-static scalar join_parts[JOIN_PARTS];
-static scalar join_mid[JOIN_PARTS];
+
+struct join {
+	pthread_barrier_t start;
+	scalar leaves[JOIN_PARTS][2];
+	scalar parts[JOIN_PARTS];
+	scalar mid[JOIN_PARTS];
+};
+
+/* Part i: mid_i = l_i0 * l_i1, part_i = mid_i * l_i0. */
+static void join_part(struct join *j, int i)
+{
+	j->mid[i] = s_mul(reg, j->leaves[i][0], j->leaves[i][1]);
+	j->parts[i] = s_mul(reg, j->mid[i], j->leaves[i][0]);
+}
 
 static void *join_worker(void *arg)
 {
-	intptr_t i = (intptr_t)arg;
-	pthread_barrier_wait(&join_start);
-	join_mid[i] = s_mul(reg, join_leaves[i][0], join_leaves[i][1]);
-	join_parts[i] = s_mul(reg, join_mid[i], join_leaves[i][0]);
+	const struct thread *t = arg;
+	struct join *j = t->s;
+	pthread_barrier_wait(&j->start);
+	join_part(j, t->i);
 	return NULL;
 }
 
@@ -182,52 +194,45 @@ static void *join_worker(void *arg)
  * gradients of the 8 leaves. */
 static void join_once(bool threaded, double grads[JOIN_PARTS][2])
 {
+	struct join j;
 	for (int i = 0; i < JOIN_PARTS; i++) {
-		join_leaves[i][0] = s_leaf(reg, i + 1);
-		join_leaves[i][1] = s_leaf(reg, i + 2);
+		j.leaves[i][0] = s_leaf(reg, i + 1);
+		j.leaves[i][1] = s_leaf(reg, i + 2);
 	}
 	if (threaded) {
-		pthread_t t[JOIN_PARTS];
-		pthread_barrier_init(&join_start, NULL, JOIN_PARTS);
-		for (intptr_t i = 0; i < JOIN_PARTS; i++)
-			pthread_create(&t[i], NULL, join_worker, (void *)i);
-		for (int i = 0; i < JOIN_PARTS; i++)
-			pthread_join(t[i], NULL);
-		pthread_barrier_destroy(&join_start);
+		pthread_barrier_init(&j.start, NULL, JOIN_PARTS);
+		run_threads(JOIN_PARTS, join_worker, &j);
+		pthread_barrier_destroy(&j.start);
 	} else {
-		for (int i = 0; i < JOIN_PARTS; i++) {
-			join_mid[i] = s_mul(reg, join_leaves[i][0],
-					    join_leaves[i][1]);
-			join_parts[i] =
-				s_mul(reg, join_mid[i], join_leaves[i][0]);
-		}
+		for (int i = 0; i < JOIN_PARTS; i++)
+			join_part(&j, i);
 	}
 	uint64_t smallest = UINT64_MAX;
 	for (int i = 0; i < JOIN_PARTS; i++) {
-		uint64_t origin = s_graph(join_parts[i]);
-		cr_assert_eq(origin, join_mid[i].id);
+		uint64_t origin = s_graph(j.parts[i]);
+		cr_assert_eq(origin, j.mid[i].id);
 		if (origin < smallest)
 			smallest = origin;
 	}
 	uint64_t merges_before = stats().merges;
-	scalar root = s_prod(reg, join_parts, JOIN_PARTS);
+	scalar root = s_prod(reg, j.parts, JOIN_PARTS);
 	cr_expect_eq(stats().merges - merges_before, JOIN_PARTS - 1);
 	cr_expect_eq(s_graph(root), smallest);
 	for (int i = 0; i < JOIN_PARTS; i++)
-		cr_expect_eq(s_graph(join_mid[i]), smallest);
+		cr_expect_eq(s_graph(j.mid[i]), smallest);
 	cr_expect_eq(stats().live_graphs, 1);
 	adg_grads *g;
 	cr_assert_eq(s_backward(reg, root, &g), 0);
 	for (int i = 0; i < JOIN_PARTS; i++)
 		for (int k = 0; k < 2; k++)
-			grads[i][k] = s_grad(g, join_leaves[i][k]);
+			grads[i][k] = s_grad(g, j.leaves[i][k]);
 	adg_grads_free(g);
 	s_drop(root);
 	for (int i = 0; i < JOIN_PARTS; i++) {
-		s_drop(join_parts[i]);
-		s_drop(join_mid[i]);
-		s_drop(join_leaves[i][0]);
-		s_drop(join_leaves[i][1]);
+		s_drop(j.parts[i]);
+		s_drop(j.mid[i]);
+		s_drop(j.leaves[i][0]);
+		s_drop(j.leaves[i][1]);
 	}
 }
 

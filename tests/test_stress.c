@@ -10,28 +10,6 @@
 
 FIXTURE_SUITE(stress, .timeout = 600);
 
-/* What each thread of a scenario gets: the scenario and its number. */
-struct thread {
-	void *s;
-	int i;
-};
-
-/* Runs fn on n threads, numbered from 0, and joins them. */
-static void run_threads(int n, void *(*fn)(void *), void *s)
-{
-	pthread_t *t = malloc(n * sizeof *t);
-	struct thread *arg = malloc(n * sizeof *arg);
-	cr_assert(t != NULL && arg != NULL);
-	for (int i = 0; i < n; i++) {
-		arg[i] = (struct thread){s, i};
-		cr_assert_eq(pthread_create(&t[i], NULL, fn, &arg[i]), 0);
-	}
-	for (int i = 0; i < n; i++)
-		pthread_join(t[i], NULL);
-	free(t);
-	free(arg);
-}
-
 /* Disjoint graphs on shared leaves, with backward, at 2, 8, 32 threads. */
 struct disjoint {
 	scalar params[4];
