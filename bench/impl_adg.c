@@ -102,7 +102,8 @@ int bench_adg_backward_ready(void *reg, void *root,
 			     int (*ready)(uint64_t id, void **grad, void *ctx),
 			     void *ctx, void **grads)
 {
-	adg_backward_options o = {ready, ctx, 1};
+	adg_backward_options o = {
+		.on_ready = ready, .ctx = ctx, .leaves_only = 1};
 	return adg_backward_with(reg, root, encode(1.0), &ops, &o,
 				 (adg_grads **)grads);
 }

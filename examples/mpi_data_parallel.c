@@ -265,7 +265,8 @@ static int train_step(adg_registry *reg, adg_node **param, double *w, int rank,
 	int rc = build_loss(reg, param, w, rank, SAMPLES / world, world, &loss);
 	if (rc != 0)
 		return rc;
-	adg_backward_options o = {on_ready, &x, 1};
+	adg_backward_options o = {
+		.on_ready = on_ready, .ctx = &x, .leaves_only = 1};
 	adg_grads *grads;
 	rc = adg_backward_with(reg, loss, boxed(1.0), &ops, &o, &grads);
 	adg_node_unref(loss);

@@ -323,12 +323,13 @@ typedef struct adg_grad_ops {
  * The caller holds a reference to root when it calls; the backward holds
  * its own until it returns, so a step (or another thread) may drop the
  * caller's meanwhile. Takes every step reachable from root through
- * unconsumed steps, once each, and runs them deepest first on this thread,
- * with no lock held; they are consumed. On success *out is a new container
- * holding the gradients of the leaves reached (a non-leaf node's gradient
- * is freed once its step has run); the caller frees it with
- * adg_grads_free. A root that is a leaf gives a container holding just
- * seed. ops is copied.
+ * unconsumed steps, once each, and runs them deepest first on this thread
+ * (or on an executor's workers: adg_backward_with), with no lock held;
+ * they are consumed. On success *out is a new container holding the
+ * gradients of the leaves reached (a non-leaf node's gradient is freed
+ * once its step has run); the caller frees it with adg_grads_free. A
+ * root that is a leaf gives a container holding just seed. ops is
+ * copied.
  * seed is owned by libadg from the call on and freed with ops->free on
  * error, except when ops is NULL or lacks a callback.
  * Errors: ADG_EINVAL, ADG_EFOREIGN (root of another registry),
@@ -344,12 +345,35 @@ ADG_API int adg_backward(adg_registry *registry, adg_node *root, void *seed,
  * every step of the backward that names the node as a parent has run (for
  * the root: at once). *grad is the gradient, NULL when none arrived; the
  * hook may take it by setting *grad to NULL (for a node that is not a leaf,
- * its step then gets NULL), or leave it where it is. Runs on the thread of
- * the backward, with no lock held, in the order gradients become final.
- * Returns 0, or a negative code that stops the backward as a failing step
- * does. This is the hook a data-parallel trainer starts its all-reduce
- * from, while the rest of the backward runs. */
+ * its step then gets NULL), or leave it where it is. Runs with no lock
+ * held, in the order gradients become final: on the thread of the backward,
+ * or, with an executor, on the worker whose step made the gradient final
+ * (the root's on the calling thread), so that calls for different nodes
+ * may run at once. Returns 0, or a negative code that stops the backward as
+ * a failing step does. This is the hook a data-parallel trainer starts its
+ * all-reduce from, while the rest of the backward runs. */
 typedef int (*adg_ready_fn)(uint64_t id, void **grad, void *ctx);
+
+/* A way to run work on other threads: the caller's own thread pool, or
+ * libadg's (adg_pool_executor). submit must arrange for fn(arg) to run
+ * once, on a thread other than the caller's or later on the caller's
+ * thread but not inside submit, and return 0; or return non-zero, and then
+ * fn never runs. fn returns when there is no work left for it; it may start
+ * long after the backward that submitted it has returned (it then returns
+ * at once), so submitted work must not be dropped unrun. submit may be
+ * called from any thread of a backward, concurrently with itself. */
+typedef struct adg_executor {
+	int (*submit)(void (*fn)(void *arg), void *arg, void *ctx);
+	void *ctx;
+	/* How many of the executor's threads one backward may use at once,
+	 * besides the calling thread, which always works too. At most
+	 * ADG_EXECUTOR_MAX_WORKERS. 0: the calling thread alone, in tape
+	 * order, with an executor's rules for steps and errors (see
+	 * adg_backward_options) at about the sequential backward's cost. */
+	unsigned n_workers;
+} adg_executor;
+
+#define ADG_EXECUTOR_MAX_WORKERS 256u
 
 /* Zero-initialise, then set what you need. */
 typedef struct adg_backward_options {
@@ -357,22 +381,77 @@ typedef struct adg_backward_options {
 	void *ctx;	       /* passed to on_ready */
 	/* Nonzero: call on_ready for leaves only (a trainer's parameters). */
 	int leaves_only;
+	/* NULL: every step runs on the calling thread, deepest first. Set:
+	 * a step runs as soon as every step that names its node as a parent
+	 * has run, on the calling thread or a worker of the executor
+	 * (copied), so that independent branches run at once. Steps (and
+	 * on_ready, and ops) must then be safe to run on any thread and
+	 * concurrently with each other; a chain of steps stays on one thread.
+	 *
+	 * call->grads is then a step's own view: adg_grads_register takes
+	 * one gradient per parent slot (a parent named twice, as in x * x,
+	 * takes two), and ADG_EINVAL, value freed, for an id that is not a
+	 * parent or whose slots are all taken; get, take, count and free on
+	 * the view return ADG_EINVAL. An ops->add error is the backward's,
+	 * not the step's: the add may happen after the step has returned.
+	 *
+	 * Determinism: each gradient is folded in one fixed order, whatever
+	 * the number of workers and the timing: by the position of the
+	 * contributing step on the tape (deepest first, the order the
+	 * sequential backward runs them in), then by parent slot, a parent's
+	 * slots taken in the order of its registrations. So ops->add sees
+	 * the same operands in the same order with any number of workers as
+	 * without an executor, and the gradients are bitwise identical. A
+	 * node's contributions are folded once its last one has arrived, on
+	 * the thread that delivered it.
+	 *
+	 * On failure, steps already running finish and the result is the
+	 * error that comes first in tape order (a step's at its position,
+	 * an ops->add or on_ready error for a node just after the last step
+	 * that contributes to it), so that it too does not depend on
+	 * timing; once it is seen, steps after it on the tape do not start. */
+	const adg_executor *executor;
 } adg_backward_options;
 
 /* adg_backward with options (NULL: as adg_backward). The counts behind
- * on_ready come from the tape as it is taken: the cost is proportional to
- * the tape. Errors: those of adg_backward, and on_ready's code
+ * on_ready, and an executor's scheduling, come from the tape as it is
+ * taken: the cost is proportional to the tape. A step may run a backward
+ * of its own, with or without an executor, the same one included.
+ * Errors: those of adg_backward, ADG_EINVAL (an executor with no submit or
+ * more than ADG_EXECUTOR_MAX_WORKERS workers), and on_ready's code
  * (ADG_ECALLBACK for a positive one). */
 ADG_API int adg_backward_with(adg_registry *registry, adg_node *root,
 			      void *seed, const adg_grad_ops *ops,
 			      const adg_backward_options *options,
 			      adg_grads **out);
 
+/* ------------------------------------------------------------ thread pool */
+
+typedef struct adg_pool adg_pool; /* libadg's own worker threads */
+
+/* Starts n_threads threads (1 to ADG_EXECUTOR_MAX_WORKERS) that run
+ * submitted work and sleep, without spinning, while there is none. Its
+ * memory comes from malloc: a pool belongs to no registry.
+ * Errors: ADG_EINVAL (out NULL, n_threads out of range), ADG_ENOMEM (no
+ * memory or no thread could start; nothing is left running). */
+ADG_API int adg_pool_new(unsigned n_threads, adg_pool **out);
+
+/* Fills *out with an executor that submits to pool, offering all of its
+ * threads to each backward. The pool must outlive every backward that
+ * uses it. Errors: ADG_EINVAL (NULL argument). */
+ADG_API int adg_pool_executor(adg_pool *pool, adg_executor *out);
+
+/* Runs what was submitted and not yet run, stops the threads and frees
+ * the pool. NULL is a no-op that returns 0. Must not be called while a
+ * backward uses the pool, nor from one of its threads (ADG_EINVAL). */
+ADG_API int adg_pool_free(adg_pool *pool);
+
 /* ------------------------------------------------------------- gradients */
 
 /* A container is owned by one thread at a time: these functions must not
  * run concurrently on the same container. Steps of one backward receive its
- * container and may use it during their call. */
+ * container and may use it during their call (with an executor, a view of
+ * it: see adg_backward_options). */
 
 /* Borrows the gradient held for id. Errors: ADG_EINVAL, ADG_ENOTFOUND. */
 ADG_API int adg_grads_get(const adg_grads *grads, uint64_t id, void **value);

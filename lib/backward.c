@@ -13,39 +13,9 @@
  * (placement merges them, and only consuming or freeing takes a node out),
  * so one lock covers the whole walk.
  */
-#include "internal.h"
+#include "tape.h"
 
 #include <string.h>
-
-/* A leaf's contributions still to come, for the ready hook. */
-struct leaf_pending {
-	uint64_t id; /* 0: empty slot */
-	uint32_t pending;
-};
-
-/* Scratch arrays, reused by a thread's backward passes (kept on its shard).
- * All from the registry's allocator. */
-struct adg_tape {
-	struct adg_node **walked; /* in walk order */
-	struct adg_node **sorted; /* deepest first, walk order within a depth */
-	size_t *per_depth;	  /* counting-sort buckets */
-	size_t nodes_cap;
-	size_t depth_cap;
-	/* With a ready hook: open addressing by leaf id, a power of two. */
-	struct leaf_pending *leaves;
-	size_t leaves_cap;
-	/* With checkpointing: a recompute's parent outputs, as many as the
-	 * most parents a tape node has. */
-	void **outputs;
-	size_t outputs_cap;
-};
-
-/* The hook of one backward, if any. */
-struct ready {
-	adg_ready_fn fn;
-	void *ctx;
-	bool leaves_only;
-};
 
 void adg_tape_free(struct adg_registry *r, struct adg_tape *t)
 {
@@ -62,6 +32,10 @@ void adg_tape_free(struct adg_registry *r, struct adg_tape *t)
 		adg_free(r, t->leaves, t->leaves_cap * sizeof *t->leaves);
 	if (t->outputs_cap != 0)
 		adg_free(r, t->outputs, t->outputs_cap * sizeof *t->outputs);
+	if (t->slots_cap != 0)
+		adg_free(r, t->slots, t->slots_cap * sizeof *t->slots);
+	if (t->par_cap != 0)
+		adg_free(r, t->par_block, t->par_cap);
 	adg_free(r, t, sizeof *t);
 }
 
@@ -139,6 +113,19 @@ static bool tape_reserve_outputs(struct adg_registry *r, struct adg_tape *t,
 	return true;
 }
 
+static bool tape_reserve_slots(struct adg_registry *r, struct adg_tape *t,
+			       size_t n)
+{
+	if (n <= t->slots_cap)
+		return true;
+	void **o = regrow(r, t->slots, t->slots_cap * sizeof *o, n * sizeof *o);
+	if (o == NULL)
+		return false;
+	t->slots = o;
+	t->slots_cap = n;
+	return true;
+}
+
 /* Room for the leaf counts of up to n leaf slots, at load 1/2 or less. */
 static bool tape_reserve_leaves(struct adg_registry *r, struct adg_tape *t,
 				size_t n)
@@ -155,15 +142,6 @@ static bool tape_reserve_leaves(struct adg_registry *r, struct adg_tape *t,
 	t->leaves = l;
 	t->leaves_cap = cap;
 	return true;
-}
-
-static struct leaf_pending *leaf_slot(struct adg_tape *t, uint64_t id)
-{
-	size_t mask = t->leaves_cap - 1;
-	size_t i = (size_t)((id * UINT64_C(0x9e3779b97f4a7c15)) >> 20) & mask;
-	while (t->leaves[i].id != 0 && t->leaves[i].id != id)
-		i = (i + 1) & mask;
-	return &t->leaves[i];
 }
 
 /* Counts, for the ready hook, the contributions each node and leaf of the
@@ -225,7 +203,20 @@ static int fire_parents(const struct ready *r, struct adg_tape *t,
 struct walk_needs {
 	bool counting;	  /* a ready hook: leaf counts */
 	bool checkpoints; /* the registry uses checkpointing: recompute */
+	bool slots;	  /* an executor without workers: a step's slots */
+	uint32_t workers; /* an executor's worker slots; 0: none */
 };
+
+/* With an executor: the leaf table and the scheduler's arrays. */
+static bool reserve_parallel(struct adg_registry *r, struct adg_tape *t,
+			     size_t len, size_t leaf_slots, uint32_t workers)
+{
+	size_t edges = 0;
+	for (size_t i = 0; i < len; i++)
+		edges += t->walked[i]->n_parents;
+	return tape_reserve_leaves(r, t, leaf_slots) &&
+	       adg_par_reserve(r, t, len, edges, leaf_slots, workers);
+}
 
 /* Walks from root, in graph g (locked), through unconsumed steps, marking
  * each VISITING once and counting in tape_links the tape's slots that name
@@ -281,7 +272,10 @@ static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
 	if (rc == 0 &&
 	    (!tape_reserve_depths(r, t, (size_t)root->depth + 1) ||
 	     (needs.counting && !tape_reserve_leaves(r, t, leaves)) ||
-	     (needs.checkpoints && !tape_reserve_outputs(r, t, most_parents))))
+	     (needs.checkpoints && !tape_reserve_outputs(r, t, most_parents)) ||
+	     (needs.slots && !tape_reserve_slots(r, t, most_parents)) ||
+	     (needs.workers != 0 &&
+	      !reserve_parallel(r, t, n, leaves, needs.workers))))
 		rc = ADG_ENOMEM;
 	if (rc != 0) {
 		for (size_t i = 0; i < n; i++)
@@ -335,14 +329,20 @@ static inline bool tape_links_add_up(struct adg_tape *t, size_t len)
  * registers (callgrind: 7 instructions per node more). */
 __attribute__((noinline)) static int
 take(struct adg_shard *shard, struct adg_tape *t, struct adg_node *root,
-     const adg_grad_ops *ops, bool counting, size_t *len, adg_grads **grads)
+     const adg_grad_ops *ops, bool counting, const adg_executor *executor,
+     size_t *len, adg_grads **grads)
 {
 	struct adg_registry *r = root->registry;
+	uint32_t workers = executor && executor->n_workers != 0
+				   ? adg_par_slots(executor)
+				   : 0;
 	/* Relaxed: set once, before any node with a record is published. */
 	struct walk_needs needs = {
-		.counting = counting,
+		.counting = counting && workers == 0,
 		.checkpoints = atomic_load_explicit(&r->uses_checkpoints,
 						    memory_order_relaxed),
+		.slots = executor != NULL && workers == 0,
+		.workers = workers,
 	};
 	struct adg_graph *g = adg_graph_lock_of(root);
 	if (g == NULL)
@@ -352,7 +352,10 @@ take(struct adg_shard *shard, struct adg_tape *t, struct adg_node *root,
 	if (rc != 0)
 		goto out_unlock; /* the walk undid its marks */
 	ADG_ASSERT(tape_links_add_up(t, *len));
-	rc = adg_grads_new(r, ops, *len + leaf_slots, grads);
+	/* With an executor only the leaves' gradients land in the
+	 * container. */
+	rc = adg_grads_new(r, ops, workers ? leaf_slots : *len + leaf_slots,
+			   grads);
 	if (rc != 0)
 		goto out_unmark;
 	/* Consumed: the tape's nodes hold their parents' references until
@@ -364,7 +367,7 @@ take(struct adg_shard *shard, struct adg_tape *t, struct adg_node *root,
 	}
 	adg_graph_unlock(shard, g);
 	sort_by_depth(t, *len, root->depth);
-	if (counting)
+	if (needs.counting)
 		count_pending(t, *len);
 	if (needs.checkpoints)
 		adg_ckpt_plan(t->sorted, *len);
@@ -390,6 +393,33 @@ static void drop_tape_links(struct adg_shard *shard, struct adg_tape *t,
 				      t->sorted[i]->tape_links);
 }
 
+static void alone_fail(struct adg_alone *alone, uint64_t key, int rc)
+{
+	if (key < alone->err_key) {
+		alone->err_key = key;
+		alone->rc = rc;
+	}
+}
+
+/* With an executor that offers no worker: where a failing add into id's
+ * gradient stands among errors, as parallel.c keys it (just after id's
+ * last contributor on the tape), so that the first error is the same
+ * with workers or without. Only on failure: a scan of the tape's end. */
+void adg_alone_add_failed(struct adg_alone *alone, uint64_t id, int rc)
+{
+	const struct adg_tape *t = alone->tape;
+	for (size_t p = alone->len; p-- > 0;) {
+		const struct adg_node *n = t->sorted[p];
+		const uint64_t *ids = adg_node_parent_ids(n);
+		for (uint32_t k = 0; k < n->n_parents; k++) {
+			if (ids[k] == id) {
+				alone_fail(alone, (uint64_t)p * 2 + 1, rc);
+				return;
+			}
+		}
+	}
+}
+
 /*
  * Runs the taken tape. What it touches after calling out to user code (a
  * step, a release, a recompute, the hook, ops) stays alive whatever that
@@ -399,55 +429,88 @@ static void drop_tape_links(struct adg_shard *shard, struct adg_tape *t,
  * backward owns a consumed node's record), the scratch by this call (a
  * nested backward finds the shard's tape taken and uses its own), and
  * grads by this thread (no step sees the container outside its call).
+ *
+ * alone: an executor that offers no worker. The steps run as without one,
+ * but see a view of the gradients, as with workers (parallel.c): their
+ * registrations wait in parent slots and go to the container, in slot
+ * order, when the step has returned; an add error is the backward's, keyed
+ * as parallel.c keys errors, and steps before the first error in tape
+ * order still run. The order of the adds is the same either way, so the
+ * gradients are too. Inlined into two copies, so that the sequential
+ * backward pays nothing for it.
  */
-static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
-	       void *seed, const adg_grad_ops *ops, const struct ready *ready,
-	       adg_grads *grads)
+static inline __attribute__((always_inline)) int
+run_tape(struct adg_shard *shard, struct adg_tape *t, size_t len, void *seed,
+	 const adg_grad_ops *ops, const struct ready *ready, adg_grads *grads,
+	 const bool alone)
 {
 	/* The root is deepest, so it runs first, with the seed, which is
 	 * final from the start. */
 	void *grad = seed;
-	int rc = 0;
+	/* The first error. Steps at keys (2 * position) at or past err_key
+	 * do not run. Without an executor every error stops all that
+	 * follows: its key is 0. */
+	struct adg_alone first = {
+		.grads = grads, .tape = t, .len = len, .err_key = UINT64_MAX};
 	/* Recomputing outputs needs a work list as long as the tape; the walk
 	 * order is no longer needed, so its array serves. */
 	struct adg_backward_context ctx = {
 		.stack = t->walked,
 		.outputs = t->outputs,
 	};
+	/* Alone: each step's view; only a view's sink is ever read. */
+	struct adg_step_sink sink = {
+		.slots = t->slots, .ops = ops, .alone = &first};
+	adg_grads view;
+	view.sink = &sink;
 
 	if (ready != NULL && !ready->leaves_only) {
-		rc = adg_callback_result(
+		int rc = adg_callback_result(
 			ready->fn(t->sorted[0]->id, &grad, ready->ctx));
-		if (rc != 0 && grad != NULL)
-			ops->free(grad, ops->ctx);
+		if (rc != 0) {
+			alone_fail(&first, 0, rc);
+			if (grad != NULL)
+				ops->free(grad, ops->ctx);
+		}
 	}
 	for (size_t i = 0; i < len; i++) {
 		struct adg_node *n = t->sorted[i];
-		if (rc == 0) {
-			if (i > 0 && adg_grads_take(grads, n->id, &grad) != 0)
-				grad = NULL;
+		if ((uint64_t)i * 2 < first.err_key) {
+			if (i > 0)
+				grad = adg_grads_take_held(grads, n->id);
 			ctx.node = n;
+			if (alone) {
+				sink.node = n;
+				sink.filled = 0;
+				sink.marked = false;
+			}
 			adg_step_call call = {
 				.registry = n->registry,
-				.grads = grads,
+				.grads = alone ? &view : grads,
 				.node_id = n->id,
 				.grad = grad,
 				.parent_ids = adg_node_parent_ids(n),
 				.n_parents = n->n_parents,
 				.context = &ctx,
 			};
-			rc = adg_callback_result(
+			int rc = adg_callback_result(
 				n->step.backward(&call, n->step.user));
 			if (n->ckpt != NULL)
 				adg_ckpt_served(n);
 			if (call.grad != NULL)
 				ops->free(call.grad, ops->ctx);
-			if (rc == 0 && ready != NULL)
-				rc = fire_parents(ready, t, grads, n);
+			if (rc != 0)
+				alone_fail(&first, alone ? (uint64_t)i * 2 : 0,
+					   rc);
+			else if (ready != NULL &&
+				 (rc = fire_parents(ready, t, grads, n)) != 0)
+				alone_fail(&first,
+					   alone ? (uint64_t)i * 2 + 1 : 0, rc);
 		}
 		/* After a failure the rest are released unrun. */
 		adg_node_release_step(shard, n);
 	}
+	int rc = first.rc;
 	/* What a failure left of the outputs goes now, exactly once; after a
 	 * success the counts have freed it all, and only records remain. */
 	for (size_t i = 0; i < len; i++) {
@@ -463,6 +526,15 @@ static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 	}
 	drop_tape_links(shard, t, len);
 	return rc;
+}
+
+static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
+	       void *seed, const adg_grad_ops *ops, const struct ready *ready,
+	       adg_grads *grads, bool alone)
+{
+	if (alone)
+		return run_tape(shard, t, len, seed, ops, ready, grads, true);
+	return run_tape(shard, t, len, seed, ops, ready, grads, false);
 }
 
 /* A root that is a leaf: the container holds just the seed. Takes *seed
@@ -506,8 +578,14 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 	struct adg_shard *shard;
 	struct adg_tape *t;
 	adg_grads *grads = NULL;
+	struct adg_par_ticket *ticket = NULL;
 	size_t len = 0;
 	if (registry == NULL || root == NULL || seed == NULL || out == NULL)
+		goto out_free_seed;
+	const adg_executor *executor = options ? options->executor : NULL;
+	if (executor != NULL &&
+	    (executor->submit == NULL ||
+	     executor->n_workers > ADG_EXECUTOR_MAX_WORKERS))
 		goto out_free_seed;
 	rc = ADG_EFOREIGN;
 	if (root->registry != registry)
@@ -529,6 +607,14 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 				      out);
 		goto out_free_seed;
 	}
+	/* Jobs submitted to the executor may outlive this call: their
+	 * handle is allocated now, so that nothing is taken if it cannot
+	 * be. */
+	if (executor != NULL && executor->n_workers != 0) {
+		ticket = adg_par_ticket_new(registry);
+		if (ticket == NULL)
+			goto out_free_seed;
+	}
 
 	/* A nested backward (a step calling adg_backward) finds the cache
 	 * taken and uses a tape of its own. */
@@ -537,18 +623,25 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 	if (t == NULL) {
 		t = adg_alloc(registry, sizeof *t);
 		if (t == NULL)
-			goto out_free_seed;
+			goto out_put_ticket;
 		*t = (struct adg_tape){0};
 	}
 	/* The backward's own reference to root, for as long as it runs: a
 	 * step may drop the caller's last one. Relaxed: the caller holds a
 	 * reference during the call, so the count is above zero. */
 	atomic_fetch_add_explicit(&root->refs, 1, memory_order_relaxed);
-	rc = take(shard, t, root, ops, ready != NULL, &len, &grads);
+	rc = take(shard, t, root, ops, ready != NULL, executor, &len, &grads);
 	if (rc != 0)
 		goto out_put_tape;
-	rc = run(shard, t, len, seed, ops, ready, grads);
-	seed = NULL; /* run took it */
+	if (ticket != NULL) {
+		rc = adg_par_run(shard, t, len, seed, ops, ready, grads,
+				 executor, ticket);
+		ticket = NULL; /* the run let go of it */
+	} else {
+		rc = run(shard, t, len, seed, ops, ready, grads,
+			 executor != NULL);
+	}
+	seed = NULL; /* the run took it */
 	if (rc != 0) {
 		adg_grads_free(grads);
 		grads = NULL;
@@ -561,6 +654,9 @@ out_put_tape:
 	else
 		adg_tape_free(registry, t);
 	*out = grads;
+out_put_ticket:
+	if (ticket != NULL)
+		adg_par_ticket_put(ticket);
 out_free_seed:
 	if (seed != NULL)
 		ops->free(seed, ops->ctx);

@@ -274,8 +274,14 @@ int adg_output_get(adg_step_call *call, uint64_t id, void **value)
 			target = n->parents[c->want_parents[k]];
 	if (target == NULL)
 		return ADG_EINVAL; /* not an output this step asked for */
+	/* With an executor, steps that ask for the same output meet here:
+	 * the first rebuilds it, the others find it held. */
+	if (ctx->serialize != NULL)
+		pthread_mutex_lock(ctx->serialize);
 	int rc = materialise(ctx, target);
 	if (rc == 0)
 		*value = target->ckpt->value;
+	if (ctx->serialize != NULL)
+		pthread_mutex_unlock(ctx->serialize);
 	return rc;
 }

@@ -1,26 +1,12 @@
 /*
  * The per-backward gradient container: node id -> the caller's value.
  * Open addressing with linear probing; ids are never 0, so 0 marks an empty
- * slot. Owned by one thread at a time, so nothing here is atomic.
+ * slot. Owned by one thread at a time, so nothing here is atomic. A step of
+ * a backward run with an executor sees a view instead (struct adg_grads).
  */
-#include "internal.h"
+#include "tape.h"
 
 #include <string.h>
-
-struct grad_slot {
-	uint64_t id;
-	void *value;
-};
-
-struct adg_grads {
-	adg_grad_ops ops;
-	adg_allocator allocator; /* a copy: the container may outlive the
-				    registry */
-	struct grad_slot *slots;
-	size_t cap;	    /* a power of two */
-	unsigned int shift; /* 64 - log2(cap) */
-	size_t count;
-};
 
 static size_t slot_of(const struct adg_grads *g, uint64_t id)
 {
@@ -86,7 +72,7 @@ int adg_grads_get(const adg_grads *grads, uint64_t id, void **value)
 {
 	if (value != NULL)
 		*value = NULL;
-	if (grads == NULL || value == NULL || id == 0)
+	if (grads == NULL || grads->sink != NULL || value == NULL || id == 0)
 		return ADG_EINVAL;
 	size_t i = find(grads, id);
 	if (grads->slots[i].id == 0)
@@ -123,27 +109,26 @@ int adg_grads_take(adg_grads *grads, uint64_t id, void **value)
 {
 	if (value != NULL)
 		*value = NULL;
-	if (grads == NULL || value == NULL || id == 0)
+	if (grads == NULL || grads->sink != NULL || value == NULL || id == 0)
 		return ADG_EINVAL;
-	size_t i = find(grads, id);
-	if (grads->slots[i].id == 0)
-		return ADG_ENOTFOUND;
-	*value = grads->slots[i].value;
-	remove_at(grads, i);
-	return 0;
+	*value = adg_grads_take_held(grads, id);
+	return *value != NULL ? 0 : ADG_ENOTFOUND;
 }
 
-int adg_grads_register(adg_grads *grads, uint64_t id, void *value)
+void *adg_grads_take_held(adg_grads *grads, uint64_t id)
 {
-	if (grads == NULL)
-		return ADG_EINVAL;
+	size_t i = find(grads, id);
+	if (grads->slots[i].id == 0)
+		return NULL;
+	void *value = grads->slots[i].value;
+	remove_at(grads, i);
+	return value;
+}
+
+/* Adds value to id's gradient, or holds it: id and value checked. */
+static inline int insert(adg_grads *grads, uint64_t id, void *value)
+{
 	const adg_grad_ops *ops = &grads->ops;
-	if (value == NULL)
-		return ADG_EINVAL;
-	if (id == 0) {
-		ops->free(value, ops->ctx);
-		return ADG_EINVAL;
-	}
 	size_t i = find(grads, id);
 	if (grads->slots[i].id != 0) {
 		/* add owns value from here on, whatever it returns. */
@@ -164,9 +149,73 @@ int adg_grads_register(adg_grads *grads, uint64_t id, void *value)
 	return 0;
 }
 
+/* adg_grads_register on a step's view. With workers, the value waits in
+ * its slot, an edge of the tape (parallel.c). Alone, the registrations
+ * reach the container in the order a fold with workers takes them (by
+ * position, then slot), so they go at once; an add error is the
+ * backward's, not the step's, as with workers it happens in a later fold.
+ * The container was sized for every tape node and leaf: it does not
+ * grow. */
+static inline int alone_insert(struct adg_alone *alone, uint64_t id,
+			       void *value)
+{
+	int rc = insert(alone->grads, id, value);
+	if (adg_unlikely(rc != 0))
+		adg_alone_add_failed(alone, id, rc);
+	return 0;
+}
+
+__attribute__((noinline)) static int
+register_in_view(struct adg_step_sink *sink, uint64_t id, void *value)
+{
+	struct adg_alone *alone = sink->alone;
+	if (alone != NULL && !sink->marked) {
+		const struct adg_node *n = sink->node;
+		uint32_t k = sink->filled;
+		if (adg_likely(k < n->n_parents &&
+			       adg_node_parent_ids(n)[k] == id)) {
+			/* In slot order: the slot needs no mark. */
+			sink->filled = k + 1;
+			return alone_insert(alone, id, value);
+		}
+		/* Out of order: the slots from here on get marks. */
+		for (uint32_t j = k; j < n->n_parents; j++)
+			sink->slots[j] = NULL;
+		sink->marked = true;
+	}
+	if (adg_sink_claim(sink, id, value) == UINT32_MAX) {
+		/* Not a parent, or its slots are all taken: adding here
+		 * would fold in another order than the sequential backward. */
+		sink->ops->free(value, sink->ops->ctx);
+		return ADG_EINVAL;
+	}
+	return alone != NULL ? alone_insert(alone, id, value) : 0;
+}
+
+__attribute__((noinline)) static int
+register_in_container(adg_grads *grads, uint64_t id, void *value)
+{
+	if (id == 0) {
+		grads->ops.free(value, grads->ops.ctx);
+		return ADG_EINVAL;
+	}
+	return insert(grads, id, value);
+}
+
+int adg_grads_register(adg_grads *grads, uint64_t id, void *value)
+{
+	if (grads == NULL || value == NULL)
+		return ADG_EINVAL;
+	/* Both tail calls, so that neither path saves the registers the
+	 * other needs. */
+	if (grads->sink != NULL)
+		return register_in_view(grads->sink, id, value);
+	return register_in_container(grads, id, value);
+}
+
 int adg_grads_count(const adg_grads *grads, size_t *count)
 {
-	if (grads == NULL || count == NULL)
+	if (grads == NULL || grads->sink != NULL || count == NULL)
 		return ADG_EINVAL;
 	*count = grads->count;
 	return 0;
@@ -176,6 +225,8 @@ int adg_grads_free(adg_grads *grads)
 {
 	if (grads == NULL)
 		return 0;
+	if (grads->sink != NULL)
+		return ADG_EINVAL; /* a step's view: the backward owns it */
 	for (size_t i = 0; i < grads->cap; i++)
 		if (grads->slots[i].id != 0)
 			grads->ops.free(grads->slots[i].value, grads->ops.ctx);

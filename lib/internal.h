@@ -2,8 +2,10 @@
  * The structs that the files of lib/ share, and the few inline helpers on their
  * hot paths. A node's life runs through the files in this order: node.c creates
  * it, graph.c places it in a graph, backward.c takes and runs its step,
- * node.c frees it. registry.c owns the per-thread shards that carry ids and
- * counters; grads.c the gradient container.
+ * node.c frees it; with an executor, parallel.c runs the steps on several
+ * threads (tape.h has what it shares with backward.c) and pool.c is
+ * libadg's own executor. registry.c owns the per-thread shards that carry
+ * ids and counters; grads.c the gradient container.
  */
 #ifndef ADG_INTERNAL_H
 #define ADG_INTERNAL_H
@@ -157,9 +159,14 @@ struct adg_node {
 	/* While on a tape being taken or run: how many of the tape's parent
 	 * slots name this node. The backward drops them in one go. */
 	uint32_t tape_links;
-	/* While on a tape being run with a ready hook: those of tape_links
-	 * whose steps have not run yet. */
-	uint32_t tape_pending;
+	union {
+		/* While on a tape run on one thread with a ready hook: those
+		 * of tape_links whose steps have not run yet. */
+		uint32_t tape_pending;
+		/* While on a tape run with an executor: the node's position
+		 * (the scheduler keeps the counts). */
+		uint32_t tape_pos;
+	};
 	/* The node's checkpointing record (adg_op_with), or NULL. */
 	struct adg_ckpt *ckpt;
 	adg_step step;
@@ -579,6 +586,10 @@ struct adg_backward_context {
 	 * node has, reserved when the tape was taken, so that adg_output_get
 	 * never allocates. */
 	void **outputs;
+	/* With an executor: held around every use of the records and of the
+	 * two arrays above, which the backward's workers share. NULL on one
+	 * thread. */
+	pthread_mutex_t *serialize;
 };
 
 /* adg_op_with: checks options against the parents and attaches a record
@@ -603,6 +614,32 @@ void adg_ckpt_served(struct adg_node *node);
 void adg_ckpt_drop(struct adg_node *node);
 
 /* ----------------------------------------------------------------- grads */
+
+/* node id -> the caller's value (grads.c). */
+struct grad_slot {
+	uint64_t id;
+	void *value;
+};
+
+struct adg_step_sink; /* parallel.c: where a step's gradients go */
+
+struct adg_grads {
+	/* NULL for a container. Set: the view of one step of a backward run
+	 * with an executor, which routes registrations to the step's parent
+	 * slots (grads.c, register_in_view) and has nothing else. */
+	struct adg_step_sink *sink;
+	adg_grad_ops ops;
+	adg_allocator allocator; /* a copy: the container may outlive the
+				    registry */
+	struct grad_slot *slots;
+	size_t cap;	    /* a power of two */
+	unsigned int shift; /* 64 - log2(cap) */
+	size_t count;
+};
+
+/* adg_grads_take on a container, id checked: the value, or NULL when none
+ * is held (a held value is never NULL). */
+void *adg_grads_take_held(adg_grads *grads, uint64_t id);
 
 /* A container sized for about `expected` gradients, allocated with
  * registry's allocator (copied: it may outlive the registry). */

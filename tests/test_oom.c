@@ -383,6 +383,18 @@ static void grads_register(adg_grads *grads, uint64_t id, double v)
 	}
 }
 
+/* A step's registration. On a step's view (a backward on an executor),
+ * which has no count, it lands in the step's own slot: it cannot fail. */
+static void step_register(adg_grads *grads, uint64_t id, double v)
+{
+	size_t n;
+	if (adg_grads_count(grads, &n) == ADG_EINVAL) {
+		cr_assert_eq(adg_grads_register(grads, id, scalar_box(v)), 0);
+		return;
+	}
+	grads_register(grads, id, v);
+}
+
 static double grad_of(const adg_grads *grads, uint64_t id)
 {
 	void *v = NULL;
@@ -471,7 +483,7 @@ static int step_backward(adg_step_call *call, void *user)
 		for (size_t k = 0; c->kind == PROD && k < c->n; k++)
 			if (k != i)
 				d *= c->x[k];
-		grads_register(call->grads, call->parent_ids[i], d);
+		step_register(call->grads, call->parent_ids[i], d);
 	}
 	return 0;
 }
@@ -538,15 +550,46 @@ static void expect_stats(adg_registry *r, uint64_t nodes, uint64_t steps,
 
 /* --------------------------------------------------------- the workload */
 
+/* Executors that run nothing while the backward runs: deferred's jobs
+ * wait until run_deferred, as a busy pool's would, so the backward runs
+ * every step on this thread and the workload stays deterministic, while
+ * the run's scratch and the jobs' ticket are allocated as with threads.
+ * solo offers no worker: the scheduler runs alone. */
+static struct {
+	void (*fn)(void *arg);
+	void *arg;
+} deferred[8];
+static int n_deferred;
+
+static int defer(void (*fn)(void *arg), void *arg, void *ctx)
+{
+	(void)ctx;
+	if (n_deferred == 8)
+		return -1;
+	deferred[n_deferred].fn = fn;
+	deferred[n_deferred++].arg = arg;
+	return 0;
+}
+
+/* The jobs find their backward over and return, freeing the ticket. */
+static void run_deferred(void)
+{
+	for (int i = 0; i < n_deferred; i++)
+		deferred[i].fn(deferred[i].arg);
+	n_deferred = 0;
+}
+
+static const adg_executor solo = {.submit = defer, .n_workers = 0};
+static const adg_executor lazy = {.submit = defer, .n_workers = 2};
+
 /* Plain ops and merges on a registry without checkpointing, and a backward
- * with a ready hook. Leaves a = 2, b = 3, c = 1/2, d = 4, x0 = 2, x8 = 1/2,
- * the other x 1; p = a b; q = p c; r = c d; s = a + d (output kept, asked
- * for by m); m = q r s merges three graphs; t_i = x_i^2, one graph each;
- * big = t0 ... t8 m merges ten. big = 36 and t0 ... t8 = 1, so
- * dbig/da = r s c b + q r = 24, dbig/db = r s c a = 12,
- * dbig/dc = r s p + q s d = 144, dbig/dd = q s c + q r = 15,
- * dbig/dx_i = 72 / x_i. The hook takes a's gradient. Returns the
- * container, which outlives the registry. */
+ * with a ready hook, run by the scheduler alone (solo). Leaves a = 2, b = 3, c
+ * = 1/2, d = 4, x0 = 2, x8 = 1/2, the other x 1; p = a b; q = p c; r = c d; s =
+ * a + d (output kept, asked for by m); m = q r s merges three graphs; t_i =
+ * x_i^2, one graph each; big = t0 ... t8 m merges ten. big = 36 and t0 ... t8 =
+ * 1, so dbig/da = r s c b + q r = 24, dbig/db = r s c a = 12, dbig/dc = r s p +
+ * q s d = 144, dbig/dd = q s c + q r = 15, dbig/dx_i = 72 / x_i. The hook takes
+ * a's gradient. Returns the container, which outlives the registry. */
 static adg_grads *plain_ops(struct reg *g)
 {
 	g->r = registry_new(ADG_CHECKPOINT_NONE);
@@ -586,7 +629,8 @@ static adg_grads *plain_ops(struct reg *g)
 	cr_assert_eq(graph_id(big), p.id, "the smallest origin");
 
 	hook = (struct hook){.take = a.id};
-	adg_backward_options o = {on_ready, &hook, 0};
+	adg_backward_options o = {
+		.on_ready = on_ready, .ctx = &hook, .executor = &solo};
 	adg_grads *grads = backward(g, big, &o);
 	expect_stats(g->r, 28, 0, 0, 11);
 	/* Every node and leaf of the tape became final once. */
@@ -615,11 +659,11 @@ static adg_grads *plain_ops(struct reg *g)
 	return grads;
 }
 
-/* Checkpointing, balanced. Leaves e = 2, f = 1/2, g = 4, y0 = 2, y1 = 1/2,
- * the other y 1. c0 = e f keeps its output and asks for it; m1 = c0 + g
- * and m2 = m1 e are memory-bound and dropped at once; h = m2 f keeps its
- * output, asks for m2's and runs a nested backward; bm = y0 ... y8 m2 is
- * memory-bound too (ten parents: recompute's scratch is large);
+/* Checkpointing, balanced, the backward on an executor (lazy). Leaves e = 2, f
+ * = 1/2, g = 4, y0 = 2, y1 = 1/2, the other y 1. c0 = e f keeps its output and
+ * asks for it; m1 = c0 + g and m2 = m1 e are memory-bound and dropped at once;
+ * h = m2 f keeps its output, asks for m2's and runs a nested backward; bm = y0
+ * ... y8 m2 is memory-bound too (ten parents: recompute's scratch is large);
  * root = h bm asks for bm's. Its backward rebuilds m1, m2 and bm. root =
  * 50: droot/de = 60, /df = 140, /dg = 20, /dy_i = 50 / y_i. A dead op
  * keeps an output, and no backward reaches it. Returns a leaf-root
@@ -662,7 +706,9 @@ static adg_grads *checkpointed_ops(struct reg *g)
 	/* 12 leaves, 7 ops; dead in a graph of its own. */
 	expect_stats(g->r, 19, 7, 2, 0);
 
-	adg_grads *grads = backward(g, root, NULL);
+	adg_grads *grads =
+		backward(g, root, &(adg_backward_options){.executor = &lazy});
+	run_deferred();
 	cr_assert_eq(recomputes, 3, "N=%ld: m1, m2, bm once each", oom.fail_at);
 	expect_stats(g->r, 19, 1, 1, 0);
 	expect_grad(grads, e, 60);

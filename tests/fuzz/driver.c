@@ -828,7 +828,9 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 		rc = adg_backward(f->reg, f->h[i].node, box(f, seed), &f->ops,
 				  &out);
 	} else {
-		adg_backward_options o = {on_ready, f, hook->leaves_only};
+		adg_backward_options o = {.on_ready = on_ready,
+					  .ctx = f,
+					  .leaves_only = hook->leaves_only};
 		rc = adg_backward_with(f->reg, f->h[i].node, box(f, seed),
 				       &f->ops, &o, &out);
 	}

@@ -1,0 +1,155 @@
+/*
+ * libadg's own executor: a fixed set of threads and one queue of jobs.
+ *
+ * A job here is a worker entering a backward (parallel.c), not a step: a
+ * backward submits at most n_workers of them at a time, so a mutex and a
+ * condition variable serve, and an idle thread sleeps in the kernel
+ * rather than spinning on a core that a step could use.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+
+struct job {
+	void (*fn)(void *arg);
+	void *arg;
+};
+
+struct adg_pool {
+	pthread_mutex_t lock;
+	pthread_cond_t more; /* a job was queued, or the pool stops */
+	/* A ring of jobs, grown by doubling, under lock. */
+	struct job *jobs;
+	size_t cap, head, count;
+	bool stopping;
+	unsigned n_threads;
+	pthread_t threads[];
+};
+
+/* The pool whose thread this is, to refuse adg_pool_free from it. */
+static __thread struct adg_pool *this_pool;
+
+static void *pool_thread(void *arg)
+{
+	struct adg_pool *pool = arg;
+	this_pool = pool;
+	pthread_mutex_lock(&pool->lock);
+	for (;;) {
+		while (pool->count == 0 && !pool->stopping)
+			pthread_cond_wait(&pool->more, &pool->lock);
+		/* Stopping still runs what is queued: a job holds memory
+		 * that only running it gives back. */
+		if (pool->count == 0)
+			break;
+		struct job job = pool->jobs[pool->head];
+		pool->head = (pool->head + 1) % pool->cap;
+		pool->count--;
+		pthread_mutex_unlock(&pool->lock);
+		job.fn(job.arg);
+		pthread_mutex_lock(&pool->lock);
+	}
+	pthread_mutex_unlock(&pool->lock);
+	return NULL;
+}
+
+/* Doubles the ring, under lock. */
+static bool grow(struct adg_pool *pool)
+{
+	size_t cap = pool->cap ? pool->cap * 2 : 16;
+	struct job *jobs = malloc(cap * sizeof *jobs);
+	if (jobs == NULL)
+		return false;
+	for (size_t i = 0; i < pool->count; i++)
+		jobs[i] = pool->jobs[(pool->head + i) % pool->cap];
+	free(pool->jobs);
+	pool->jobs = jobs;
+	pool->cap = cap;
+	pool->head = 0;
+	return true;
+}
+
+static int pool_submit(void (*fn)(void *arg), void *arg, void *ctx)
+{
+	struct adg_pool *pool = ctx;
+	pthread_mutex_lock(&pool->lock);
+	if (pool->count == pool->cap && !grow(pool)) {
+		pthread_mutex_unlock(&pool->lock);
+		return ADG_ENOMEM; /* the backward goes on without it */
+	}
+	pool->jobs[(pool->head + pool->count) % pool->cap] =
+		(struct job){fn, arg};
+	pool->count++;
+	pthread_cond_signal(&pool->more);
+	pthread_mutex_unlock(&pool->lock);
+	return 0;
+}
+
+/* Stops the first n threads (and frees the pool): nothing is queued or
+ * everything queued runs first. */
+static void stop(struct adg_pool *pool, unsigned n)
+{
+	pthread_mutex_lock(&pool->lock);
+	pool->stopping = true;
+	pthread_cond_broadcast(&pool->more);
+	pthread_mutex_unlock(&pool->lock);
+	for (unsigned i = 0; i < n; i++)
+		pthread_join(pool->threads[i], NULL);
+	pthread_cond_destroy(&pool->more);
+	pthread_mutex_destroy(&pool->lock);
+	free(pool->jobs);
+	free(pool);
+}
+
+int adg_pool_new(unsigned n_threads, adg_pool **out)
+{
+	if (out != NULL)
+		*out = NULL;
+	if (out == NULL || n_threads == 0 ||
+	    n_threads > ADG_EXECUTOR_MAX_WORKERS)
+		return ADG_EINVAL;
+	struct adg_pool *pool =
+		malloc(sizeof *pool + n_threads * sizeof pool->threads[0]);
+	if (pool == NULL)
+		return ADG_ENOMEM;
+	*pool = (struct adg_pool){.n_threads = n_threads};
+	if (pthread_mutex_init(&pool->lock, NULL) != 0) {
+		free(pool);
+		return ADG_ENOMEM;
+	}
+	if (pthread_cond_init(&pool->more, NULL) != 0) {
+		pthread_mutex_destroy(&pool->lock);
+		free(pool);
+		return ADG_ENOMEM;
+	}
+	for (unsigned i = 0; i < n_threads; i++) {
+		if (pthread_create(&pool->threads[i], NULL, pool_thread,
+				   pool) != 0) {
+			stop(pool, i);
+			return ADG_ENOMEM;
+		}
+	}
+	*out = pool;
+	return 0;
+}
+
+int adg_pool_executor(adg_pool *pool, adg_executor *out)
+{
+	if (pool == NULL || out == NULL)
+		return ADG_EINVAL;
+	*out = (adg_executor){
+		.submit = pool_submit,
+		.ctx = pool,
+		.n_workers = pool->n_threads,
+	};
+	return 0;
+}
+
+int adg_pool_free(adg_pool *pool)
+{
+	if (pool == NULL)
+		return 0;
+	if (this_pool == pool)
+		return ADG_EINVAL; /* it would join itself */
+	stop(pool, pool->n_threads);
+	return 0;
+}
