@@ -13,18 +13,59 @@
  * to each gradient it registers: an output that is wrong, or rebuilt from
  * wrong outputs, changes the gradients. Every step also asks for one
  * output it did not ask for, which libadg must refuse.
+ *
+ * A backward with an executor (driver.h: W above 0) runs steps, hooks,
+ * recomputes, releases and the gradient arithmetic on several threads at
+ * once. What they change is then either per node and changed by one
+ * thread at a time (the step of a node is its only writer of runs,
+ * got_grad, grad_in, done), or a counter changed with the atomic helpers
+ * below; the model and the expectations are only read until the backward
+ * returns, and the steps are checked against what does not depend on the
+ * order they run in (model.h).
  */
 #include "driver.h"
 
 #include "model.h"
 
 #include <adg.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* Counters that steps, hooks, recomputes, releases and the gradient
+ * arithmetic change, from any thread of a backward with an executor.
+ * Relaxed: each is a tally, read by the thread that changed it (BUMPED's
+ * result) or once the backward has returned, which libadg orders after
+ * everything the backward ran. */
+#define BUMP(x)	   ((void)__atomic_fetch_add(&(x), 1, __ATOMIC_RELAXED))
+#define UNBUMP(x)  ((void)__atomic_fetch_sub(&(x), 1, __ATOMIC_RELAXED))
+#define BUMPED(x)  __atomic_add_fetch(&(x), 1, __ATOMIC_RELAXED)
+#define RELAXED(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+/* A step's outcome (struct fuzz's done), read by the steps and hooks of
+ * its parents, on other threads: release, paired with the acquire load,
+ * so that what the step did is seen with it. (libadg orders a parent's
+ * step after its children's too; this does not rely on it.) */
+#define PUBLISH(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
+#define OBSERVE(x)    __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
+
+/* How a backward runs its steps: W, from its opcode byte (driver.h). */
+enum exec_mode {
+	EXEC_NONE,   /* no executor: the sequential backward */
+	EXEC_CALLER, /* n_workers 0: the calling thread alone */
+	EXEC_POOL1,  /* libadg's pool of 1, 2 or 3 threads */
+	EXEC_POOL2,
+	EXEC_POOL3,
+	EXEC_DEFERRED, /* submit queues; run after the backward returned */
+	EXEC_REFUSING, /* submit always fails */
+};
+
+/* The executors of EXEC_DEFERRED and EXEC_REFUSING offer this many. */
+#define DEFERRED_WORKERS 2
+#define REFUSING_WORKERS 3
 
 struct handle {
 	adg_node *node;
@@ -77,6 +118,10 @@ struct fuzz {
 	struct model model;
 	struct model_backward expect;
 	uint64_t running; /* the step in progress in a backward, or 0 */
+	/* The backward in progress: how it runs its steps, and without an
+	 * executor how many of its steps have begun. */
+	enum exec_mode mode;
+	size_t begun;
 	struct handle h[ADG_FUZZ_MAX_HANDLES];
 	size_t nh;
 	/* Gradient boxes, step closures and outputs not yet freed. */
@@ -84,19 +129,30 @@ struct fuzz {
 	long steps_live;
 	long outputs_live;
 	uint64_t frees; /* outputs libadg freed, so far */
+	/* Every call of a callback of the driver, for EXEC_DEFERRED: none may
+	 * come after the backward returned. */
+	uint64_t callbacks;
+	/* EXEC_DEFERRED: what libadg submitted, to run once it returned. */
+	struct {
+		void (*fn)(void *arg);
+		void *arg;
+	} queued[DEFERRED_WORKERS];
+	unsigned n_submits; /* submit calls in this backward */
 	/* Per node id: what libadg did with its step. */
 	unsigned runs[MODEL_MAX_NODES + 1];
 	unsigned runs_before[MODEL_MAX_NODES + 1];
 	unsigned releases[MODEL_MAX_NODES + 1];
 	bool got_grad[MODEL_MAX_NODES + 1];
 	uint64_t grad_in[MODEL_MAX_NODES + 1];
+	/* In the current backward: 0 while the step of id has not returned,
+	 * then DONE_OK or DONE_FAILED. */
+	unsigned char done[MODEL_MAX_NODES + 1];
 	/* Per node id: its outputs alive, how often libadg freed one and ran
 	 * its recompute, and what adg_output_get returns when that fails. */
 	unsigned out_live[MODEL_MAX_NODES + 1];
 	uint64_t out_frees[MODEL_MAX_NODES + 1];
 	uint64_t recomputes[MODEL_MAX_NODES + 1];
 	int recompute_rc[MODEL_MAX_NODES + 1];
-	bool getting; /* inside adg_output_get, where recomputes run */
 	/* The ready hook of the current backward: whose gradient it takes,
 	 * how often it was called for each id. */
 	bool takes[MODEL_MAX_NODES + 1];
@@ -110,6 +166,12 @@ struct fuzz {
 	bool op_skipped;
 	bool trace;
 };
+
+enum { DONE_OK = 1, DONE_FAILED = 2 };
+
+/* Whether this thread is inside adg_output_get, where recomputes run. Per
+ * thread: with an executor, steps get outputs on several at once. */
+static _Thread_local bool getting;
 
 /* The failing step of node id returns this code: a user code that names
  * the node, so that the backward's result says which step failed. */
@@ -195,19 +257,21 @@ static uint64_t *box(struct fuzz *f, uint64_t v)
 {
 	uint64_t *p = xmalloc(sizeof *p);
 	*p = v;
-	f->boxes_live++;
+	BUMP(f->boxes_live);
 	return p;
 }
 
 static void box_free(void *value, void *ctx)
 {
 	struct fuzz *f = ctx;
+	BUMP(f->callbacks);
 	free(value);
-	f->boxes_live--;
+	UNBUMP(f->boxes_live);
 }
 
 static int box_add(void **sum, void *value, void *ctx)
 {
+	BUMP(((struct fuzz *)ctx)->callbacks);
 	*(uint64_t *)*sum += *(uint64_t *)value;
 	box_free(value, ctx);
 	return 0;
@@ -219,8 +283,8 @@ static struct output *output_new(struct fuzz *f, uint64_t id, uint64_t value)
 {
 	struct output *o = xmalloc(sizeof *o);
 	*o = (struct output){f, id, value};
-	f->out_live[id]++;
-	f->outputs_live++;
+	BUMP(f->out_live[id]);
+	BUMP(f->outputs_live);
 	return o;
 }
 
@@ -229,10 +293,11 @@ static void output_free(void *value)
 {
 	struct output *o = value;
 	struct fuzz *f = o->f;
-	f->out_live[o->id]--;
-	f->out_frees[o->id]++;
-	f->frees++;
-	f->outputs_live--;
+	BUMP(f->callbacks);
+	UNBUMP(f->out_live[o->id]);
+	BUMP(f->out_frees[o->id]);
+	BUMP(f->frees);
+	UNBUMP(f->outputs_live);
 	free(o);
 }
 
@@ -262,8 +327,10 @@ static void check_outputs(const struct fuzz *f)
 
 /* --------------------------------------------------------------- steps */
 
-/* The step of id is called: the one before it has returned. Steps run
- * deepest first, once each, and none after one failed. */
+/* The step of id is called, in a backward without an executor: the one
+ * before it has returned. Steps run once each, in tape order (deepest
+ * first, libadg's walk order within a depth: model.h), and none after one
+ * failed. */
 static void step_begin(struct fuzz *f, uint64_t id)
 {
 	struct model_backward *e = &f->expect;
@@ -281,16 +348,54 @@ static void step_begin(struct fuzz *f, uint64_t id)
 			 "the step of %" PRIu64
 			 " ran after the step of %" PRIu64 " failed",
 			 id, e->failed_step);
-	uint32_t depth = f->model.node[id].depth;
-	for (uint64_t k = 1; k < f->model.next_id; k++)
-		if (e->on_tape[k] && !e->ran[k] &&
-		    f->model.node[k].depth > depth)
-			mismatch(f,
-				 "the step of %" PRIu64
-				 " ran before the deeper step of %" PRIu64,
-				 id, k);
+	uint64_t next = e->tape[f->begun];
+	if (next != id)
+		mismatch(f,
+			 "the step of %" PRIu64 " (depth %" PRIu32
+			 ") ran at tape position %zu, where the model's tape "
+			 "has %" PRIu64 " (depth %" PRIu32 ")",
+			 id, f->model.node[id].depth, f->begun, next,
+			 f->model.node[next].depth);
+	f->begun++;
 	model_step_begin(&f->model, e, id);
 	f->running = id;
+}
+
+/* The step of id is called, in a backward with an executor: any order is
+ * fine in which each step comes after the steps of its node's children
+ * have returned, without failing. Nothing is reported to the model: the
+ * driver runs it afterwards (model_run_tape). */
+static void step_begin_par(struct fuzz *f, uint64_t id)
+{
+	const struct model_backward *e = &f->expect;
+
+	if (e->rc != 0 || !e->on_tape[id])
+		mismatch(f,
+			 "the step of %" PRIu64 " ran, model: not on the tape",
+			 id);
+	for (uint64_t c = id + 1; c < f->model.next_id; c++) {
+		if (!e->on_tape[c])
+			continue;
+		const struct model_node *n = &f->model.node[c];
+		for (size_t k = 0; k < n->n_parents; k++) {
+			if (n->parents[k] != id)
+				continue;
+			unsigned char d = OBSERVE(f->done[c]);
+			if (d == 0)
+				mismatch(f,
+					 "the step of %" PRIu64
+					 " began before the step of its child "
+					 "%" PRIu64 " returned",
+					 id, c);
+			if (d == DONE_FAILED)
+				mismatch(f,
+					 "the step of %" PRIu64
+					 " began after the step of its child "
+					 "%" PRIu64 " failed",
+					 id, c);
+			break;
+		}
+	}
 }
 
 /* Asks for an output the step did not ask for: libadg must refuse it. */
@@ -312,22 +417,81 @@ static void probe(struct fuzz *f, adg_step_call *call, const struct step *s)
 			 v != NULL ? " and a value" : "");
 }
 
+/* With an executor, the step's container is its own view of the
+ * backward's (adg_backward_options): it takes gradients for the step's
+ * parents only, freeing any other, and refuses the rest. */
+static void probe_view(struct fuzz *f, adg_step_call *call,
+		       const struct step *s)
+{
+	/* A node is never its own parent. The box must be freed: the count
+	 * of live boxes says so once the backward has returned. */
+	int rc = adg_grads_register(call->grads, s->id, box(f, 1));
+	if (rc != ADG_EINVAL)
+		mismatch(f,
+			 "adg_grads_register in the step of %" PRIu64
+			 " for its own id returned %d (%s), not ADG_EINVAL",
+			 s->id, rc, adg_strerror(rc));
+	void *v = &v;
+	rc = adg_grads_get(call->grads, s->parent_ids[0], &v);
+	if (rc != ADG_EINVAL || v != NULL)
+		mismatch(f,
+			 "adg_grads_get on the view of the step of %" PRIu64
+			 " returned %d (%s)%s",
+			 s->id, rc, adg_strerror(rc),
+			 v != NULL ? " and a value" : "");
+	v = &v;
+	rc = adg_grads_take(call->grads, s->parent_ids[0], &v);
+	if (rc != ADG_EINVAL || v != NULL)
+		mismatch(f,
+			 "adg_grads_take on the view of the step of %" PRIu64
+			 " returned %d (%s)%s",
+			 s->id, rc, adg_strerror(rc),
+			 v != NULL ? " and a value" : "");
+	size_t count = 12345;
+	rc = adg_grads_count(call->grads, &count);
+	if (rc != ADG_EINVAL || count != 12345)
+		mismatch(f,
+			 "adg_grads_count on the view of the step of %" PRIu64
+			 " returned %d (%s)%s",
+			 s->id, rc, adg_strerror(rc),
+			 count != 12345 ? " and set a count" : "");
+	rc = adg_grads_free(call->grads);
+	if (rc != ADG_EINVAL)
+		mismatch(f,
+			 "adg_grads_free on the view of the step of %" PRIu64
+			 " returned %d (%s), not ADG_EINVAL",
+			 s->id, rc, adg_strerror(rc));
+}
+
 /* Gets the output of target, which the step asked for, and adds its value
  * to *sum. Returns 0 or the get's code. */
 static int get_output(struct fuzz *f, adg_step_call *call, const struct step *s,
 		      uint64_t target, uint64_t *sum)
 {
 	void *v = &v;
-	f->getting = true;
+	getting = true;
 	int rc = adg_output_get(call, target, &v);
-	f->getting = false;
+	getting = false;
 	if (f->trace)
 		fprintf(stderr,
 			"adg-fuzz:    step %" PRIu64 " gets %" PRIu64
 			": %d (%s)\n",
 			s->id, target, rc, adg_strerror(rc));
-	uint64_t failed =
-		model_output_get(&f->model, &f->expect, s->id, target);
+	/* Whatever the order, which recompute fails on the way is fixed at
+	 * the take; without an executor the model follows the get too, and
+	 * the two must agree. */
+	uint64_t failed = model_get_fails(&f->model, &f->expect, target);
+	if (f->mode == EXEC_NONE) {
+		uint64_t followed =
+			model_output_get(&f->model, &f->expect, s->id, target);
+		if (followed != failed)
+			mismatch(f,
+				 "model: the get of %" PRIu64
+				 " by the step of %" PRIu64
+				 " fails by the recompute of %" PRIu64
+				 ", predicted %" PRIu64,
+				 target, s->id, followed, failed);
+	}
 	int want = failed != 0 ? f->recompute_rc[failed] : 0;
 	if (rc != want)
 		mismatch(f,
@@ -335,12 +499,15 @@ static int get_output(struct fuzz *f, adg_step_call *call, const struct step *s,
 			 " for %" PRIu64 " returned %d (%s), model %d (%s)",
 			 s->id, target, rc, adg_strerror(rc), want,
 			 adg_strerror(want));
-	/* What it rebuilt, and freed once a rebuild no longer needed it. */
-	check_outputs(f);
+	/* What it rebuilt, and freed once a rebuild no longer needed it:
+	 * with an executor that depends on the order, and is checked once
+	 * the backward has returned. */
+	if (f->mode == EXEC_NONE)
+		check_outputs(f);
 	if (rc != 0) {
 		if (v != NULL)
 			mismatch(f, "a failed adg_output_get set a value");
-		f->cov.recompute_failures++;
+		BUMP(f->cov.recompute_failures);
 		return rc;
 	}
 	const struct output *o = v;
@@ -349,7 +516,7 @@ static int get_output(struct fuzz *f, adg_step_call *call, const struct step *s,
 			 "adg_output_get in the step of %" PRIu64
 			 " for %" PRIu64 " gave the output of %" PRIu64,
 			 s->id, target, o != NULL ? o->id : 0);
-	f->cov.outputs_got++;
+	BUMP(f->cov.outputs_got);
 	*sum += o->value;
 	return 0;
 }
@@ -360,7 +527,8 @@ static int get_outputs(struct fuzz *f, adg_step_call *call,
 {
 	int rc = 0;
 	if (!s->gets) {
-		f->cov.gets_skipped += s->want_self || s->n_want > 0;
+		if (s->want_self || s->n_want > 0)
+			BUMP(f->cov.gets_skipped);
 		return 0;
 	}
 	if (s->want_self)
@@ -370,11 +538,69 @@ static int get_outputs(struct fuzz *f, adg_step_call *call,
 	return rc;
 }
 
+/* What the step does once called: returns its result. */
+static int step_run(struct fuzz *f, adg_step_call *call, struct step *s)
+{
+	uint64_t g = 0;
+	if (call->grad != NULL) {
+		g = *(uint64_t *)call->grad;
+		f->got_grad[s->id] = true;
+		f->grad_in[s->id] = g;
+	}
+	probe(f, call, s);
+	if (f->mode != EXEC_NONE)
+		probe_view(f, call, s);
+	/* A failed get fails the step with its code. */
+	uint64_t sum = 0;
+	int rc = get_outputs(f, call, s, &sum);
+	if (rc != 0)
+		return rc;
+	if (call->grad == NULL)
+		return s->fails ? fail_code(s->id) : 0;
+	if (s->takes_grad) {
+		BUMP(f->cov.grads_taken);
+		box_free(call->grad, f);
+		call->grad = NULL;
+	}
+	/* A failing step registers its gradients first, so that the failed
+	 * backward has a container full of them to free. With an executor,
+	 * once per parent slot: what the fold order promises equality with
+	 * the sequential backward for. */
+	for (size_t i = 0; i < s->n; i++) {
+		uint64_t d = g;
+		for (size_t k = 0; k < s->n; k++)
+			if (k != i)
+				d *= s->parent_values[k];
+		int rc_reg = adg_grads_register(call->grads, s->parent_ids[i],
+						box(f, d + sum));
+		if (rc_reg != 0)
+			mismatch(f,
+				 "adg_grads_register in step %" PRIu64
+				 " returned %d (%s)",
+				 s->id, rc_reg, adg_strerror(rc_reg));
+	}
+	/* A view takes one gradient per parent slot: with every slot of
+	 * the first parent taken, one more for it is refused and freed. */
+	if (f->mode != EXEC_NONE) {
+		int rc_reg = adg_grads_register(call->grads, s->parent_ids[0],
+						box(f, 1));
+		if (rc_reg != ADG_EINVAL)
+			mismatch(f,
+				 "adg_grads_register in step %" PRIu64
+				 " for %" PRIu64 ", whose slots it had all "
+				 "filled, returned %d (%s), not ADG_EINVAL",
+				 s->id, s->parent_ids[0], rc_reg,
+				 adg_strerror(rc_reg));
+	}
+	return s->fails ? fail_code(s->id) : 0;
+}
+
 static int step_backward(adg_step_call *call, void *user)
 {
 	struct step *s = user;
 	struct fuzz *f = s->f;
 
+	BUMP(f->callbacks);
 	if (call->registry != f->reg || call->grads == NULL)
 		mismatch(f,
 			 "step %" PRIu64 " called with a wrong registry or "
@@ -392,43 +618,19 @@ static int step_backward(adg_step_call *call, void *user)
 				 ", want %" PRIu64,
 				 s->id, i, call->parent_ids[i],
 				 s->parent_ids[i]);
-	step_begin(f, s->id);
-	f->runs[s->id]++;
-	uint64_t g = 0;
-	if (call->grad != NULL) {
-		g = *(uint64_t *)call->grad;
-		f->got_grad[s->id] = true;
-		f->grad_in[s->id] = g;
-	}
-	probe(f, call, s);
-	/* A failed get fails the step with its code. */
-	uint64_t sum = 0;
-	int rc = get_outputs(f, call, s, &sum);
-	if (rc != 0)
-		return rc;
-	if (call->grad == NULL)
-		return s->fails ? fail_code(s->id) : 0;
-	if (s->takes_grad) {
-		f->cov.grads_taken++;
-		box_free(call->grad, f);
-		call->grad = NULL;
-	}
-	/* A failing step registers its gradients first, so that the failed
-	 * backward has a container full of them to free. */
-	for (size_t i = 0; i < s->n; i++) {
-		uint64_t d = g;
-		for (size_t k = 0; k < s->n; k++)
-			if (k != i)
-				d *= s->parent_values[k];
-		int rc_reg = adg_grads_register(call->grads, s->parent_ids[i],
-						box(f, d + sum));
-		if (rc_reg != 0)
-			mismatch(f,
-				 "adg_grads_register in step %" PRIu64
-				 " returned %d (%s)",
-				 s->id, rc_reg, adg_strerror(rc_reg));
-	}
-	return s->fails ? fail_code(s->id) : 0;
+	if (f->mode == EXEC_NONE)
+		step_begin(f, s->id);
+	else
+		step_begin_par(f, s->id);
+	/* Two threads in the step of one node at once would both see more
+	 * than one run here. */
+	unsigned runs = BUMPED(f->runs[s->id]);
+	if (runs != f->runs_before[s->id] + 1)
+		mismatch(f, "the step of %" PRIu64 " ran %u times", s->id,
+			 runs - f->runs_before[s->id]);
+	int rc = step_run(f, call, s);
+	PUBLISH(f->done[s->id], rc != 0 ? DONE_FAILED : DONE_OK);
+	return rc;
 }
 
 /* Rebuilds the output from the parents' outputs (a leaf's value for a
@@ -438,13 +640,14 @@ static int step_recompute(adg_recompute_call *call, void *user)
 	struct step *s = user;
 	struct fuzz *f = s->f;
 
-	if (!f->getting || call->node_id != s->id || call->n_parents != s->n ||
+	BUMP(f->callbacks);
+	if (!getting || call->node_id != s->id || call->n_parents != s->n ||
 	    call->output != NULL)
 		mismatch(f,
 			 "recompute of %" PRIu64 " called for %" PRIu64
 			 " with %zu parents%s%s",
 			 s->id, call->node_id, call->n_parents,
-			 f->getting ? "" : ", outside adg_output_get",
+			 getting ? "" : ", outside adg_output_get",
 			 call->output != NULL ? ", output set" : "");
 	uint64_t value = 1;
 	for (size_t k = 0; k < s->n; k++) {
@@ -462,8 +665,8 @@ static int step_recompute(adg_recompute_call *call, void *user)
 					 : "");
 		value *= p != NULL ? p->value : s->parent_values[k];
 	}
-	f->recomputes[s->id]++;
-	f->cov.recomputes++;
+	BUMP(f->recomputes[s->id]);
+	BUMP(f->cov.recomputes);
 	switch (s->recompute) {
 	case RECOMPUTE_FAILS:
 		return recompute_fail_code(s->id);
@@ -486,11 +689,12 @@ static void step_release(void *user)
 	struct step *s = user;
 	struct fuzz *f = s->f;
 
-	f->releases[s->id]++;
-	if (f->releases[s->id] != 1)
+	BUMP(f->callbacks);
+	unsigned releases = BUMPED(f->releases[s->id]);
+	if (releases != 1)
 		mismatch(f, "step %" PRIu64 " released %u times", s->id,
-			 f->releases[s->id]);
-	f->steps_live--;
+			 releases);
+	UNBUMP(f->steps_live);
 	free(s);
 }
 
@@ -724,22 +928,30 @@ static void do_drop(struct fuzz *f, size_t i)
 	f->cov.freed_unrun += f->frees - frees;
 }
 
-/* Which steps ran in this backward: step_begin checked each as it came;
- * unless one failed, every step of the tape ran. Each was called with its
- * final gradient. */
+/* Which steps ran in this backward: step_begin (or step_begin_par) checked
+ * each as it came. Every step of the tape up to the first that fails in
+ * tape order ran (model_run_tape's, with an executor), and without an
+ * executor no other. Each was called with its final gradient. */
 static void check_runs(struct fuzz *f)
 {
 	const struct model_backward *e = &f->expect;
+	uint64_t failed = e->failed_step;
 
 	for (uint64_t id = 1; id < f->model.next_id; id++) {
 		unsigned ran = f->runs[id] - f->runs_before[id];
-		if (e->on_tape[id] && e->failed_step == 0 && ran == 0)
+		if (e->on_tape[id] && ran == 0 &&
+		    (failed == 0 || e->pos[id] < e->pos[failed]))
 			mismatch(f,
 				 "step %" PRIu64 " never ran in a backward "
-				 "where no step failed",
+				 "where no step before it on the tape failed",
 				 id);
 		if (ran == 0)
 			continue;
+		if (f->done[id] == 0)
+			mismatch(f,
+				 "the step of %" PRIu64
+				 " had not returned when the backward did",
+				 id);
 		/* Called with NULL when none arrived or the hook took it. */
 		bool want_grad = e->has_grad[id] && !e->taken[id];
 		if (f->got_grad[id] != want_grad)
@@ -755,36 +967,38 @@ static void check_runs(struct fuzz *f)
 }
 
 /* The ready hook: called once per expected id, when every step that names
- * it as a parent has run and (for a node) before its own step, with the
- * model's gradient. */
+ * it as a parent has returned and (for a node) before its own step, with
+ * the model's gradient. With an executor, on any thread, and for several
+ * ids at once. */
 static int on_ready(uint64_t id, void **grad, void *ctx)
 {
 	struct fuzz *f = ctx;
 	const struct model_backward *e = &f->expect;
 
+	BUMP(f->callbacks);
 	if (id == 0 || id >= f->model.next_id || !e->fires[id])
 		mismatch(f,
 			 "the ready hook was called for id %" PRIu64
 			 ", which the model does not expect",
 			 id);
-	if (++f->fired[id] != 1)
+	unsigned fired = BUMPED(f->fired[id]);
+	if (fired != 1)
 		mismatch(f, "the ready hook was called %u times for %" PRIu64,
-			 f->fired[id], id);
+			 fired, id);
 	for (uint64_t c = 1; c < f->model.next_id; c++) {
 		if (!e->on_tape[c])
 			continue;
 		const struct model_node *n = &f->model.node[c];
 		for (size_t k = 0; k < n->n_parents; k++)
-			if (n->parents[k] == id &&
-			    f->runs[c] == f->runs_before[c])
+			if (n->parents[k] == id && OBSERVE(f->done[c]) == 0)
 				mismatch(
 					f,
 					"the ready hook was called for %" PRIu64
 					" before the step of its child "
-					"%" PRIu64,
+					"%" PRIu64 " returned",
 					id, c);
 	}
-	if (f->runs[id] != f->runs_before[id])
+	if (RELAXED(f->runs[id]) != f->runs_before[id])
 		mismatch(f,
 			 "the ready hook was called for %" PRIu64
 			 " after its own step",
@@ -800,17 +1014,179 @@ static int on_ready(uint64_t id, void **grad, void *ctx)
 	expect_of(f, "gradient passed to the ready hook for", id,
 		  *(uint64_t *)*grad, e->grad[id]);
 	if (f->takes[id]) {
-		f->cov.hook_takes++;
+		BUMP(f->cov.hook_takes);
 		box_free(*grad, f);
 		*grad = NULL;
 	}
 	return 0;
 }
 
-/* A backward from handle i; with a ready hook unless hook is NULL (its
- * takes must point at f->takes). */
+/* ----------------------------------------------------------- executors */
+
+/* libadg's pools, one of each size, started when a backward first wants
+ * one and kept for the process: adg_fuzz_run runs on one thread at a
+ * time. */
+static adg_pool *pools[3];
+static adg_executor pool_executors[3];
+
+static void free_pools(void)
+{
+	for (size_t k = 0; k < 3; k++) {
+		int rc = adg_pool_free(pools[k]);
+		if (rc != 0) {
+			fprintf(stderr, "adg-fuzz: adg_pool_free: %d (%s)\n",
+				rc, adg_strerror(rc));
+			abort();
+		}
+		pools[k] = NULL;
+	}
+}
+
+static const adg_executor *pool_executor(const struct fuzz *f, unsigned n)
+{
+	static bool registered;
+	if (pools[n - 1] == NULL) {
+		if (!registered && atexit(free_pools) != 0) {
+			fprintf(stderr, "adg-fuzz: atexit: %s\n",
+				strerror(errno));
+			abort();
+		}
+		registered = true;
+		int rc = adg_pool_new(n, &pools[n - 1]);
+		if (rc == ADG_ENOMEM) {
+			fprintf(stderr, "adg-fuzz: adg_pool_new: no memory\n");
+			abort();
+		}
+		expect_rc(f, "adg_pool_new", rc, 0);
+		expect_rc(
+			f, "adg_pool_executor",
+			adg_pool_executor(pools[n - 1], &pool_executors[n - 1]),
+			0);
+		expect_u64(f, "workers a pool offers",
+			   pool_executors[n - 1].n_workers, n);
+	}
+	return &pool_executors[n - 1];
+}
+
+/* EXEC_CALLER's submit: with no workers, libadg must not call it. */
+static int submit_never(void (*fn)(void *arg), void *arg, void *ctx)
+{
+	(void)fn;
+	(void)arg;
+	mismatch(ctx, "an executor of no workers was asked to run work");
+}
+
+/* EXEC_DEFERRED's: keeps fn for the driver to run once the backward has
+ * returned. None runs before: libadg, which counts every submitted one as
+ * a thread in use until it returns, submits at most DEFERRED_WORKERS. */
+static int submit_deferred(void (*fn)(void *arg), void *arg, void *ctx)
+{
+	struct fuzz *f = ctx;
+	/* Any thread of the backward may submit: the slot is its own. */
+	unsigned k = BUMPED(f->n_submits) - 1;
+	if (k >= DEFERRED_WORKERS)
+		mismatch(f,
+			 "libadg submitted %u functions to an executor of %u "
+			 "workers, none of which has run",
+			 k + 1, DEFERRED_WORKERS);
+	f->queued[k].fn = fn;
+	f->queued[k].arg = arg;
+	return 0;
+}
+
+/* EXEC_REFUSING's: fails, and fn never runs. */
+static int submit_refusing(void (*fn)(void *arg), void *arg, void *ctx)
+{
+	(void)fn;
+	(void)arg;
+	BUMP(((struct fuzz *)ctx)->n_submits);
+	return -1;
+}
+
+/* The executor of mode, or NULL for EXEC_NONE. */
+static const adg_executor *executor_of(struct fuzz *f, enum exec_mode mode,
+				       adg_executor *own)
+{
+	switch (mode) {
+	case EXEC_NONE:
+		return NULL;
+	case EXEC_CALLER:
+		*own = (adg_executor){submit_never, f, 0};
+		return own;
+	case EXEC_POOL1:
+	case EXEC_POOL2:
+	case EXEC_POOL3:
+		return pool_executor(f, mode - EXEC_POOL1 + 1);
+	case EXEC_DEFERRED:
+		*own = (adg_executor){submit_deferred, f, DEFERRED_WORKERS};
+		return own;
+	case EXEC_REFUSING:
+		*own = (adg_executor){submit_refusing, f, REFUSING_WORKERS};
+		return own;
+	}
+	abort();
+}
+
+/* EXEC_DEFERRED, once the backward has returned: runs what it submitted,
+ * which must return at once having done nothing the driver can see. */
+static void run_deferred(struct fuzz *f)
+{
+	unsigned n = f->n_submits;
+	uint64_t callbacks = f->callbacks;
+	for (unsigned k = 0; k < n; k++)
+		f->queued[k].fn(f->queued[k].arg);
+	if (f->callbacks != callbacks)
+		mismatch(f,
+			 "the %u functions submitted to the executor, run "
+			 "after the backward returned, called the driver "
+			 "%" PRIu64 " times",
+			 n, f->callbacks - callbacks);
+}
+
+_Static_assert(EXEC_REFUSING + 1 == ADG_FUZZ_EXEC_MODES,
+	       "driver.h: one W per mode");
+
+static const char *const mode_names[] = {
+	"sequential",	       "an executor of no workers",
+	"a pool of 1",	       "a pool of 2",
+	"a pool of 3",	       "a deferring executor",
+	"a refusing executor",
+};
+
+/* After a failed backward with an executor: steps after the first failure
+ * in tape order may have started before libadg knew of it, and rebuilt
+ * outputs the sequential backward does not. Every output of the tape is
+ * still gone, and nothing the sequential one did is missing; the model
+ * takes the rest as it came. */
+static void settle_late_steps(struct fuzz *f)
+{
+	const struct model_backward *e = &f->expect;
+
+	for (uint64_t id = 1; id < f->model.next_id; id++) {
+		const struct model_node *n = &f->model.node[id];
+		if (!e->on_tape[id])
+			continue;
+		expect_of(f, "outputs alive after a failed backward, of node",
+			  id, f->out_live[id], 0);
+		if (f->out_frees[id] < n->frees ||
+		    f->recomputes[id] < n->recomputes)
+			mismatch(f,
+				 "node %" PRIu64 ": %" PRIu64
+				 " output frees and %" PRIu64
+				 " recomputes, fewer than the sequential "
+				 "backward's %" PRIu64 " and %" PRIu64,
+				 id, f->out_frees[id], f->recomputes[id],
+				 n->frees, n->recomputes);
+		model_backward_late(&f->model, e, id,
+				    f->out_frees[id] - n->frees,
+				    f->recomputes[id] - n->recomputes);
+	}
+}
+
+/* A backward from handle i, run as mode says; with a ready hook unless
+ * hook is NULL (its takes must point at f->takes). */
 static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
-			const struct model_hook *hook)
+			const struct model_hook *hook, enum exec_mode mode)
 {
 	struct model_backward *e = &f->expect;
 	uint64_t root = f->h[i].id;
@@ -819,33 +1195,53 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 	uint64_t freed = f->model.nodes_freed;
 	memcpy(f->runs_before, f->runs, sizeof f->runs);
 	memset(f->fired, 0, sizeof f->fired);
+	memset(f->done, 0, sizeof f->done);
+	f->n_submits = 0;
 	model_backward(&f->model, root, seed, hook, e);
 	f->cov.backward_hook += hook != NULL;
 	f->cov.cascades += f->model.nodes_freed - freed >= 2;
 	f->running = 0;
+	f->begun = 0;
+	f->mode = mode;
+	adg_executor own;
+	const adg_executor *exec = executor_of(f, mode, &own);
 	int rc;
-	if (hook == NULL) {
+	if (hook == NULL && exec == NULL) {
 		rc = adg_backward(f->reg, f->h[i].node, box(f, seed), &f->ops,
 				  &out);
 	} else {
-		adg_backward_options o = {.on_ready = on_ready,
-					  .ctx = f,
-					  .leaves_only = hook->leaves_only};
+		adg_backward_options o = {.executor = exec};
+		if (hook != NULL) {
+			o.on_ready = on_ready;
+			o.ctx = f;
+			o.leaves_only = hook->leaves_only;
+		}
 		rc = adg_backward_with(f->reg, f->h[i].node, box(f, seed),
 				       &f->ops, &o, &out);
 	}
-	if (f->running != 0)
-		model_step_end(&f->model, e, f->running);
+	if (mode == EXEC_DEFERRED)
+		run_deferred(f);
+	if (mode == EXEC_NONE) {
+		if (f->running != 0)
+			model_step_end(&f->model, e, f->running);
+	} else if (e->rc == 0) {
+		model_run_tape(&f->model, e);
+	}
 	f->running = 0;
 	if (e->rc == 0)
 		model_backward_end(&f->model, e);
 
 	if (f->trace)
 		fprintf(stderr,
-			"adg-fuzz:    backward from %" PRIu64 ": %d (%s)\n",
-			root, rc, adg_strerror(rc));
-	/* The steps that ran decide the outcome: the first to fail names
-	 * itself in its code. */
+			"adg-fuzz:    backward from %" PRIu64
+			" (%s): %d (%s)%s\n",
+			root, mode_names[mode], rc, adg_strerror(rc),
+			mode == EXEC_DEFERRED || mode == EXEC_REFUSING
+				? (f->n_submits > 0 ? ", submitted work"
+						    : ", submitted none")
+				: "");
+	/* The steps that ran decide the outcome: the first to fail in tape
+	 * order names itself in its code. */
 	int want = e->rc;
 	if (want == 0 && e->failed_recompute != 0)
 		want = f->recompute_rc[e->failed_recompute];
@@ -866,6 +1262,14 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 		f->cov.backward_unavailable++;
 	else
 		f->cov.backward_failed++;
+	if (e->rc == 0 && !f->model.node[root].leaf) {
+		f->cov.exec_caller += mode == EXEC_CALLER;
+		f->cov.exec_pool += mode >= EXEC_POOL1 && mode <= EXEC_POOL3;
+		f->cov.exec_deferred += mode == EXEC_DEFERRED;
+		f->cov.exec_refusing += mode == EXEC_REFUSING;
+		f->cov.exec_failed += mode != EXEC_NONE && rc != 0;
+		f->cov.exec_hook += mode != EXEC_NONE && hook != NULL;
+	}
 	f->cov.freed_at_take += e->freed_at_take;
 	/* A successful backward has served every request, so it holds no
 	 * output to its end (I8); a failed one frees what it held there. */
@@ -877,12 +1281,15 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 			 e->freed_at_end);
 	f->cov.freed_after_failure += e->freed_at_end;
 	check_runs(f);
+	if (mode != EXEC_NONE && e->rc == 0 && rc != 0)
+		settle_late_steps(f);
 	/* After a failure the hook may have missed ids, never more. */
 	for (uint64_t id = 1; hook != NULL && id < f->model.next_id; id++)
 		if (f->fired[id] == 0 && e->fires[id] && rc == 0)
 			mismatch(f,
 				 "the ready hook was never called for %" PRIu64,
 				 id);
+	f->mode = EXEC_NONE;
 	if (rc != 0) {
 		if (out != NULL)
 			mismatch(f, "a failed backward left *out non-NULL");
@@ -911,14 +1318,15 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 }
 
 /* A backward with a ready hook, chosen by s (see driver.h). */
-static void do_backward_hook(struct fuzz *f, size_t i, uint8_t s)
+static void do_backward_hook(struct fuzz *f, size_t i, uint8_t s,
+			     enum exec_mode mode)
 {
 	unsigned rule = (s >> 1) & 3;
 	for (uint64_t id = 0; id <= MODEL_MAX_NODES; id++)
 		f->takes[id] = rule == 3 || (rule == 1 && id % 2 == 0) ||
 			       (rule == 2 && id % 3 == 0);
 	struct model_hook hook = {.leaves_only = s & 1, .takes = f->takes};
-	do_backward(f, i, 2 * (uint64_t)s + 1, &hook);
+	do_backward(f, i, 2 * (uint64_t)s + 1, &hook, mode);
 }
 
 static void do_stats(struct fuzz *f)
@@ -1008,6 +1416,9 @@ static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
 
 	/* The handle an operation names by its first argument. */
 	size_t i = op->args > 0 && f->nh > 0 ? arg[0] % f->nh : 0;
+	/* A backward's W: the rest of its opcode byte. */
+	enum exec_mode mode = (enum exec_mode)(data[start] / ADG_FUZZ_OPCODES %
+					       ADG_FUZZ_EXEC_MODES);
 	bool skip = skipped(f, op->kind);
 	f->op_name = op->name;
 	f->op_start = start;
@@ -1037,10 +1448,10 @@ static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
 			do_drop(f, i);
 			break;
 		case ADG_FUZZ_BACKWARD:
-			do_backward(f, i, 2 * (uint64_t)arg[1] + 1, NULL);
+			do_backward(f, i, 2 * (uint64_t)arg[1] + 1, NULL, mode);
 			break;
 		case ADG_FUZZ_BACKWARD_HOOK:
-			do_backward_hook(f, i, arg[1]);
+			do_backward_hook(f, i, arg[1], mode);
 			break;
 		case ADG_FUZZ_STATS:
 			do_stats(f);
@@ -1049,7 +1460,7 @@ static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
 			do_graph(f, i);
 			break;
 		case ADG_FUZZ_BACKWARD_NEWEST:
-			do_backward(f, f->nh - 1, 1, NULL);
+			do_backward(f, f->nh - 1, 1, NULL, mode);
 			break;
 		}
 	}

@@ -49,6 +49,37 @@
  *          k set (n parents: repeats when n < 3)
  *   7      its step never calls adg_output_get for what it asked
  *
+ * How a backward runs its steps (backward, backward-hook and
+ * backward-newest alike) is W = (c / 20) % 7, where c is its opcode byte
+ * and 20 the modulus, ADG_FUZZ_OPCODES: the part of the byte that does not
+ * choose the kind. W 0, and so every code below 20, is the backward as
+ * before there was a W: adg_backward, or adg_backward_with without an
+ * executor for backward-hook. Any other W runs adg_backward_with with an
+ * executor (adg_backward_options.executor):
+ *
+ *   1      one of no workers (n_workers 0): the scheduler of an executor
+ *          on the calling thread alone; its submit must not be called
+ *   2-4    libadg's pool of W - 1 threads (adg_pool_new, adg_pool_executor),
+ *          started once per process and kept
+ *   5      one of 2 workers whose submit only queues: the driver runs the
+ *          functions after the backward returned, when they must return at
+ *          once without calling the driver; libadg, none of them having
+ *          run, may not submit more than 2
+ *   6      one of 3 workers whose submit always fails
+ *
+ * With an executor the steps may run in any order in which each comes
+ * after its node's children's, and at once; the driver then compares with
+ * what the model's sequential backward gives, not with each step as it
+ * runs (tests/model/model.h): the same result, gradients, hook calls (one
+ * per id, each after the steps of the id's children), releases and, when
+ * the backward succeeds, the same outputs freed and recomputed. When a step
+ * fails, the result is still the first failure in tape order, and every
+ * step before it on the tape has run; steps after it may have run too, if
+ * they had started, and their rebuilds are the only counts allowed to
+ * differ. Each step also checks that its container is its own view:
+ * registering for its own id, or once more for a parent whose slots it
+ * has filled, get, take, count and free on it give ADG_EINVAL.
+ *
  * Options that libadg must refuse (asking for a leaf's output, or for that
  * of a parent that offers none, a recompute callback with such a parent
  * that is not a leaf, want_self without an output) are expected to fail
@@ -68,6 +99,8 @@
 
 #define ADG_FUZZ_MAX_HANDLES 64
 #define ADG_FUZZ_MAX_OPS     512
+/* The values of a backward's W (above). */
+#define ADG_FUZZ_EXEC_MODES 7
 
 /* The kinds of operation, each named by the first code of its range
  * (ops.def). */
@@ -96,6 +129,9 @@ enum adg_fuzz_code {
 #include "ops.def"
 #undef OP
 _Static_assert(ADG_FUZZ_OPCODES <= 256, "ops.def: more codes than a byte");
+/* So that an opcode byte can still say every W. */
+_Static_assert(255 / ADG_FUZZ_OPCODES >= ADG_FUZZ_EXEC_MODES - 1,
+	       "ops.def: too many codes left for a backward's W");
 
 /* What inputs exercised, summed over runs: lets the replay test check that
  * the corpus covers every kind of operation and outcome. One X(name) per
@@ -130,7 +166,13 @@ _Static_assert(ADG_FUZZ_OPCODES <= 256, "ops.def: more codes than a byte");
 	X(recompute_failures)	/* adg_output_get failed by a recompute */     \
 	X(gets_skipped)		/* steps that asked, then got nothing */       \
 	X(freed_after_failure)	/* outputs a failed backward freed */          \
-	X(freed_unrun)		/* outputs freed with nodes dropped unrun */
+	X(freed_unrun)		/* outputs freed with nodes dropped unrun */   \
+	X(exec_caller)		/* backwards with no workers (W 1) */          \
+	X(exec_pool)		/* backwards on libadg's pool (W 2-4) */       \
+	X(exec_deferred)	/* backwards with a queueing submit (W 5) */   \
+	X(exec_refusing)	/* backwards with a failing submit (W 6) */    \
+	X(exec_failed)		/* with an executor, a step failed */          \
+	X(exec_hook)		/* with an executor and a ready hook */
 
 struct adg_fuzz_coverage {
 #define ADG_FUZZ_FIELD(name) uint64_t name;

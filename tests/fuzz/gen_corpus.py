@@ -7,6 +7,11 @@ names into indices. The encoding is documented in driver.h; the opcodes and
 argument counts come from ops.def, which the driver reads too. The files are
 committed: rerun this only to change the corpus.
 
+Every scenario that runs a backward is written twice: as it is, its
+backwards without an executor (W 0), and as NN-name-wW, every backward with
+the executor W (driver.h), W taken in turn from VARIANT_WORKERS. The par_*
+scenarios choose W for each backward themselves and have no variant.
+
     python3 tests/fuzz/gen_corpus.py [out_dir]
 """
 import os
@@ -18,8 +23,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def read_ops(path):
-    """ops.def's lines as {NAME: (first code, argument bytes)}, checked as
-    driver.h checks them: the ranges follow one another from 0."""
+    """ops.def's lines as {NAME: (first code, argument bytes)}, and the
+    number of codes, checked as driver.h checks them: the ranges follow one
+    another from 0."""
     line_re = re.compile(
         r'OP\(\s*(\w+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*(\d+)\s*,\s*"[^"]*"\s*\)')
     ops, code = {}, 0
@@ -34,10 +40,23 @@ def read_ops(path):
             ops[name] = (first, args)
             code += count
     assert ops, "ops.def: no OP lines"
-    return ops
+    return ops, code
 
 
-OPS = read_ops(os.path.join(HERE, "ops.def"))
+OPS, OPCODES = read_ops(os.path.join(HERE, "ops.def"))
+
+# How a backward runs its steps, its W (driver.h): the quotient of its
+# opcode byte by OPCODES, modulo EXEC_MODES. SEQUENTIAL: no executor;
+# CALLER: one of no workers; POOL1..POOL3: libadg's pool of 1..3 threads;
+# DEFERRED: a submit that queues until the backward returned; REFUSING: a
+# submit that fails.
+(SEQUENTIAL, CALLER, POOL1, POOL2, POOL3, DEFERRED,
+ REFUSING) = range(7)
+EXEC_MODES = 7
+assert 255 // OPCODES >= EXEC_MODES - 1, "no opcode byte left for every W"
+
+# The W of each scenario's variant, in turn: the widest pool most often.
+VARIANT_WORKERS = (POOL3, CALLER, POOL1, DEFERRED, POOL3, POOL2, REFUSING)
 
 # Which gradients the ready hook takes (driver.h): none, even ids, ids
 # divisible by 3, all.
@@ -55,18 +74,26 @@ BUILDS, FAILS, EMPTY, POSITIVE, SETS_THEN_FAILS = range(5)
 class Seq:
     """One input: a method per operation of ops.def, named after it."""
 
-    def __init__(self, strategy=NONE):
+    def __init__(self, strategy=NONE, workers=SEQUENTIAL):
         self.out = bytearray([strategy])  # the header
         self.handles = []
+        self.workers = workers  # the W of a backward that names none
+        self.backwards = 0
 
     def _idx(self, name):
         return self.handles.index(name)
 
-    def _emit(self, op, args, parents=()):
+    def _emit(self, op, args, parents=(), workers=SEQUENTIAL):
         first, n_args = OPS[op]
         assert len(args) == n_args, f"{op} takes {n_args} argument bytes"
-        self.out += bytes([first] + list(args) +
+        assert 0 <= workers < EXEC_MODES
+        self.out += bytes([first + OPCODES * workers] + list(args) +
                           [self._idx(x) for x in parents])
+
+    def _backward(self, op, args, workers):
+        self.backwards += 1
+        self._emit(op, args,
+                   workers=self.workers if workers is None else workers)
 
     def leaf(self, name, v=1):
         self._emit("LEAF", [v])
@@ -111,15 +138,16 @@ class Seq:
         self.handles[i] = self.handles[-1]
         self.handles.pop()
 
-    def backward(self, name, seed=0):
-        self._emit("BACKWARD", [self._idx(name), seed])
+    def backward(self, name, seed=0, workers=None):
+        self._backward("BACKWARD", [self._idx(name), seed], workers)
 
-    def backward_hook(self, name, leaves_only=False, take=TAKE_NONE, seed=0):
+    def backward_hook(self, name, leaves_only=False, take=TAKE_NONE, seed=0,
+                      workers=None):
         s = (1 if leaves_only else 0) + 2 * take + 8 * seed
-        self._emit("BACKWARD_HOOK", [self._idx(name), s])
+        self._backward("BACKWARD_HOOK", [self._idx(name), s], workers)
 
-    def backward_newest(self):
-        self._emit("BACKWARD_NEWEST", [])
+    def backward_newest(self, workers=None):
+        self._backward("BACKWARD_NEWEST", [], workers)
 
     def stats(self):
         self._emit("STATS", [])
@@ -152,6 +180,11 @@ def scenario(fn=None, strategies=(NONE,)):
             SCENARIOS[name] = (fn, strategy)
         return fn
     return register(fn) if fn is not None else register
+
+
+def parallel(name):
+    """Whether a scenario chooses its backwards' W itself (no variant)."""
+    return name.startswith("par_")
 
 
 @scenario
@@ -791,6 +824,240 @@ def ckpt_training_loop(s):
         s.stats()
 
 
+# ---- Backwards with an executor (W above 0, driver.h): steps of
+# independent branches run at once, in an order that depends on timing,
+# and the results must still be the sequential backward's. Each of these
+# builds a graph of a given shape again for each W.
+
+EXECUTORS = (CALLER, POOL1, POOL2, POOL3, DEFERRED, REFUSING)
+
+
+def wide_tree(s, tag, n_leaves=4, chains=8, length=5, fail=()):
+    """chains chains of length ops on the leaves, joined in a tree of up to
+    three parents an op: branches that can run at once. fail: (chain, k)
+    pairs whose step fails. Returns the root and the names to drop."""
+    names = []
+    ends = []
+    for c in range(chains):
+        prev = f"l{c % n_leaves}"
+        for k in range(length):
+            name = f"{tag}c{c}_{k}"
+            parents = [prev, f"l{(c + k) % n_leaves}"] if k % 2 else [prev]
+            s.op(name, parents, fail=(c, k) in fail)
+            names.append(name)
+            prev = name
+        ends.append(prev)
+    level = 0
+    while len(ends) > 1:
+        joined = []
+        for j in range(0, len(ends), 3):
+            name = f"{tag}j{level}_{j}"
+            s.op(name, ends[j:j + 3])
+            names.append(name)
+            joined.append(name)
+        ends = joined
+        level += 1
+    return ends[0], names
+
+
+def drop_all(s, names):
+    for name in names:
+        s.drop(name)
+
+
+@scenario
+def par_wide_tree(s):
+    leaves(s, 4)
+    for k, w in enumerate(EXECUTORS):
+        root, names = wide_tree(s, f"w{w}")
+        s.backward(root, 3 + k, workers=w)
+        drop_all(s, names)
+    s.stats()
+
+
+@scenario
+def par_wide_tree_hook(s):
+    # The hook runs on the worker whose step made a gradient final: for
+    # several ids at once, each once, taking some.
+    leaves(s, 4)
+    for k, w in enumerate(EXECUTORS):
+        root, names = wide_tree(s, f"w{w}")
+        s.backward_hook(root, leaves_only=k % 2 == 1, take=k % 4,
+                        seed=k, workers=w)
+        drop_all(s, names)
+
+
+@scenario
+def par_fail_branches(s):
+    # Failing steps in several branches at different depths: the result is
+    # the deepest one's, the first on the tape, however the branches run;
+    # then two at one depth, where the walk order decides.
+    leaves(s, 4)
+    for k, w in enumerate((SEQUENTIAL,) + EXECUTORS):
+        root, names = wide_tree(s, f"w{w}", fail={(1, 3), (4, 1), (6, 3)})
+        s.backward(root, k, workers=w)
+        drop_all(s, names)
+    for k, w in enumerate((SEQUENTIAL,) + EXECUTORS):
+        root, names = wide_tree(s, f"v{w}", chains=5, length=3,
+                                fail={(3, 2), (0, 2)})
+        s.backward_hook(root, take=TAKE_EVEN, seed=k, workers=w)
+        drop_all(s, names)
+
+
+@scenario
+def par_fail_walk_order(s):
+    # a and b fail at the same depth; c names b first, so the walk reaches
+    # b first and b's failure is the one reported, though a's id is
+    # smaller: without an executor b runs first, with one it is the first
+    # on the tape.
+    leaves(s, 2)
+    for w in (SEQUENTIAL,) + EXECUTORS:
+        s.op("a", ["l0"], fail=True)
+        s.op("b", ["l1"], fail=True)
+        s.op("c", ["b", "a"])
+        s.op("d", ["c", "l0"])
+        s.backward("d", w, workers=w)
+        drop_all(s, ["a", "b", "c", "d"])
+
+
+@scenario
+def par_repeats_and_takes(s):
+    # Parents named in several slots (one view gets several registrations
+    # for one id), steps that take their gradient, all on shared leaves.
+    leaves(s, 3)
+    for k, w in enumerate(EXECUTORS):
+        names = []
+        for b in range(6):
+            x = f"x{b}"
+            s.op(x, [f"l{b % 3}"] * (1 + b % 3), take=b == 4)
+            y = f"y{b}"
+            s.op(y, [x, x, f"l{(b + 1) % 3}"], take=b == 1)
+            names += [x, y]
+        s.op("z0", ["y0", "y1", "y2"])
+        s.op("z1", ["y3", "y4", "y5"])
+        s.op("r", ["z0", "z1", "z0"])
+        names += ["z0", "z1", "r"]
+        s.backward("r", k, workers=w)
+        drop_all(s, names)
+
+
+@scenario(strategies=(NONE, BALANCED))
+def par_ckpt_shared(s):
+    # Branches that ask for the same outputs: r, which only a recompute
+    # gives, and the end of a chain that balanced drops; each is built
+    # once, whichever branch asks first, and freed once.
+    leaves(s, 3)
+    for k, w in enumerate(EXECUTORS):
+        s.op_with("c0", ["l0", "l1"], value=True)
+        mem_add(s, "m1", "c0")
+        mem_add(s, "m2", "m1")
+        s.op_with("r", ["m2", "l2"], recompute=True, memory_bound=True)
+        names = ["c0", "m1", "m2", "r"]
+        ys = []
+        for b in range(5):
+            y = f"y{b}"
+            s.op_with(y, ["r", f"l{b % 3}", "m2"], value=True,
+                      want=[0] if b % 2 else [0, 2], want_self=b == 3)
+            prev = y
+            for j in range(b % 3):
+                s.op_with(f"{y}_{j}", [prev], value=True, want=[0])
+                prev = f"{y}_{j}"
+                names.append(prev)
+            ys.append(prev)
+            names.append(y)
+        s.op("z", ys[:3])
+        s.op("root", ["z", ys[3], ys[4]])
+        names += ["z", "root"]
+        if k % 2:
+            s.backward_hook("root", take=TAKE_THIRD, seed=k, workers=w)
+        else:
+            s.backward("root", k, workers=w)
+        drop_all(s, names)
+
+
+@scenario(strategies=(BALANCED,))
+def par_ckpt_failing_rebuild(s):
+    # Two branches ask for r, whose rebuild fails on the way (m's
+    # recompute): both gets fail with m's code, the deeper branch is the
+    # first on the tape; then one branch fails on its own, deeper than
+    # the get that fails.
+    leaves(s, 2)
+    for k, w in enumerate((SEQUENTIAL,) + EXECUTORS):
+        s.op_with("c", ["l0", "l1"], value=True)
+        mem_add(s, "m", "c", ends=FAILS if k % 2 else SETS_THEN_FAILS)
+        s.op_with("r", ["m"], recompute=True)
+        s.op_with("a", ["r", "l0"], want=[0])
+        s.op("a2", ["a"])
+        s.op_with("b", ["l1", "r"], want=[1])
+        s.op("root", ["a2", "b"])
+        s.backward("root", k, workers=w)
+        drop_all(s, ["c", "m", "r", "a", "a2", "b", "root"])
+    for k, w in enumerate(EXECUTORS):
+        s.op_with("c", ["l0", "l1"], value=True)
+        mem_add(s, "m", "c", ends=FAILS)
+        s.op_with("b", ["l1", "m"], want=[1])
+        s.op("a", ["l0"])
+        s.op("a1", ["a"], fail=True)
+        s.op("a2", ["a1"])
+        s.op("root", ["a2", "b"])
+        s.backward("root", k, workers=w)
+        drop_all(s, ["c", "m", "b", "a", "a1", "a2", "root"])
+
+
+@scenario(strategies=(BALANCED,))
+def par_training_loop(s):
+    # A data-parallel trainer: several micro-batches through the same
+    # parameters, summed, checkpointed activations, the backward on a
+    # different executor each iteration, the hook taking the parameters'
+    # gradients as an all-reduce would.
+    leaves(s, 3, "p")
+    for it, w in enumerate((POOL3,) + EXECUTORS + (SEQUENTIAL, POOL2)):
+        outs = []
+        names = []
+        for mb in range(4):
+            x = f"x{mb}"
+            s.op_with(x, [f"p{mb % 3}", "p0"], value=True)
+            a = f"a{mb}"
+            mem_add(s, a, x)
+            h = f"h{mb}"
+            s.op_with(h, [a, f"p{(mb + 1) % 3}"], value=True, want=[0])
+            names += [x, a, h]
+            outs.append(h)
+        s.op("s0", outs[:2])
+        s.op("s1", outs[2:])
+        s.op("loss", ["s0", "s1"])
+        names += ["s0", "s1", "loss"]
+        if it % 2:
+            s.backward_hook("loss", leaves_only=True, take=TAKE_ALL,
+                            seed=it, workers=w)
+        else:
+            s.backward("loss", it, workers=w)
+        drop_all(s, names)
+        s.stats()
+
+
+@scenario
+def par_regress_scratch_reuse(s):
+    # Chains one op longer each time, each backward with an executor:
+    # every tape needs a little more of the scheduler's scratch than the
+    # one before. libadg (par, c0e680d) reused the block when the arrays
+    # fit its size but not what is left of it past the cache-line
+    # alignment, and wrote up to 63 bytes beyond it (valgrind: invalid
+    # write in plan(), parallel.c; ASan's allocator aligns the block, and
+    # hides it).
+    s.leaf("x", 1)
+    for w in (CALLER, POOL1):
+        for length in range(1, 10):
+            prev = "x"
+            names = []
+            for k in range(length):
+                s.op(f"c{k}", [prev])
+                prev = f"c{k}"
+                names.append(prev)
+            s.backward(prev, length, workers=w)
+            drop_all(s, names)
+
+
 def write_random(out_dir):
     rng = random.Random(20240531)
     for k in range(6):
@@ -804,11 +1071,21 @@ def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
         HERE, "corpus")
     os.makedirs(out_dir, exist_ok=True)
+    variants = 0
     for i, (name, (fn, strategy)) in enumerate(SCENARIOS.items()):
         s = Seq(strategy)
         fn(s)
         path = os.path.join(out_dir, f"{i:02d}-{name.replace('_', '-')}")
         with open(path, "wb") as fp:
+            fp.write(bytes(s.out))
+        if s.backwards == 0 or parallel(name):
+            continue
+        # The same, every backward with an executor.
+        w = VARIANT_WORKERS[variants % len(VARIANT_WORKERS)]
+        variants += 1
+        s = Seq(strategy, workers=w)
+        fn(s)
+        with open(f"{path}-w{w}", "wb") as fp:
             fp.write(bytes(s.out))
     write_random(out_dir)
 

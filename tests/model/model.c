@@ -379,6 +379,46 @@ static void take_outputs(struct model *m, struct model_backward *b)
 	b->freed_at_take += release(m, b);
 }
 
+/* The tape's order (model.h): the walk first, breadth first from the root
+ * through parent slots in order, each non-leaf node where it is first
+ * reached; then a stable sort, deepest first. */
+static void order_tape(const struct model *m, uint64_t root,
+		       struct model_backward *out)
+{
+	bool seen[MODEL_MAX_NODES + 1] = {0};
+	size_t n = 0;
+
+	out->tape[n++] = root;
+	seen[root] = true;
+	for (size_t i = 0; i < n; i++) {
+		const struct model_node *c = &m->node[out->tape[i]];
+		for (size_t k = 0; k < c->n_parents; k++) {
+			uint64_t p = c->parents[k];
+			if (m->node[p].leaf || seen[p])
+				continue;
+			MODEL_CHECK(out->on_tape[p]);
+			seen[p] = true;
+			out->tape[n++] = p;
+		}
+	}
+	/* Insertion sort: stable, and the tape is at most a few hundred
+	 * nodes. */
+	for (size_t i = 1; i < n; i++) {
+		uint64_t id = out->tape[i];
+		size_t j = i;
+		for (; j > 0 &&
+		       m->node[out->tape[j - 1]].depth < m->node[id].depth;
+		     j--)
+			out->tape[j] = out->tape[j - 1];
+		out->tape[j] = id;
+	}
+	out->n_tape = n;
+	for (size_t i = 0; i < n; i++)
+		out->pos[out->tape[i]] = i;
+	for (uint64_t k = 1; k < m->next_id; k++)
+		MODEL_CHECK(seen[k] == out->on_tape[k]);
+}
+
 void model_backward(struct model *m, uint64_t root, uint64_t seed,
 		    const struct model_hook *hook, struct model_backward *out)
 {
@@ -433,6 +473,7 @@ void model_backward(struct model *m, uint64_t root, uint64_t seed,
 		out->rc = ADG_EUNAVAILABLE;
 		return;
 	}
+	order_tape(m, root, out);
 
 	/* Gradients, as if every step ran. Any order in which each node comes
 	 * after all of its children will do, and ids give one: a child is
@@ -475,6 +516,8 @@ void model_backward(struct model *m, uint64_t root, uint64_t seed,
 			out->n_leaf_grads++;
 
 	take_outputs(m, out);
+	for (uint64_t k = 1; k < m->next_id; k++)
+		out->held_at_take[k] = out->on_tape[k] && m->node[k].held;
 	/* Consumed, ran or not: each tape node leaves its graph and gives
 	 * up its step and its references on its parents. Their outputs stay
 	 * with the backward until model_backward_end. */
@@ -553,4 +596,53 @@ void model_backward_end(struct model *m, struct model_backward *b)
 			b->freed_at_end++;
 		}
 	}
+}
+
+uint64_t model_get_fails(const struct model *m, const struct model_backward *b,
+			 uint64_t target)
+{
+	const struct model_node *n = &m->node[target];
+	MODEL_CHECK(b->rc == 0 && b->on_tape[target]);
+	if (b->held_at_take[target])
+		return 0;
+	MODEL_CHECK(b->planned[target]);
+	for (size_t k = 0; k < n->n_parents; k++) {
+		if (m->node[n->parents[k]].leaf)
+			continue;
+		uint64_t failed = model_get_fails(m, b, n->parents[k]);
+		if (failed != 0)
+			return failed;
+	}
+	return n->out.recompute_fails ? target : 0;
+}
+
+void model_run_tape(struct model *m, struct model_backward *b)
+{
+	MODEL_CHECK(b->rc == 0);
+	for (size_t i = 0; i < b->n_tape && b->failed_step == 0; i++) {
+		uint64_t id = b->tape[i];
+		const struct model_node *n = &m->node[id];
+		model_step_begin(m, b, id);
+		/* As the fuzzer's steps get them: their own, then their
+		 * slots', up to the first that fails. */
+		bool failed = false;
+		if (n->out.gets && n->out.want_self)
+			failed = model_output_get(m, b, id, id) != 0;
+		for (size_t w = 0; n->out.gets && w < n->out.n_want && !failed;
+		     w++)
+			failed = model_output_get(m, b, id,
+						  n->parents[n->out.want[w]]) !=
+				 0;
+		model_step_end(m, b, id);
+	}
+}
+
+void model_backward_late(struct model *m, const struct model_backward *b,
+			 uint64_t id, uint64_t frees, uint64_t recomputes)
+{
+	struct model_node *n = &m->node[id];
+	MODEL_CHECK(b->rc == 0 && b->failed_step != 0 && b->on_tape[id]);
+	MODEL_CHECK(!n->held);
+	n->frees += frees;
+	n->recomputes += recomputes;
 }

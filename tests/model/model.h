@@ -12,6 +12,14 @@
  * run. A backward is followed step by step, in the order libadg runs them
  * (model_step_begin and the calls after it), since which outputs are held
  * at a given moment depends on that order.
+ *
+ * A backward with an executor runs its steps in an order that depends on
+ * timing, and several at once: the fuzzer then cannot report them to the
+ * model one by one. It checks each step against what does not depend on
+ * the order (model_get_fails), and afterwards has the model run the tape
+ * as the sequential backward would (model_run_tape): what a successful
+ * backward leaves does not depend on the order, and of a failed one the
+ * first failure in tape order and what came before it do not either.
  */
 #ifndef ADG_TEST_MODEL_H
 #define ADG_TEST_MODEL_H
@@ -92,6 +100,15 @@ struct model_backward {
 	int rc;
 	/* The non-leaf nodes the backward takes (with a nonzero rc: none). */
 	bool on_tape[MODEL_MAX_NODES + 1];
+	/* The tape in the order the sequential backward runs it: deepest
+	 * first, and within a depth in libadg's walk order (breadth first
+	 * from the root, parent slots in order, each node where it is first
+	 * reached), so that it depends on the graph's shape alone. An
+	 * executor's backward reports the failure that comes first in this
+	 * order. pos: each tape node's index in tape. */
+	uint64_t tape[MODEL_MAX_NODES];
+	size_t n_tape;
+	size_t pos[MODEL_MAX_NODES + 1];
 	/* The final gradient of every id that receives one, as if every step
 	 * ran: what the hook sees; unless the hook took it, what a tape
 	 * node's step is called with and what the container holds for a
@@ -113,6 +130,8 @@ struct model_backward {
 	bool needed[MODEL_MAX_NODES + 1];
 	bool planned[MODEL_MAX_NODES + 1];
 	uint64_t freed_at_take; /* held outputs no one needed */
+	/* Which outputs of the tape were held once the take was done. */
+	bool held_at_take[MODEL_MAX_NODES + 1];
 
 	/* As the steps run. A step has begun (ran) and returned (done); a
 	 * node's output was rebuilt (built). */
@@ -181,6 +200,32 @@ uint64_t model_output_get(struct model *m, struct model_backward *b,
 
 /* The step of id returned. */
 void model_step_end(struct model *m, struct model_backward *b, uint64_t id);
+
+/* What model_output_get would return for target, in any order of the
+ * steps and with any of them running at once, read from the tape as taken
+ * and changing nothing: a get rebuilds what was not held at the take, its
+ * parents first in slot order, and a rebuild that succeeded leaves
+ * nothing below it that fails. So the node whose recompute fails first on
+ * that walk is the one, whichever step got there first. */
+uint64_t model_get_fails(const struct model *m, const struct model_backward *b,
+			 uint64_t target);
+
+/* Runs the steps of backward b (rc 0, none run yet) as the sequential
+ * backward does: in tape order, each getting the outputs it asks for (its
+ * own, then its slots in order, up to the first get that fails), up to
+ * and including the first step that fails. For a backward whose steps
+ * could not be reported one by one (an executor's): afterwards b holds
+ * what ran and failed, and the outputs are where the sequential backward
+ * leaves them. */
+void model_run_tape(struct model *m, struct model_backward *b);
+
+/* After a failed backward with an executor and model_backward_end: steps
+ * after the first failure in tape order that had already started ran too,
+ * and their rebuilds (of outputs of node id of b's tape) added frees and
+ * recomputes that the sequential run does not have. The model takes them
+ * as reported: those counts depend on timing. */
+void model_backward_late(struct model *m, const struct model_backward *b,
+			 uint64_t id, uint64_t frees, uint64_t recomputes);
 
 /* The backward returned: the outputs its tape still held are freed. */
 void model_backward_end(struct model *m, struct model_backward *b);
