@@ -118,6 +118,8 @@ typedef struct bench_params {
 	int params;	 /* P: shared parameter leaves (shared-params) */
 	int idle_graphs; /* idle graphs alive (idle) */
 	int trainer_hidden;
+	int wide_branches; /* B: chains joined at the root (wide) */
+	int wide_chain;	   /* L: steps per chain (wide) */
 } bench_params;
 
 /* What one thread did in one run. */
@@ -143,6 +145,9 @@ typedef struct bench_workload {
 	void (*thread)(void *shared, int index, const atomic_int *stop,
 		       bench_counts *out);
 	bool needs_graphs;
+	/* Not a sweep workload: measured on one thread by a check of its
+	 * own (measure.c), so it has no setup, teardown or thread. */
+	bool check_only;
 } bench_workload;
 
 extern const bench_workload bench_workloads[];
@@ -161,6 +166,13 @@ int bench_adg_backward_ready(void *reg, void *root,
 			     int (*ready)(uint64_t id, void **grad, void *ctx),
 			     void *ctx, void **grads);
 
+/* libadg only: a backward whose steps run on ex's workers and the
+ * calling thread (adg_backward_with); ex NULL: adg_backward, the
+ * sequential path. */
+struct adg_executor;
+int bench_adg_backward_exec(void *reg, void *root,
+			    const struct adg_executor *ex, void **grads);
+
 /* The fraction of the shared-params graph's parameter gradients that are
  * final while steps are still left to run: what a data-parallel trainer's
  * all-reduce, started from the hook, can overlap. *mean_remaining: the
@@ -173,6 +185,26 @@ double bench_overlap_fraction(const bench_params *p, int iterations,
  * asks for the last) for ms milliseconds under a checkpointing strategy.
  * Returns nodes per second; *peak is the most outputs alive at once. */
 double bench_checkpoint(int strategy, int k, int ms, long *peak);
+
+/* The wide workload (wide.c; libadg only): backwards over graphs of
+ * p->wide_branches chains of p->wide_chain steps joined at one root, run
+ * sequentially or by 1 or more workers of a pool. */
+typedef struct bench_wide bench_wide;
+
+/* Calibrates the ~1 us step (once per process) and starts a pool for up
+ * to max_workers workers. *spin: the multiply-adds of a ~1 us step;
+ * *spin_ns: what that many take alone. NULL when the pool cannot start. */
+bench_wide *bench_wide_open(const bench_params *p, int max_workers, long *spin,
+			    double *spin_ns);
+/* One run on a fresh registry: ns per step of the backward alone (each
+ * graph is built untimed), over backwards for about ms milliseconds, at
+ * least three after an untimed one. workers 0: sequential (adg_backward);
+ * W >= 1: an executor of W - 1 of the pool's threads, the calling thread
+ * the W-th. work: ~1 us steps; else empty ones. NAN if a backward failed
+ * or a gradient came out wrong. *steps: the steps of one backward. */
+double bench_wide_run(bench_wide *w, int workers, bool work, int ms,
+		      int *steps);
+void bench_wide_close(bench_wide *w);
 
 /* For callgrind: build or run backward over `iterations` chains, each in
  * a function of its own that --toggle-collect can name. */

@@ -39,7 +39,16 @@ void usage(FILE *f)
 		"  --callgrind       count instructions per node under "
 		"valgrind instead\n"
 		"  --iterations=N    chains per callgrind run (default "
-		"2000)\n\n");
+		"2000)\n"
+		"  --wide-workers=LIST\n"
+		"                    worker counts for wide, besides "
+		"sequential "
+		"(default 1,2;\n"
+		"                    1 always runs); cores: 1, 2, 4, ... up to "
+		"the cores\n"
+		"  --wide-branches=B chains joined at wide's root (default "
+		"64)\n"
+		"  --wide-chain=L    steps per chain in wide (default 50)\n\n");
 	for (int i = 0; i < bench_n_workloads; i++)
 		fprintf(f, "  %-14s %s\n", bench_workloads[i].name,
 			bench_workloads[i].about);
@@ -93,6 +102,38 @@ static const char *impl_name(int i)
 	return impls[i]->name;
 }
 
+/* --wide-workers: a list, or "cores" for 1, 2, 4, ... up to the cores
+ * this process may run on. 1 is in it whatever the list says: it is the
+ * base of the speedups. Repeats are dropped; the counts are sorted. */
+static bool parse_workers(const char *arg, struct options *o)
+{
+	int list[32], n = 0;
+	if (strcmp(arg, "cores") == 0) {
+		int cores = available_cores();
+		for (int w = 1; w <= cores && w <= WIDE_MAX_WORKERS; w *= 2)
+			list[n++] = w;
+	} else if ((n = parse_list(arg, list, 32)) <= 0) {
+		return false;
+	}
+	o->wide_workers[0] = 1;
+	o->n_wide_workers = 1;
+	for (int i = 0; i < n; i++) {
+		bool seen = false;
+		for (int j = 0; j < o->n_wide_workers; j++)
+			seen = seen || o->wide_workers[j] == list[i];
+		if (seen)
+			continue;
+		if (list[i] > WIDE_MAX_WORKERS ||
+		    o->n_wide_workers == WIDE_MAX_COUNTS)
+			return false;
+		int j = o->n_wide_workers++;
+		for (; list[i] < o->wide_workers[j - 1]; j--)
+			o->wide_workers[j] = o->wide_workers[j - 1];
+		o->wide_workers[j] = list[i];
+	}
+	return true;
+}
+
 /* Reads an int option that must be at least least; atoi, as ever. */
 static bool at_least(int *field, const char *arg, int least)
 {
@@ -135,6 +176,12 @@ static bool apply(int c, struct options *o)
 	case 'C':
 		o->count_child = optarg;
 		return true;
+	case 'W':
+		return parse_workers(optarg, o);
+	case 'B':
+		return at_least(&o->p.wide_branches, optarg, 1);
+	case 'L':
+		return at_least(&o->p.wide_chain, optarg, 1);
 	case 'h':
 		usage(stdout);
 		exit(0);
@@ -156,12 +203,16 @@ bool parse_options(int argc, char **argv, struct options *o)
 		      .leaves = 4,
 		      .params = 20,
 		      .idle_graphs = 100000,
-		      .trainer_hidden = 8},
+		      .trainer_hidden = 8,
+		      .wide_branches = 64,
+		      .wide_chain = 50},
 		.out_dir = "results",
 		.plot = true,
 		.idle = true,
 		.checkpoint = true,
 		.iterations = 2000,
+		.wide_workers = {1, 2},
+		.n_wide_workers = 2,
 	};
 	for (int i = 0; i < bench_n_workloads; i++)
 		o->workload_on[i] = true;
@@ -188,6 +239,9 @@ bool parse_options(int argc, char **argv, struct options *o)
 		{"iterations", required_argument, 0, 'n'},
 		{"count-child", required_argument, 0, 'C'},
 		{"help", no_argument, 0, 'h'},
+		{"wide-workers", required_argument, 0, 'W'},
+		{"wide-branches", required_argument, 0, 'B'},
+		{"wide-chain", required_argument, 0, 'L'},
 		{0, 0, 0, 0},
 	};
 	int c;

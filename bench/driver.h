@@ -18,6 +18,11 @@
 
 #define MAX_RUNS    15
 #define MAX_THREADS 1024
+/* The wide check: worker counts it can take (sequential is one more), and
+ * the most workers one backward can have (ADG_EXECUTOR_MAX_WORKERS plus
+ * the calling thread, rounded down to a power of two). */
+#define WIDE_MAX_COUNTS	 9
+#define WIDE_MAX_WORKERS 256
 
 /* The implementations, in the order every report lists them. */
 enum impl_id { IMPL_ADG, IMPL_SEED, IMPL_FLOOR, N_IMPLS };
@@ -34,6 +39,8 @@ struct options {
 	int plot, idle, checkpoint, callgrind;
 	long iterations;
 	const char *count_child; /* internal: the process callgrind runs */
+	/* The wide check's worker counts, 1 first (--wide-workers). */
+	int wide_workers[WIDE_MAX_COUNTS], n_wide_workers;
 };
 
 /* What one cell measured, run by run. It comes back from the cell's child
@@ -53,6 +60,21 @@ struct cell {
 
 #define CKPT_CHAIN 64 /* adds in the checkpoint workload's chain */
 
+/* The wide check's modes: sequential (no executor), then each count of
+ * --wide-workers; its kinds of step. */
+#define WIDE_SEQ 0 /* workers[] of the sequential mode */
+enum wide_kind { WIDE_WORK, WIDE_EMPTY, WIDE_KINDS };
+
+struct wide {
+	int n_modes, runs;
+	int workers[WIDE_MAX_COUNTS + 1]; /* WIDE_SEQ, then W: W workers */
+	/* ns per step, run by run; NAN for a run that failed */
+	double ns_step[WIDE_KINDS][WIDE_MAX_COUNTS + 1][MAX_RUNS];
+	int branches, chain, steps; /* steps of one backward */
+	long spin;		    /* multiply-adds of a ~1 us step */
+	double spin_ns;		    /* their time alone */
+};
+
 /* Everything a sweep measured. A one-thread figure not measured is NAN. */
 struct results {
 	struct cell *cells; /* in the order they ran */
@@ -65,6 +87,9 @@ struct results {
 	/* The checkpoint workload, per strategy (none, balanced). */
 	double ckpt_rate[2];
 	long ckpt_peak[2];
+	/* The wide check; n_modes 0 when it did not run. */
+	struct wide wide;
+	int cores; /* cores this process may run on */
 };
 
 /* cli.c: false on a malformed command line. --help prints and exits. */
@@ -74,6 +99,8 @@ void usage(FILE *f);
 /* measure.c: runs the sweep and the one-thread checks, with progress on
  * stderr. The caller frees r->cells. */
 void measure(const struct options *o, struct results *r);
+/* The cores this process may run on (its affinity mask). */
+int available_cores(void);
 
 /* stats.c */
 double median(const double *v, int n);
@@ -88,6 +115,16 @@ const struct cell *find_cell(const struct results *r, int workload,
 double rate_of(const struct results *r, int workload, enum impl_id impl,
 	       int threads);
 int workload_index(const char *name);
+/* The wide check's median ns per step for kind at `workers` (WIDE_SEQ:
+ * sequential); NAN when not measured or a run failed. */
+double wide_ns(const struct results *r, enum wide_kind kind, int workers);
+/* The median over the check's rounds of ns per step at `workers` over ns
+ * per step at `base`, each round's two taken side by side: a slow spell
+ * of the machine moves both. NAN when not measured or a run failed. */
+double wide_ratio(const struct results *r, enum wide_kind kind, int workers,
+		  int base);
+/* "sequential", "1 worker", "2 workers", ... */
+void wide_mode(char *buf, size_t size, int workers);
 
 /* report.c */
 void human(char *buf, size_t size, double v);

@@ -108,6 +108,16 @@ int bench_adg_backward_ready(void *reg, void *root,
 				 (adg_grads **)grads);
 }
 
+int bench_adg_backward_exec(void *reg, void *root,
+			    const struct adg_executor *ex, void **grads)
+{
+	if (ex == NULL)
+		return a_backward(reg, root, grads);
+	adg_backward_options o = {.executor = ex};
+	return adg_backward_with(reg, root, encode(1.0), &ops, &o,
+				 (adg_grads **)grads);
+}
+
 static double a_grad(void *grads, uint64_t id)
 {
 	void *v;

@@ -8,11 +8,13 @@
  * threads start together at a barrier and stop when the main thread, after
  * --ms, raises a flag; the run lasts until the last of them has stopped.
  */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "driver.h"
 
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -153,6 +155,7 @@ static int plan(const struct options *o, struct cell *cells)
 		for (int t = 0; t < o->n_threads; t++)
 			for (enum impl_id i = 0; i < N_IMPLS; i++)
 				if (o->workload_on[w] && o->impl_on[i] &&
+				    !bench_workloads[w].check_only &&
 				    (!bench_workloads[w].needs_graphs ||
 				     impls[i]->has_graphs))
 					cells[n++] = (struct cell){
@@ -222,12 +225,70 @@ static void checkpoint_check(const struct options *o, struct results *r)
 		r->ckpt_peak[1]);
 }
 
+int available_cores(void)
+{
+	cpu_set_t set;
+	if (sched_getaffinity(0, sizeof set, &set) == 0)
+		return CPU_COUNT(&set);
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n > 0 ? (int)n : 1;
+}
+
+/* The wide workload: --runs rounds, each running every mode on both kinds
+ * of step, for a quarter of --ms each; the modes' order reverses every
+ * other round, so that none always runs right after the same one. */
+static void wide_check(const struct options *o, struct results *r)
+{
+	struct wide *w = &r->wide;
+	int most = 1;
+	w->workers[0] = WIDE_SEQ;
+	for (int i = 0; i < o->n_wide_workers; i++) {
+		w->workers[i + 1] = o->wide_workers[i];
+		if (o->wide_workers[i] > most)
+			most = o->wide_workers[i];
+	}
+	long spin;
+	double spin_ns;
+	bench_wide *bw = bench_wide_open(&o->p, most, &spin, &spin_ns);
+	if (bw == NULL) {
+		fprintf(stderr, "wide: FAILED (no pool of %d threads)\n",
+			most - 1);
+		return;
+	}
+	int n = o->n_wide_workers + 1, ms = o->ms / 4 > 0 ? o->ms / 4 : 1;
+	for (int k = 0; k < o->runs; k++)
+		for (int kind = 0; kind < WIDE_KINDS; kind++)
+			for (int i = 0; i < n; i++) {
+				int m = k % 2 ? n - 1 - i : i;
+				w->ns_step[kind][m][k] = bench_wide_run(
+					bw, w->workers[m], kind == WIDE_WORK,
+					ms, &w->steps);
+			}
+	bench_wide_close(bw);
+	w->n_modes = n;
+	w->runs = o->runs;
+	w->branches = o->p.wide_branches;
+	w->chain = o->p.wide_chain;
+	w->spin = spin;
+	w->spin_ns = spin_ns;
+	for (int m = 0; m < n; m++) {
+		char name[32];
+		wide_mode(name, sizeof name, w->workers[m]);
+		fprintf(stderr,
+			"wide %s: %.1f ns per ~1 us step, %.1f ns per empty "
+			"step\n",
+			name, wide_ns(r, WIDE_WORK, w->workers[m]),
+			wide_ns(r, WIDE_EMPTY, w->workers[m]));
+	}
+}
+
 void measure(const struct options *o, struct results *r)
 {
 	*r = (struct results){
 		.overlap = NAN, .remaining = NAN, .ckpt_rate = {NAN, NAN}};
 	for (enum impl_id i = 0; i < N_IMPLS; i++)
 		r->idle_ratio[i] = r->idle_ns[i][0] = r->idle_ns[i][1] = NAN;
+	r->cores = available_cores();
 	sweep(o, r);
 	if (o->idle)
 		idle_check(o, r);
@@ -241,4 +302,11 @@ void measure(const struct options *o, struct results *r)
 	}
 	if (o->impl_on[IMPL_ADG] && o->checkpoint)
 		checkpoint_check(o, r);
+	/* Last: it starts a pool's threads, and the cells fork. */
+	if (o->workload_on[workload_index("wide")]) {
+		if (o->impl_on[IMPL_ADG])
+			wide_check(o, r);
+		else
+			fprintf(stderr, "wide: skipped, it runs adg only\n");
+	}
 }

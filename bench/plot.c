@@ -34,6 +34,12 @@ static bool write_points(const struct options *o, const struct results *r,
 
 void plot(const struct options *o, const struct results *r, const char *dir)
 {
+	/* Sweep workloads only: the others have no threads axis. */
+	int shown = 0;
+	for (int w = 0; w < bench_n_workloads; w++)
+		shown += o->workload_on[w] && !bench_workloads[w].check_only;
+	if (shown == 0)
+		return;
 	if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
 		fprintf(stderr, "adg-bench: gnuplot not found, no plot "
 				"(scripts/bench.sh installs it)\n");
@@ -44,9 +50,6 @@ void plot(const struct options *o, const struct results *r, const char *dir)
 	FILE *gp = fopen(path, "w");
 	if (gp == NULL)
 		return;
-	int shown = 0;
-	for (int w = 0; w < bench_n_workloads; w++)
-		shown += o->workload_on[w];
 	int cols = shown > 3 ? 3 : shown, rows = (shown + cols - 1) / cols;
 	fprintf(gp, "set terminal png size %d,%d\n", 480 * cols, 380 * rows);
 	fprintf(gp, "set output '%s/throughput.png'\n", dir);
@@ -58,7 +61,7 @@ void plot(const struct options *o, const struct results *r, const char *dir)
 		    "set format y '%%.0s%%c'\nset key bottom left\nset grid\n"
 		    "set xlabel 'threads'\n");
 	for (int w = 0; w < bench_n_workloads; w++) {
-		if (!o->workload_on[w])
+		if (!o->workload_on[w] || bench_workloads[w].check_only)
 			continue;
 		fprintf(gp, "set title '%s'\nset ylabel '%s/s'\nplot ",
 			bench_workloads[w].name, bench_workloads[w].unit);

@@ -38,6 +38,12 @@ static void ratio(char *buf, size_t size, double a, double b)
 		snprintf(buf, size, "%.2f", a / b);
 }
 
+/* A ratio already taken, or "-". */
+static void ratio_of(char *buf, size_t size, double q)
+{
+	ratio(buf, size, q, 1);
+}
+
 static void machine_line(FILE *f)
 {
 	char model[256] = "unknown cpu";
@@ -116,6 +122,73 @@ static void print_table(FILE *f, const struct results *r)
 	}
 }
 
+/* The wide check's shape, in the words every report uses; sep goes
+ * between its three parts. */
+static void wide_about(FILE *f, const struct results *r, const char *sep)
+{
+	const struct wide *w = &r->wide;
+	fprintf(f,
+		"adg only (seed and floor have no executor), 1 trainer "
+		"thread, %d core%s available;%sone graph per backward of %d "
+		"chains of %d steps joined at a root (%d steps), built "
+		"untimed;%sns per step of the backward alone, medians of %d "
+		"alternating runs",
+		r->cores, r->cores == 1 ? "" : "s", sep, w->branches, w->chain,
+		w->steps, sep, w->runs);
+}
+
+/* The scheduler's cost per step: empty steps on 1 worker against the
+ * sequential path. */
+static void wide_cost(FILE *f, const struct results *r, const char *sep)
+{
+	const struct wide *w = &r->wide;
+	double seq = wide_ns(r, WIDE_EMPTY, WIDE_SEQ);
+	double one = wide_ns(r, WIDE_EMPTY, 1);
+	fprintf(f,
+		"a ~1 us step is %ld dependent multiply-adds here (%.0f ns "
+		"alone);%sscheduling cost (empty steps, 1 worker against "
+		"sequential): %+.1f ns per step (%.2f x)",
+		w->spin, w->spin_ns, sep, one - seq,
+		wide_ratio(r, WIDE_EMPTY, 1, WIDE_SEQ));
+}
+
+/* ns with one decimal, or "-" for a figure not measured (a failed run). */
+static void ns(char *buf, size_t size, double v)
+{
+	if (isnan(v))
+		snprintf(buf, size, "-");
+	else
+		snprintf(buf, size, "%.1f", v);
+}
+
+/* Per mode: ns per ~1 us step and its speedup against 1 worker, ns per
+ * empty step and its ratio to sequential. */
+static void print_wide(FILE *f, const struct results *r)
+{
+	const struct wide *w = &r->wide;
+	fprintf(f, "\nwide: ");
+	wide_about(f, r, "\n  ");
+	fprintf(f, ":\n  %-12s %14s %10s %14s %10s\n", "workers",
+		"ns/~1us step", "x1worker", "ns/empty step", "xseq");
+	for (int m = 0; m < w->n_modes; m++) {
+		char name[32], speedup[16], cost[16], nw[32], ne[32];
+		double work = wide_ns(r, WIDE_WORK, w->workers[m]);
+		double empty = wide_ns(r, WIDE_EMPTY, w->workers[m]);
+		wide_mode(name, sizeof name, w->workers[m]);
+		ratio_of(speedup, sizeof speedup,
+			 wide_ratio(r, WIDE_WORK, 1, w->workers[m]));
+		ratio_of(cost, sizeof cost,
+			 wide_ratio(r, WIDE_EMPTY, w->workers[m], WIDE_SEQ));
+		ns(nw, sizeof nw, work);
+		ns(ne, sizeof ne, empty);
+		fprintf(f, "  %-12s %14s %10s %14s %10s\n", name, nw, speedup,
+			ne, cost);
+	}
+	fprintf(f, "  ");
+	wide_cost(f, r, "\n  ");
+	fprintf(f, "\n");
+}
+
 void print_report(const struct options *o, const struct results *r)
 {
 	print_table(stdout, r);
@@ -142,6 +215,8 @@ void print_report(const struct options *o, const struct results *r)
 				       impls[i]->name, r->idle_ns[i][0],
 				       r->idle_ns[i][1], r->idle_ratio[i]);
 	}
+	if (r->wide.n_modes > 0)
+		print_wide(stdout, r);
 	print_targets(stdout, r, o->p.idle_graphs);
 }
 
@@ -164,6 +239,52 @@ static void write_csv(FILE *f, const struct options *o, const struct results *r)
 			median(c->loss_first, c->runs),
 			median(c->loss_last, c->runs), c->runs);
 	}
+}
+
+/* A JSON number with `digits` decimals, or null for a figure not
+ * measured. */
+static void json_number(FILE *f, int digits, double v)
+{
+	if (isnan(v))
+		fprintf(f, "null");
+	else
+		fprintf(f, "%.*f", digits, v);
+}
+
+/* "wide": its shape, then a mode per entry: workers (0 and executor
+ * false: sequential), and per kind of step the median and each run's ns
+ * per step. */
+static void write_json_wide(FILE *f, const struct results *r)
+{
+	const struct wide *w = &r->wide;
+	static const char *const kinds[WIDE_KINDS] = {"work", "empty"};
+	fprintf(f,
+		",\n  \"wide\": {\"branches\": %d, \"chain\": %d, "
+		"\"steps\": %d, \"spin_madds\": %ld, \"spin_ns\": %.1f, "
+		"\"cores\": %d, \"modes\": [",
+		w->branches, w->chain, w->steps, w->spin, w->spin_ns, r->cores);
+	for (int m = 0; m < w->n_modes; m++) {
+		fprintf(f, "%s\n    {\"workers\": %d, \"executor\": %s",
+			m ? "," : "", w->workers[m],
+			w->workers[m] == WIDE_SEQ ? "false" : "true");
+		for (int k = 0; k < WIDE_KINDS; k++) {
+			fprintf(f, ", \"%s\": {\"ns_per_step\": ", kinds[k]);
+			json_number(f, 2, wide_ns(r, k, w->workers[m]));
+			fprintf(f, ", \"runs\": [");
+			for (int i = 0; i < w->runs; i++) {
+				fprintf(f, "%s", i ? ", " : "");
+				json_number(f, 2, w->ns_step[k][m][i]);
+			}
+			fprintf(f, "]}");
+		}
+		fprintf(f, ", \"speedup_vs_1_worker\": ");
+		json_number(f, 3, wide_ratio(r, WIDE_WORK, 1, w->workers[m]));
+		fprintf(f, ", \"empty_vs_sequential\": ");
+		json_number(f, 3,
+			    wide_ratio(r, WIDE_EMPTY, w->workers[m], WIDE_SEQ));
+		fprintf(f, "}");
+	}
+	fprintf(f, "\n  ]}");
 }
 
 static void write_json(FILE *f, const struct options *o,
@@ -214,6 +335,8 @@ static void write_json(FILE *f, const struct options *o,
 			",\n  \"overlap\": {\"early_fraction\": %.4f, "
 			"\"mean_steps_left\": %.4f}",
 			r->overlap, r->remaining);
+	if (r->wide.n_modes > 0)
+		write_json_wide(f, r);
 	fprintf(f, "\n}\n");
 }
 
@@ -223,6 +346,61 @@ static void write_table(FILE *f, const struct options *o,
 	(void)o;
 	machine_line(f);
 	print_table(f, r);
+}
+
+/* The wide check as a table: a row per mode. */
+static void write_markdown_wide(FILE *f, const struct results *r)
+{
+	const struct wide *w = &r->wide;
+	fprintf(f, "\n**wide** (ns per step): ");
+	wide_about(f, r, " ");
+	fprintf(f, ".\n\n| workers | ~1 us steps | speedup vs 1 worker "
+		   "| empty steps | vs sequential |\n"
+		   "|---|---:|---:|---:|---:|\n");
+	for (int m = 0; m < w->n_modes; m++) {
+		char name[32], speedup[16], cost[16], nw[32], ne[32];
+		double work = wide_ns(r, WIDE_WORK, w->workers[m]);
+		double empty = wide_ns(r, WIDE_EMPTY, w->workers[m]);
+		wide_mode(name, sizeof name, w->workers[m]);
+		ratio_of(speedup, sizeof speedup,
+			 wide_ratio(r, WIDE_WORK, 1, w->workers[m]));
+		ratio_of(cost, sizeof cost,
+			 wide_ratio(r, WIDE_EMPTY, w->workers[m], WIDE_SEQ));
+		ns(nw, sizeof nw, work);
+		ns(ne, sizeof ne, empty);
+		fprintf(f, "| %s | %s | %s | %s | %s |\n", name, nw, speedup,
+			ne, cost);
+	}
+	fprintf(f, "\nWide: ");
+	wide_cost(f, r, " ");
+	fprintf(f, ".\n");
+}
+
+/* wide.csv: a row per mode and kind of step. workers 0 is sequential. */
+static void write_wide_csv(FILE *f, const struct options *o,
+			   const struct results *r)
+{
+	(void)o;
+	const struct wide *w = &r->wide;
+	static const char *const kinds[WIDE_KINDS] = {"work", "empty"};
+	fprintf(f, "step,workers,executor,ns_per_step,min,max,"
+		   "speedup_vs_1_worker,vs_sequential,steps,branches,chain,"
+		   "spin_madds,spin_ns,cores,runs\n");
+	for (int k = 0; k < WIDE_KINDS; k++)
+		for (int m = 0; m < w->n_modes; m++) {
+			double ns = wide_ns(r, k, w->workers[m]);
+			fprintf(f,
+				"%s,%d,%d,%.2f,%.2f,%.2f,%.3f,%.3f,%d,%d,%d,"
+				"%ld,%.1f,%d,%d\n",
+				kinds[k], w->workers[m],
+				w->workers[m] != WIDE_SEQ, ns,
+				vmin(w->ns_step[k][m], w->runs),
+				vmax(w->ns_step[k][m], w->runs),
+				wide_ns(r, k, 1) / ns,
+				ns / wide_ns(r, k, WIDE_SEQ), w->steps,
+				w->branches, w->chain, w->spin, w->spin_ns,
+				r->cores, w->runs);
+		}
 }
 
 /* A compact Markdown summary: per workload, a row per thread count. */
@@ -235,7 +413,7 @@ static void write_markdown(FILE *f, const struct options *o,
 		"measured in the same run.\n",
 		o->runs, o->ms);
 	for (int w = 0; w < bench_n_workloads; w++) {
-		if (!o->workload_on[w])
+		if (!o->workload_on[w] || bench_workloads[w].check_only)
 			continue;
 		const char *unit = bench_workloads[w].unit;
 		fprintf(f, "\n**%s** (%s/s)\n\n", bench_workloads[w].name,
@@ -299,9 +477,16 @@ static void write_markdown(FILE *f, const struct options *o,
 			"`BALANCED` %.2fM nodes/s, at most %ld.\n",
 			CKPT_CHAIN, r->ckpt_rate[0] / 1e6, r->ckpt_peak[0],
 			r->ckpt_rate[1] / 1e6, r->ckpt_peak[1]);
+	if (r->wide.n_modes > 0)
+		write_markdown_wide(f, r);
 	fprintf(f, "\n```");
 	print_targets(f, r, o->p.idle_graphs);
 	fprintf(f, "```\n");
+}
+
+static bool wide_ran(const struct results *r)
+{
+	return r->wide.n_modes > 0;
 }
 
 /* The results folder's files, in the order they are written; a file that
@@ -310,11 +495,13 @@ static const struct {
 	const char *name;
 	void (*write)(FILE *f, const struct options *o,
 		      const struct results *r);
+	bool (*wanted)(const struct results *r); /* NULL: always */
 } files[] = {
-	{"bench.csv", write_csv},
-	{"bench.json", write_json},
-	{"summary.md", write_markdown},
-	{"table.txt", write_table},
+	{"bench.csv", write_csv, NULL},
+	{"bench.json", write_json, NULL},
+	{"summary.md", write_markdown, NULL},
+	{"table.txt", write_table, NULL},
+	{"wide.csv", write_wide_csv, wide_ran},
 };
 
 int write_results(const struct options *o, const struct results *r, char *dir,
@@ -334,6 +521,8 @@ int write_results(const struct options *o, const struct results *r, char *dir,
 		return 1;
 	}
 	for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+		if (files[i].wanted && !files[i].wanted(r))
+			continue;
 		char path[1100];
 		snprintf(path, sizeof path, "%s/%s", dir, files[i].name);
 		FILE *f = fopen(path, "w");
@@ -342,7 +531,7 @@ int write_results(const struct options *o, const struct results *r, char *dir,
 		files[i].write(f, o, r);
 		fclose(f);
 	}
-	printf("\nresults: %s/{bench.csv,bench.json,table.txt,summary.md}\n",
-	       dir);
+	printf("\nresults: %s/{bench.csv,bench.json,table.txt,summary.md%s}\n",
+	       dir, wide_ran(r) ? ",wide.csv" : "");
 	return 0;
 }

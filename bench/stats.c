@@ -72,3 +72,48 @@ int workload_index(const char *name)
 			return i;
 	return -1;
 }
+
+double wide_ns(const struct results *r, enum wide_kind kind, int workers)
+{
+	const struct wide *w = &r->wide;
+	for (int m = 0; m < w->n_modes; m++) {
+		if (w->workers[m] != workers)
+			continue;
+		for (int k = 0; k < w->runs; k++)
+			if (isnan(w->ns_step[kind][m][k]))
+				return NAN; /* a failed run voids the mode */
+		return median(w->ns_step[kind][m], w->runs);
+	}
+	return NAN;
+}
+
+double wide_ratio(const struct results *r, enum wide_kind kind, int workers,
+		  int base)
+{
+	const struct wide *w = &r->wide;
+	int a = -1, b = -1;
+	for (int m = 0; m < w->n_modes; m++) {
+		if (w->workers[m] == workers)
+			a = m;
+		if (w->workers[m] == base)
+			b = m;
+	}
+	if (a < 0 || b < 0 || w->runs == 0)
+		return NAN;
+	double q[MAX_RUNS];
+	for (int k = 0; k < w->runs; k++) {
+		q[k] = w->ns_step[kind][a][k] / w->ns_step[kind][b][k];
+		if (isnan(q[k]))
+			return NAN; /* a failed run voids the mode */
+	}
+	return median(q, w->runs);
+}
+
+void wide_mode(char *buf, size_t size, int workers)
+{
+	if (workers == WIDE_SEQ)
+		snprintf(buf, size, "sequential");
+	else
+		snprintf(buf, size, "%d worker%s", workers,
+			 workers == 1 ? "" : "s");
+}

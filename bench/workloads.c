@@ -871,23 +871,27 @@ const bench_workload bench_workloads[] = {
 	{"disjoint", "nodes",
 	 "each thread builds chains and fan-in-2 trees of K products on its "
 	 "own leaves, then backward",
-	 disjoint_setup, run_free, disjoint_thread, false},
+	 disjoint_setup, run_free, disjoint_thread, false, false},
 	{"shared-params", "nodes",
 	 "threads share P parameter leaves; each builds a 4-4-1 MLP-shaped "
 	 "graph on them per iteration, then backward",
-	 shared_setup, run_free, shared_thread, false},
+	 shared_setup, run_free, shared_thread, false, false},
 	{"merge", "nodes",
 	 "each thread builds four small graphs and joins them pairwise (three "
 	 "merges), then backward",
-	 plain_setup, run_free, merge_thread, false},
+	 plain_setup, run_free, merge_thread, false, false},
 	{"lookup", "lookups",
 	 "half the threads look up probe nodes' graphs while the others merge "
 	 "probes, consume them and put fresh ones in their place",
-	 lookup_setup, lookup_teardown, lookup_thread, true},
+	 lookup_setup, lookup_teardown, lookup_thread, true, false},
 	{"trainer", "steps",
 	 "a 2-layer MLP learns a synthetic regression target by Hogwild SGD on "
 	 "shared parameters",
-	 trainer_setup, trainer_teardown, trainer_thread, false},
+	 trainer_setup, trainer_teardown, trainer_thread, false, false},
+	{"wide", "steps",
+	 "adg only, 1 thread: the backward alone of B chains of L ~1 us (or "
+	 "empty) steps joined at a root, sequential and on 1, 2, ... workers",
+	 NULL, NULL, NULL, false, true},
 };
 
 const int bench_n_workloads =
