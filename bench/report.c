@@ -161,6 +161,24 @@ static void ns(char *buf, size_t size, double v)
 		snprintf(buf, size, "%.1f", v);
 }
 
+/* One mode's cells of the wide table, as text. */
+struct wide_row {
+	char name[32], work[32], speedup[16], empty[32], cost[16];
+};
+
+static struct wide_row wide_row(const struct results *r, int workers)
+{
+	struct wide_row c;
+	wide_mode(c.name, sizeof c.name, workers);
+	ns(c.work, sizeof c.work, wide_ns(r, WIDE_WORK, workers));
+	ratio_of(c.speedup, sizeof c.speedup,
+		 wide_ratio(r, WIDE_WORK, 1, workers));
+	ns(c.empty, sizeof c.empty, wide_ns(r, WIDE_EMPTY, workers));
+	ratio_of(c.cost, sizeof c.cost,
+		 wide_ratio(r, WIDE_EMPTY, workers, WIDE_SEQ));
+	return c;
+}
+
 /* Per mode: ns per ~1 us step and its speedup against 1 worker, ns per
  * empty step and its ratio to sequential. */
 static void print_wide(FILE *f, const struct results *r)
@@ -171,18 +189,9 @@ static void print_wide(FILE *f, const struct results *r)
 	fprintf(f, ":\n  %-12s %14s %10s %14s %10s\n", "workers",
 		"ns/~1us step", "x1worker", "ns/empty step", "xseq");
 	for (int m = 0; m < w->n_modes; m++) {
-		char name[32], speedup[16], cost[16], nw[32], ne[32];
-		double work = wide_ns(r, WIDE_WORK, w->workers[m]);
-		double empty = wide_ns(r, WIDE_EMPTY, w->workers[m]);
-		wide_mode(name, sizeof name, w->workers[m]);
-		ratio_of(speedup, sizeof speedup,
-			 wide_ratio(r, WIDE_WORK, 1, w->workers[m]));
-		ratio_of(cost, sizeof cost,
-			 wide_ratio(r, WIDE_EMPTY, w->workers[m], WIDE_SEQ));
-		ns(nw, sizeof nw, work);
-		ns(ne, sizeof ne, empty);
-		fprintf(f, "  %-12s %14s %10s %14s %10s\n", name, nw, speedup,
-			ne, cost);
+		struct wide_row c = wide_row(r, w->workers[m]);
+		fprintf(f, "  %-12s %14s %10s %14s %10s\n", c.name, c.work,
+			c.speedup, c.empty, c.cost);
 	}
 	fprintf(f, "  ");
 	wide_cost(f, r, "\n  ");
@@ -358,18 +367,9 @@ static void write_markdown_wide(FILE *f, const struct results *r)
 		   "| empty steps | vs sequential |\n"
 		   "|---|---:|---:|---:|---:|\n");
 	for (int m = 0; m < w->n_modes; m++) {
-		char name[32], speedup[16], cost[16], nw[32], ne[32];
-		double work = wide_ns(r, WIDE_WORK, w->workers[m]);
-		double empty = wide_ns(r, WIDE_EMPTY, w->workers[m]);
-		wide_mode(name, sizeof name, w->workers[m]);
-		ratio_of(speedup, sizeof speedup,
-			 wide_ratio(r, WIDE_WORK, 1, w->workers[m]));
-		ratio_of(cost, sizeof cost,
-			 wide_ratio(r, WIDE_EMPTY, w->workers[m], WIDE_SEQ));
-		ns(nw, sizeof nw, work);
-		ns(ne, sizeof ne, empty);
-		fprintf(f, "| %s | %s | %s | %s | %s |\n", name, nw, speedup,
-			ne, cost);
+		struct wide_row c = wide_row(r, w->workers[m]);
+		fprintf(f, "| %s | %s | %s | %s | %s |\n", c.name, c.work,
+			c.speedup, c.empty, c.cost);
 	}
 	fprintf(f, "\nWide: ");
 	wide_cost(f, r, " ");
