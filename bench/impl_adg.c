@@ -74,7 +74,8 @@ static void *a_leaf(void *reg)
 static void *a_op(void *reg, void *const *parents, size_t n,
 		  const bench_step *step)
 {
-	adg_step s = {trampoline, NULL, (void *)step};
+	adg_step s = {
+		.backward = trampoline, .release = NULL, .user = (void *)step};
 	adg_node *out;
 	return adg_op(reg, (adg_node *const *)parents, n, &s, &out) == 0 ? out
 									 : NULL;
@@ -252,7 +253,9 @@ double bench_checkpoint(int strategy, int k, int ms, long *peak)
 		adg_node *p[2] = {a, w}, *prev, *y;
 		adg_output oc = {output_new(ck_a * ck_w), output_free, NULL, 0};
 		adg_op_options keep = {&oc, 0, NULL, 0};
-		adg_step s0 = {leaves_backward, NULL, NULL};
+		adg_step s0 = {.backward = leaves_backward,
+			       .release = NULL,
+			       .user = NULL};
 		adg_op_with(reg, p, 2, &s0, &keep, &prev);
 		double v = ck_a * ck_w;
 		for (int i = 0; i < k; i++) {
@@ -260,7 +263,9 @@ double bench_checkpoint(int strategy, int k, int ms, long *peak)
 			adg_output om = {output_new(v), output_free,
 					 add_recompute, 1};
 			adg_op_options mo = {&om, 0, NULL, 0};
-			adg_step sm = {add_backward, NULL, NULL};
+			adg_step sm = {.backward = add_backward,
+				       .release = NULL,
+				       .user = NULL};
 			adg_node *next;
 			adg_op_with(reg, &prev, 1, &sm, &mo, &next);
 			adg_node_unref(prev);
@@ -269,7 +274,9 @@ double bench_checkpoint(int strategy, int k, int ms, long *peak)
 		adg_node *pl[2] = {prev, w2};
 		adg_output ol = {output_new(v * ck_w2), output_free, NULL, 0};
 		adg_op_options lo = {&ol, 0, &want0, 1};
-		adg_step sl = {last_backward, NULL, NULL};
+		adg_step sl = {.backward = last_backward,
+			       .release = NULL,
+			       .user = NULL};
 		adg_op_with(reg, pl, 2, &sl, &lo, &y);
 		adg_node_unref(prev);
 		adg_grads *g;

@@ -84,7 +84,7 @@ static int backward(adg_step_call *call, void *user)
 
 static adg_node *op(adg_node *const *parents, size_t n, struct link *l)
 {
-	adg_step step = {backward, free, l};
+	adg_step step = {.backward = backward, .release = free, .user = l};
 	adg_node *out;
 	if (adg_op(reg, parents, n, &step, &out) != 0) {
 		free(l);

@@ -137,7 +137,9 @@ static int op(adg_registry *reg, adg_node **p, const double *c, size_t n,
 		return ADG_ENOMEM;
 	l->n = n;
 	memcpy(l->c, c, n * sizeof(double));
-	adg_step step = {linear_backward, linear_release, l};
+	adg_step step = {.backward = linear_backward,
+			 .release = linear_release,
+			 .user = l};
 	int rc = adg_op(reg, p, n, &step, out);
 	if (rc != 0)
 		free(l);

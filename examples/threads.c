@@ -94,7 +94,9 @@ static int mul(adg_node *a, double av, adg_node *b, double bv, adg_node **y)
 		return ADG_ENOMEM;
 	*p = (struct product){av, bv};
 	adg_node *parents[2] = {a, b};
-	adg_step step = {product_backward, free_closure, p};
+	adg_step step = {.backward = product_backward,
+			 .release = free_closure,
+			 .user = p};
 	int rc = adg_op(reg, parents, 2, &step, y);
 	if (rc != 0)
 		free(p); /* on error the closure is still ours */
@@ -117,7 +119,9 @@ static int one_step(struct worker *me, unsigned int *seed)
 			rc = mul(w[i], w_value[i], xs[i], x[i], &terms[i]);
 	}
 	if (rc == 0) {
-		adg_step step = {sum_backward, NULL, NULL};
+		adg_step step = {.backward = sum_backward,
+				 .release = NULL,
+				 .user = NULL};
 		rc = adg_op(reg, terms, PARAMS, &step, &s);
 	}
 	if (rc == 0)

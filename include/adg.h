@@ -190,6 +190,12 @@ typedef struct adg_step {
 	adg_backward_fn backward; /* required */
 	adg_release_fn release;	  /* may be NULL */
 	void *user;
+	/* What the step is called, for people looking at a graph
+	 * (adg_graph_visit, adg_graph_write_dot, on_step): a static string
+	 * the caller owns (a literal, say), valid and unchanged for as long
+	 * as the registry lives, since copies of the pointer reach visitors
+	 * on other threads; NULL: none. */
+	const char *name;
 } adg_step;
 
 /* Creates a leaf: a node without parents that wants a gradient (a parameter,
@@ -375,6 +381,20 @@ typedef struct adg_executor {
 
 #define ADG_EXECUTOR_MAX_WORKERS 256u
 
+/* What on_step (adg_backward_options) is told about one step. */
+typedef struct adg_step_event {
+	uint64_t node_id;
+	const char *name; /* the step's name, or NULL */
+	int after;	  /* 0: the step is about to run; 1: it has returned */
+	/* After only: how long the step ran (monotonic clock, the hook's own
+	 * time not counted), and what it returned (0, or its negative code;
+	 * ADG_ECALLBACK for a positive one). 0 before. */
+	uint64_t duration_ns;
+	int result;
+} adg_step_event;
+
+typedef int (*adg_step_hook_fn)(const adg_step_event *event, void *ctx);
+
 /* Zero-initialise, then set what you need. */
 typedef struct adg_backward_options {
 	adg_ready_fn on_ready; /* NULL: no hook */
@@ -411,6 +431,12 @@ typedef struct adg_backward_options {
 	 * that contributes to it), so that it too does not depend on
 	 * timing; once it is seen, steps after it on the tape do not start. */
 	const adg_executor *executor;
+	/* NULL: no hook. Set: called before and after each step, on the
+	 * thread that runs it (see adg_step_event); a non-zero return stops
+	 * the backward as a failing step at that position would, and
+	 * becomes its result (ADG_ECALLBACK for a positive one). */
+	adg_step_hook_fn on_step;
+	void *step_ctx; /* passed to on_step */
 } adg_backward_options;
 
 /* adg_backward with options (NULL: as adg_backward). The counts behind
@@ -424,6 +450,55 @@ ADG_API int adg_backward_with(adg_registry *registry, adg_node *root,
 			      void *seed, const adg_grad_ops *ops,
 			      const adg_backward_options *options,
 			      adg_grads **out);
+
+/* ---------------------------------------------------------- seeing a graph */
+
+/* A parent, as its child sees it. */
+enum adg_parent_kind {
+	ADG_PARENT_OP = 0,	 /* an unconsumed op, in the child's graph */
+	ADG_PARENT_LEAF = 1,	 /* a leaf: children keep only its id */
+	ADG_PARENT_CONSUMED = 2, /* an op whose step a backward has taken */
+};
+
+/* One op of a graph, as adg_graph_visit shows it; valid during the call
+ * only. */
+typedef struct adg_graph_node {
+	uint64_t graph_id; /* the graph's id, as adg_node_graph_id gives it */
+	uint64_t id;
+	const char *name; /* the step's name, or NULL */
+	uint32_t depth;	  /* 1 + its deepest parent's; a leaf's is 0 */
+	size_t n_parents;
+	const uint64_t *parent_ids; /* in adg_op's order, repeats kept */
+	/* One enum adg_parent_kind per parent. */
+	const uint8_t *parent_kinds;
+} adg_graph_node;
+
+/* Returns 0 to go on, or a code that stops the visit. */
+typedef int (*adg_visit_fn)(const adg_graph_node *node, void *ctx);
+
+/* Calls visit once for each unconsumed op of the graph node is in, as the
+ * graph was at one instant: a copy taken under the graph's lock, visited
+ * after the lock is released (visit may call libadg, and other threads go
+ * on changing the graph meanwhile). Ops come by depth, then id, so every
+ * op comes after its parents. Leaves and consumed ops are in no graph:
+ * they show as parents only. The caller holds a reference to node.
+ * Errors: ADG_EINVAL (NULL argument, or node a leaf: it is in no graph),
+ * ADG_ECONSUMED (node's step was consumed), ADG_ENOMEM (nothing visited),
+ * or visit's code (ADG_ECALLBACK for a positive one). */
+ADG_API int adg_graph_visit(adg_node *node, adg_visit_fn visit, void *ctx);
+
+/* Takes a piece of text, len bytes, not NUL-terminated. Returns 0, or a
+ * code that stops the writing. */
+typedef int (*adg_write_fn)(const char *text, size_t len, void *ctx);
+
+/* Writes the graph node is in as Graphviz DOT (`dot -Tpng` draws it),
+ * from one copy as adg_graph_visit takes it: each op a box labelled with
+ * its id, name and depth; each leaf an ellipse and each consumed op a
+ * dashed box, labelled with their ids; an edge from parent to child per
+ * parent slot; the graph's id as the title. write is called many times,
+ * with no lock held. Errors: those of adg_graph_visit, and write's code
+ * (ADG_ECALLBACK for a positive one). */
+ADG_API int adg_graph_write_dot(adg_node *node, adg_write_fn write, void *ctx);
 
 /* ------------------------------------------------------------ thread pool */
 

@@ -441,8 +441,8 @@ void adg_alone_add_failed(struct adg_alone *alone, uint64_t id, int rc)
  */
 static inline __attribute__((always_inline)) int
 run_tape(struct adg_shard *shard, struct adg_tape *t, size_t len, void *seed,
-	 const adg_grad_ops *ops, const struct ready *ready, adg_grads *grads,
-	 const bool alone)
+	 const adg_grad_ops *ops, const struct ready *ready,
+	 const struct step_hook *step_hook, adg_grads *grads, const bool alone)
 {
 	/* The root is deepest, so it runs first, with the seed, which is
 	 * final from the start. */
@@ -493,8 +493,7 @@ run_tape(struct adg_shard *shard, struct adg_tape *t, size_t len, void *seed,
 				.n_parents = n->n_parents,
 				.context = &ctx,
 			};
-			int rc = adg_callback_result(
-				n->step.backward(&call, n->step.user));
+			int rc = adg_step_run(step_hook, n, &call);
 			if (n->ckpt != NULL)
 				adg_ckpt_served(n);
 			if (call.grad != NULL)
@@ -530,11 +529,13 @@ run_tape(struct adg_shard *shard, struct adg_tape *t, size_t len, void *seed,
 
 static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 	       void *seed, const adg_grad_ops *ops, const struct ready *ready,
-	       adg_grads *grads, bool alone)
+	       const struct step_hook *step_hook, adg_grads *grads, bool alone)
 {
 	if (alone)
-		return run_tape(shard, t, len, seed, ops, ready, grads, true);
-	return run_tape(shard, t, len, seed, ops, ready, grads, false);
+		return run_tape(shard, t, len, seed, ops, ready, step_hook,
+				grads, true);
+	return run_tape(shard, t, len, seed, ops, ready, step_hook, grads,
+			false);
 }
 
 /* A root that is a leaf: the container holds just the seed. Takes *seed
@@ -595,6 +596,10 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 	if (shard == NULL)
 		goto out_free_seed;
 
+	struct step_hook step_hook = {0};
+	if (options != NULL)
+		step_hook =
+			(struct step_hook){options->on_step, options->step_ctx};
 	struct ready hook = {0};
 	const struct ready *ready = NULL;
 	if (options != NULL && options->on_ready != NULL) {
@@ -634,11 +639,11 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 	if (rc != 0)
 		goto out_put_tape;
 	if (ticket != NULL) {
-		rc = adg_par_run(shard, t, len, seed, ops, ready, grads,
-				 executor, ticket);
+		rc = adg_par_run(shard, t, len, seed, ops, ready, &step_hook,
+				 grads, executor, ticket);
 		ticket = NULL; /* the run let go of it */
 	} else {
-		rc = run(shard, t, len, seed, ops, ready, grads,
+		rc = run(shard, t, len, seed, ops, ready, &step_hook, grads,
 			 executor != NULL);
 	}
 	seed = NULL; /* the run took it */

@@ -85,6 +85,7 @@ struct par_run {
 	size_t len;
 	const adg_grad_ops *ops;
 	const struct ready *ready;
+	const struct step_hook *step_hook;
 	struct adg_registry *registry;
 	adg_executor executor;
 	struct adg_par_ticket *ticket;
@@ -512,7 +513,7 @@ static uint32_t run_step(struct worker *w, uint32_t pos)
 		.n_parents = n->n_parents,
 		.context = &w->ctx,
 	};
-	int rc = adg_callback_result(n->step.backward(&call, n->step.user));
+	int rc = adg_step_run(run->step_hook, n, &call);
 	if (n->ckpt != NULL) {
 		pthread_mutex_lock(&run->serialize);
 		adg_ckpt_served(n);
@@ -745,8 +746,8 @@ static int finish(struct adg_shard *shard, struct par_run *run, int rc,
 
 int adg_par_run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 		void *seed, const adg_grad_ops *ops, const struct ready *ready,
-		adg_grads *grads, const adg_executor *executor,
-		struct adg_par_ticket *ticket)
+		const struct step_hook *step_hook, adg_grads *grads,
+		const adg_executor *executor, struct adg_par_ticket *ticket)
 {
 	struct par_run run = {
 		.t = t,
@@ -754,6 +755,7 @@ int adg_par_run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 		.len = len,
 		.ops = ops,
 		.ready = ready,
+		.step_hook = step_hook,
 		.registry = t->sorted[0]->registry,
 		.executor = *executor,
 		.ticket = ticket,

@@ -8,6 +8,8 @@
 
 #include "internal.h"
 
+#include <time.h>
+
 struct adg_par_ticket;
 struct adg_ready_queue;
 
@@ -127,6 +129,42 @@ static inline uint32_t adg_sink_claim(struct adg_step_sink *sink, uint64_t id,
 	return k;
 }
 
+/* on_step (adg_backward_options): fn NULL when none. */
+struct step_hook {
+	adg_step_hook_fn fn;
+	void *ctx;
+};
+
+static inline uint64_t adg_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Runs n's step, between the two on_step calls when there is a hook.
+ * Returns the step's result, or the hook's code: a refusal before the
+ * step means the step does not run, and stops the backward as the
+ * step's failure would. */
+static inline int adg_step_run(const struct step_hook *h, struct adg_node *n,
+			       adg_step_call *call)
+{
+	if (adg_likely(h->fn == NULL))
+		return adg_callback_result(
+			n->step.backward(call, n->step.user));
+	adg_step_event event = {.node_id = n->id, .name = n->step.name};
+	int rc = adg_callback_result(h->fn(&event, h->ctx));
+	if (rc != 0)
+		return rc;
+	uint64_t start = adg_now_ns();
+	int step_rc = adg_callback_result(n->step.backward(call, n->step.user));
+	event.after = 1;
+	event.duration_ns = adg_now_ns() - start;
+	event.result = step_rc;
+	rc = adg_callback_result(h->fn(&event, h->ctx));
+	return step_rc != 0 ? step_rc : rc;
+}
+
 /* The hook of one backward, if any. */
 struct ready {
 	adg_ready_fn fn;
@@ -156,8 +194,8 @@ bool adg_par_reserve(struct adg_registry *r, struct adg_tape *t, size_t len,
  * go of ticket (from adg_par_ticket_new). */
 int adg_par_run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 		void *seed, const adg_grad_ops *ops, const struct ready *ready,
-		adg_grads *grads, const adg_executor *executor,
-		struct adg_par_ticket *ticket);
+		const struct step_hook *step_hook, adg_grads *grads,
+		const adg_executor *executor, struct adg_par_ticket *ticket);
 
 /* A backward's handle for the jobs it submits, which may outlive it:
  * allocated before the tape is taken, so that running never allocates. */

@@ -136,8 +136,9 @@ scalar s_prod(adg_registry *r, const scalar *factors, size_t n)
 		parents[i] = factors[i].node;
 		y.value *= factors[i].value;
 	}
-	adg_step step = {prod_backward, prod_release,
-			 prod_step_new(factors, n)};
+	adg_step step = {.backward = prod_backward,
+			 .release = prod_release,
+			 .user = prod_step_new(factors, n)};
 	int rc = adg_op(r, parents, n, &step, &y.node);
 	cr_assert_eq(rc, 0, "adg_op: %s", adg_strerror(rc));
 	cr_assert_eq(adg_node_id(y.node, &y.id), 0);
@@ -155,7 +156,9 @@ scalar s_add(adg_registry *r, scalar a, scalar b)
 	scalar y = {.value = a.value + b.value};
 	adg_node *parents[2] = {a.node, b.node};
 	atomic_fetch_add(&scalar_steps_live, 1);
-	adg_step step = {sum_backward, count_release, NULL};
+	adg_step step = {.backward = sum_backward,
+			 .release = count_release,
+			 .user = NULL};
 	cr_assert_eq(adg_op(r, parents, 2, &step, &y.node), 0);
 	cr_assert_eq(adg_node_id(y.node, &y.id), 0);
 	return y;

@@ -210,7 +210,9 @@ CHECKED_TEST(backward, nested_backward_in_a_step_completes)
 	n->other_root = other.node;
 	n->sibling = sib.node;
 	n->other_leaf = e.id;
-	adg_step step = {nested_backward, nested_release, n};
+	adg_step step = {.backward = nested_backward,
+			 .release = nested_release,
+			 .user = n};
 	adg_node *parents[2] = {x.node, c.node};
 	scalar y = {.value = x.value * c.value};
 	cr_assert_eq(adg_op(reg, parents, 2, &step, &y.node), 0);
@@ -264,7 +266,9 @@ static void run_failing_chain(int step_rc, int want)
 			fl->inner = prod_step_new(f, 2);
 			fl->rc = step_rc;
 			steps[i] = fl->inner;
-			adg_step st = {failing_backward, failing_release, fl};
+			adg_step st = {.backward = failing_backward,
+				       .release = failing_release,
+				       .user = fl};
 			adg_node *p[2] = {prev.node, w.node};
 			chain[i].value = prev.value * w.value;
 			cr_assert_eq(adg_op(reg, p, 2, &st, &chain[i].node), 0);
@@ -315,7 +319,9 @@ CHECKED_TEST(backward, steps_run_deepest_first)
 {
 	scalar a = s_leaf(reg, 1);
 	adg_node *n[4];
-	adg_step st = {logging_backward, NULL, (void *)1};
+	adg_step st = {.backward = logging_backward,
+		       .release = NULL,
+		       .user = (void *)1};
 	cr_assert_eq(adg_op(reg, &a.node, 1, &st, &n[0]), 0); /* depth 1 */
 	st.user = (void *)2;
 	cr_assert_eq(adg_op(reg, &n[0], 1, &st, &n[1]), 0); /* depth 2 */

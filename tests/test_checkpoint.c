@@ -98,7 +98,8 @@ static adg_node *make(adg_node **parents, size_t n, adg_backward_fn fn,
 		      struct op o, const adg_output *out, int n_want,
 		      const uint32_t *want)
 {
-	adg_step st = {fn, op_release, op_new(o)};
+	adg_step st = {
+		.backward = fn, .release = op_release, .user = op_new(o)};
 	adg_op_options opt = {out, 0, want, (size_t)n_want};
 	adg_node *y;
 	int rc = adg_op_with(reg, parents, n, &st, &opt, &y);
@@ -217,7 +218,7 @@ static int sum_backward(adg_step_call *call, void *user)
 
 static adg_node *sum(adg_node **parents, size_t n)
 {
-	adg_step st = {sum_backward, NULL, NULL};
+	adg_step st = {.backward = sum_backward, .release = NULL, .user = NULL};
 	adg_node *z;
 	cr_assert_eq(adg_op(reg, parents, n, &st, &z), 0);
 	return z;
@@ -430,7 +431,8 @@ Test(checkpoint, bad_options_and_calls)
 	adg_leaf(reg, &a);
 	adg_leaf(reg, &w);
 	adg_node *p[2] = {a, w};
-	adg_step st = {noop_backward, NULL, NULL};
+	adg_step st = {
+		.backward = noop_backward, .release = NULL, .user = NULL};
 	cr_assert_eq(adg_op(reg, p, 2, &st, &none_offered), 0);
 	double *v = s_output_new(1);
 	adg_output no_free = {v, NULL, NULL, 0};
@@ -467,7 +469,8 @@ Test(checkpoint, bad_options_and_calls)
 	cr_assert_eq(adg_op_with(reg, p, 2, &st, &keep, &c), 0);
 	int seen = 0;
 	adg_node *cw[2] = {c, w};
-	adg_step ask = {asks_for_a_leaf, NULL, &seen};
+	adg_step ask = {
+		.backward = asks_for_a_leaf, .release = NULL, .user = &seen};
 	adg_op_options want_c = {NULL, 0, &want0, 1};
 	adg_node *z;
 #if SIZE_MAX > UINT32_MAX
@@ -500,7 +503,8 @@ Test(checkpoint, out_of_memory_keeps_the_callers_value)
 	adg_leaf(reg, &a);
 	adg_leaf(reg, &w);
 	adg_node *p[2] = {a, w};
-	adg_step st = {noop_backward, NULL, NULL};
+	adg_step st = {
+		.backward = noop_backward, .release = NULL, .user = NULL};
 	double *v = s_output_new(1);
 	adg_output fine = {v, s_output_free, NULL, 0};
 	adg_op_options keep = {&fine, 0, NULL, 0};
@@ -580,7 +584,9 @@ Test(checkpoint, outputs_follow_nodes_through_a_merge)
 	cr_expect_eq(atomic_load(&scalar_outputs_live), 2, "the two products");
 	adg_node *ends[2] = {halves[0][7], halves[1][7]};
 	const uint32_t both[2] = {0, 1};
-	adg_step st = {join_backward, op_release, op_new((struct op){0})};
+	adg_step st = {.backward = join_backward,
+		       .release = op_release,
+		       .user = op_new((struct op){0})};
 	adg_op_options opt = {NULL, 0, both, 2};
 	adg_node *z;
 	cr_assert_eq(adg_op_with(reg, ends, 2, &st, &opt, &z), 0);

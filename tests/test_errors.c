@@ -11,7 +11,8 @@ static int noop_backward(adg_step_call *call, void *user)
 	return 0;
 }
 
-static const adg_step noop = {noop_backward, NULL, NULL};
+static const adg_step noop = {
+	.backward = noop_backward, .release = NULL, .user = NULL};
 
 Test(errors, strerror_names_every_code)
 {
@@ -109,7 +110,8 @@ Test(errors, op_bad_arguments)
 	adg_node *pair[2] = {a, b};
 	adg_node *with_null[2] = {a, NULL};
 	adg_node *mixed[2] = {a, foreign};
-	adg_step no_backward = {NULL, NULL, NULL};
+	adg_step no_backward = {
+		.backward = NULL, .release = NULL, .user = NULL};
 
 	cr_expect_eq(adg_op(NULL, pair, 2, &noop, &out), ADG_EINVAL);
 	cr_expect_null(out);

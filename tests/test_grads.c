@@ -109,7 +109,8 @@ CHECKED_TEST(grads, step_may_take_its_gradient)
 {
 	scalar leaf = s_leaf(reg, 1);
 	adg_node *y;
-	adg_step st = {keeping_backward, NULL, NULL};
+	adg_step st = {
+		.backward = keeping_backward, .release = NULL, .user = NULL};
 	cr_assert_eq(adg_op(reg, &leaf.node, 1, &st, &y), 0);
 	adg_grads *g;
 	cr_assert_eq(adg_backward(reg, y, scalar_box(9), &scalar_ops, &g), 0);

@@ -139,7 +139,9 @@ static scalar logged_mul(scalar a, scalar b)
 	scalar f[2] = {a, b};
 	scalar y = {.value = a.value * b.value};
 	adg_node *p[2] = {a.node, b.node};
-	adg_step st = {logging_prod, prod_release, prod_step_new(f, 2)};
+	adg_step st = {.backward = logging_prod,
+		       .release = prod_release,
+		       .user = prod_step_new(f, 2)};
 	cr_assert_eq(adg_op(reg, p, 2, &st, &y.node), 0);
 	adg_node_id(y.node, &y.id);
 	return y;
@@ -212,7 +214,9 @@ CHECKED_TEST(hooks, failing_step_leaves_later_gradients_unannounced)
 	scalar h = s_mul(reg, w1, x); /* its step never runs */
 	scalar f[2] = {h, x};
 	adg_node *p[2] = {h.node, x.node};
-	adg_step st = {failing_step, failing_release, prod_step_new(f, 2)};
+	adg_step st = {.backward = failing_step,
+		       .release = failing_release,
+		       .user = prod_step_new(f, 2)};
 	scalar mid = {.value = h.value * x.value};
 	cr_assert_eq(adg_op(reg, p, 2, &st, &mid.node), 0);
 	scalar out = s_mul(reg, mid, w3);

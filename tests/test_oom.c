@@ -291,7 +291,8 @@ static struct var op(struct reg *g, const char *name, enum kind kind,
 		c->value =
 			kind == PROD ? c->value * c->x[i] : c->value + c->x[i];
 	}
-	adg_step step = {step_backward, step_release, c};
+	adg_step step = {
+		.backward = step_backward, .release = step_release, .user = c};
 	adg_output out = {
 		sp->output ? output_new(c->value) : NULL,
 		output_free,

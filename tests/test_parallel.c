@@ -269,7 +269,7 @@ static int g_op_with(struct graph *g, const int *parents, int n,
 	cr_assert_not_null(s);
 	*s = (struct hstep){g, g->n};
 	atomic_fetch_add(&scalar_steps_live, 1);
-	adg_step st = {h_step, h_release, s};
+	adg_step st = {.backward = h_step, .release = h_release, .user = s};
 	adg_node *y;
 	int rc = o != NULL ? adg_op_with(reg, p, (size_t)n, &st, o, &y)
 			   : adg_op(reg, p, (size_t)n, &st, &y);
@@ -1353,7 +1353,9 @@ static adg_node *const_op(adg_node **parents, size_t n, uint64_t first,
 	cr_assert_not_null(s);
 	*s = (struct const_step){first, second, probe, seen};
 	atomic_fetch_add(&scalar_steps_live, 1);
-	adg_step st = {const_backward, const_release, s};
+	adg_step st = {.backward = const_backward,
+		       .release = const_release,
+		       .user = s};
 	adg_node *y;
 	cr_assert_eq(adg_op(reg, parents, n, &st, &y), 0);
 	return y;

@@ -23,7 +23,9 @@ static scalar offering(scalar a)
 {
 	adg_output out = {s_output_new(a.value), s_output_free, NULL, 0};
 	adg_op_options opt = {.output = &out};
-	adg_step st = {prod_backward, prod_release, prod_step_new(&a, 1)};
+	adg_step st = {.backward = prod_backward,
+		       .release = prod_release,
+		       .user = prod_step_new(&a, 1)};
 	scalar p = {.value = a.value};
 	cr_assert_eq(adg_op_with(reg, &a.node, 1, &st, &opt, &p.node), 0);
 	cr_assert_eq(adg_node_id(p.node, &p.id), 0);
@@ -44,7 +46,9 @@ static int child_of(scalar p, bool rebuild, adg_node **out)
 	static const uint32_t slot0 = 0;
 	adg_output o = {NULL, s_output_free, output_rebuild, 0};
 	adg_op_options opt = {.want_parents = &slot0, .n_want_parents = 1};
-	adg_step st = {want_backward, prod_release, prod_step_new(&p, 1)};
+	adg_step st = {.backward = want_backward,
+		       .release = prod_release,
+		       .user = prod_step_new(&p, 1)};
 	if (rebuild) {
 		o.value = s_output_new(p.value);
 		opt = (adg_op_options){.output = &o};
@@ -239,7 +243,9 @@ static int self_drop_backward(adg_step_call *call, void *user)
 	}
 	cr_assert_eq(adg_node_unref(*d->root), 0);
 	*d->root = NULL;
-	adg_step st = {noop_backward, count_release, &d->made_releases};
+	adg_step st = {.backward = noop_backward,
+		       .release = count_release,
+		       .user = &d->made_releases};
 	cr_assert_eq(adg_op(call->registry, d->parents, d->n, &st, &d->made),
 		     0);
 	/* The output stays valid until the step returns. */
@@ -263,7 +269,9 @@ static void step_drops_root(size_t n, bool offers)
 	}
 	struct self_drop d = {
 		.root = &root, .parents = parents, .n = n, .offers = offers};
-	adg_step st = {self_drop_backward, self_drop_release, &d};
+	adg_step st = {.backward = self_drop_backward,
+		       .release = self_drop_release,
+		       .user = &d};
 	if (offers) {
 		adg_output out = {s_output_new(2), s_output_free, NULL, 0};
 		adg_op_options opt = {.output = &out, .want_self = 1};
@@ -330,7 +338,8 @@ CHECKED_TEST(regress, refused_op_takes_no_node_id)
 	adg_node *leaves[9], *a, *b, *y = NULL;
 	for (int i = 0; i < 9; i++)
 		cr_assert_eq(adg_leaf(reg, &leaves[i]), 0);
-	adg_step st = {noop_backward, NULL, NULL};
+	adg_step st = {
+		.backward = noop_backward, .release = NULL, .user = NULL};
 	cr_assert_eq(adg_op(reg, &leaves[0], 1, &st, &a), 0);
 	cr_assert_eq(adg_op(reg, &leaves[1], 1, &st, &b), 0);
 	uint64_t b_id, y_id;
@@ -374,7 +383,9 @@ static struct rebuilt rebuilt_graph(adg_recompute_fn rebuild, adg_step mst,
 	struct rebuilt g = {.a = s_leaf(reg, 3)};
 	adg_output bo = {s_output_new(3), s_output_free, NULL, 0};
 	adg_op_options bopt = {.output = &bo};
-	adg_step bst = {prod_backward, prod_release, prod_step_new(&g.a, 1)};
+	adg_step bst = {.backward = prod_backward,
+			.release = prod_release,
+			.user = prod_step_new(&g.a, 1)};
 	cr_assert_eq(adg_op_with(reg, &g.a.node, 1, &bst, &bopt, &g.b), 0);
 	adg_output mo = {s_output_new(3), s_output_free, rebuild, 1};
 	adg_op_options mopt = {.output = &mo};
@@ -404,8 +415,10 @@ static int sets_then_fails(adg_recompute_call *call, void *user)
 CHECKED_TEST(regress, recompute_that_sets_then_fails_frees_its_output)
 {
 	reopen(ADG_CHECKPOINT_BALANCED);
-	adg_step noop = {noop_backward, NULL, NULL};
-	adg_step asks = {want_backward, NULL, NULL};
+	adg_step noop = {
+		.backward = noop_backward, .release = NULL, .user = NULL};
+	adg_step asks = {
+		.backward = want_backward, .release = NULL, .user = NULL};
 	struct rebuilt g = rebuilt_graph(sets_then_fails, noop, asks);
 	adg_grads *grads;
 	cr_expect_eq(adg_backward(reg, g.c, scalar_box(1), &scalar_ops, &grads),
@@ -431,8 +444,11 @@ CHECKED_TEST(regress, rebuild_no_step_got_frees_what_it_would_read)
 {
 	reopen(ADG_CHECKPOINT_BALANCED);
 	long live_in_m = -1;
-	adg_step counts = {counts_live_outputs, NULL, &live_in_m};
-	adg_step asks_only = {noop_backward, NULL, NULL};
+	adg_step counts = {.backward = counts_live_outputs,
+			   .release = NULL,
+			   .user = &live_in_m};
+	adg_step asks_only = {
+		.backward = noop_backward, .release = NULL, .user = NULL};
 	struct rebuilt g = rebuilt_graph(output_rebuild, counts, asks_only);
 	cr_assert_eq(atomic_load(&scalar_outputs_live), 1, "b's, kept");
 	adg_grads *grads;

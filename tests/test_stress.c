@@ -567,7 +567,8 @@ static int token_backward(adg_step_call *call, void *user)
 static adg_node *token_op(adg_node *p, adg_node *q)
 {
 	adg_node *parents[2] = {p, q}, *out;
-	adg_step st = {token_backward, NULL, NULL};
+	adg_step st = {
+		.backward = token_backward, .release = NULL, .user = NULL};
 	cr_assert_eq(adg_op(reg, parents, 2, &st, &out), 0);
 	return out;
 }
@@ -759,7 +760,9 @@ static void *nest_worker(void *arg)
 		n->other_leaf = e.id;
 		n->wrong = wrong;
 		adg_node *parents[2] = {x.node, b.node};
-		adg_step st = {nest_backward, nest_release, n};
+		adg_step st = {.backward = nest_backward,
+			       .release = nest_release,
+			       .user = n};
 		scalar y = {.value = x.value * b.value};
 		if (adg_op(reg, parents, 2, &st, &y.node) != 0) {
 			atomic_fetch_add(wrong, 1);
@@ -939,7 +942,8 @@ CHECKED_TEST(stress, a_step_on_many_registries_keeps_its_shard)
 	for (int k = 0; k < SLOT_OTHERS; k++)
 		cr_assert_eq(adg_registry_new(NULL, &s.others[k]), 0);
 	scalar a = s_leaf(reg, 2);
-	adg_step st = {many_registries_step, NULL, &s};
+	adg_step st = {
+		.backward = many_registries_step, .release = NULL, .user = &s};
 	adg_node *y;
 	cr_assert_eq(adg_op(reg, &a.node, 1, &st, &y), 0);
 	pthread_t t;

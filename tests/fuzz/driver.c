@@ -793,7 +793,8 @@ static void do_op(struct fuzz *f, uint8_t p, const uint8_t *idx)
 {
 	adg_node *parents[MODEL_MAX_PARENTS];
 	struct step *s = step_new(f, p, idx, parents);
-	adg_step step = {step_backward, step_release, s};
+	adg_step step = {
+		.backward = step_backward, .release = step_release, .user = s};
 	adg_node *node;
 	uint64_t id = 0;
 	expect_rc(f, "adg_op", adg_op(f->reg, parents, s->n, &step, &node), 0);
@@ -864,7 +865,8 @@ static void do_op_with(struct fuzz *f, uint8_t p, uint8_t o, const uint8_t *idx)
 		.want_parents = mo.want,
 		.n_want_parents = mo.n_want,
 	};
-	adg_step step = {step_backward, step_release, s};
+	adg_step step = {
+		.backward = step_backward, .release = step_release, .user = s};
 	adg_node *node = (adg_node *)&node; /* must become NULL on error */
 	bool consumed = needs_consumed(f, s, &mo);
 	int rc = adg_op_with(f->reg, parents, s->n, &step, &opts, &node);

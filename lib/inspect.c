@@ -1,0 +1,232 @@
+/*
+ * Seeing a graph: a copy of one graph's ops taken under its lock, then
+ * visited, or written as Graphviz DOT, with no lock held.
+ *
+ * The copy is all that is read: the lock is held only while the members
+ * are counted and copied, so writers on other threads wait no longer than
+ * a copy takes, and user code (the visitor, the writer) runs unlocked.
+ * Every unconsumed parent of a member is a member too (I3), so comparing
+ * a parent's graph pointer with the locked graph tells an op from a
+ * consumed one, without reading anything else of it.
+ */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A parent that is not an op of the graph. */
+struct other {
+	uint64_t id;
+	bool consumed; /* else a leaf */
+};
+
+/* One graph as it was: its ops, each with its parents' ids and kinds in
+ * the shared arrays below. */
+struct snapshot {
+	struct adg_registry *registry;
+	uint64_t graph_id;
+	size_t n_ops, n_slots;
+	adg_graph_node *ops;
+	uint64_t *parent_ids;
+	uint8_t *parent_kinds;
+	/* Scratch for the DOT writer: the parents that are not ops. */
+	struct other *others;
+};
+
+static size_t snapshot_bytes(size_t n_ops, size_t n_slots)
+{
+	return n_ops * sizeof(adg_graph_node) +
+	       n_slots * (sizeof(struct other) + sizeof(uint64_t) +
+			  sizeof(uint8_t));
+}
+
+static void snapshot_free(struct snapshot *s)
+{
+	if (s->ops != NULL)
+		adg_free(s->registry, s->ops,
+			 snapshot_bytes(s->n_ops, s->n_slots));
+}
+
+/* Depth, then id: parents (shallower) first, and one order for a given
+ * graph whatever the member list's. */
+static int by_depth_then_id(const void *a, const void *b)
+{
+	const adg_graph_node *x = a, *y = b;
+	if (x->depth != y->depth)
+		return x->depth < y->depth ? -1 : 1;
+	return (x->id > y->id) - (x->id < y->id);
+}
+
+static int take_snapshot(adg_node *node, struct snapshot *s)
+{
+	*s = (struct snapshot){.registry = node->registry};
+	if (adg_node_is_leaf(node))
+		return ADG_EINVAL; /* a leaf is in no graph */
+	struct adg_graph *g = adg_graph_lock_of(node);
+	if (g == NULL)
+		return ADG_ECONSUMED;
+	struct adg_node *m;
+	cds_list_for_each_entry (m, &g->members, link)
+		s->n_slots += m->n_parents;
+	s->n_ops = g->n_members;
+	/* One block, from the registry's allocator; the graph stays locked
+	 * for the copy only. */
+	void *block =
+		adg_alloc(s->registry, snapshot_bytes(s->n_ops, s->n_slots));
+	if (block == NULL) {
+		adg_graph_unlock_plain(g);
+		return ADG_ENOMEM;
+	}
+	s->ops = block;
+	/* Widest alignment first: ops, others, ids, kinds. */
+	s->others = (struct other *)(s->ops + s->n_ops);
+	s->parent_ids = (uint64_t *)(s->others + s->n_slots);
+	s->parent_kinds = (uint8_t *)(s->parent_ids + s->n_slots);
+	/* Relaxed: the origin changes only under the lock, held here. */
+	s->graph_id = atomic_load_explicit(&g->origin, memory_order_relaxed);
+	size_t i = 0, slot = 0;
+	cds_list_for_each_entry (m, &g->members, link) {
+		const uint64_t *ids = adg_node_parent_ids(m);
+		s->ops[i++] = (adg_graph_node){
+			.graph_id = s->graph_id,
+			.id = m->id,
+			.name = m->step.name,
+			.depth = m->depth,
+			.n_parents = m->n_parents,
+			.parent_ids = &s->parent_ids[slot],
+			.parent_kinds = &s->parent_kinds[slot],
+		};
+		for (uint32_t k = 0; k < m->n_parents; k++, slot++) {
+			struct adg_node *p = m->parents[k];
+			s->parent_ids[slot] = ids[k];
+			s->parent_kinds[slot] = p == NULL ? ADG_PARENT_LEAF
+						: adg_node_graph(p) == g
+							? ADG_PARENT_OP
+							: ADG_PARENT_CONSUMED;
+		}
+	}
+	ADG_ASSERT(i == s->n_ops && slot == s->n_slots);
+	/* Nothing was retired or taken: a plain unlock. */
+	adg_graph_unlock_plain(g);
+	qsort(s->ops, s->n_ops, sizeof *s->ops, by_depth_then_id);
+	return 0;
+}
+
+int adg_graph_visit(adg_node *node, adg_visit_fn visit, void *ctx)
+{
+	if (node == NULL || visit == NULL)
+		return ADG_EINVAL;
+	struct snapshot s;
+	int rc = take_snapshot(node, &s);
+	for (size_t i = 0; rc == 0 && i < s.n_ops; i++)
+		rc = adg_callback_result(visit(&s.ops[i], ctx));
+	snapshot_free(&s);
+	return rc;
+}
+
+/* ------------------------------------------------------------------- DOT */
+
+/* The writer and its first error; text goes out a line at a time. */
+struct dot {
+	adg_write_fn write;
+	void *ctx;
+	int rc;
+};
+
+__attribute__((format(printf, 2, 3))) static void emit(struct dot *d,
+						       const char *fmt, ...)
+{
+	char line[512];
+	va_list ap;
+	if (d->rc != 0)
+		return;
+	va_start(ap, fmt);
+	int n = vsnprintf(line, sizeof line, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		n = 0;
+	if ((size_t)n >= sizeof line)
+		n = sizeof line - 1; /* the caller keeps lines short */
+	d->rc = adg_callback_result(d->write(line, (size_t)n, d->ctx));
+}
+
+/* name as the inside of a DOT string: quotes and backslashes escaped,
+ * control characters as spaces, at most 200 bytes of it. */
+static void quoted(char *out, size_t size, const char *name)
+{
+	size_t o = 0;
+	for (const char *c = name; *c != '\0' && o + 3 < size && o < 200; c++) {
+		if (*c == '"' || *c == '\\')
+			out[o++] = '\\';
+		out[o++] = (unsigned char)*c < 0x20 ? ' ' : *c;
+	}
+	out[o] = '\0';
+}
+
+static int by_id(const void *a, const void *b)
+{
+	uint64_t x = ((const struct other *)a)->id;
+	uint64_t y = ((const struct other *)b)->id;
+	return (x > y) - (x < y);
+}
+
+/* Declares each parent that is not an op once, in id order: a leaf as an
+ * ellipse, a consumed op as a dashed box. */
+static void write_others(struct dot *d, struct snapshot *s)
+{
+	size_t n = 0;
+	for (size_t slot = 0; slot < s->n_slots; slot++)
+		if (s->parent_kinds[slot] != ADG_PARENT_OP)
+			s->others[n++] = (struct other){
+				s->parent_ids[slot],
+				s->parent_kinds[slot] == ADG_PARENT_CONSUMED};
+	qsort(s->others, n, sizeof *s->others, by_id);
+	for (size_t i = 0; i < n; i++) {
+		unsigned long long id = s->others[i].id;
+		if (i > 0 && s->others[i - 1].id == id)
+			continue;
+		if (s->others[i].consumed)
+			emit(d,
+			     "  n%llu [label=\"%llu (consumed)\", "
+			     "style=dashed];\n",
+			     id, id);
+		else
+			emit(d,
+			     "  n%llu [label=\"leaf %llu\", shape=ellipse];\n",
+			     id, id);
+	}
+}
+
+int adg_graph_write_dot(adg_node *node, adg_write_fn write, void *ctx)
+{
+	if (node == NULL || write == NULL)
+		return ADG_EINVAL;
+	struct snapshot s;
+	int rc = take_snapshot(node, &s);
+	if (rc != 0)
+		return rc;
+	struct dot d = {.write = write, .ctx = ctx};
+	emit(&d, "digraph adg_graph_%llu {\n", (unsigned long long)s.graph_id);
+	emit(&d, "  label=\"graph %llu\";\n  node [shape=box];\n",
+	     (unsigned long long)s.graph_id);
+	for (size_t i = 0; i < s.n_ops; i++) {
+		const adg_graph_node *op = &s.ops[i];
+		char name[256] = "";
+		if (op->name != NULL)
+			quoted(name, sizeof name, op->name);
+		emit(&d, "  n%llu [label=\"%llu%s%s\\ndepth %u\"];\n",
+		     (unsigned long long)op->id, (unsigned long long)op->id,
+		     op->name != NULL ? " " : "", name, op->depth);
+	}
+	write_others(&d, &s);
+	for (size_t i = 0; i < s.n_ops; i++)
+		for (size_t k = 0; k < s.ops[i].n_parents; k++)
+			emit(&d, "  n%llu -> n%llu;\n",
+			     (unsigned long long)s.ops[i].parent_ids[k],
+			     (unsigned long long)s.ops[i].id);
+	emit(&d, "}\n");
+	snapshot_free(&s);
+	return d.rc;
+}
