@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what libadg's build needs, when it is missing (Debian).
-# Usage: scripts/deps.sh [test|bench]
+# Usage: scripts/deps.sh [test|bench|pictures]
 set -euo pipefail
 
 want=(meson ninja-build pkg-config gcc liburcu-dev libck-dev)
@@ -8,6 +8,7 @@ case "${1:-}" in
 test) want+=(libcriterion-dev valgrind openmpi-bin libopenmpi-dev clang
 	clang-format shellcheck) ;;
 bench) want+=(gnuplot-nox valgrind) ;;
+pictures) want+=(graphviz gnuplot-nox) ;;
 esac
 
 missing=()
