@@ -6,6 +6,7 @@
 #include "fixture.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -289,7 +290,8 @@ Test(inspect_alloc, out_of_memory_visits_and_writes_nothing)
 struct grow {
 	scalar leaf;
 	atomic_bool done;
-	scalar kept[400];
+	atomic_bool dumped; /* the dumper's first copy is made */
+	scalar kept[2400];  /* 1 + 2000 links + 200 joins */
 	int n_kept;
 };
 
@@ -297,7 +299,10 @@ static void *grower(void *arg)
 {
 	struct grow *s = ((struct thread *)arg)->s;
 	scalar x = s->kept[0]; /* from the first op: one graph throughout */
-	for (int i = 0; i < 200; i++) {
+	/* Grow only once the dumper is at work: copies overlap growth. */
+	while (!atomic_load(&s->dumped))
+		sched_yield();
+	for (int i = 0; i < 2000; i++) {
 		x = s->kept[s->n_kept++] =
 			named_op((scalar[]){x, s->leaf}, 2, "grow");
 		if (i % 10 == 9 && s->n_kept > 5)
@@ -340,24 +345,33 @@ static void *dumper(void *arg)
 			     0);
 		cr_assert_eq(counts[1], 2 * counts[0]);
 		dumps++;
+		atomic_store(&s->dumped, true);
 	}
+	/* Grown: the last copy has every op. */
+	size_t counts[2] = {0};
+	cr_assert_eq(adg_graph_visit(s->kept[0].node, count_op, counts), 0);
+	cr_assert_eq(counts[0], (size_t)s->n_kept);
 	return NULL;
 }
 
 CHECKED_TEST(inspect_stress,
 	     copies_are_whole_while_another_thread_grows_the_graph)
 {
-	struct grow s = {.leaf = s_leaf(reg, 1)};
-	s.kept[s.n_kept++] = named_op((scalar[]){s.leaf, s.leaf}, 2, "first");
+	struct grow *s = calloc(1, sizeof *s); /* too big for a stack */
+	cr_assert_not_null(s);
+	s->leaf = s_leaf(reg, 1);
+	s->kept[s->n_kept++] =
+		named_op((scalar[]){s->leaf, s->leaf}, 2, "first");
 	pthread_t grow_thread, dump_thread;
-	struct thread g = {&s, 0}, d = {&s, 1};
+	struct thread g = {s, 0}, d = {s, 1};
 	pthread_create(&dump_thread, NULL, dumper, &d);
 	pthread_create(&grow_thread, NULL, grower, &g);
 	pthread_join(grow_thread, NULL);
 	pthread_join(dump_thread, NULL);
-	for (int i = s.n_kept - 1; i >= 0; i--)
-		s_drop(s.kept[i]);
-	s_drop(s.leaf);
+	for (int i = s->n_kept - 1; i >= 0; i--)
+		s_drop(s->kept[i]);
+	s_drop(s->leaf);
+	free(s);
 }
 
 /* --------------------------------------------------------------- on_step */
