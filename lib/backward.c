@@ -99,30 +99,19 @@ static bool tape_reserve_depths(struct adg_registry *r, struct adg_tape *t,
 	return true;
 }
 
-static bool tape_reserve_outputs(struct adg_registry *r, struct adg_tape *t,
-				 size_t n)
+/* Grows a scratch array of pointers (the recompute outputs, a step's
+ * slots) to hold n; nothing in it is kept. */
+static bool reserve_pointers(struct adg_registry *r, void ***array, size_t *cap,
+			     size_t n)
 {
-	if (n <= t->outputs_cap)
+	if (n <= *cap)
 		return true;
-	void **o = regrow(r, t->outputs, t->outputs_cap * sizeof *o,
-			  n * sizeof *o);
-	if (o == NULL)
+	void **grown =
+		regrow(r, *array, *cap * sizeof *grown, n * sizeof *grown);
+	if (grown == NULL)
 		return false;
-	t->outputs = o;
-	t->outputs_cap = n;
-	return true;
-}
-
-static bool tape_reserve_slots(struct adg_registry *r, struct adg_tape *t,
-			       size_t n)
-{
-	if (n <= t->slots_cap)
-		return true;
-	void **o = regrow(r, t->slots, t->slots_cap * sizeof *o, n * sizeof *o);
-	if (o == NULL)
-		return false;
-	t->slots = o;
-	t->slots_cap = n;
+	*array = grown;
+	*cap = n;
 	return true;
 }
 
@@ -272,8 +261,11 @@ static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
 	if (rc == 0 &&
 	    (!tape_reserve_depths(r, t, (size_t)root->depth + 1) ||
 	     (needs.counting && !tape_reserve_leaves(r, t, leaves)) ||
-	     (needs.checkpoints && !tape_reserve_outputs(r, t, most_parents)) ||
-	     (needs.slots && !tape_reserve_slots(r, t, most_parents)) ||
+	     (needs.checkpoints &&
+	      !reserve_pointers(r, &t->outputs, &t->outputs_cap,
+				most_parents)) ||
+	     (needs.slots &&
+	      !reserve_pointers(r, &t->slots, &t->slots_cap, most_parents)) ||
 	     (needs.workers != 0 &&
 	      !reserve_parallel(r, t, n, leaves, needs.workers))))
 		rc = ADG_ENOMEM;
