@@ -423,13 +423,13 @@ void adg_alone_add_failed(struct adg_alone *alone, uint64_t id, int rc)
  * grads by this thread (no step sees the container outside its call).
  *
  * alone: an executor that offers no worker. The steps run as without one,
- * but see a view of the gradients, as with workers (parallel.c): their
- * registrations wait in parent slots and go to the container, in slot
- * order, when the step has returned; an add error is the backward's, keyed
- * as parallel.c keys errors, and steps before the first error in tape
- * order still run. The order of the adds is the same either way, so the
- * gradients are too. Inlined into two copies, so that the sequential
- * backward pays nothing for it.
+ * but see a view of the gradients, as with workers (parallel.c): a
+ * registration claims its parent slot and goes to the container at once
+ * (grads.c, register_in_view), which in tape order is the order a fold
+ * with workers adds them in, so the gradients are the same either way; an
+ * add error is the backward's, keyed as parallel.c keys errors, and steps
+ * before the first error in tape order still run. Inlined into two
+ * copies, so that the sequential backward pays nothing for it.
  */
 static inline __attribute__((always_inline)) int
 run_tape(struct adg_shard *shard, struct adg_tape *t, size_t len, void *seed,
