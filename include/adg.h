@@ -175,15 +175,24 @@ typedef struct adg_step_call {
 	size_t n_parents;
 	/* libadg's, for adg_output_get: leave it alone. */
 	struct adg_backward_context *context;
+	/* Nonzero in a retained backward (adg_backward_options.retain): the
+	 * step stays registered and may run again, so it must keep what it
+	 * needs; it may record ops whose parents are nodes of the graph
+	 * being run (a gradient that is itself a node: higher order). 0: the
+	 * step is consumed and runs this once. */
+	int retained;
 } adg_step_call;
 
 /* The backward function of one node. Returns 0, or a negative code that
  * stops the backward and becomes its result. It runs with no libadg lock
- * held and may call any libadg function, adg_backward included. */
+ * held and may call any libadg function, adg_backward and adg_op included. */
 typedef int (*adg_backward_fn)(adg_step_call *call, void *user);
 
-/* Frees what user holds. Called exactly once per registered step: after it
- * ran, or when it is freed unrun, or when a failed backward drops it. */
+/* Frees what user holds. Called exactly once per registered step: after a
+ * consuming backward ran it, or when it is freed (run only by retained
+ * backward passes, or unrun), or when a failed consuming backward drops
+ * it. It runs with no libadg lock held and may call libadg (drop the
+ * handles a closure keeps, say). */
 typedef void (*adg_release_fn)(void *user);
 
 typedef struct adg_step {
@@ -318,7 +327,9 @@ ADG_API int adg_output_get(adg_step_call *call, uint64_t id, void **value);
 /* The caller's gradient arithmetic. add folds value into *sum (it may
  * replace *sum) and owns value from the call on, failing or not; it returns
  * 0 or a negative code. free releases one value. ctx is passed to both.
- * Neither may use the container it works for (*sum points into it). */
+ * Both run with no libadg lock held and may call libadg (add may record
+ * an op: a sum that is itself a node), but neither may use the container
+ * it works for (*sum points into it). */
 typedef struct adg_grad_ops {
 	int (*add)(void **sum, void *value, void *ctx);
 	void (*free)(void *value, void *ctx);
@@ -331,19 +342,19 @@ typedef struct adg_grad_ops {
  * caller's meanwhile. Takes every step reachable from root through
  * unconsumed steps, once each, and runs them deepest first on this thread
  * (or on an executor's workers: adg_backward_with), with no lock held;
- * they are consumed. On success *out is a new container holding the
- * gradients of the leaves reached (a non-leaf node's gradient is freed
- * once its step has run); the caller frees it with adg_grads_free. A
- * root that is a leaf gives a container holding just seed. ops is
- * copied.
+ * they are consumed (adg_backward_with can retain them). On success *out
+ * is a new container holding the gradients of the leaves reached (a
+ * non-leaf node's gradient is freed once its step has run); the caller
+ * frees it with adg_grads_free. A root that is a leaf gives a container
+ * holding just seed. ops is copied.
  * seed is owned by libadg from the call on and freed with ops->free on
  * error, except when ops is NULL or lacks a callback.
  * Errors: ADG_EINVAL, ADG_EFOREIGN (root of another registry),
  * ADG_ECONSUMED (root's step was consumed), ADG_EUNAVAILABLE (a step the
- * backward needs was consumed; nothing was taken), ADG_ENOMEM (nothing was
- * taken), or a step's or ops->add's negative code, ADG_ECALLBACK for a
- * positive one: then every step not yet run has been released and *out is
- * NULL. */
+ * backward needs was consumed, or is being run by a retained backward;
+ * nothing was taken), ADG_ENOMEM (nothing was taken), or a step's or
+ * ops->add's negative code, ADG_ECALLBACK for a positive one: then every
+ * step not yet run has been released and *out is NULL. */
 ADG_API int adg_backward(adg_registry *registry, adg_node *root, void *seed,
 			 const adg_grad_ops *ops, adg_grads **out);
 
@@ -437,6 +448,20 @@ typedef struct adg_backward_options {
 	 * becomes its result (ADG_ECALLBACK for a positive one). */
 	adg_step_hook_fn on_step;
 	void *step_ctx; /* passed to on_step */
+	/* Nonzero: a retained backward. It runs the steps it reaches but
+	 * takes none: they stay registered (call->retained tells them so),
+	 * the graph is unchanged, and later backward passes, retained or
+	 * not, from this root or another node of the graph, run them again.
+	 * Retained passes over the same nodes may run at once on different
+	 * threads: a step that can be reached by two must then be safe to
+	 * run concurrently with itself. While one runs, its nodes cannot be
+	 * consumed: a consuming backward whose tape would hold one fails
+	 * with ADG_EUNAVAILABLE, nothing taken. A retained backward that
+	 * reaches a consumed step fails the same way. Checkpointed outputs
+	 * are not freed: one it rebuilds stays held for the passes after it,
+	 * until a consuming backward or the node's end frees it. A failed
+	 * retained backward leaves every step registered. */
+	int retain;
 } adg_backward_options;
 
 /* adg_backward with options (NULL: as adg_backward). The counts behind

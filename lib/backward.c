@@ -134,16 +134,19 @@ static bool tape_reserve_leaves(struct adg_registry *r, struct adg_tape *t,
 }
 
 /* Counts, for the ready hook, the contributions each node and leaf of the
- * tape will receive: one per tape parent slot that names it. */
-static void count_pending(struct adg_tape *t, size_t len)
+ * tape will receive: one per tape parent slot that names it. A leaf's go in
+ * the tape's table, and so do a node's in a retained backward, which must
+ * not write the node (I14); a consuming one's start from tape_links. */
+static void count_pending(struct adg_tape *t, size_t len, bool retained)
 {
 	memset(t->leaves, 0, t->leaves_cap * sizeof *t->leaves);
 	for (size_t i = 0; i < len; i++) {
 		struct adg_node *n = t->walked[i];
 		const uint64_t *ids = adg_node_parent_ids(n);
-		n->tape_pending = n->tape_links;
+		if (!retained)
+			n->tape_pending = n->tape_links;
 		for (uint32_t k = 0; k < n->n_parents; k++) {
-			if (n->parents[k] != NULL)
+			if (n->parents[k] != NULL && !retained)
 				continue;
 			struct leaf_pending *l = leaf_slot(t, ids[k]);
 			l->id = ids[k];
@@ -166,20 +169,18 @@ static int fire(const struct ready *r, adg_grads *grads, uint64_t id)
 }
 
 /* After node n's step ran: its parents each lost one pending
- * contribution; those with none left are final. */
+ * contribution; those with none left are final. Where count_pending put
+ * each count: the table, or a consuming tape node. */
 static int fire_parents(const struct ready *r, struct adg_tape *t,
-			adg_grads *grads, struct adg_node *n)
+			adg_grads *grads, struct adg_node *n, bool retained)
 {
 	const uint64_t *ids = adg_node_parent_ids(n);
 	for (uint32_t k = 0; k < n->n_parents; k++) {
 		struct adg_node *p = n->parents[k];
-		bool final;
-		if (p == NULL) {
-			final = --leaf_slot(t, ids[k])->pending == 0;
-		} else {
-			final = --p->tape_pending == 0 && !r->leaves_only;
-		}
-		if (final) {
+		uint32_t *pending = p == NULL || retained
+					    ? &leaf_slot(t, ids[k])->pending
+					    : &p->tape_pending;
+		if (--*pending == 0 && (p == NULL || !r->leaves_only)) {
 			int rc = fire(r, grads, ids[k]);
 			if (rc != 0)
 				return rc;
@@ -194,16 +195,19 @@ struct walk_needs {
 	bool checkpoints; /* the registry uses checkpointing: recompute */
 	bool slots;	  /* an executor without workers: a step's slots */
 	uint32_t workers; /* an executor's worker slots; 0: none */
+	/* A retained backward: its table keys the tape's nodes too. */
+	bool retained;
 };
 
-/* With an executor: the leaf table and the scheduler's arrays. */
+/* With an executor: the table and the scheduler's arrays. */
 static bool reserve_parallel(struct adg_registry *r, struct adg_tape *t,
-			     size_t len, size_t leaf_slots, uint32_t workers)
+			     size_t len, size_t leaf_slots, size_t keys,
+			     uint32_t workers)
 {
 	size_t edges = 0;
 	for (size_t i = 0; i < len; i++)
 		edges += t->walked[i]->n_parents;
-	return tape_reserve_leaves(r, t, leaf_slots) &&
+	return tape_reserve_leaves(r, t, keys) &&
 	       adg_par_reserve(r, t, len, edges, leaf_slots, workers);
 }
 
@@ -212,7 +216,8 @@ static bool reserve_parallel(struct adg_registry *r, struct adg_tape *t,
  * it. Fills t->walked, *len, and *leaf_slots (parent slots that name
  * leaves: a bound on the leaf gradients to come), and reserves every
  * scratch array the backward will use, so that running it never
- * allocates. On error every mark is undone. */
+ * allocates. A consuming walk is refused where a retained pass runs
+ * (I14). On error every mark is undone. */
 static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
 		struct walk_needs needs, size_t *len, size_t *leaf_slots)
 {
@@ -220,7 +225,12 @@ static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
 	size_t n = 0, leaves = 0;
 	uint32_t most_parents = 0;
 	int rc = 0;
+	/* A consuming walk refuses a node that a retained pass runs over
+	 * (I14): a mask, so that the check costs no branch of its own. */
+	const uint32_t refused_runs = needs.retained ? 0 : UINT32_MAX;
 
+	if (root->retained_runs & refused_runs)
+		return ADG_EUNAVAILABLE;
 	if (!tape_reserve_nodes(r, t, 1, 0))
 		return ADG_ENOMEM;
 	adg_node_set_state(root, ADG_NODE_VISITING);
@@ -240,8 +250,10 @@ static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
 			 * that is not was consumed by another backward, whose
 			 * writes to it were made under a lock we do not hold:
 			 * decide by the pointer alone (compared, never
-			 * followed) and leave its other fields alone. */
-			if (adg_node_graph(p) != g) {
+			 * followed) and leave its other fields alone. A
+			 * visited parent was checked when first met. */
+			if (adg_unlikely(adg_node_graph(p) != g ||
+					 (p->retained_runs & refused_runs))) {
 				rc = ADG_EUNAVAILABLE;
 				break;
 			}
@@ -258,16 +270,18 @@ static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
 			t->walked[n++] = p;
 		}
 	}
+	/* A retained backward's table keys the tape's nodes too. */
+	size_t keys = leaves + (needs.retained ? n : 0);
 	if (rc == 0 &&
 	    (!tape_reserve_depths(r, t, (size_t)root->depth + 1) ||
-	     (needs.counting && !tape_reserve_leaves(r, t, leaves)) ||
+	     (needs.counting && !tape_reserve_leaves(r, t, keys)) ||
 	     (needs.checkpoints &&
 	      !reserve_pointers(r, &t->outputs, &t->outputs_cap,
 				most_parents)) ||
 	     (needs.slots &&
 	      !reserve_pointers(r, &t->slots, &t->slots_cap, most_parents)) ||
 	     (needs.workers != 0 &&
-	      !reserve_parallel(r, t, n, leaves, needs.workers))))
+	      !reserve_parallel(r, t, n, leaves, keys, needs.workers))))
 		rc = ADG_ENOMEM;
 	if (rc != 0) {
 		for (size_t i = 0; i < n; i++)
@@ -316,13 +330,14 @@ static inline bool tape_links_add_up(struct adg_tape *t, size_t len)
 	return links == slots && t->walked[0]->tape_links == 0;
 }
 
-/* Takes the tape from root's graph and creates the container sized for it.
- * On error nothing is taken. Out of line: inlined, it costs run()'s loop
- * registers (callgrind: 7 instructions per node more). */
+/* Takes the tape from root's graph and creates the container sized for it;
+ * a retained backward marks it as run over instead (I14). On error nothing
+ * is taken. Out of line: inlined, it costs run()'s loop registers
+ * (callgrind: 7 instructions per node more). */
 __attribute__((noinline)) static int
 take(struct adg_shard *shard, struct adg_tape *t, struct adg_node *root,
      const adg_grad_ops *ops, bool counting, const adg_executor *executor,
-     size_t *len, adg_grads **grads)
+     bool retained, size_t *len, adg_grads **grads)
 {
 	struct adg_registry *r = root->registry;
 	uint32_t workers = executor && executor->n_workers != 0
@@ -335,6 +350,7 @@ take(struct adg_shard *shard, struct adg_tape *t, struct adg_node *root,
 						    memory_order_relaxed),
 		.slots = executor != NULL && workers == 0,
 		.workers = workers,
+		.retained = retained,
 	};
 	struct adg_graph *g = adg_graph_lock_of(root);
 	if (g == NULL)
@@ -350,18 +366,31 @@ take(struct adg_shard *shard, struct adg_tape *t, struct adg_node *root,
 			   grads);
 	if (rc != 0)
 		goto out_unmark;
-	/* Consumed: the tape's nodes hold their parents' references until
-	 * the backward drops them all at the end (drop_tape_links). */
-	for (size_t i = 0; i < *len; i++) {
-		struct adg_node *n = t->walked[i];
-		adg_node_set_state(n, ADG_NODE_CONSUMED);
-		adg_graph_detach_locked(g, n);
+	if (retained) {
+		/* Run over, not taken: the nodes stay in the graph, held by
+		 * their children as before, and no consuming walk takes them
+		 * until release_retained. */
+		for (size_t i = 0; i < *len; i++) {
+			struct adg_node *n = t->walked[i];
+			n->retained_runs++;
+			adg_node_set_state(n, ADG_NODE_LIVE);
+		}
+	} else {
+		/* Consumed: the tape's nodes hold their parents' references
+		 * until the backward drops them all at the end
+		 * (drop_tape_links). */
+		for (size_t i = 0; i < *len; i++) {
+			struct adg_node *n = t->walked[i];
+			adg_node_set_state(n, ADG_NODE_CONSUMED);
+			adg_graph_detach_locked(g, n);
+		}
 	}
 	adg_graph_unlock(shard, g);
 	sort_by_depth(t, *len, root->depth);
 	if (needs.counting)
-		count_pending(t, *len);
-	if (needs.checkpoints)
+		count_pending(t, *len, retained);
+	/* A retained backward counts no request: it frees no output. */
+	if (needs.checkpoints && !retained)
 		adg_ckpt_plan(t->sorted, *len);
 	return 0;
 
@@ -371,6 +400,23 @@ out_unmark:
 out_unlock:
 	adg_graph_unlock(shard, g);
 	return rc;
+}
+
+/* After a retained backward: its nodes may be consumed again. They are all
+ * in root's graph still: they were together in one when the tape was
+ * taken, merges move a graph's members together, and none can have left
+ * (nothing consumes them meanwhile, and this backward holds them). */
+static void release_retained(struct adg_shard *shard, struct adg_tape *t,
+			     size_t len)
+{
+	struct adg_graph *g = adg_graph_lock_of(t->sorted[0]);
+	ADG_ASSERT(g != NULL);
+	for (size_t i = 0; i < len; i++) {
+		struct adg_node *n = t->sorted[i];
+		ADG_ASSERT(adg_node_graph(n) == g && n->retained_runs > 0);
+		n->retained_runs--;
+	}
+	adg_graph_unlock(shard, g);
 }
 
 /* Drops, in one atomic subtraction per node, every reference that the
@@ -430,11 +476,16 @@ void adg_alone_add_failed(struct adg_alone *alone, uint64_t id, int rc)
  * add error is the backward's, keyed as parallel.c keys errors, and steps
  * before the first error in tape order still run. Inlined into two
  * copies, so that the sequential backward pays nothing for it.
+ *
+ * retained: the steps stay registered (nothing is released, no request
+ * served, no link dropped), and outputs are rebuilt under the registry's
+ * lock for them, which other retained passes share.
  */
 static inline __attribute__((always_inline)) int
 run_tape(struct adg_shard *shard, struct adg_tape *t, size_t len, void *seed,
 	 const adg_grad_ops *ops, const struct ready *ready,
-	 const struct step_hook *step_hook, adg_grads *grads, const bool alone)
+	 const struct step_hook *step_hook, adg_grads *grads, const bool alone,
+	 bool retained)
 {
 	/* The root is deepest, so it runs first, with the seed, which is
 	 * final from the start. */
@@ -449,6 +500,7 @@ run_tape(struct adg_shard *shard, struct adg_tape *t, size_t len, void *seed,
 	struct adg_backward_context ctx = {
 		.stack = t->walked,
 		.outputs = t->outputs,
+		.retained = retained,
 	};
 	/* Alone: each step's view; only a view's sink is ever read. */
 	struct adg_step_sink sink = {
@@ -484,9 +536,10 @@ run_tape(struct adg_shard *shard, struct adg_tape *t, size_t len, void *seed,
 				.parent_ids = adg_node_parent_ids(n),
 				.n_parents = n->n_parents,
 				.context = &ctx,
+				.retained = retained,
 			};
 			int rc = adg_step_run(step_hook, n, &call);
-			if (n->ckpt != NULL)
+			if (n->ckpt != NULL && !retained)
 				adg_ckpt_served(n);
 			if (call.grad != NULL)
 				ops->free(call.grad, ops->ctx);
@@ -494,14 +547,18 @@ run_tape(struct adg_shard *shard, struct adg_tape *t, size_t len, void *seed,
 				alone_fail(&first, alone ? (uint64_t)i * 2 : 0,
 					   rc);
 			else if (ready != NULL &&
-				 (rc = fire_parents(ready, t, grads, n)) != 0)
+				 (rc = fire_parents(ready, t, grads, n,
+						    retained)) != 0)
 				alone_fail(&first,
 					   alone ? (uint64_t)i * 2 + 1 : 0, rc);
 		}
 		/* After a failure the rest are released unrun. */
-		adg_node_release_step(shard, n);
+		if (!retained)
+			adg_node_release_step(shard, n);
 	}
 	int rc = first.rc;
+	if (retained)
+		return rc; /* the graph is as it was: nothing to let go */
 	/* What a failure left of the outputs goes now, exactly once; after a
 	 * success the counts have freed it all, and only records remain. */
 	for (size_t i = 0; i < len; i++) {
@@ -521,13 +578,14 @@ run_tape(struct adg_shard *shard, struct adg_tape *t, size_t len, void *seed,
 
 static int run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 	       void *seed, const adg_grad_ops *ops, const struct ready *ready,
-	       const struct step_hook *step_hook, adg_grads *grads, bool alone)
+	       const struct step_hook *step_hook, adg_grads *grads, bool alone,
+	       bool retained)
 {
 	if (alone)
 		return run_tape(shard, t, len, seed, ops, ready, step_hook,
-				grads, true);
+				grads, true, retained);
 	return run_tape(shard, t, len, seed, ops, ready, step_hook, grads,
-			false);
+			false, retained);
 }
 
 /* A root that is a leaf: the container holds just the seed. Takes *seed
@@ -627,18 +685,22 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 	 * step may drop the caller's last one. Relaxed: the caller holds a
 	 * reference during the call, so the count is above zero. */
 	atomic_fetch_add_explicit(&root->refs, 1, memory_order_relaxed);
-	rc = take(shard, t, root, ops, ready != NULL, executor, &len, &grads);
+	bool retained = options != NULL && options->retain != 0;
+	rc = take(shard, t, root, ops, ready != NULL, executor, retained, &len,
+		  &grads);
 	if (rc != 0)
 		goto out_put_tape;
 	if (ticket != NULL) {
 		rc = adg_par_run(shard, t, len, seed, ops, ready, &step_hook,
-				 grads, executor, ticket);
+				 grads, executor, retained, ticket);
 		ticket = NULL; /* the run let go of it */
 	} else {
 		rc = run(shard, t, len, seed, ops, ready, &step_hook, grads,
-			 executor != NULL);
+			 executor != NULL, retained);
 	}
 	seed = NULL; /* the run took it */
+	if (retained)
+		release_retained(shard, t, len);
 	if (rc != 0) {
 		adg_grads_free(grads);
 		grads = NULL;

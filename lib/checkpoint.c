@@ -15,6 +15,15 @@
  * all is a flag of the node, fixed at registration, which any holder may
  * read. The record lives in the node, so it follows the node through
  * merges, and only the node's owner touches it: no lock.
+ *
+ * A retained backward owns no record: several may run over one node at
+ * once. It counts no request and frees no output. It reads an output with
+ * an acquire load and publishes one it rebuilt with a compare and swap:
+ * if another pass published first, its copy goes and the other's is
+ * used. No lock is held across a recompute, which may run backward
+ * passes of its own, retained ones included. What it publishes stays
+ * held until a consuming backward (whose walk waits for the retained
+ * passes to end, I14) or the node's end frees it.
  */
 #include "internal.h"
 
@@ -192,6 +201,25 @@ void adg_ckpt_drop(struct adg_node *n)
 	adg_free(n->registry, c, ckpt_size(c->n_want_parents));
 }
 
+/* n's output, or NULL. Acquire: pairs with publish, so that a retained
+ * pass sees all of an output another published. A consuming backward owns
+ * the records it reads; the load costs it nothing more. */
+static void *held(const struct adg_node *n)
+{
+	return __atomic_load_n(&n->ckpt->value, __ATOMIC_ACQUIRE);
+}
+
+/* A retained pass's rebuilt output: published unless another pass
+ * published one first, and then freed. Release: what recompute wrote
+ * into it happens before a reader's use. */
+static void publish(struct adg_node *n, void *output)
+{
+	void *none = NULL;
+	if (!__atomic_compare_exchange_n(&n->ckpt->value, &none, output, false,
+					 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		n->ckpt->free(output);
+}
+
 /* Rebuilds target's output, and first its parents' where they are not
  * held: a work list, not recursion, so that a long chain of recomputed
  * nodes cannot overflow the stack. */
@@ -202,14 +230,14 @@ static int materialise(struct adg_backward_context *ctx,
 	ctx->stack[top++] = target;
 	while (top > 0) {
 		struct adg_node *n = ctx->stack[top - 1];
-		if (n->ckpt->value != NULL) {
+		if (held(n) != NULL) {
 			top--;
 			continue;
 		}
 		struct adg_node *missing = NULL;
 		for (uint32_t k = 0; k < n->n_parents && missing == NULL; k++) {
 			struct adg_node *p = n->parents[k];
-			if (p != NULL && p->ckpt->value == NULL)
+			if (p != NULL && held(p) == NULL)
 				missing = p;
 		}
 		if (n->ckpt->recompute == NULL)
@@ -225,8 +253,7 @@ static int materialise(struct adg_backward_context *ctx,
 		 * own). */
 		void **outputs = ctx->outputs;
 		for (uint32_t k = 0; k < n->n_parents; k++)
-			outputs[k] = n->parents[k] ? n->parents[k]->ckpt->value
-						   : NULL;
+			outputs[k] = n->parents[k] ? held(n->parents[k]) : NULL;
 		adg_recompute_call call = {
 			.node_id = n->id,
 			.n_parents = n->n_parents,
@@ -244,13 +271,19 @@ static int materialise(struct adg_backward_context *ctx,
 				n->ckpt->free(call.output);
 			return rc;
 		}
+		top--;
+		/* A retained backward counted nothing: what it rebuilds stays
+		 * held, for the passes after it. */
+		if (ctx->retained) {
+			publish(n, call.output);
+			continue;
+		}
 		n->ckpt->value = call.output;
 		n->ckpt->rebuild_planned = false;
 		/* Rebuilt once: each parent's part in it is served. */
 		for (uint32_t k = 0; k < n->n_parents; k++)
 			if (n->parents[k] != NULL)
 				serve(n->parents[k]);
-		top--;
 	}
 	return 0;
 }
@@ -280,7 +313,7 @@ int adg_output_get(adg_step_call *call, uint64_t id, void **value)
 		pthread_mutex_lock(ctx->serialize);
 	int rc = materialise(ctx, target);
 	if (rc == 0)
-		*value = target->ckpt->value;
+		*value = held(target);
 	if (ctx->serialize != NULL)
 		pthread_mutex_unlock(ctx->serialize);
 	return rc;

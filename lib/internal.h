@@ -167,6 +167,13 @@ struct adg_node {
 		 * (the scheduler keeps the counts). */
 		uint32_t tape_pos;
 	};
+	/* How many retained backward passes are running over the node
+	 * (I14). Under the lock of the graph the node is in, as state: a
+	 * consuming walk that meets a node with one is refused. The fields
+	 * above are a consuming tape's, or a walk's under the lock: several
+	 * retained passes may be running over the node, so theirs read none
+	 * of them once the lock is released. */
+	uint32_t retained_runs;
 	/* The node's checkpointing record (adg_op_with), or NULL. */
 	struct adg_ckpt *ckpt;
 	adg_step step;
@@ -296,7 +303,8 @@ static inline void adg_graph_unlock_plain(struct adg_graph *g)
 
 /* The one way a placed node's state changes: under the lock of its graph
  * (I2), and only LIVE -> VISITING (a walk reaches it), VISITING -> LIVE
- * (the walk is undone) or VISITING -> CONSUMED (the tape is taken) (I1). */
+ * (the walk is undone, or was a retained pass's) or VISITING -> CONSUMED
+ * (the tape is taken) (I1). */
 static inline void adg_node_set_state(struct adg_node *n,
 				      enum adg_node_state to)
 {
@@ -563,7 +571,10 @@ static inline size_t adg_node_size(size_t n_parents)
  * the backward that took it, or the thread that frees it. */
 struct adg_ckpt {
 	bool memory_bound;
-	void *value; /* the output, while held */
+	/* The output, while held. Retained passes, which may share the
+	 * record, read it with acquire loads and publish one with a compare
+	 * and swap; the record's owner uses it as it likes. */
+	void *value;
 	void (*free)(void *value);
 	adg_recompute_fn recompute;
 	/* During a backward: requests still to serve. 64 bits: one per
@@ -590,6 +601,10 @@ struct adg_backward_context {
 	 * two arrays above, which the backward's workers share. NULL on one
 	 * thread. */
 	pthread_mutex_t *serialize;
+	/* A retained backward: no request is counted or served, and an
+	 * output it rebuilds is published for the passes after it (and
+	 * those running beside it: see checkpoint.c). */
+	bool retained;
 };
 
 /* adg_op_with: checks options against the parents and attaches a record

@@ -85,6 +85,7 @@ node_new(struct adg_shard *shard, struct adg_registry *r, uint32_t n_parents,
 	n->state = ADG_NODE_LEAF;
 	n->offers_output = false;
 	n->tape_links = 0;
+	n->retained_runs = 0;
 	n->ckpt = NULL;
 	return n;
 }
@@ -257,6 +258,8 @@ static void doom(struct adg_shard *shard, struct adg_node *node,
 		 * concurrent merge may be moving. */
 		struct adg_graph *g = adg_graph_lock_of(node);
 		ADG_ASSERT(g != NULL); /* I1: a LIVE node is in a graph */
+		/* I14: a retained pass holds what it runs over. */
+		ADG_ASSERT(node->retained_runs == 0);
 		adg_graph_detach_locked(g, node);
 		adg_graph_unlock(shard, g);
 	}

@@ -91,6 +91,9 @@ struct par_run {
 	struct adg_par_ticket *ticket;
 	uint32_t n_slots;
 	pthread_mutex_t serialize; /* see struct adg_backward_context */
+	/* A retained backward: nothing is released, served or dropped
+	 * (I14). */
+	bool retained;
 
 	/* Tasks made ready and not yet finished: queued or running. Zero
 	 * means the run is over. */
@@ -182,13 +185,25 @@ bool adg_par_reserve(struct adg_registry *r, struct adg_tape *t, size_t len,
 	return true;
 }
 
+/* One more edge to a target. Relaxed load and store, no locked add: no
+ * worker has started, and submitting one orders these before it. */
+static void count_up(_Atomic uint32_t *pending)
+{
+	atomic_store_explicit(
+		pending,
+		atomic_load_explicit(pending, memory_order_relaxed) + 1,
+		memory_order_relaxed);
+}
+
 /* Numbers positions and edges, finds each edge's target and each target's
  * last contributor, sets the counts and builds each target's incoming list
  * in order: one pass, from the end of the tape, where a node's parents
  * (shallower, so later) are numbered before it and its children (earlier)
- * come after. The leaf table is sized for the tape's leaf slots. Returns
- * the number of leaves. */
-static uint32_t plan(struct adg_tape *t, size_t len)
+ * come after. The table is sized for the tape's leaf slots, and its nodes
+ * too when retained: a retained backward keeps a node's position there,
+ * not in the node, which other retained passes may be running over (I14).
+ * Returns the number of leaves. */
+static uint32_t plan(struct adg_tape *t, size_t len, bool retained)
 {
 	struct adg_par_arrays *a = &t->par;
 	uint32_t edges = (uint32_t)t->par_edges, leaves = 0;
@@ -200,9 +215,13 @@ static uint32_t plan(struct adg_tape *t, size_t len)
 	for (size_t p = len; p-- > 0;) {
 		struct adg_node *n = t->sorted[p];
 		const uint64_t *ids = adg_node_parent_ids(n);
-		n->tape_pos = (uint32_t)p;
-		atomic_store_explicit(&a->pending[p], n->tape_links,
-				      memory_order_relaxed);
+		if (retained) /* pending 0: a node's key, not a leaf's */
+			*leaf_slot(t, n->id) = (struct leaf_pending){
+				.id = n->id, .index = (uint32_t)p};
+		else
+			n->tape_pos = (uint32_t)p;
+		/* Counted up by its children's edges, which come later. */
+		atomic_store_explicit(&a->pending[p], 0, memory_order_relaxed);
 		a->grad[p] = NULL;
 		a->state[p] = WAITING;
 		a->last[p] = NONE;
@@ -214,7 +233,9 @@ static uint32_t plan(struct adg_tape *t, size_t len)
 		for (uint32_t k = n->n_parents; k-- > 0;) {
 			uint32_t e = edges + k, target;
 			if (n->parents[k] != NULL) {
-				target = n->parents[k]->tape_pos;
+				target = retained ? leaf_slot(t, ids[k])->index
+						  : n->parents[k]->tape_pos;
+				count_up(&a->pending[target]);
 			} else {
 				struct leaf_pending *l = leaf_slot(t, ids[k]);
 				target = (uint32_t)len + l->index;
@@ -242,7 +263,7 @@ static uint32_t plan(struct adg_tape *t, size_t len)
 	ADG_ASSERT(edges == 0);
 	for (size_t i = 0; i < t->leaves_cap; i++) {
 		struct leaf_pending *l = &t->leaves[i];
-		if (l->id != 0)
+		if (l->id != 0 && l->pending != 0) /* a leaf's */
 			atomic_store_explicit(&a->pending[len + l->index],
 					      l->pending, memory_order_relaxed);
 	}
@@ -512,9 +533,10 @@ static uint32_t run_step(struct worker *w, uint32_t pos)
 		.parent_ids = adg_node_parent_ids(n),
 		.n_parents = n->n_parents,
 		.context = &w->ctx,
+		.retained = run->retained,
 	};
 	int rc = adg_step_run(run->step_hook, n, &call);
-	if (n->ckpt != NULL) {
+	if (n->ckpt != NULL && !run->retained) {
 		pthread_mutex_lock(&run->serialize);
 		adg_ckpt_served(n);
 		pthread_mutex_unlock(&run->serialize);
@@ -522,7 +544,8 @@ static uint32_t run_step(struct worker *w, uint32_t pos)
 	if (call.grad != NULL)
 		run->ops->free(call.grad, run->ops->ctx);
 	a->state[pos] = RAN;
-	adg_node_release_step(w->shard, n);
+	if (!run->retained)
+		adg_node_release_step(w->shard, n);
 	uint32_t next = NONE;
 	if (rc != 0)
 		fail(run, step_key(pos), rc);
@@ -546,6 +569,17 @@ static void work(struct worker *w, uint32_t pos)
 		if (pos == NONE)
 			return;
 	}
+}
+
+/* What adg_output_get needs, for a worker of run. */
+static struct adg_backward_context worker_context(struct par_run *run)
+{
+	return (struct adg_backward_context){
+		.stack = run->t->walked,
+		.outputs = run->t->outputs,
+		.serialize = &run->serialize,
+		.retained = run->retained,
+	};
 }
 
 static bool run_over(struct par_run *run)
@@ -611,11 +645,7 @@ static void helper_job(void *arg)
 		}
 	}
 	w.shard = adg_shard_get_or_shared(run->registry);
-	w.ctx = (struct adg_backward_context){
-		.stack = run->t->walked,
-		.outputs = run->t->outputs,
-		.serialize = &run->serialize,
-	};
+	w.ctx = worker_context(run);
 	/* Leaves after a few empty looks, yielding in between: on a machine
 	 * with more threads than cores, a spinning worker would take the
 	 * core from the step it waits for. */
@@ -680,7 +710,7 @@ static void clean_up_failure(struct adg_shard *shard, struct par_run *run,
 	const adg_grad_ops *ops = run->ops;
 
 	for (size_t p = 0; p < run->len + leaves; p++) {
-		if (p < run->len && a->state[p] != RAN)
+		if (p < run->len && a->state[p] != RAN && !run->retained)
 			adg_node_release_step(shard, run->t->sorted[p]);
 		/* A step took its gradient: what is left was never run. */
 		if (a->state[p] != RAN && a->grad[p] != NULL)
@@ -701,7 +731,8 @@ static bool run_complete(const struct par_run *run)
 		if (a->state[p] != RAN ||
 		    atomic_load_explicit(&a->pending[p],
 					 memory_order_relaxed) != 0 ||
-		    (c != NULL && (c->pending != 0 || c->value != NULL)))
+		    (c != NULL && !run->retained &&
+		     (c->pending != 0 || c->value != NULL)))
 			return false;
 	}
 	for (uint32_t e = 0; e < a->edge_base[run->len]; e++)
@@ -734,6 +765,8 @@ static int finish(struct adg_shard *shard, struct par_run *run, int rc,
 			(void)added;
 		}
 	}
+	if (run->retained)
+		return rc; /* the graph is as it was: nothing to let go */
 	/* As drop_tape_links in backward.c, each node's record first. */
 	for (size_t i = 0; i < run->len; i++) {
 		struct adg_node *n = t->sorted[i];
@@ -747,7 +780,8 @@ static int finish(struct adg_shard *shard, struct par_run *run, int rc,
 int adg_par_run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 		void *seed, const adg_grad_ops *ops, const struct ready *ready,
 		const struct step_hook *step_hook, adg_grads *grads,
-		const adg_executor *executor, struct adg_par_ticket *ticket)
+		const adg_executor *executor, bool retained,
+		struct adg_par_ticket *ticket)
 {
 	struct par_run run = {
 		.t = t,
@@ -760,9 +794,10 @@ int adg_par_run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 		.executor = *executor,
 		.ticket = ticket,
 		.n_slots = adg_par_slots(executor),
+		.retained = retained,
 	};
 	struct adg_par_arrays *a = &t->par;
-	uint32_t leaves = plan(t, len);
+	uint32_t leaves = plan(t, len, retained);
 	pthread_mutex_init(&run.serialize, NULL);
 	pthread_mutex_init(&run.err_lock, NULL);
 	atomic_init(&run.in_flight, 1); /* the root */
@@ -791,9 +826,7 @@ int adg_par_run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 			.queue = &a->queues[0],
 			.slot = 0,
 			.shard = shard,
-			.ctx = {.stack = t->walked,
-				.outputs = t->outputs,
-				.serialize = &run.serialize},
+			.ctx = worker_context(&run),
 		};
 		work(&w, 0);
 		while (!run_over(&run))

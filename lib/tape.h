@@ -14,7 +14,9 @@ struct adg_par_ticket;
 struct adg_ready_queue;
 
 /* A leaf's contributions still to come, for the ready hook; with an
- * executor, also the leaf's index in the scheduler's arrays. */
+ * executor, also the leaf's index in the scheduler's arrays. A retained
+ * backward keys its tape's nodes here too (their counts, or with an
+ * executor their positions), since it may not write them (I14). */
 struct leaf_pending {
 	uint64_t id; /* 0: empty slot */
 	uint32_t pending;
@@ -195,7 +197,8 @@ bool adg_par_reserve(struct adg_registry *r, struct adg_tape *t, size_t len,
 int adg_par_run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 		void *seed, const adg_grad_ops *ops, const struct ready *ready,
 		const struct step_hook *step_hook, adg_grads *grads,
-		const adg_executor *executor, struct adg_par_ticket *ticket);
+		const adg_executor *executor, bool retained,
+		struct adg_par_ticket *ticket);
 
 /* A backward's handle for the jobs it submits, which may outlive it:
  * allocated before the tape is taken, so that running never allocates. */

@@ -49,6 +49,9 @@ int s_backward(adg_registry *r, scalar root, adg_grads **out);
 /* The gradient the container holds for x; asserts there is one. */
 double s_grad(const adg_grads *g, scalar x);
 
+/* A sum's step: registers call's gradient for each parent slot. */
+int s_pass_on(adg_step_call *call);
+
 /* A step closure for the product of n parents, to build custom ops. */
 struct prod_step {
 	size_t n;

@@ -89,6 +89,7 @@ struct closure {
 	bool nested;	 /* the step runs a forward and backward of its own */
 	bool unrun;	 /* no backward reaches it: freed unrun */
 	int runs, releases;
+	int retained_runs; /* of runs, those in a retained backward */
 };
 static struct closure closures[MAX_CLOSURES];
 static size_t n_closures;
@@ -467,6 +468,7 @@ static int step_backward(adg_step_call *call, void *user)
 {
 	struct closure *c = user;
 	c->runs++;
+	c->retained_runs += call->retained != 0;
 	step_runs++;
 	cr_assert_eq(call->n_parents, c->n);
 	cr_assert_not_null(call->grad, "N=%ld: node %llu got no gradient",
@@ -628,16 +630,31 @@ static adg_grads *plain_ops(struct reg *g)
 	/* 13 leaves, 15 ops, all in one graph: 2 merges for m, 9 for big. */
 	expect_stats(g->r, 28, 15, 1, 11);
 	cr_assert_eq(graph_id(big), p.id, "the smallest origin");
+	static const double want[13] = {24, 12, 144, 15, 36, 72, 72,
+					72, 72, 72,  72, 72, 144};
+
+	/* A retained pass first, with the hook, on this thread: its counts
+	 * key the tape's nodes in the table, which is larger. It takes
+	 * nothing and gives the same gradients. */
+	hook = (struct hook){.take = a.id};
+	adg_grads *grads = backward(
+		g, big,
+		&(adg_backward_options){
+			.on_ready = on_ready, .ctx = &hook, .retain = 1});
+	expect_stats(g->r, 28, 15, 1, 11);
+	cr_assert_eq(hook.n, g->n);
+	cr_assert_eq(hook.taken, 24);
+	for (size_t i = 1; i < 13; i++)
+		expect_grad(grads, g->vars[i], want[i]);
+	grads_free(grads);
 
 	hook = (struct hook){.take = a.id};
 	adg_backward_options o = {
 		.on_ready = on_ready, .ctx = &hook, .executor = &solo};
-	adg_grads *grads = backward(g, big, &o);
+	grads = backward(g, big, &o);
 	expect_stats(g->r, 28, 0, 0, 11);
 	/* Every node and leaf of the tape became final once. */
 	cr_assert_eq(hook.n, g->n);
-	static const double want[13] = {24, 12, 144, 15, 36, 72, 72,
-					72, 72, 72,  72, 72, 144};
 	for (size_t i = 0; i < g->n; i++) {
 		size_t seen = 0, at = 0;
 		for (size_t k = 0; k < hook.n; k++)
@@ -707,10 +724,20 @@ static adg_grads *checkpointed_ops(struct reg *g)
 	/* 12 leaves, 7 ops; dead in a graph of its own. */
 	expect_stats(g->r, 19, 7, 2, 0);
 
-	adg_grads *grads =
-		backward(g, root, &(adg_backward_options){.executor = &lazy});
+	/* A retained pass first: it rebuilds m1, m2 and bm, and keeps them
+	 * for the consuming pass, which then rebuilds nothing. */
+	adg_grads *grads = backward(
+		g, root,
+		&(adg_backward_options){.executor = &lazy, .retain = 1});
 	run_deferred();
 	cr_assert_eq(recomputes, 3, "N=%ld: m1, m2, bm once each", oom.fail_at);
+	expect_stats(g->r, 19, 7, 2, 0);
+	expect_grad(grads, e, 60);
+	grads_free(grads);
+
+	grads = backward(g, root, &(adg_backward_options){.executor = &lazy});
+	run_deferred();
+	cr_assert_eq(recomputes, 3, "N=%ld: held since", oom.fail_at);
 	expect_stats(g->r, 19, 1, 1, 0);
 	expect_grad(grads, e, 60);
 	expect_grad(grads, f, 140);
@@ -770,7 +797,9 @@ static bool run_workload(long fail_at)
 	struct reg plain = {0}, ckpt = {0};
 	adg_grads *kept = plain_ops(&plain);
 	adg_grads *seed_only = checkpointed_ops(&ckpt);
-	cr_assert_eq(step_runs, 15 + 6 + 1, "N=%ld", fail_at);
+	/* Each op that a backward reaches runs twice (retained, then
+	 * consumed); h's nested backward runs each time, its one op once. */
+	cr_assert_eq(step_runs, 2 * (15 + 6) + 2, "N=%ld", fail_at);
 
 	/* Teardown, each container after its registry. */
 	struct reg gone = plain;
@@ -780,15 +809,21 @@ static bool run_workload(long fail_at)
 	grads_free(kept);
 	grads_free(seed_only);
 
+	int retained_runs = 0;
 	for (size_t i = 0; i < n_closures; i++) {
 		const struct closure *c = &closures[i];
 		cr_assert_eq(c->releases, 1,
 			     "N=%ld: closure %zu released %d times", fail_at, i,
 			     c->releases);
-		cr_assert_eq(c->runs, c->unrun ? 0 : 1,
+		cr_assert_eq(c->runs, c->unrun ? 0 : 1 + c->retained_runs,
 			     "N=%ld: closure %zu ran %d times", fail_at, i,
 			     c->runs);
+		cr_assert_leq(c->retained_runs, 1,
+			      "N=%ld: closure %zu ran retained %d times",
+			      fail_at, i, c->retained_runs);
+		retained_runs += c->retained_runs;
 	}
+	cr_assert_eq(retained_runs, 15 + 6, "N=%ld", fail_at);
 	for (long i = 0; i < outputs_made; i++)
 		cr_assert_eq(output_frees[i], 1,
 			     "N=%ld: output %ld freed %d times", fail_at, i,

@@ -118,9 +118,11 @@ struct fuzz {
 	struct model model;
 	struct model_backward expect;
 	uint64_t running; /* the step in progress in a backward, or 0 */
-	/* The backward in progress: how it runs its steps, and without an
-	 * executor how many of its steps have begun. */
+	/* The backward in progress: how it runs its steps, whether it is
+	 * retained, and without an executor how many of its steps have
+	 * begun. */
 	enum exec_mode mode;
+	bool retain;
 	size_t begun;
 	struct handle h[ADG_FUZZ_MAX_HANDLES];
 	size_t nh;
@@ -618,6 +620,13 @@ static int step_backward(adg_step_call *call, void *user)
 				 ", want %" PRIu64,
 				 s->id, i, call->parent_ids[i],
 				 s->parent_ids[i]);
+	/* Retained or consumed, as the backward that runs it is. */
+	if ((call->retained != 0) != f->retain)
+		mismatch(f,
+			 "step %" PRIu64 " called with retained %d in a %s "
+			 "backward",
+			 s->id, call->retained,
+			 f->retain ? "retained" : "consuming");
 	if (f->mode == EXEC_NONE)
 		step_begin(f, s->id);
 	else
@@ -700,8 +709,9 @@ static void step_release(void *user)
 
 /* -------------------------------------------------------------- checks */
 
-/* After every operation: the counters, every handle's id and graph, and
- * which steps have been released. */
+/* After every operation: the counters, every handle's id and graph, which
+ * steps have been released, and how often each has run (more than once
+ * only by retained backward passes and a last one, of either kind). */
 static void check_all(struct fuzz *f)
 {
 	struct adg_stats got;
@@ -736,9 +746,8 @@ static void check_all(struct fuzz *f)
 				 " released %u times, model: %s",
 				 id, f->releases[id],
 				 released ? "released" : "held");
-		if (f->runs[id] > 1)
-			mismatch(f, "step %" PRIu64 " ran %u times", id,
-				 f->runs[id]);
+		expect_of(f, "runs of the step of", id, f->runs[id],
+			  f->model.node[id].runs);
 	}
 }
 
@@ -1148,6 +1157,14 @@ static void run_deferred(struct fuzz *f)
 _Static_assert(EXEC_REFUSING + 1 == ADG_FUZZ_EXEC_MODES,
 	       "driver.h: one W per mode");
 
+/* The W of a retained backward, by the rest of its opcode byte less
+ * ADG_FUZZ_EXEC_MODES (driver.h): every kind of executor, the pool of 2
+ * left out for want of codes. */
+static const enum exec_mode retained_modes[ADG_FUZZ_RETAIN_MODES] = {
+	EXEC_NONE,  EXEC_CALLER,   EXEC_POOL1,
+	EXEC_POOL3, EXEC_DEFERRED, EXEC_REFUSING,
+};
+
 static const char *const mode_names[] = {
 	"sequential",	       "an executor of no workers",
 	"a pool of 1",	       "a pool of 2",
@@ -1157,9 +1174,10 @@ static const char *const mode_names[] = {
 
 /* After a failed backward with an executor: steps after the first failure
  * in tape order may have started before libadg knew of it, and rebuilt
- * outputs the sequential backward does not. Every output of the tape is
- * still gone, and nothing the sequential one did is missing; the model
- * takes the rest as it came. */
+ * outputs the sequential backward does not. Nothing the sequential one
+ * did is missing; a consuming backward has freed every output of its
+ * tape, a retained one none, keeping what the late steps rebuilt. The
+ * model takes the rest as it came. */
 static void settle_late_steps(struct fuzz *f)
 {
 	const struct model_backward *e = &f->expect;
@@ -1168,8 +1186,27 @@ static void settle_late_steps(struct fuzz *f)
 		const struct model_node *n = &f->model.node[id];
 		if (!e->on_tape[id])
 			continue;
-		expect_of(f, "outputs alive after a failed backward, of node",
-			  id, f->out_live[id], 0);
+		/* check_runs: each ran at most once, and none is missing. */
+		unsigned ran = f->runs[id] - f->runs_before[id];
+		if (ran < e->ran[id])
+			mismatch(f,
+				 "the step of %" PRIu64 " did not run in a "
+				 "failed backward, model: it ran",
+				 id);
+		if (!e->retained)
+			expect_of(f,
+				  "outputs alive after a failed backward, of "
+				  "node",
+				  id, f->out_live[id], 0);
+		else if (f->out_live[id] < n->held || f->out_live[id] > 1 ||
+			 (f->out_live[id] > n->held &&
+			  f->recomputes[id] == n->recomputes))
+			mismatch(f,
+				 "node %" PRIu64 ": %u outputs alive after a "
+				 "failed retained backward, model %u, and "
+				 "%" PRIu64 " late recomputes",
+				 id, f->out_live[id], n->held,
+				 f->recomputes[id] - n->recomputes);
 		if (f->out_frees[id] < n->frees ||
 		    f->recomputes[id] < n->recomputes)
 			mismatch(f,
@@ -1179,16 +1216,18 @@ static void settle_late_steps(struct fuzz *f)
 				 "backward's %" PRIu64 " and %" PRIu64,
 				 id, f->out_frees[id], f->recomputes[id],
 				 n->frees, n->recomputes);
-		model_backward_late(&f->model, e, id,
+		model_backward_late(&f->model, e, id, ran - e->ran[id],
 				    f->out_frees[id] - n->frees,
-				    f->recomputes[id] - n->recomputes);
+				    f->recomputes[id] - n->recomputes,
+				    f->out_live[id] != 0);
 	}
 }
 
-/* A backward from handle i, run as mode says; with a ready hook unless
- * hook is NULL (its takes must point at f->takes). */
+/* A backward from handle i, run as mode says, retained if retain; with a
+ * ready hook unless hook is NULL (its takes must point at f->takes). */
 static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
-			const struct model_hook *hook, enum exec_mode mode)
+			const struct model_hook *hook, enum exec_mode mode,
+			bool retain)
 {
 	struct model_backward *e = &f->expect;
 	uint64_t root = f->h[i].id;
@@ -1198,21 +1237,24 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 	memcpy(f->runs_before, f->runs, sizeof f->runs);
 	memset(f->fired, 0, sizeof f->fired);
 	memset(f->done, 0, sizeof f->done);
+	/* A step that ran in an earlier retained backward runs again. */
+	memset(f->got_grad, 0, sizeof f->got_grad);
 	f->n_submits = 0;
-	model_backward(&f->model, root, seed, hook, e);
+	model_backward(&f->model, root, seed, hook, retain, e);
 	f->cov.backward_hook += hook != NULL;
 	f->cov.cascades += f->model.nodes_freed - freed >= 2;
 	f->running = 0;
 	f->begun = 0;
 	f->mode = mode;
+	f->retain = retain;
 	adg_executor own;
 	const adg_executor *exec = executor_of(f, mode, &own);
 	int rc;
-	if (hook == NULL && exec == NULL) {
+	if (hook == NULL && exec == NULL && !retain) {
 		rc = adg_backward(f->reg, f->h[i].node, box(f, seed), &f->ops,
 				  &out);
 	} else {
-		adg_backward_options o = {.executor = exec};
+		adg_backward_options o = {.executor = exec, .retain = retain};
 		if (hook != NULL) {
 			o.on_ready = on_ready;
 			o.ctx = f;
@@ -1235,9 +1277,10 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 
 	if (f->trace)
 		fprintf(stderr,
-			"adg-fuzz:    backward from %" PRIu64
+			"adg-fuzz:    %s backward from %" PRIu64
 			" (%s): %d (%s)%s\n",
-			root, mode_names[mode], rc, adg_strerror(rc),
+			retain ? "retained" : "consuming", root,
+			mode_names[mode], rc, adg_strerror(rc),
 			mode == EXEC_DEFERRED || mode == EXEC_REFUSING
 				? (f->n_submits > 0 ? ", submitted work"
 						    : ", submitted none")
@@ -1264,6 +1307,20 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 		f->cov.backward_unavailable++;
 	else
 		f->cov.backward_failed++;
+	if (retain && !f->model.node[root].leaf) {
+		f->cov.retained_ok += rc == 0;
+		f->cov.retained_refused += e->rc != 0;
+		f->cov.retained_failed += e->rc == 0 && rc != 0;
+		f->cov.retained_exec += e->rc == 0 && mode != EXEC_NONE;
+	}
+	for (uint64_t id = 1; e->rc == 0 && id < f->model.next_id; id++) {
+		bool again = f->runs_before[id] > 0 && e->ran[id];
+		f->cov.steps_rerun += again;
+		f->cov.retained_kept += retain && e->on_tape[id] &&
+					!e->held_at_take[id] &&
+					f->model.node[id].held;
+		f->cov.rerun_consumed += again && !retain && rc == 0;
+	}
 	if (e->rc == 0 && !f->model.node[root].leaf) {
 		f->cov.exec_caller += mode == EXEC_CALLER;
 		f->cov.exec_pool += mode >= EXEC_POOL1 && mode <= EXEC_POOL3;
@@ -1292,6 +1349,7 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 				 "the ready hook was never called for %" PRIu64,
 				 id);
 	f->mode = EXEC_NONE;
+	f->retain = false;
 	if (rc != 0) {
 		if (out != NULL)
 			mismatch(f, "a failed backward left *out non-NULL");
@@ -1321,14 +1379,14 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 
 /* A backward with a ready hook, chosen by s (see driver.h). */
 static void do_backward_hook(struct fuzz *f, size_t i, uint8_t s,
-			     enum exec_mode mode)
+			     enum exec_mode mode, bool retain)
 {
 	unsigned rule = (s >> 1) & 3;
 	for (uint64_t id = 0; id <= MODEL_MAX_NODES; id++)
 		f->takes[id] = rule == 3 || (rule == 1 && id % 2 == 0) ||
 			       (rule == 2 && id % 3 == 0);
 	struct model_hook hook = {.leaves_only = s & 1, .takes = f->takes};
-	do_backward(f, i, 2 * (uint64_t)s + 1, &hook, mode);
+	do_backward(f, i, 2 * (uint64_t)s + 1, &hook, mode, retain);
 }
 
 static void do_stats(struct fuzz *f)
@@ -1418,9 +1476,14 @@ static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
 
 	/* The handle an operation names by its first argument. */
 	size_t i = op->args > 0 && f->nh > 0 ? arg[0] % f->nh : 0;
-	/* A backward's W: the rest of its opcode byte. */
-	enum exec_mode mode = (enum exec_mode)(data[start] / ADG_FUZZ_OPCODES %
-					       ADG_FUZZ_EXEC_MODES);
+	/* A backward's W, and whether it is retained: the rest of its opcode
+	 * byte (driver.h). */
+	unsigned rest = data[start] / ADG_FUZZ_OPCODES;
+	bool retain = rest >= ADG_FUZZ_EXEC_MODES;
+	enum exec_mode mode =
+		retain ? retained_modes[(rest - ADG_FUZZ_EXEC_MODES) %
+					ADG_FUZZ_RETAIN_MODES]
+		       : (enum exec_mode)rest;
 	bool skip = skipped(f, op->kind);
 	f->op_name = op->name;
 	f->op_start = start;
@@ -1450,10 +1513,11 @@ static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
 			do_drop(f, i);
 			break;
 		case ADG_FUZZ_BACKWARD:
-			do_backward(f, i, 2 * (uint64_t)arg[1] + 1, NULL, mode);
+			do_backward(f, i, 2 * (uint64_t)arg[1] + 1, NULL, mode,
+				    retain);
 			break;
 		case ADG_FUZZ_BACKWARD_HOOK:
-			do_backward_hook(f, i, arg[1], mode);
+			do_backward_hook(f, i, arg[1], mode, retain);
 			break;
 		case ADG_FUZZ_STATS:
 			do_stats(f);
@@ -1462,7 +1526,7 @@ static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
 			do_graph(f, i);
 			break;
 		case ADG_FUZZ_BACKWARD_NEWEST:
-			do_backward(f, f->nh - 1, 1, NULL, mode);
+			do_backward(f, f->nh - 1, 1, NULL, mode, retain);
 			break;
 		}
 	}

@@ -50,12 +50,18 @@
  *   7      its step never calls adg_output_get for what it asked
  *
  * How a backward runs its steps (backward, backward-hook and
- * backward-newest alike) is W = (c / 20) % 7, where c is its opcode byte
- * and 20 the modulus, ADG_FUZZ_OPCODES: the part of the byte that does not
- * choose the kind. W 0, and so every code below 20, is the backward as
- * before there was a W: adg_backward, or adg_backward_with without an
- * executor for backward-hook. Any other W runs adg_backward_with with an
- * executor (adg_backward_options.executor):
+ * backward-newest alike) is W, and whether it is retained R, both from
+ * q = c / 20, where c is its opcode byte and 20 the modulus,
+ * ADG_FUZZ_OPCODES: the part of the byte that does not choose the kind.
+ * q 0 to 6 is a consuming backward (R 0) with W = q; q 7 to 12 a retained
+ * one (R 1, adg_backward_options.retain) with W 0, 1, 2, 4, 5, 6 in turn
+ * (every kind of executor; the pool of 2 has no code left). So every code
+ * below 140 decodes as it did before there was an R (the corpus's
+ * scenario files use no other; random inputs may). W 0 with R 0, and so
+ * every code below 20, is the backward as before there was a W:
+ * adg_backward, or adg_backward_with without an executor for
+ * backward-hook. Any other W runs adg_backward_with with an executor
+ * (adg_backward_options.executor):
  *
  *   1      one of no workers (n_workers 0): the scheduler of an executor
  *          on the calling thread alone; its submit must not be called
@@ -80,6 +86,16 @@
  * registering for its own id, or once more for a parent whose slots it
  * has filled, get, take, count and free on it give ADG_EINVAL.
  *
+ * A retained backward (R 1) runs the steps a consuming one would, in the
+ * same order and with the same gradients, and takes none: each step sees
+ * call->retained nonzero (zero in a consuming backward), none is released,
+ * no node leaves its graph, and no output is freed; what it rebuilt stays
+ * held for the backward passes after it, which run the same steps again
+ * (tests/model/model.h). Reaching a consumed step it fails as a consuming
+ * one does, and when a step fails every step stays registered. With an
+ * executor and a failing step, the outputs that late steps rebuilt stay
+ * held too.
+ *
  * Options that libadg must refuse (asking for a leaf's output, or for that
  * of a parent that offers none, a recompute callback with such a parent
  * that is not a leaf, want_self without an output) are expected to fail
@@ -99,8 +115,10 @@
 
 #define ADG_FUZZ_MAX_HANDLES 64
 #define ADG_FUZZ_MAX_OPS     512
-/* The values of a backward's W (above). */
-#define ADG_FUZZ_EXEC_MODES 7
+/* The values of a backward's W (above), and how many of them a retained
+ * backward can have. */
+#define ADG_FUZZ_EXEC_MODES   7
+#define ADG_FUZZ_RETAIN_MODES 6
 
 /* The kinds of operation, each named by the first code of its range
  * (ops.def). */
@@ -129,9 +147,11 @@ enum adg_fuzz_code {
 #include "ops.def"
 #undef OP
 _Static_assert(ADG_FUZZ_OPCODES <= 256, "ops.def: more codes than a byte");
-/* So that an opcode byte can still say every W. */
-_Static_assert(255 / ADG_FUZZ_OPCODES >= ADG_FUZZ_EXEC_MODES - 1,
-	       "ops.def: too many codes left for a backward's W");
+/* So that an opcode byte can still say every W, consuming, and
+ * ADG_FUZZ_RETAIN_MODES of them retained, and nothing more. */
+_Static_assert(255 / ADG_FUZZ_OPCODES ==
+		       ADG_FUZZ_EXEC_MODES + ADG_FUZZ_RETAIN_MODES - 1,
+	       "ops.def: the codes left say a backward's W and R otherwise");
 
 /* What inputs exercised, summed over runs: lets the replay test check that
  * the corpus covers every kind of operation and outcome. One X(name) per
@@ -172,7 +192,14 @@ _Static_assert(255 / ADG_FUZZ_OPCODES >= ADG_FUZZ_EXEC_MODES - 1,
 	X(exec_deferred)	/* backwards with a queueing submit (W 5) */   \
 	X(exec_refusing)	/* backwards with a failing submit (W 6) */    \
 	X(exec_failed)		/* with an executor, a step failed */          \
-	X(exec_hook)		/* with an executor and a ready hook */
+	X(exec_hook)		/* with an executor and a ready hook */        \
+	X(retained_ok)		/* retained, root a node, success */           \
+	X(retained_failed)	/* retained, a step failed */                  \
+	X(retained_refused)	/* retained, ECONSUMED or EUNAVAILABLE */      \
+	X(retained_exec)	/* retained with an executor */                \
+	X(retained_kept)	/* outputs it rebuilt, kept after it */        \
+	X(steps_rerun)		/* steps run again after a retained one */     \
+	X(rerun_consumed)	/* the same in a consuming one, success */
 
 struct adg_fuzz_coverage {
 #define ADG_FUZZ_FIELD(name) uint64_t name;

@@ -53,7 +53,11 @@ OPS, OPCODES = read_ops(os.path.join(HERE, "ops.def"))
 (SEQUENTIAL, CALLER, POOL1, POOL2, POOL3, DEFERRED,
  REFUSING) = range(7)
 EXEC_MODES = 7
-assert 255 // OPCODES >= EXEC_MODES - 1, "no opcode byte left for every W"
+# A retained backward (driver.h: R) has q = EXEC_MODES + the index of its W
+# here: every W but POOL2, for which no code is left.
+RETAIN_WORKERS = (SEQUENTIAL, CALLER, POOL1, POOL3, DEFERRED, REFUSING)
+assert 255 // OPCODES == EXEC_MODES + len(RETAIN_WORKERS) - 1, \
+    "the opcode byte's codes left over say W and R otherwise"
 
 # The W of each scenario's variant, in turn: the widest pool most often.
 VARIANT_WORKERS = (POOL3, CALLER, POOL1, DEFERRED, POOL3, POOL2, REFUSING)
@@ -83,17 +87,23 @@ class Seq:
     def _idx(self, name):
         return self.handles.index(name)
 
-    def _emit(self, op, args, parents=(), workers=SEQUENTIAL):
+    def _emit(self, op, args, parents=(), workers=SEQUENTIAL, retain=False):
         first, n_args = OPS[op]
         assert len(args) == n_args, f"{op} takes {n_args} argument bytes"
         assert 0 <= workers < EXEC_MODES
-        self.out += bytes([first + OPCODES * workers] + list(args) +
+        q = EXEC_MODES + RETAIN_WORKERS.index(workers) if retain else workers
+        self.out += bytes([first + OPCODES * q] + list(args) +
                           [self._idx(x) for x in parents])
 
-    def _backward(self, op, args, workers):
+    def _backward(self, op, args, workers, retain):
         self.backwards += 1
-        self._emit(op, args,
-                   workers=self.workers if workers is None else workers)
+        if workers is None:
+            workers = self.workers
+        # A retained backward has no code for the pool of 2 (driver.h):
+        # the pool of 3 instead.
+        if retain and workers == POOL2:
+            workers = POOL3
+        self._emit(op, args, workers=workers, retain=retain)
 
     def leaf(self, name, v=1):
         self._emit("LEAF", [v])
@@ -138,16 +148,21 @@ class Seq:
         self.handles[i] = self.handles[-1]
         self.handles.pop()
 
-    def backward(self, name, seed=0, workers=None):
-        self._backward("BACKWARD", [self._idx(name), seed], workers)
+    def backward(self, name, seed=0, workers=None, retain=False):
+        self._backward("BACKWARD", [self._idx(name), seed], workers, retain)
 
     def backward_hook(self, name, leaves_only=False, take=TAKE_NONE, seed=0,
-                      workers=None):
+                      workers=None, retain=False):
         s = (1 if leaves_only else 0) + 2 * take + 8 * seed
-        self._backward("BACKWARD_HOOK", [self._idx(name), s], workers)
+        self._backward("BACKWARD_HOOK", [self._idx(name), s], workers,
+                       retain)
 
-    def backward_newest(self, workers=None):
-        self._backward("BACKWARD_NEWEST", [], workers)
+    def backward_newest(self, workers=None, retain=False):
+        self._backward("BACKWARD_NEWEST", [], workers, retain)
+
+    def retained(self, name, seed=0, workers=None):
+        """A retained backward (driver.h: R 1)."""
+        self.backward(name, seed, workers, retain=True)
 
     def stats(self):
         self._emit("STATS", [])
@@ -1056,6 +1071,240 @@ def par_regress_scratch_reuse(s):
                 names.append(prev)
             s.backward(prev, length, workers=w)
             drop_all(s, names)
+
+
+# ---- Retained backward passes (driver.h: R 1): they run the steps and
+# take none, so that later passes, retained or consuming, from the same
+# root or another node of the graph, run them again with the same
+# gradients; outputs they rebuild stay held for those passes.
+
+
+@scenario
+def retain_then_consume(s):
+    leaves(s, 3)
+    s.op("a", ["l0", "l1"])
+    s.op("b", ["a", "l2"])
+    s.op("c", ["a", "a"])
+    s.op("d", ["b", "c", "l0"], take=True)
+    s.retained("d", 5)
+    s.graph("a")
+    s.stats()
+    s.retained("d", 5)  # the same gradients again
+    s.retained("b", 2)  # another node of the graph
+    s.backward_hook("d", take=TAKE_EVEN, seed=3, retain=True)
+    s.backward("d", 5)  # consumes the graph
+    s.graph("a")
+    s.retained("d")  # ECONSUMED
+    s.backward("d")  # ECONSUMED
+
+
+@scenario
+def retain_middle_then_consume_it(s):
+    # A consuming backward from a node that retained passes ran: the
+    # passes from the root after it reach a consumed step.
+    leaves(s, 2)
+    s.op("a", ["l0"])
+    s.op("b", ["a", "l1"])
+    s.op("c", ["b", "l0"])
+    s.op("e", ["c", "b"])
+    s.retained("e", 1)
+    s.retained("c", 2)
+    s.backward("b", 3)  # consumes b and a
+    s.graph("c")
+    s.retained("e")  # EUNAVAILABLE
+    s.backward("e")  # EUNAVAILABLE, nothing taken
+    s.retained("a")  # ECONSUMED
+    s.stats()
+    s.drop("e")
+    s.drop("c")  # c and e freed: their steps released, run or not
+
+
+@scenario
+def retain_grow_and_merge(s):
+    # Ops recorded on a graph after a retained pass join it; one merges a
+    # second graph; retained and consuming passes from the new root.
+    leaves(s, 3)
+    s.op("a", ["l0", "l1"])
+    s.op("b", ["a"])
+    s.retained("b", 4)
+    s.op("x", ["l2"])
+    s.retained("x", 1)
+    s.op("m", ["b", "x", "a"])
+    s.graph("x")
+    s.retained("m", 2)
+    s.retained("b", 6)
+    s.backward_newest(retain=True)
+    s.backward("m", 7)
+    s.stats()
+
+
+@scenario
+def retain_failing_step(s):
+    # A failing step fails a retained backward, which leaves every step
+    # registered: again, and a consuming one after them.
+    leaves(s, 2)
+    s.op("a", ["l0", "l1"])
+    s.op("f", ["a", "l0"], fail=True)
+    s.op("g", ["f", "a"])
+    s.retained("g", 1)
+    s.retained("g", 2)
+    s.retained("a", 3)  # below the failing step: succeeds
+    s.stats()
+    s.backward("g", 4)  # fails, and releases
+    s.stats()
+
+
+@scenario
+def retain_leaf_root_and_drops(s):
+    leaves(s, 2)
+    s.retained("l0", 3)  # a leaf root: as ever
+    s.op("a", ["l0", "l1"])
+    s.op("b", ["a"])
+    s.retained("b")
+    s.drop("l0")
+    s.drop("a")
+    s.retained("b", 2)  # a dropped leaf's id still gets its gradient
+    s.drop("b")  # frees a and b, steps run only retained: released
+    s.stats()
+
+
+@scenario
+def retain_hooks(s):
+    leaves(s, 3)
+    s.op("a", ["l0"])
+    s.op("b", ["a", "l1"])
+    s.op("c", ["b", "a", "l2"])
+    s.op("d", ["c"])
+    for take in (TAKE_NONE, TAKE_EVEN, TAKE_THIRD, TAKE_ALL):
+        s.backward_hook("d", leaves_only=take % 2 == 1, take=take,
+                        seed=take, retain=True)
+    s.backward_hook("d", take=TAKE_THIRD)
+
+
+@scenario(strategies=(NONE, BALANCED))
+def ckpt_retain_chain(s):
+    # Balanced: the first retained pass rebuilds the chain's outputs and
+    # keeps them; the second rebuilds nothing; the consuming one rebuilds
+    # nothing and frees them. None: every value is kept to the consuming
+    # pass, which frees those no step asks for at once.
+    leaves(s, 3)
+    s.op_with("c0", ["l0", "l1"], value=True)
+    prev = "c0"
+    for k in range(1, 5):
+        mem_add(s, f"m{k}", prev)
+        prev = f"m{k}"
+    s.op_with("y", [prev, "l2"], value=True, want=[0], want_self=True)
+    s.op_with("z", ["y", "m2"], want=[0, 1])
+    s.retained("z", 3)
+    s.stats()
+    s.retained("z", 3)
+    s.retained("m3", 1)
+    s.backward("z", 3)
+    s.stats()
+
+
+@scenario(strategies=(NONE, BALANCED))
+def ckpt_retain_then_other_root(s):
+    # A retained pass from y rebuilds r; a consuming pass from z, which
+    # asks for r too, finds it held; then y's graph is gone.
+    leaves(s, 2)
+    s.op_with("c", ["l0", "l1"], value=True)
+    mem_add(s, "m", "c")
+    s.op_with("r", ["m", "l1"], recompute=True, memory_bound=True)
+    s.op_with("y", ["r"], want=[0])
+    s.op_with("z", ["y", "r", "m"], want=[1, 2])
+    s.retained("y", 2)
+    s.backward("z", 1)
+    s.retained("y")  # ECONSUMED
+
+
+@scenario(strategies=(BALANCED,))
+def ckpt_retain_failing_rebuild(s):
+    # A recompute fails in a retained pass: the get and the backward fail,
+    # what was rebuilt before stays held, nothing is released; the same
+    # again, then a consuming pass that fails and frees.
+    leaves(s, 2)
+    for ends in (FAILS, SETS_THEN_FAILS, EMPTY):
+        s.op_with("c", ["l0", "l1"], value=True)
+        mem_add(s, "m", "c")
+        mem_add(s, "r", "m", ends=ends)
+        s.op_with("y", ["m", "r"], want=[0, 1])
+        s.retained("y", 1)
+        s.retained("y", 2)
+        s.backward("y", 3)
+        drop_all(s, ["c", "m", "r", "y"])
+
+
+@scenario(strategies=(NONE, BALANCED))
+def ckpt_retain_dropped(s):
+    # Outputs a retained pass rebuilt go with their nodes when the graph
+    # is dropped without a consuming backward.
+    leaves(s, 2)
+    s.op_with("a", ["l0", "l1"], value=True)
+    mem_add(s, "b", "a")
+    s.op_with("c", ["b", "a"], recompute=True, want_self=True, want=[0])
+    s.retained("c", 1)
+    s.drop("a")
+    s.drop("b")
+    s.stats()
+    s.retained("c", 2)
+    s.drop("c")
+    s.stats()
+
+
+@scenario
+def par_retain_wide_tree(s):
+    # Retained passes on every executor, then a consuming one, each tree
+    # run three times.
+    leaves(s, 4)
+    for k, w in enumerate(EXECUTORS):
+        root, names = wide_tree(s, f"w{w}", chains=6, length=4)
+        s.retained(root, k, workers=w)
+        s.backward_hook(root, take=k % 4, seed=k, workers=w, retain=True)
+        s.backward(root, k, workers=w)
+        drop_all(s, names)
+    s.stats()
+
+
+@scenario
+def par_retain_fail_branches(s):
+    leaves(s, 4)
+    for k, w in enumerate((SEQUENTIAL,) + EXECUTORS):
+        root, names = wide_tree(s, f"w{w}", chains=6, length=4,
+                                fail={(1, 3), (4, 1)})
+        s.retained(root, k, workers=w)
+        s.retained(root, k + 1, workers=w)
+        s.backward(root, k, workers=w)
+        drop_all(s, names)
+
+
+@scenario(strategies=(NONE, BALANCED))
+def par_retain_ckpt_shared(s):
+    # Branches asking for the same rebuilt outputs, in retained passes on
+    # two executors, then a consuming one on a third.
+    leaves(s, 3)
+    modes = [(SEQUENTIAL, POOL3, CALLER), (POOL1, DEFERRED, POOL3),
+             (REFUSING, POOL3, POOL2), (POOL3, SEQUENTIAL, POOL1)]
+    for k, (w1, w2, w3) in enumerate(modes):
+        s.op_with("c0", ["l0", "l1"], value=True)
+        mem_add(s, "m1", "c0")
+        mem_add(s, "m2", "m1", ends=FAILS if k == 3 else BUILDS)
+        s.op_with("r", ["m2", "l2"], recompute=True, memory_bound=True)
+        names = ["c0", "m1", "m2", "r"]
+        ys = []
+        for b in range(4):
+            y = f"y{b}"
+            s.op_with(y, ["r", f"l{b % 3}", "m1"], value=True,
+                      want=[0] if b % 2 else [0, 2], want_self=b == 3)
+            ys.append(y)
+            names.append(y)
+        s.op("root", ys[:3])
+        names.append("root")
+        s.retained("root", k, workers=w1)
+        s.retained(ys[3], k, workers=w2)
+        s.retained("root", k, workers=w2)
+        s.backward("root", k, workers=w3)
+        drop_all(s, names)
 
 
 def write_random(out_dir):

@@ -10,7 +10,8 @@
  * backward takes its tape, when the last step that asked for it returns
  * or the last planned rebuild of a child is done or will not happen, at
  * the end of the backward, or with its node freed unrun. in_use states
- * "needs" from its definition each time.
+ * "needs" from its definition each time. A retained backward frees none:
+ * release does nothing in it, and model_backward_end neither.
  */
 #include "model.h"
 
@@ -221,7 +222,8 @@ static void collect(struct model *m)
 				for (size_t i = 0; i < n->n_parents; i++)
 					if (!m->node[n->parents[i]].leaf)
 						refs[n->parents[i]]--;
-				/* Freed unrun. (A consumed node's output goes
+				/* Freed unrun, or run by retained backward
+				 * passes only. (A consumed node's output goes
 				 * at the end of the backward that took it.) */
 				if (n->held)
 					free_output(n);
@@ -334,12 +336,15 @@ static void in_use(const struct model *m, const struct model_backward *b,
 }
 
 /* Every held output of the tape that nothing needs goes; returns how many
- * went. */
+ * went. In a retained backward none goes: they are kept for the passes
+ * after it. */
 static unsigned release(struct model *m, const struct model_backward *b)
 {
 	bool use[MODEL_MAX_NODES + 1];
 	unsigned freed = 0;
 
+	if (b->retained)
+		return 0;
 	in_use(m, b, use);
 	for (uint64_t k = 1; k < m->next_id; k++) {
 		if (b->on_tape[k] && m->node[k].held && !use[k]) {
@@ -420,11 +425,13 @@ static void order_tape(const struct model *m, uint64_t root,
 }
 
 void model_backward(struct model *m, uint64_t root, uint64_t seed,
-		    const struct model_hook *hook, struct model_backward *out)
+		    const struct model_hook *hook, bool retain,
+		    struct model_backward *out)
 {
 	struct model_node *r = live_node(m, root);
 
 	memset(out, 0, sizeof *out);
+	out->retained = retain;
 	if (r->leaf) {
 		out->has_grad[root] = true;
 		out->grad[root] = seed;
@@ -444,7 +451,7 @@ void model_backward(struct model *m, uint64_t root, uint64_t seed,
 
 	/* The tape: every non-leaf node reachable from root through parent
 	 * slots of nodes that still hold their step. Reaching a consumed one
-	 * makes the whole backward unavailable. */
+	 * makes the whole backward unavailable, retained or not. */
 	uint64_t stack[MODEL_MAX_NODES];
 	size_t top = 0;
 	bool unavailable = false;
@@ -518,6 +525,10 @@ void model_backward(struct model *m, uint64_t root, uint64_t seed,
 	take_outputs(m, out);
 	for (uint64_t k = 1; k < m->next_id; k++)
 		out->held_at_take[k] = out->on_tape[k] && m->node[k].held;
+	/* A retained backward takes nothing: every tape node stays in its
+	 * graph with its step and its references. */
+	if (retain)
+		return;
 	/* Consumed, ran or not: each tape node leaves its graph and gives
 	 * up its step and its references on its parents. Their outputs stay
 	 * with the backward until model_backward_end. */
@@ -535,6 +546,7 @@ void model_step_begin(struct model *m, struct model_backward *b, uint64_t id)
 	MODEL_CHECK(id >= 1 && id < m->next_id);
 	MODEL_CHECK(b->rc == 0 && b->on_tape[id] && !b->ran[id]);
 	b->ran[id] = true;
+	m->node[id].runs++;
 }
 
 /* Rebuilds o's output if it is not held: first its parents' that are not,
@@ -546,7 +558,7 @@ static uint64_t build(struct model *m, struct model_backward *b, uint64_t o)
 	if (n->held)
 		return 0;
 	/* Not held, yet asked for now: the take planned to rebuild it. Once:
-	 * it stays held while anything needs it. */
+	 * it stays held while anything needs it (retained: to the end). */
 	MODEL_CHECK(b->planned[o] && !b->built[o]);
 	for (size_t k = 0; k < n->n_parents; k++) {
 		if (m->node[n->parents[k]].leaf)
@@ -590,6 +602,10 @@ void model_step_end(struct model *m, struct model_backward *b, uint64_t id)
 
 void model_backward_end(struct model *m, struct model_backward *b)
 {
+	/* Retained: what it held before and what it rebuilt stay, for the
+	 * passes after it, until a consuming backward or the node's end. */
+	if (b->retained)
+		return;
 	for (uint64_t k = 1; k < m->next_id; k++) {
 		if (b->on_tape[k] && m->node[k].held) {
 			free_output(&m->node[k]);
@@ -638,11 +654,21 @@ void model_run_tape(struct model *m, struct model_backward *b)
 }
 
 void model_backward_late(struct model *m, const struct model_backward *b,
-			 uint64_t id, uint64_t frees, uint64_t recomputes)
+			 uint64_t id, uint64_t runs, uint64_t frees,
+			 uint64_t recomputes, bool held)
 {
 	struct model_node *n = &m->node[id];
 	MODEL_CHECK(b->rc == 0 && b->failed_step != 0 && b->on_tape[id]);
-	MODEL_CHECK(!n->held);
+	/* A late step runs after the failure, never in place of a step that
+	 * ran before it. */
+	MODEL_CHECK(runs == 0 || !b->ran[id]);
+	MODEL_CHECK(runs <= 1);
+	/* Consuming: every output of the tape went at the end. Retained:
+	 * none goes, and one a late step rebuilt stays. */
+	MODEL_CHECK(b->retained ? !n->held || held : !n->held && !held);
+	MODEL_CHECK(held == n->held || recomputes > 0);
+	n->runs += runs;
 	n->frees += frees;
 	n->recomputes += recomputes;
+	n->held = held;
 }

@@ -20,6 +20,15 @@
  * as the sequential backward would (model_run_tape): what a successful
  * backward leaves does not depend on the order, and of a failed one the
  * first failure in tape order and what came before it do not either.
+ *
+ * A retained backward (adg_backward_options.retain) is the same backward
+ * with two things left out: nothing is consumed (no node leaves its graph,
+ * no step is released, nothing is collected), and no output is freed, not
+ * at the take, not as steps return, not at the end, failed or not. What it
+ * rebuilds stays held for the passes after it, and each output is rebuilt
+ * at most once in it, since nothing it holds goes before it ends. The
+ * tape, its order, the gradients and the failures are those of a
+ * consuming backward from the same root at the same moment.
  */
 #ifndef ADG_TEST_MODEL_H
 #define ADG_TEST_MODEL_H
@@ -64,6 +73,7 @@ struct model_node {
 	uint64_t graph;	  /* origin of its graph; 0 for leaves, consumed */
 	uint64_t handles; /* the caller's references */
 	struct model_output out;
+	uint64_t runs;	     /* times its step began, over every backward */
 	bool held;	     /* an output value of this node exists */
 	uint64_t frees;	     /* output values freed so far */
 	uint64_t recomputes; /* recompute callbacks run so far */
@@ -95,6 +105,8 @@ struct model_hook {
 };
 
 struct model_backward {
+	/* A retained backward: it consumes nothing and frees no output. */
+	bool retained;
 	/* 0 (the tape is taken and its steps run: see failed_step for the
 	 * outcome), ADG_ECONSUMED or ADG_EUNAVAILABLE. */
 	int rc;
@@ -129,7 +141,7 @@ struct model_backward {
 	 * none held must be rebuilt from it; that rebuild is planned. */
 	bool needed[MODEL_MAX_NODES + 1];
 	bool planned[MODEL_MAX_NODES + 1];
-	uint64_t freed_at_take; /* held outputs no one needed */
+	uint64_t freed_at_take; /* held outputs no one needed (retained: 0) */
 	/* Which outputs of the tape were held once the take was done. */
 	bool held_at_take[MODEL_MAX_NODES + 1];
 
@@ -143,7 +155,8 @@ struct model_backward {
 	 * libadg runs no further step and returns that failure's code. */
 	uint64_t failed_step;
 	uint64_t failed_recompute;
-	/* model_backward_end: outputs still held at the end, freed there. */
+	/* model_backward_end: outputs still held at the end, freed there
+	 * (retained: none is). */
 	uint64_t freed_at_end;
 };
 
@@ -182,11 +195,12 @@ bool model_step_released(const struct model *m, uint64_t id);
 
 /* Runs a backward from root (live) with the given seed value, and with a
  * ready hook unless hook is NULL: takes the tape (consuming its nodes and
- * freeing the outputs no step needs) and fills *out. With out->rc 0 the
- * steps then run, reported one by one with the calls below, and
- * model_backward_end closes it. */
+ * freeing the outputs no step needs, unless retain) and fills *out. With
+ * out->rc 0 the steps then run, reported one by one with the calls below,
+ * and model_backward_end closes it. retain: a retained backward (above). */
 void model_backward(struct model *m, uint64_t root, uint64_t seed,
-		    const struct model_hook *hook, struct model_backward *out);
+		    const struct model_hook *hook, bool retain,
+		    struct model_backward *out);
 
 /* The step of id (on the tape, not yet run) begins. */
 void model_step_begin(struct model *m, struct model_backward *b, uint64_t id);
@@ -220,14 +234,19 @@ uint64_t model_get_fails(const struct model *m, const struct model_backward *b,
 void model_run_tape(struct model *m, struct model_backward *b);
 
 /* After a failed backward with an executor and model_backward_end: steps
- * after the first failure in tape order that had already started ran too,
- * and their rebuilds (of outputs of node id of b's tape) added frees and
- * recomputes that the sequential run does not have. The model takes them
- * as reported: those counts depend on timing. */
+ * after the first failure in tape order that had already started ran too
+ * (runs more begins of the step of node id of b's tape), and their
+ * rebuilds (of outputs of node id) added frees and recomputes that the
+ * sequential run does not have. The model takes them as reported: those
+ * counts depend on timing. held: whether id's output is held now; a
+ * consuming backward has freed them all (false), a retained one keeps
+ * what the late rebuilds made. */
 void model_backward_late(struct model *m, const struct model_backward *b,
-			 uint64_t id, uint64_t frees, uint64_t recomputes);
+			 uint64_t id, uint64_t runs, uint64_t frees,
+			 uint64_t recomputes, bool held);
 
-/* The backward returned: the outputs its tape still held are freed. */
+/* The backward returned: the outputs its tape still held are freed
+ * (retained: kept). */
 void model_backward_end(struct model *m, struct model_backward *b);
 
 /* What the step of id adds to each gradient it registers: the sum of the
