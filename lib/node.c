@@ -248,69 +248,124 @@ static bool put_refs(struct adg_node *node, uint64_t n)
 	return old == n;
 }
 
-/* Puts a node nothing references on doomed, taken out of its graph first
- * if its step is unconsumed. */
-static void doom(struct adg_shard *shard, struct adg_node *node,
-		 struct adg_node **doomed)
+/*
+ * One free: what a drop made unreachable, found in a first pass and freed
+ * in a second. The first takes each unconsumed node out of its graph and
+ * drops its parents' references, calling no user code, so that it may
+ * keep a graph's lock from one node to the next: a graph of a thousand
+ * unconsumed nodes (never run, or run only by retained passes) is taken
+ * apart in one lock hold, not a thousand. The second runs the release
+ * callbacks and frees, with no lock held. Nodes are freed in the order
+ * they were found, as one pass that did both would.
+ */
+struct reaper {
+	struct adg_shard *shard;
+	struct adg_graph *held; /* locked by this free; NULL: none */
+	uint32_t held_for;	/* nodes taken out under it */
+	struct adg_node *todo;	/* LIFO: found, parents not yet dropped */
+	struct adg_node *found, **found_end; /* FIFO: to free, in order */
+};
+
+/* Nodes taken out under one hold, at most: other threads that use the
+ * graph's live nodes wait for it no longer than that. */
+#define REAPER_HOLD_MAX 256
+
+static void reaper_unlock(struct reaper *rp)
+{
+	if (rp->held != NULL) {
+		adg_graph_unlock(rp->shard, rp->held);
+		rp->held = NULL;
+	}
+}
+
+/* Puts a node nothing references on the work list, taken out of its graph
+ * first if its step is unconsumed. */
+static void doom(struct reaper *rp, struct adg_node *node)
 {
 	if (node->state == ADG_NODE_LIVE) {
 		/* Unreachable now, but still a member of its graph, which a
-		 * concurrent merge may be moving. */
-		struct adg_graph *g = adg_graph_lock_of(node);
-		ADG_ASSERT(g != NULL); /* I1: a LIVE node is in a graph */
+		 * concurrent merge may be moving: under the lock held, a
+		 * member of that graph stays there. Any other graph is locked
+		 * after letting go of the one held, never both at once, so
+		 * that no lock order is needed. */
+		if (rp->held == NULL || adg_node_graph(node) != rp->held ||
+		    rp->held_for == REAPER_HOLD_MAX) {
+			reaper_unlock(rp);
+			rp->held = adg_graph_lock_of(node);
+			rp->held_for = 0;
+		}
+		ADG_ASSERT(rp->held != NULL); /* I1: a LIVE node is in one */
 		/* I14: a retained pass holds what it runs over. */
 		ADG_ASSERT(node->retained_runs == 0);
-		adg_graph_detach_locked(g, node);
-		adg_graph_unlock(shard, g);
+		adg_graph_detach_locked(rp->held, node);
+		rp->held_for++;
 	}
-	node->next_doomed = *doomed;
-	*doomed = node;
+	node->next_doomed = rp->todo;
+	rp->todo = node;
 }
 
-/* Drops n references; a node whose count reaches zero goes on doomed.
- * NULL (a leaf parent) holds nothing. */
-static void drop_refs(struct adg_shard *shard, struct adg_node *node,
-		      uint64_t n, struct adg_node **doomed)
+/* Drops n references; a node whose count reaches zero is doomed. NULL (a
+ * leaf parent) holds nothing. */
+static void drop_refs(struct reaper *rp, struct adg_node *node, uint64_t n)
 {
 	if (node != NULL && n != 0 && put_refs(node, n))
-		doom(shard, node, doomed);
+		doom(rp, node);
 }
 
-/* Frees one unreachable node; parents it lets go of join doomed. */
-static void node_free(struct adg_shard *shard, struct adg_node *node,
-		      struct adg_node **doomed)
+/* Frees one unreachable node, with no lock held. */
+static void node_free(struct adg_shard *shard, struct adg_node *node)
 {
-	/* A LIVE node still holds its step and its parents; a CONSUMED one
-	 * gave both up to the backward that took it. */
-	if (node->state == ADG_NODE_LIVE) {
+	/* A LIVE node still holds its step; a CONSUMED one gave it up to
+	 * the backward that took it. */
+	if (node->state == ADG_NODE_LIVE)
 		adg_node_release_step(shard, node);
-		for (uint32_t i = 0; i < node->n_parents; i++)
-			drop_refs(shard, node->parents[i], 1, doomed);
-	}
 	if (node->ckpt != NULL)
 		adg_ckpt_drop(node); /* a LIVE node's kept output goes */
 	adg_count(shard, ADG_C_NODES_FREED, 1);
 	node_dealloc(shard, node);
 }
 
-static void free_doomed(struct adg_shard *shard, struct adg_node *doomed)
+/* The two passes over what the drops so far doomed. */
+static void reap(struct reaper *rp)
 {
+	/* Most frees are of one consumed node (a backward letting go of its
+	 * tape): it holds nothing, so there is nothing more to find. */
+	struct adg_node *only = rp->todo;
+	if (only->next_doomed == NULL && only->state != ADG_NODE_LIVE) {
+		node_free(rp->shard, only);
+		return;
+	}
 	/* A work list rather than recursion: a chain of a million nodes
 	 * freed at once must not overflow the stack. */
-	while (doomed != NULL) {
-		struct adg_node *n = doomed;
-		doomed = n->next_doomed;
-		node_free(shard, n, &doomed);
+	rp->found_end = &rp->found;
+	while (rp->todo != NULL) {
+		struct adg_node *n = rp->todo;
+		rp->todo = n->next_doomed;
+		n->next_doomed = NULL;
+		*rp->found_end = n;
+		rp->found_end = &n->next_doomed;
+		/* A LIVE node still holds its parents; a CONSUMED one gave
+		 * them up to the backward that took it. */
+		if (n->state == ADG_NODE_LIVE)
+			for (uint32_t i = 0; i < n->n_parents; i++)
+				drop_refs(rp, n->parents[i], 1);
+	}
+	reaper_unlock(rp);
+	for (struct adg_node *n = rp->found; n != NULL;) {
+		struct adg_node *next = n->next_doomed;
+		node_free(rp->shard, n);
+		n = next;
 	}
 }
 
 void adg_node_release_many(struct adg_shard *shard, struct adg_node *node,
 			   uint64_t n)
 {
-	struct adg_node *doomed = NULL;
+	struct reaper rp = {.shard = shard};
 
-	drop_refs(shard, node, n, &doomed);
-	free_doomed(shard, doomed);
+	drop_refs(&rp, node, n);
+	if (rp.todo != NULL)
+		reap(&rp);
 }
 
 void adg_node_release(struct adg_shard *shard, struct adg_node *node)
@@ -325,9 +380,8 @@ int adg_node_unref(adg_node *node)
 	/* Most drops are not the last one and need nothing else. */
 	if (!put_refs(node, 1))
 		return 0;
-	struct adg_shard *shard = adg_shard_get_or_shared(node->registry);
-	struct adg_node *doomed = NULL;
-	doom(shard, node, &doomed);
-	free_doomed(shard, doomed);
+	struct reaper rp = {.shard = adg_shard_get_or_shared(node->registry)};
+	doom(&rp, node);
+	reap(&rp);
 	return 0;
 }
