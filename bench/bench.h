@@ -167,11 +167,12 @@ int bench_adg_backward_ready(void *reg, void *root,
 			     void *ctx, void **grads);
 
 /* libadg only: a backward whose steps run on ex's workers and the
- * calling thread (adg_backward_with); ex NULL: adg_backward, the
- * sequential path. */
+ * calling thread (adg_backward_with); ex NULL: the sequential path.
+ * retain: a retained backward, which leaves the graph as it was. */
 struct adg_executor;
 int bench_adg_backward_exec(void *reg, void *root,
-			    const struct adg_executor *ex, void **grads);
+			    const struct adg_executor *ex, bool retain,
+			    void **grads);
 
 /* The fraction of the shared-params graph's parameter gradients that are
  * final while steps are still left to run: what a data-parallel trainer's
@@ -196,14 +197,17 @@ typedef struct bench_wide bench_wide;
  * *spin_ns: what that many take alone. NULL when the pool cannot start. */
 bench_wide *bench_wide_open(const bench_params *p, int max_workers, long *spin,
 			    double *spin_ns);
-/* One run on a fresh registry: ns per step of the backward alone (each
+/* One run on a fresh registry: ns per step of the backward and the root's
+ * last unref (each
  * graph is built untimed), over backwards for about ms milliseconds, at
  * least three after an untimed one. workers 0: sequential (adg_backward);
  * W >= 1: an executor of W - 1 of the pool's threads, the calling thread
- * the W-th. work: ~1 us steps; else empty ones. NAN if a backward failed
- * or a gradient came out wrong. *steps: the steps of one backward. */
-double bench_wide_run(bench_wide *w, int workers, bool work, int ms,
-		      int *steps);
+ * the W-th. work: ~1 us steps; else empty ones. retain: each backward is
+ * a retained one, and the graph goes with its handles after it. NAN if a
+ * backward failed or a gradient came out wrong. *steps: the steps of one
+ * backward. */
+double bench_wide_run(bench_wide *w, int workers, bool work, bool retain,
+		      int ms, int *steps);
 void bench_wide_close(bench_wide *w);
 
 /* For callgrind: build or run backward over `iterations` chains, each in

@@ -63,7 +63,8 @@ struct cell {
 /* The wide check's modes: sequential (no executor), then each count of
  * --wide-workers; its kinds of step. */
 #define WIDE_SEQ 0 /* workers[] of the sequential mode */
-enum wide_kind { WIDE_WORK, WIDE_EMPTY, WIDE_KINDS };
+/* WIDE_RETAINED: empty steps, each backward a retained one. */
+enum wide_kind { WIDE_WORK, WIDE_EMPTY, WIDE_RETAINED, WIDE_KINDS };
 
 struct wide {
 	int n_modes, runs;
@@ -123,6 +124,11 @@ double wide_ns(const struct results *r, enum wide_kind kind, int workers);
  * of the machine moves both. NAN when not measured or a run failed. */
 double wide_ratio(const struct results *r, enum wide_kind kind, int workers,
 		  int base);
+/* The median over the check's rounds of ns per step of kind over ns per
+ * step of base_kind, both at `workers`, each round's two side by side.
+ * NAN when not measured or a run failed. */
+double wide_kind_ratio(const struct results *r, enum wide_kind kind,
+		       enum wide_kind base_kind, int workers);
 /* "sequential", "1 worker", "2 workers", ... */
 void wide_mode(char *buf, size_t size, int workers);
 

@@ -110,11 +110,12 @@ int bench_adg_backward_ready(void *reg, void *root,
 }
 
 int bench_adg_backward_exec(void *reg, void *root,
-			    const struct adg_executor *ex, void **grads)
+			    const struct adg_executor *ex, bool retain,
+			    void **grads)
 {
-	if (ex == NULL)
+	if (ex == NULL && !retain)
 		return a_backward(reg, root, grads);
-	adg_backward_options o = {.executor = ex};
+	adg_backward_options o = {.executor = ex, .retain = retain};
 	return adg_backward_with(reg, root, encode(1.0), &ops, &o,
 				 (adg_grads **)grads);
 }

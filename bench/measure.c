@@ -234,7 +234,7 @@ int available_cores(void)
 	return n > 0 ? (int)n : 1;
 }
 
-/* The wide workload: --runs rounds, each running every mode on both kinds
+/* The wide workload: --runs rounds, each running every mode on every kind
  * of step, for a quarter of --ms each; the modes' order reverses every
  * other round, so that none always runs right after the same one. */
 static void wide_check(const struct options *o, struct results *r)
@@ -262,7 +262,7 @@ static void wide_check(const struct options *o, struct results *r)
 				int m = k % 2 ? n - 1 - i : i;
 				w->ns_step[kind][m][k] = bench_wide_run(
 					bw, w->workers[m], kind == WIDE_WORK,
-					ms, &w->steps);
+					kind == WIDE_RETAINED, ms, &w->steps);
 			}
 	bench_wide_close(bw);
 	w->n_modes = n;
@@ -276,9 +276,10 @@ static void wide_check(const struct options *o, struct results *r)
 		wide_mode(name, sizeof name, w->workers[m]);
 		fprintf(stderr,
 			"wide %s: %.1f ns per ~1 us step, %.1f ns per empty "
-			"step\n",
+			"step, %.1f retained\n",
 			name, wide_ns(r, WIDE_WORK, w->workers[m]),
-			wide_ns(r, WIDE_EMPTY, w->workers[m]));
+			wide_ns(r, WIDE_EMPTY, w->workers[m]),
+			wide_ns(r, WIDE_RETAINED, w->workers[m]));
 	}
 }
 

@@ -131,7 +131,8 @@ static void wide_about(FILE *f, const struct results *r, const char *sep)
 		"adg only (seed and floor have no executor), 1 trainer "
 		"thread, %d core%s available;%sone graph per backward of %d "
 		"chains of %d steps joined at a root (%d steps), built "
-		"untimed;%sns per step of the backward alone, medians of %d "
+		"untimed;%sns per step of the backward and the root's unref, "
+		"medians of %d "
 		"alternating runs",
 		r->cores, r->cores == 1 ? "" : "s", sep, w->branches, w->chain,
 		w->steps, sep, w->runs);
@@ -164,6 +165,7 @@ static void ns(char *buf, size_t size, double v)
 /* One mode's cells of the wide table, as text. */
 struct wide_row {
 	char name[32], work[32], speedup[16], empty[32], cost[16];
+	char retained[32], retain_cost[16];
 };
 
 static struct wide_row wide_row(const struct results *r, int workers)
@@ -176,22 +178,28 @@ static struct wide_row wide_row(const struct results *r, int workers)
 	ns(c.empty, sizeof c.empty, wide_ns(r, WIDE_EMPTY, workers));
 	ratio_of(c.cost, sizeof c.cost,
 		 wide_ratio(r, WIDE_EMPTY, workers, WIDE_SEQ));
+	ns(c.retained, sizeof c.retained, wide_ns(r, WIDE_RETAINED, workers));
+	ratio_of(c.retain_cost, sizeof c.retain_cost,
+		 wide_kind_ratio(r, WIDE_RETAINED, WIDE_EMPTY, workers));
 	return c;
 }
 
 /* Per mode: ns per ~1 us step and its speedup against 1 worker, ns per
- * empty step and its ratio to sequential. */
+ * empty step and its ratio to sequential, ns per empty step retained and
+ * its ratio to consumed. */
 static void print_wide(FILE *f, const struct results *r)
 {
 	const struct wide *w = &r->wide;
 	fprintf(f, "\nwide: ");
 	wide_about(f, r, "\n  ");
-	fprintf(f, ":\n  %-12s %14s %10s %14s %10s\n", "workers",
-		"ns/~1us step", "x1worker", "ns/empty step", "xseq");
+	fprintf(f, ":\n  %-12s %14s %10s %14s %10s %14s %10s\n", "workers",
+		"ns/~1us step", "x1worker", "ns/empty step", "xseq",
+		"ns/retained", "xconsumed");
 	for (int m = 0; m < w->n_modes; m++) {
 		struct wide_row c = wide_row(r, w->workers[m]);
-		fprintf(f, "  %-12s %14s %10s %14s %10s\n", c.name, c.work,
-			c.speedup, c.empty, c.cost);
+		fprintf(f, "  %-12s %14s %10s %14s %10s %14s %10s\n", c.name,
+			c.work, c.speedup, c.empty, c.cost, c.retained,
+			c.retain_cost);
 	}
 	fprintf(f, "  ");
 	wide_cost(f, r, "\n  ");
@@ -266,7 +274,8 @@ static void json_number(FILE *f, int digits, double v)
 static void write_json_wide(FILE *f, const struct results *r)
 {
 	const struct wide *w = &r->wide;
-	static const char *const kinds[WIDE_KINDS] = {"work", "empty"};
+	static const char *const kinds[WIDE_KINDS] = {"work", "empty",
+						      "retained"};
 	fprintf(f,
 		",\n  \"wide\": {\"branches\": %d, \"chain\": %d, "
 		"\"steps\": %d, \"spin_madds\": %ld, \"spin_ns\": %.1f, "
@@ -291,6 +300,10 @@ static void write_json_wide(FILE *f, const struct results *r)
 		fprintf(f, ", \"empty_vs_sequential\": ");
 		json_number(f, 3,
 			    wide_ratio(r, WIDE_EMPTY, w->workers[m], WIDE_SEQ));
+		fprintf(f, ", \"retained_vs_consumed\": ");
+		json_number(f, 3,
+			    wide_kind_ratio(r, WIDE_RETAINED, WIDE_EMPTY,
+					    w->workers[m]));
 		fprintf(f, "}");
 	}
 	fprintf(f, "\n  ]}");
@@ -364,12 +377,14 @@ static void write_markdown_wide(FILE *f, const struct results *r)
 	fprintf(f, "\n**wide** (ns per step): ");
 	wide_about(f, r, " ");
 	fprintf(f, ".\n\n| workers | ~1 us steps | speedup vs 1 worker "
-		   "| empty steps | vs sequential |\n"
-		   "|---|---:|---:|---:|---:|\n");
+		   "| empty steps | vs sequential | empty, retained "
+		   "| vs consumed |\n"
+		   "|---|---:|---:|---:|---:|---:|---:|\n");
 	for (int m = 0; m < w->n_modes; m++) {
 		struct wide_row c = wide_row(r, w->workers[m]);
-		fprintf(f, "| %s | %s | %s | %s | %s |\n", c.name, c.work,
-			c.speedup, c.empty, c.cost);
+		fprintf(f, "| %s | %s | %s | %s | %s | %s | %s |\n", c.name,
+			c.work, c.speedup, c.empty, c.cost, c.retained,
+			c.retain_cost);
 	}
 	fprintf(f, "\nWide: ");
 	wide_cost(f, r, " ");
@@ -382,7 +397,8 @@ static void write_wide_csv(FILE *f, const struct options *o,
 {
 	(void)o;
 	const struct wide *w = &r->wide;
-	static const char *const kinds[WIDE_KINDS] = {"work", "empty"};
+	static const char *const kinds[WIDE_KINDS] = {"work", "empty",
+						      "retained"};
 	fprintf(f, "step,workers,executor,ns_per_step,min,max,"
 		   "speedup_vs_1_worker,vs_sequential,steps,branches,chain,"
 		   "spin_madds,spin_ns,cores,runs\n");

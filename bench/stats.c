@@ -109,6 +109,25 @@ double wide_ratio(const struct results *r, enum wide_kind kind, int workers,
 	return median(q, w->runs);
 }
 
+double wide_kind_ratio(const struct results *r, enum wide_kind kind,
+		       enum wide_kind base_kind, int workers)
+{
+	const struct wide *w = &r->wide;
+	for (int m = 0; m < w->n_modes; m++) {
+		if (w->workers[m] != workers || w->runs == 0)
+			continue;
+		double q[MAX_RUNS];
+		for (int k = 0; k < w->runs; k++) {
+			q[k] = w->ns_step[kind][m][k] /
+			       w->ns_step[base_kind][m][k];
+			if (isnan(q[k]))
+				return NAN; /* a failed run voids the mode */
+		}
+		return median(q, w->runs);
+	}
+	return NAN;
+}
+
 void wide_mode(char *buf, size_t size, int workers)
 {
 	if (workers == WIDE_SEQ)

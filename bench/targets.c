@@ -21,8 +21,9 @@ enum figure {
 		  * already a ratio to its base, the backward with none */
 	/* The wide check, whose "threads" are workers (WIDE_SEQ: the
 	 * sequential path): */
-	WIDE_RATE, /* ~1 us steps per second */
-	WIDE_NS,   /* ns per empty step */
+	WIDE_RATE,   /* ~1 us steps per second */
+	WIDE_NS,     /* ns per empty step */
+	WIDE_RETAIN, /* ns per empty step retained; its base, consumed */
 };
 
 enum direction { AT_LEAST, AT_MOST };
@@ -57,6 +58,7 @@ static const struct target targets[] = {
 	{NULL,            IDLE,        1, IMPL_ADG,     1, AT_MOST,  1.2, 0},
 	{"wide",          WIDE_RATE,   2, IMPL_ADG,     1, AT_LEAST, 1.7, 2},
 	{"wide",          WIDE_NS,     1, IMPL_ADG,     0, AT_MOST,  1.1, 0},
+	{"wide",          WIDE_RETAIN, 0, IMPL_ADG,     0, AT_MOST,  1.2, 0},
 };
 /* clang-format on */
 
@@ -78,6 +80,8 @@ static double figure_of(const struct results *r, const struct target *t,
 		return 1e9 / wide_ns(r, WIDE_WORK, threads);
 	case WIDE_NS:
 		return wide_ns(r, WIDE_EMPTY, threads);
+	case WIDE_RETAIN:
+		return wide_ns(r, WIDE_RETAINED, threads);
 	}
 	return NAN;
 }
@@ -96,6 +100,15 @@ static void describe(char *what, size_t size, const struct target *t,
 		snprintf(what, size,
 			 "backward with %d idle graphs %s %g x with none",
 			 idle_graphs, op, t->threshold);
+		return;
+	}
+	if (t->figure == WIDE_RETAIN) {
+		char mode[32];
+		wide_mode(mode, sizeof mode, t->threads);
+		snprintf(what, size,
+			 "%s, empty steps, %s: retained backward %s %g x "
+			 "consuming",
+			 t->workload, mode, op, t->threshold);
 		return;
 	}
 	if (t->figure == WIDE_RATE || t->figure == WIDE_NS) {
@@ -125,8 +138,10 @@ static void target_line(FILE *f, const struct results *r,
 			const struct target *t, int idle_graphs)
 {
 	double a = figure_of(r, t, IMPL_ADG, t->threads);
-	double b = t->figure == IDLE
-			   ? 1
+	/* A retained backward's base is the consuming one, same mode. */
+	double b = t->figure == IDLE ? 1
+		   : t->figure == WIDE_RETAIN
+			   ? wide_ns(r, WIDE_EMPTY, t->base_threads)
 			   : figure_of(r, t, t->base, t->base_threads);
 	bool have = !isnan(a) && !isnan(b);
 	bool applies = r->cores >= t->cores;
@@ -141,8 +156,12 @@ static void target_line(FILE *f, const struct results *r,
 			? wide_ratio(r, WIDE_WORK, t->base_threads, t->threads)
 		: t->figure == WIDE_NS
 			? wide_ratio(r, WIDE_EMPTY, t->threads, t->base_threads)
+		: t->figure == WIDE_RETAIN
+			? wide_kind_ratio(r, WIDE_RETAINED, WIDE_EMPTY,
+					  t->threads)
 			: a / b;
-	if (t->figure == WIDE_RATE || t->figure == WIDE_NS) {
+	if (t->figure == WIDE_RATE || t->figure == WIDE_NS ||
+	    t->figure == WIDE_RETAIN) {
 		have = have && !isnan(q);
 		holds = t->direction == AT_LEAST ? q >= t->threshold
 						 : q <= t->threshold;
@@ -156,6 +175,7 @@ static void target_line(FILE *f, const struct results *r,
 		break;
 	case NS_NODE:
 	case WIDE_NS:
+	case WIDE_RETAIN:
 		snprintf(fig, sizeof fig, "%.1f ns vs %.1f ns: %.2f x", a, b,
 			 q);
 		break;

@@ -4,9 +4,12 @@
  * the chains are independent and an executor's workers can run them at
  * once. Every step of a chain does the same fixed amount of arithmetic
  * (about 1 us, calibrated once per process) or none (empty steps: it only
- * passes its gradient on), and only the backward is timed. The first
+ * passes its gradient on), and only the backward is timed, through the
+ * root's last unref. The first
  * shows how a backward's work divides between workers; the second what
- * the scheduler costs per step, against the sequential path.
+ * the scheduler costs per step, against the sequential path; the third,
+ * empty steps again under a retained backward, what retaining costs
+ * against consuming.
  *
  * One trainer thread. The workers are the threads of one libadg pool,
  * started once for every run, so that no run pays for starting threads.
@@ -173,7 +176,8 @@ static void *build(const bench_impl *impl, void *reg, void *const *leaves,
 	return root;
 }
 
-double bench_wide_run(bench_wide *w, int workers, bool work, int ms, int *steps)
+double bench_wide_run(bench_wide *w, int workers, bool work, bool retain,
+		      int ms, int *steps)
 {
 	const bench_impl *impl = &bench_adg;
 	adg_executor ex = w->executor;
@@ -200,8 +204,14 @@ double bench_wide_run(bench_wide *w, int workers, bool work, int ms, int *steps)
 		void *root = build(impl, reg, leaves, w->branches, w->chain,
 				   &step, ends);
 		void *grads = NULL;
+		/* Timed through the graph's end, the root's last handle: a
+		 * consumed graph has freed all but the root by then, a
+		 * retained one frees it all there, so that both kinds pay
+		 * for the same work. */
 		uint64_t t0 = bench_now_ns();
-		int rc = bench_adg_backward_exec(reg, root, use, &grads);
+		int rc =
+			bench_adg_backward_exec(reg, root, use, retain, &grads);
+		impl->unref(reg, root);
 		uint64_t t1 = bench_now_ns();
 		/* Every chain's slope is 1: each leaf's gradient is 1. */
 		for (int b = 0; rc == 0 && b < w->branches; b++)
@@ -209,7 +219,6 @@ double bench_wide_run(bench_wide *w, int workers, bool work, int ms, int *steps)
 				rc = -1;
 		ok = rc == 0;
 		impl->grads_free(grads);
-		impl->unref(reg, root);
 		if (pass > 0) /* the first warms up, untimed */
 			pass_ns[timed++] = t1 - t0;
 	}
