@@ -6,7 +6,7 @@ set -euo pipefail
 want=(meson ninja-build pkg-config gcc liburcu-dev libck-dev)
 case "${1:-}" in
 test) want+=(libcriterion-dev valgrind openmpi-bin libopenmpi-dev clang
-	clang-format shellcheck) ;;
+	clang-format shellcheck libopenblas-dev) ;;
 bench) want+=(gnuplot-nox valgrind) ;;
 pictures) want+=(graphviz gnuplot-nox) ;;
 esac
