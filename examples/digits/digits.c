@@ -8,7 +8,8 @@
  * forward pass as a graph (tensor.h), run its backward, and update the
  * shared parameters without a lock as soon as each one's gradient is
  * final (the gradient-ready hook). Prints a line per epoch; --csv writes
- * the same figures, and scripts/digits.sh draws them.
+ * the same figures, and scripts/digits.sh draws them. --export writes
+ * what bench/compare/ needs to train the same model in PyTorch.
  *
  * Usage: digits [options] DATA.csv (--help lists them). Exit status 0;
  * 1 on an error or a missed --min-test-accuracy; 2 on bad usage; 77 when
@@ -714,7 +715,8 @@ static void usage(FILE *to)
 		"  --csv FILE       write each epoch's figures\n"
 		"  --export FILE    write the initial weights, learning rates "
 		"and orders\n"
-		"                   for bench/compare/ (see write_setup)\n"
+		"                   for bench/compare/ (see write_setup), and "
+		"exit\n"
 		"  --min-test-accuracy P  exit 1 unless every run ends at "
 		"P%% or more\n"
 		"  --skip-if-missing      exit 77 (a skipped test) when "
@@ -840,10 +842,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "model: %s\n", adg_strerror(rc));
 		failed = 1;
 	}
-	if (!failed && o.export_path != NULL)
+	int export_only = o.export_path != NULL;
+	if (!failed && export_only)
 		failed = write_setup(&o, &m, &data) != 0;
 	FILE *csv = NULL;
-	if (!failed && o.csv != NULL) {
+	if (!failed && !export_only && o.csv != NULL) {
 		csv = fopen(o.csv, "w");
 		if (csv == NULL) {
 			fprintf(stderr, "%s: %s\n", o.csv, strerror(errno));
@@ -854,7 +857,7 @@ int main(int argc, char **argv)
 				     "samples_per_s\n");
 		}
 	}
-	for (int r = 0; r < o.n_runs && !failed; r++) {
+	for (int r = 0; r < o.n_runs && !failed && !export_only; r++) {
 		double accuracy = 0;
 		failed = run(&o, &m, &data, o.threads[r], csv, &accuracy);
 		if (!failed && o.min_test_accuracy >= 0 &&
