@@ -163,6 +163,8 @@ void train_epoch(const Params &shared, const Split &train,
 	int n_train = static_cast<int>(order.size());
 	int n_batches = (n_train + batch - 1) / batch;
 	for (;;) {
+		// Relaxed: the counter hands out batch numbers and publishes
+		// nothing (the order was written before the threads started).
 		int k = next_batch.fetch_add(1, std::memory_order_relaxed);
 		if (k >= n_batches)
 			break;

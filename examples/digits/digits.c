@@ -428,6 +428,7 @@ static void train_epoch(struct worker *w)
 {
 	struct trainer *tr = w->trainer;
 	int n_train = tr->data->train.n;
+	/* Relaxed, both: see struct trainer. */
 	while (w->rc == 0 &&
 	       !atomic_load_explicit(&tr->stop, memory_order_relaxed)) {
 		int k = atomic_fetch_add_explicit(&tr->next_batch, 1,
@@ -586,6 +587,7 @@ static int run(const struct options *o, struct model *m,
 	for (int epoch = 0; !failed && epoch < o->epochs; epoch++) {
 		shuffle(tr.order, data->train.n, o->seed, epoch);
 		tr.lr = learning_rate(o, epoch);
+		/* Relaxed: run_epoch's mutex publishes it to the workers. */
 		atomic_store_explicit(&tr.next_batch, 0, memory_order_relaxed);
 		double start = now();
 		run_epoch(&tr.meet, (unsigned)started);
@@ -674,6 +676,8 @@ static int write_setup(const struct options *o, struct model *m,
 		data->train.n);
 	for (int e = 0; e < o->epochs; e++)
 		fprintf(f, " %.9g", learning_rate(o, e));
+	/* No worker runs: relaxed loads only because the values are
+	 * _Atomic. */
 	for (int i = 0; i < N_PARAMS; i++) {
 		const struct param *p = &m->params[i];
 		fprintf(f, "\n%s", p->name);
