@@ -68,9 +68,10 @@ static int load_digits(const char *path, struct digits *out)
 {
 	FILE *f = fopen(path, "r");
 	if (f == NULL) {
+		int missing = errno == ENOENT; /* before fprintf changes it */
 		fprintf(stderr, "%s: %s (scripts/fetch-digits.sh fetches it)\n",
 			path, strerror(errno));
-		return errno == ENOENT ? -2 : -1;
+		return missing ? -2 : -1;
 	}
 	enum { MAX_ROWS = 4096 };
 	int rc = 0, row = 0;
@@ -126,8 +127,8 @@ static int load_digits(const char *path, struct digits *out)
 
 /* ----------------------------------------------------------- randomness */
 
-/* splitmix64: a tiny, fixed generator, so that the initial weights and
- * the orders are the same on every machine. */
+/* splitmix64: a tiny, fixed generator, so that the orders depend on the
+ * seed alone, and the initial weights too, up to libm's rounding. */
 static uint64_t next_random(uint64_t *state)
 {
 	uint64_t z = (*state += 0x9e3779b97f4a7c15u);
@@ -257,7 +258,8 @@ static int evaluate(const struct model *m, const struct dataset *d,
 	int rc = 0, correct = 0;
 	struct tensor **all[] = {&x, &h, &a, &z, &logits, &probs};
 	const int cols[] = {PIXELS, HIDDEN, HIDDEN, CLASSES, CLASSES, CLASSES};
-	for (size_t i = 0; i < 6; i++) {
+	const size_t n_all = sizeof all / sizeof *all;
+	for (size_t i = 0; i < n_all; i++) {
 		*all[i] = malloc(sizeof(struct tensor) +
 				 (size_t)d->n * cols[i] * sizeof(float));
 		if (*all[i] == NULL)
@@ -287,7 +289,7 @@ static int evaluate(const struct model *m, const struct dataset *d,
 		*loss = softmax_xent(logits, d->y, probs, &correct) / d->n;
 		*accuracy = 100.0 * correct / d->n;
 	}
-	for (size_t i = 0; i < 6; i++)
+	for (size_t i = 0; i < n_all; i++)
 		free(*all[i]);
 	for (int i = 0; i < N_PARAMS; i++)
 		free(w[i]);
