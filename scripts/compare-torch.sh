@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Trains examples/digits' model with libadg and with PyTorch's C++ API
+# (bench/compare/digits_torch.cpp, on Debian's libtorch-dev): the same
+# data, split, initial weights, learning rates and batch order (digits
+# --export writes them), Hogwild SGD on T = 1, 2, 8 and 32 threads, at
+# mini-batches of B = 1 and 16, both sides with BLAS and PyTorch's
+# intra-op work on the calling thread. Prints one Markdown table
+# (samples/s and final test accuracy of each, the ratio libadg / PyTorch)
+# and the issue's targets. Each cell is the median of --runs runs (default
+# 3), libadg's and PyTorch's alternating so that the machine's ups and
+# downs reach both alike; accuracies are medians too (Hogwild on more than
+# one thread is not deterministic). Installs what it misses (libtorch-dev
+# is large), builds in build-compare/, which is not part of CI.
+# Usage: compare-torch.sh [--epochs E] [--runs N]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+epochs=30
+runs=3
+while [ $# -gt 0 ]; do
+	case $1 in
+	--epochs | --runs)
+		if [ $# -lt 2 ] || ! [[ $2 =~ ^[1-9][0-9]*$ ]]; then
+			echo "$1 wants a positive number" >&2
+			exit 2
+		fi
+		if [ "$1" = --epochs ]; then epochs=$2; else runs=$2; fi
+		shift 2
+		;;
+	*)
+		echo "usage: $0 [--epochs E] [--runs N]" >&2
+		exit 2
+		;;
+	esac
+done
+
+scripts/deps.sh compare
+data=$(scripts/fetch-digits.sh)
+dir=build-compare
+if [ ! -f "$dir/build.ninja" ]; then
+	meson setup "$dir" --buildtype=release -Dtests=disabled \
+		-Dmpi=disabled >/dev/null
+fi
+ninja -C "$dir" examples/digits/digits >/dev/null
+adg=$dir/examples/digits/digits
+torch=$dir/digits_torch
+src=bench/compare/digits_torch.cpp
+# Debian's libtorch-dev has a CMake config but no pkg-config file: its C++
+# API's headers are under /usr/include/torch/csrc/api/include, the others
+# and the libraries in the default paths.
+if [ ! -x "$torch" ] || [ "$src" -nt "$torch" ]; then
+	echo "building $torch (libtorch's headers take a minute)" >&2
+	g++ -O2 -std=c++17 -Wall -Wextra -Werror \
+		-isystem /usr/include/torch/csrc/api/include "$src" \
+		-o "$torch" -ltorch -ltorch_cpu -lc10 -pthread
+fi
+# BLAS on the calling thread, for both: the T threads are the parallelism
+# (digits.c calls openblas_set_num_threads(1) too).
+export OPENBLAS_NUM_THREADS=1
+
+version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo '?'; }
+cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
+echo "machine: ${cpu:-unknown CPU}, $(nproc) cores, Debian" \
+	"$(cat /etc/debian_version), gcc $(gcc -dumpfullversion)," \
+	"libtorch $(version libtorch-dev), OpenBLAS $(version libopenblas0)"
+echo "$epochs epochs; each cell the median of $runs runs, libadg's and" \
+	"PyTorch's alternating"
+echo
+
+results=$(mktemp)
+trap 'rm -f "$results"' EXIT
+for batch in 1 16; do
+	setup=$dir/setup-b$batch.txt
+	"$adg" --batch "$batch" --epochs "$epochs" --export "$setup" \
+		"$data" >/dev/null
+	for threads in 1 2 8 32; do
+		echo "B=$batch T=$threads ..." >&2
+		for _ in $(seq "$runs"); do
+			line=$("$adg" --batch "$batch" --epochs "$epochs" \
+				--threads "$threads" "$data" | grep '^result ')
+			echo "adg $line" >>"$results"
+			line=$("$torch" "$setup" "$data" "$threads" |
+				grep '^result ')
+			echo "torch $line" >>"$results"
+		done
+	done
+done
+
+# "SIDE result threads=T batch=B epochs=E samples_per_s=R test_accuracy=A"
+awk '
+function median(list,   v, n, i, j, t) {
+	n = split(list, v, " ")
+	for (i = 2; i <= n; i++)
+		for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) {
+			t = v[j]; v[j] = v[j - 1]; v[j - 1] = t
+		}
+	return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+}
+function value(field) { sub(/.*=/, "", field); return field }
+{
+	key = value($4) " " value($3)
+	if (!(key in seen)) { seen[key] = 1; keys[++n] = key }
+	rate[$1, key] = rate[$1, key] " " value($6)
+	acc[$1, key] = acc[$1, key] " " value($7)
+}
+END {
+	print "| B | T | libadg samples/s | PyTorch samples/s | libadg / PyTorch | libadg test accuracy | PyTorch test accuracy |"
+	print "|---:|---:|---:|---:|---:|---:|---:|"
+	for (i = 1; i <= n; i++) {
+		k = keys[i]; split(k, bt, " ")
+		ra = median(rate["adg", k]); rt = median(rate["torch", k])
+		aa = median(acc["adg", k]); at = median(acc["torch", k])
+		ratio[k] = ra / rt; gap[k] = aa - at
+		printf "| %d | %d | %.0f | %.0f | %.2f | %.2f%% | %.2f%% |\n",
+			bt[1], bt[2], ra, rt, ratio[k], aa, at
+	}
+	print ""
+	print "Targets:"
+	for (i = 1; i <= n; i++) {
+		k = keys[i]; split(k, bt, " ")
+		want = bt[1] == 1 ? 5 : 1
+		printf "  %-7s B=%d, T=%d: libadg >= %d x PyTorch samples/s: %.2f x\n",
+			(ratio[k] >= want ? "holds" : "MISSED"), bt[1], bt[2], want, ratio[k]
+	}
+	for (i = 1; i <= n; i++) {
+		k = keys[i]; split(k, bt, " ")
+		g = gap[k] < 0 ? -gap[k] : gap[k]
+		printf "  %-7s B=%d, T=%d: test accuracy within 1 point of PyTorch: %+.2f\n",
+			(g <= 1 ? "holds" : "MISSED"), bt[1], bt[2], gap[k]
+	}
+}' "$results"

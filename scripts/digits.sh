@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Runs examples/digits (an MLP trained by Hogwild SGD on the UCI digits)
+# for each thread count, writes its figures to results/digits.csv, draws
+# loss and test accuracy against training time with gnuplot into
+# docs/images/digits.png, and prints a Markdown table of the runs.
+# Fetches the data and installs OpenBLAS and gnuplot when missing; builds
+# in build-digits/ (release).
+# Usage: digits.sh [--threads LIST] [--batch B] [--epochs E]
+#        (defaults: 1,8; 1; 30)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+threads=1,8
+batch=1
+epochs=30
+while [ $# -gt 0 ]; do
+	case $1 in
+	--threads | --batch | --epochs)
+		if [ $# -lt 2 ]; then
+			echo "$1 wants a value" >&2
+			exit 2
+		fi
+		case $1 in
+		--threads) threads=$2 ;;
+		--batch) batch=$2 ;;
+		--epochs) epochs=$2 ;;
+		esac
+		shift 2
+		;;
+	*)
+		echo "usage: $0 [--threads LIST] [--batch B] [--epochs E]" >&2
+		exit 2
+		;;
+	esac
+done
+
+scripts/deps.sh digits
+data=$(scripts/fetch-digits.sh)
+dir=build-digits
+if [ ! -f "$dir/build.ninja" ]; then
+	meson setup "$dir" --buildtype=release -Dtests=disabled \
+		-Dmpi=disabled >/dev/null
+fi
+ninja -C "$dir" examples/digits/digits >/dev/null
+mkdir -p results docs/images
+csv=results/digits.csv
+png=docs/images/digits.png
+out=$(mktemp)
+trap 'rm -f "$out"' EXIT
+# BLAS on the calling thread: the T threads are the parallelism.
+OPENBLAS_NUM_THREADS=1 "$dir/examples/digits/digits" --threads "$threads" \
+	--batch "$batch" --epochs "$epochs" --csv "$csv" "$data" | tee "$out"
+
+# One line per thread count, in the order they ran.
+runs=$(awk -F, 'NR > 1 && !seen[$1]++ { printf "%s ", $1 }' "$csv")
+plot() { # column, title of a line
+	local sep=""
+	for t in $runs; do
+		# shellcheck disable=SC2016 # $1 and $4 are gnuplot's columns
+		printf '%s"%s" using ($1 == %s ? $4 : 1/0):%s with lines lw 2 title "T = %s"' \
+			"$sep" "$csv" "$t" "$1" "$t"
+		sep=", "
+	done
+}
+gnuplot <<GNUPLOT
+set terminal pngcairo size 1000,400 font "sans,10"
+set output "$png"
+set datafile separator ","
+set key autotitle columnhead
+set multiplot layout 1,2 title "examples/digits: MLP 64-64-10, Hogwild SGD, B = $batch, $epochs epochs"
+set xlabel "training time (s)"
+set ylabel "training loss"
+set logscale y
+set grid
+plot $(plot 5)
+unset logscale y
+set ylabel "test accuracy (%)"
+set yrange [85:100]
+set key bottom right
+plot $(plot 7)
+unset multiplot
+GNUPLOT
+
+echo
+echo "| T | B | epochs | test accuracy | first epoch at 96% | train accuracy | samples/s |"
+echo "|---:|---:|---:|---:|---:|---:|---:|"
+# The csv's last epoch of each run, the first epoch at 96% or more, and
+# the run's samples/s over all its epochs (its "result" line).
+awk -F, 'FNR == NR {
+	if (/^result /) { t = $0; sub(/.*threads=/, "", t); sub(/ .*/, "", t)
+		r = $0; sub(/.*samples_per_s=/, "", r); sub(/ .*/, "", r)
+		rate[t] = r }
+	next
+}
+FNR > 1 {
+	if (!($1 in last)) order[++n] = $1
+	last[$1] = $0
+	if ($7 >= 96 && !($1 in first)) first[$1] = $3
+}
+END {
+	for (i = 1; i <= n; i++) {
+		t = order[i]; split(last[t], f, ",")
+		printf "| %d | %d | %d | %.2f%% | %s | %.2f%% | %s |\n",
+			f[1], f[2], f[3], f[7], (t in first) ? first[t] : "-",
+			f[6], rate[t]
+	}
+}' "$out" "$csv"
+echo
+echo "wrote $csv and $png"
