@@ -478,8 +478,8 @@ void adg_alone_add_failed(struct adg_alone *alone, uint64_t id, int rc)
  * copies, so that the sequential backward pays nothing for it.
  *
  * retained: the steps stay registered (nothing is released, no request
- * served, no link dropped), and outputs are rebuilt under the registry's
- * lock for them, which other retained passes share.
+ * served, no link dropped), and an output a step's request rebuilds is
+ * published for the passes after it (checkpoint.c).
  */
 static inline __attribute__((always_inline)) int
 run_tape(struct adg_shard *shard, struct adg_tape *t, size_t len, void *seed,
