@@ -17,25 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "boxed.h"
+
 #define ANOMALY (ADG_EUSER - 1)
 
 static _Thread_local bool made_nan;
-
-static int add(void **sum, void *value, void *ctx)
-{
-	(void)ctx;
-	*(double *)*sum += *(double *)value;
-	free(value);
-	return 0;
-}
-
-static void drop(void *value, void *ctx)
-{
-	(void)ctx;
-	free(value);
-}
-
-static const adg_grad_ops ops = {add, drop, NULL};
 
 /* d out / d parent k = slope[k]; the step notes a NaN it sends on. */
 struct op {
@@ -48,11 +34,11 @@ static int backward(adg_step_call *call, void *user)
 	const struct op *op = user;
 	double g = call->grad ? *(double *)call->grad : 0;
 	for (size_t k = 0; k < op->n; k++) {
-		double *d = malloc(sizeof *d);
+		double v = g * op->slope[k];
+		void *d = boxed(v);
 		if (d == NULL)
 			return ADG_ENOMEM;
-		*d = g * op->slope[k];
-		if (isnan(*d))
+		if (isnan(v))
 			made_nan = true;
 		int rc =
 			adg_grads_register(call->grads, call->parent_ids[k], d);
@@ -121,10 +107,9 @@ int main(void)
 	if (rc == 0) {
 		adg_backward_options o = {.on_step = check, .step_ctx = &found};
 		adg_grads *grads = NULL;
-		double *seed = malloc(sizeof *seed);
-		if (seed != NULL)
-			*seed = 1;
-		rc = seed ? adg_backward_with(reg, f, seed, &ops, &o, &grads)
+		void *seed = boxed(1);
+		rc = seed ? adg_backward_with(reg, f, seed, &boxed_ops, &o,
+					      &grads)
 			  : ADG_ENOMEM;
 		adg_grads_free(grads);
 	}

@@ -11,35 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "boxed.h"
+
 #define PARAMS 16
 
 static adg_registry *reg;
 static adg_node *w[PARAMS];
 static double w_value[PARAMS];
-
-static int add(void **sum, void *value, void *ctx)
-{
-	(void)ctx;
-	*(double *)*sum += *(double *)value;
-	free(value);
-	return 0;
-}
-
-static void drop(void *value, void *ctx)
-{
-	(void)ctx;
-	free(value);
-}
-
-static const adg_grad_ops ops = {add, drop, NULL};
-
-static void *boxed(double v)
-{
-	double *p = malloc(sizeof *p);
-	if (p != NULL)
-		*p = v;
-	return p;
-}
 
 /* Sample b's input for parameter i: a fixed formula, the same every run. */
 static double input(int b, int i)
@@ -146,7 +124,8 @@ static int batch_backward(int samples, const adg_executor *executor,
 	adg_grads *grads = NULL;
 	if (rc == 0) {
 		adg_backward_options o = {.executor = executor};
-		rc = adg_backward_with(reg, loss, boxed(1), &ops, &o, &grads);
+		rc = adg_backward_with(reg, loss, boxed(1), &boxed_ops, &o,
+				       &grads);
 	}
 	for (int i = 0; i < PARAMS && rc == 0; i++) {
 		uint64_t id;

@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "boxed.h"
+
 #define IN	      4
 #define HIDDEN	      8
 #define SAMPLES	      64 /* divisible by 1, 2, 4 and 8 ranks */
@@ -75,30 +77,6 @@ static double full_loss(const double *w)
 }
 
 /* ----------------------------------------------- gradients and steps */
-
-static int grad_add(void **sum, void *value, void *ctx)
-{
-	(void)ctx;
-	*(double *)*sum += *(double *)value;
-	free(value);
-	return 0;
-}
-
-static void grad_free(void *value, void *ctx)
-{
-	(void)ctx;
-	free(value);
-}
-
-static const adg_grad_ops ops = {grad_add, grad_free, NULL};
-
-static void *boxed(double v)
-{
-	double *p = malloc(sizeof *p);
-	if (p != NULL)
-		*p = v;
-	return p;
-}
 
 /* Every op here is linear in each parent: y = sum_i c_i * parent_i, with
  * the c_i (the local derivatives) taken at the forward values. */
@@ -270,7 +248,7 @@ static int train_step(adg_registry *reg, adg_node **param, double *w, int rank,
 	adg_backward_options o = {
 		.on_ready = on_ready, .ctx = &x, .leaves_only = 1};
 	adg_grads *grads;
-	rc = adg_backward_with(reg, loss, boxed(1.0), &ops, &o, &grads);
+	rc = adg_backward_with(reg, loss, boxed(1.0), &boxed_ops, &o, &grads);
 	adg_node_unref(loss);
 	if (rc == 0)
 		adg_grads_free(grads);
@@ -293,7 +271,7 @@ static int full_batch_step(adg_registry *reg, adg_node **param, double *w)
 	if (rc != 0)
 		return rc;
 	adg_grads *grads;
-	rc = adg_backward(reg, loss, boxed(1.0), &ops, &grads);
+	rc = adg_backward(reg, loss, boxed(1.0), &boxed_ops, &grads);
 	adg_node_unref(loss);
 	double g[PARAMS];
 	for (int i = 0; i < PARAMS && rc == 0; i++) {

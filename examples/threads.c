@@ -11,6 +11,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "boxed.h"
+
 #define PARAMS 4
 #define STEPS  1000
 
@@ -24,30 +26,6 @@ struct worker {
 	double want[PARAMS];	 /* the same sums, by hand */
 	int rc;
 };
-
-static int add(void **sum, void *value, void *ctx)
-{
-	(void)ctx;
-	*(double *)*sum += *(double *)value;
-	free(value);
-	return 0;
-}
-
-static void drop(void *value, void *ctx)
-{
-	(void)ctx;
-	free(value);
-}
-
-static const adg_grad_ops ops = {add, drop, NULL};
-
-static void *boxed(double v)
-{
-	double *p = malloc(sizeof *p);
-	if (p != NULL)
-		*p = v;
-	return p;
-}
 
 /* Steps keep the forward values they need in their closure. */
 struct product {
@@ -127,7 +105,7 @@ static int one_step(struct worker *me, unsigned int *seed)
 	if (rc == 0)
 		rc = mul(s, dot, s, dot, &loss); /* dot^2 */
 	if (rc == 0)
-		rc = adg_backward(reg, loss, boxed(1.0), &ops, &grads);
+		rc = adg_backward(reg, loss, boxed(1.0), &boxed_ops, &grads);
 	for (int i = 0; i < PARAMS && rc == 0; i++) {
 		uint64_t id;
 		void *g;

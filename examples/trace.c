@@ -19,26 +19,12 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "boxed.h"
+
 #define SAMPLES 8
 #define STEPS	(SAMPLES * 4 + SAMPLES - 1) /* 4 a sample, the adds */
 
 static adg_registry *reg;
-
-static int add(void **sum, void *value, void *ctx)
-{
-	(void)ctx;
-	*(double *)*sum += *(double *)value;
-	free(value);
-	return 0;
-}
-
-static void drop(void *value, void *ctx)
-{
-	(void)ctx;
-	free(value);
-}
-
-static const adg_grad_ops ops = {add, drop, NULL};
 
 /* A step's closure: d out / d parent k = slope[k]. */
 struct op {
@@ -60,10 +46,9 @@ static int backward(adg_step_call *call, void *user)
 	double g = call->grad ? *(double *)call->grad : 0;
 	g += 0 * busy(g); /* the work, folded in so it is not dropped */
 	for (size_t k = 0; k < op->n; k++) {
-		double *d = malloc(sizeof *d);
+		void *d = boxed(g * op->slope[k]);
 		if (d == NULL)
 			return ADG_ENOMEM;
-		*d = g * op->slope[k];
 		int rc =
 			adg_grads_register(call->grads, call->parent_ids[k], d);
 		if (rc != 0)
@@ -210,11 +195,10 @@ int main(int argc, char **argv)
 		adg_backward_options o = {.executor = &executor,
 					  .on_step = on_step};
 		adg_grads *grads = NULL;
-		double *seed = malloc(sizeof *seed);
-		if (seed != NULL)
-			*seed = 1;
+		void *seed = boxed(1);
 		origin_ns = now_ns();
-		rc = seed ? adg_backward_with(reg, loss, seed, &ops, &o, &grads)
+		rc = seed ? adg_backward_with(reg, loss, seed, &boxed_ops, &o,
+					      &grads)
 			  : ADG_ENOMEM;
 		adg_grads_free(grads);
 	}
