@@ -34,6 +34,9 @@ typedef struct bench_step {
 	int (*run)(const bench_call *call, const struct bench_step *self);
 } bench_step;
 
+/* y = the sum of its parents: each gets y's gradient (workloads.c). */
+extern const bench_step bench_sum_step;
+
 typedef struct bench_impl {
 	const char *name;
 	bool has_graphs; /* lookup and merge counts mean something */

@@ -105,17 +105,6 @@ static int spin_run(const bench_call *c, const bench_step *s)
 	return 0;
 }
 
-/* The root: the sum of the chains' ends. */
-static int root_run(const bench_call *c, const bench_step *s)
-{
-	(void)s;
-	for (size_t i = 0; i < c->n_parents; i++)
-		c->impl->add_grad(c->grads, c->parent_ids[i], c->grad);
-	return 0;
-}
-
-static const bench_step root_step = {root_run};
-
 /* ------------------------------------------------------------ the runs */
 
 struct bench_wide {
@@ -170,7 +159,8 @@ static void *build(const bench_impl *impl, void *reg, void *const *leaves,
 		}
 		ends[b] = x;
 	}
-	void *root = impl->op(reg, ends, (size_t)branches, &root_step);
+	/* The root: the sum of the chains' ends. */
+	void *root = impl->op(reg, ends, (size_t)branches, &bench_sum_step);
 	for (int b = 0; b < branches; b++)
 		impl->unref(reg, ends[b]);
 	return root;

@@ -57,7 +57,7 @@ static int sum_run(const bench_call *c, const bench_step *s)
 	return 0;
 }
 
-static const bench_step sum_step = {sum_run};
+const bench_step bench_sum_step = {sum_run};
 
 /* y = f(x) for one parent, with f'(x) = slope */
 struct unary_step {
@@ -91,7 +91,8 @@ static struct value sum2(const bench_impl *impl, void *reg, struct value a,
 			 struct value b)
 {
 	void *parents[2] = {a.node, b.node};
-	return (struct value){impl->op(reg, parents, 2, &sum_step), a.v + b.v};
+	return (struct value){impl->op(reg, parents, 2, &bench_sum_step),
+			      a.v + b.v};
 }
 
 static struct value unary(const bench_impl *impl, void *reg,
