@@ -44,11 +44,17 @@
 #define adg_likely(x)	CK_CC_LIKELY(x)
 #define adg_unlikely(x) CK_CC_UNLIKELY(x)
 
-/* Alignment is rounded up by masking (registry.c), and the layout checks
+/* Alignment is rounded up by masking (adg_round_up), and the layout checks
  * below divide by it: it must be a power of two. */
 #if ADG_CACHELINE <= 0 || (ADG_CACHELINE & (ADG_CACHELINE - 1)) != 0
 #error "ADG_CACHELINE must be a power of two"
 #endif
+
+/* n rounded up to a multiple of align, a power of two. */
+static inline uintptr_t adg_round_up(uintptr_t n, uintptr_t align)
+{
+	return (n + align - 1) & ~(align - 1);
+}
 
 /*
  * ADG_ASSERT states an invariant (docs/concurrency.md numbers them: I1,

@@ -122,11 +122,6 @@ struct worker {
 
 /* ------------------------------------------------------------- scratch */
 
-static size_t round_up(size_t n, size_t align)
-{
-	return (n + align - 1) & ~(align - 1);
-}
-
 /* Lays the arrays out in block (or, with block NULL, only measures) and
  * returns the bytes they take. */
 static size_t carve(void *block, struct adg_par_arrays *a, size_t len,
@@ -136,7 +131,7 @@ static size_t carve(void *block, struct adg_par_arrays *a, size_t len,
 	char *base = block;
 #define CARVE(field, count)                                                    \
 	do {                                                                   \
-		at = round_up(at, _Alignof(__typeof__(*a->field)));            \
+		at = adg_round_up(at, _Alignof(__typeof__(*a->field)));        \
 		if (base != NULL)                                              \
 			a->field = (void *)(base + at);                        \
 		at += (count) * sizeof *a->field;                              \
@@ -180,7 +175,7 @@ bool adg_par_reserve(struct adg_registry *r, struct adg_tape *t, size_t len,
 	}
 	t->par_edges = edges;
 	void *aligned =
-		(void *)round_up((uintptr_t)t->par_block, ADG_CACHELINE);
+		(void *)adg_round_up((uintptr_t)t->par_block, ADG_CACHELINE);
 	carve(aligned, &t->par, len, edges, leaf_slots, n_slots);
 	return true;
 }

@@ -59,8 +59,7 @@ static void *zalloc_aligned(const adg_allocator *a, size_t size, void **base)
 	void *p = a->alloc(size + ADG_CACHELINE, a->ctx);
 	if (p == NULL)
 		return NULL;
-	uintptr_t q = ((uintptr_t)p + ADG_CACHELINE - 1) &
-		      ~(uintptr_t)(ADG_CACHELINE - 1);
+	uintptr_t q = adg_round_up((uintptr_t)p, ADG_CACHELINE);
 	memset((void *)q, 0, size);
 	*base = p;
 	return (void *)q;
