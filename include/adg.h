@@ -57,8 +57,8 @@ extern "C" {
 	X(ENOIDS, -6, "node ids exhausted")                                    \
 	/* no gradient is held for that node id */                             \
 	X(ENOTFOUND, -7, "no gradient for that node id")                       \
-	/* the registry still has live nodes */                                \
-	X(EBUSY, -8, "registry still has live nodes")                          \
+	/* still in use: a registry with live nodes or queued jobs */          \
+	X(EBUSY, -8, "still in use (live nodes, or jobs not yet run)")         \
 	/* a callback returned a positive value */                             \
 	X(ECALLBACK, -9, "a callback returned a positive value")
 
@@ -137,12 +137,18 @@ typedef struct adg_registry_options {
 ADG_API int adg_registry_new(const adg_registry_options *options,
 			     adg_registry **out);
 
-/* Frees a registry that has no live node (unref every handle first), and
- * everything it allocated but the gradient containers still held.
+/* Frees a registry that has no live node (unref every handle first) and
+ * no executor job still to run, and everything it allocated but the
+ * gradient containers still held. A job that a backward submitted to an
+ * executor may start after the backward has returned (adg_executor), and
+ * holds a few bytes of the registry's until it has run: drain the
+ * executor first (adg_pool_free runs what is queued; a caller's executor
+ * runs its jobs), then free the registry; the allocator is then unused.
  * NULL is a no-op that returns 0. Must not run concurrently with any other
  * call on the same registry, nor inside a step or an RCU read-side section;
  * it waits for pending deferred frees (rcu_barrier).
- * Errors: ADG_EBUSY (live nodes remain; nothing is freed). */
+ * Errors: ADG_EBUSY (live nodes remain, or a job has not yet run; nothing
+ * is freed, and a later call may succeed). */
 ADG_API int adg_registry_free(adg_registry *registry);
 
 /* Counters of a registry, read without stopping other threads: each is
@@ -377,8 +383,9 @@ typedef int (*adg_ready_fn)(uint64_t id, void **grad, void *ctx);
  * thread but not inside submit, and return 0; or return non-zero, and then
  * fn never runs. fn returns when there is no work left for it; it may start
  * long after the backward that submitted it has returned (it then returns
- * at once), so submitted work must not be dropped unrun. submit may be
- * called from any thread of a backward, concurrently with itself. */
+ * at once), so submitted work must not be dropped unrun; until it has run,
+ * the registry cannot be freed (adg_registry_free: ADG_EBUSY). submit may
+ * be called from any thread of a backward, concurrently with itself. */
 typedef struct adg_executor {
 	int (*submit)(void (*fn)(void *arg), void *arg, void *ctx);
 	void *ctx;

@@ -73,8 +73,12 @@ struct adg_par_ticket {
 	/* The caller's reference, plus one per job submitted and not yet
 	 * returned. */
 	atomic_uint_fast32_t refs;
-	struct par_run *run;	 /* valid while inside */
-	adg_allocator allocator; /* a copy: jobs may outlive the registry */
+	struct par_run *run; /* valid while inside */
+	/* Where the ticket was counted made, to count it freed: the registry
+	 * lives until then, since adg_registry_free refuses while any ticket
+	 * is out (a late job frees this through the registry's allocator). */
+	struct adg_registry *registry;
+	struct adg_shard *shard;
 };
 
 /* One parallel backward, on its caller's stack. */
@@ -662,23 +666,34 @@ out:
 	adg_par_ticket_put(ticket);
 }
 
-struct adg_par_ticket *adg_par_ticket_new(struct adg_registry *r)
+struct adg_par_ticket *adg_par_ticket_new(struct adg_shard *shard)
 {
-	struct adg_par_ticket *t = adg_alloc(r, sizeof *t);
+	struct adg_par_ticket *t = adg_alloc(shard->registry, sizeof *t);
 	if (t == NULL)
 		return NULL;
 	atomic_init(&t->state, 0);
 	atomic_init(&t->refs, 1);
 	t->run = NULL;
-	t->allocator = r->allocator;
+	t->registry = shard->registry;
+	t->shard = shard;
+	adg_count(shard, ADG_C_TICKETS_MADE, 1);
 	return t;
 }
 
 void adg_par_ticket_put(struct adg_par_ticket *t)
 {
 	/* acq_rel: the last one frees it, after everyone's use. */
-	if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1)
-		t->allocator.free(t, sizeof *t, t->allocator.ctx);
+	if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	struct adg_registry *r = t->registry;
+	struct adg_shard *shard = t->shard;
+	adg_free(r, t, sizeof *t);
+	/* The last touch of the registry: once adg_registry_free sees the
+	 * count (acquire, in adg_stats' sum), it may free the registry and
+	 * the caller its allocator. Release: the free above happens before.
+	 * An atomic add, as several threads may count here at once. */
+	atomic_fetch_add_explicit(&shard->counters[ADG_C_TICKETS_FREED], 1,
+				  memory_order_release);
 }
 
 /* Ends the run for jobs: none enters any more, and those inside leave. */
