@@ -57,8 +57,8 @@ extern "C" {
 	X(ENOIDS, -6, "node ids exhausted")                                    \
 	/* no gradient is held for that node id */                             \
 	X(ENOTFOUND, -7, "no gradient for that node id")                       \
-	/* still in use: a registry with live nodes or queued jobs */          \
-	X(EBUSY, -8, "still in use (live nodes, or jobs not yet run)")         \
+	/* the registry still has live nodes */                                \
+	X(EBUSY, -8, "registry still has live nodes")                          \
 	/* a callback returned a positive value */                             \
 	X(ECALLBACK, -9, "a callback returned a positive value")
 
@@ -96,7 +96,8 @@ typedef struct adg_grads adg_grads;	  /* gradients of one backward */
 /* Every allocation libadg makes for a registry: the registry itself, each
  * thread's slice of it, nodes, graphs, checkpointing records, backward
  * scratch and gradient containers. (liburcu keeps per-thread state of its
- * own, with malloc.) alloc returns NULL on failure, or memory aligned as
+ * own, with malloc; so do the executor's jobs, which may outlive the
+ * registry.) alloc returns NULL on failure, or memory aligned as
  * malloc's is; free receives the size that was asked of alloc. Both may be
  * called from any thread, and free from liburcu's call_rcu thread; neither
  * may call into libadg. */
@@ -137,18 +138,14 @@ typedef struct adg_registry_options {
 ADG_API int adg_registry_new(const adg_registry_options *options,
 			     adg_registry **out);
 
-/* Frees a registry that has no live node (unref every handle first) and
- * no executor job still to run, and everything it allocated but the
- * gradient containers still held. A job that a backward submitted to an
- * executor may start after the backward has returned (adg_executor), and
- * holds a few bytes of the registry's until it has run: drain the
- * executor first (adg_pool_free runs what is queued; a caller's executor
- * runs its jobs), then free the registry; the allocator is then unused.
- * NULL is a no-op that returns 0. Must not run concurrently with any other
- * call on the same registry, nor inside a step or an RCU read-side section;
- * it waits for pending deferred frees (rcu_barrier).
- * Errors: ADG_EBUSY (live nodes remain, or a job has not yet run; nothing
- * is freed, and a later call may succeed). */
+/* Frees a registry that has no live node (unref every handle first), and
+ * everything it allocated but the gradient containers still held. Once it
+ * returns 0 the allocator is no longer used, not even by executor jobs of
+ * its backward passes still queued (adg_executor). NULL is a no-op that
+ * returns 0. Must not run concurrently with any other call on the same
+ * registry, nor inside a step or an RCU read-side section; it waits for
+ * pending deferred frees (rcu_barrier).
+ * Errors: ADG_EBUSY (live nodes remain; nothing is freed). */
 ADG_API int adg_registry_free(adg_registry *registry);
 
 /* Counters of a registry, read without stopping other threads: each is
@@ -383,9 +380,11 @@ typedef int (*adg_ready_fn)(uint64_t id, void **grad, void *ctx);
  * thread but not inside submit, and return 0; or return non-zero, and then
  * fn never runs. fn returns when there is no work left for it; it may start
  * long after the backward that submitted it has returned (it then returns
- * at once), so submitted work must not be dropped unrun; until it has run,
- * the registry cannot be freed (adg_registry_free: ADG_EBUSY). submit may
- * be called from any thread of a backward, concurrently with itself. */
+ * at once), so submitted work must not be dropped unrun. Such a late fn
+ * touches neither the registry nor its allocator: it may run after
+ * adg_registry_free (it frees a few dozen bytes of its own, from malloc).
+ * submit may be called from any thread of a backward, concurrently with
+ * itself. */
 typedef struct adg_executor {
 	int (*submit)(void (*fn)(void *arg), void *arg, void *ctx);
 	void *ctx;

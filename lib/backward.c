@@ -666,7 +666,7 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 	 * handle is allocated now, so that nothing is taken if it cannot
 	 * be. */
 	if (executor != NULL && executor->n_workers != 0) {
-		ticket = adg_par_ticket_new(shard);
+		ticket = adg_par_ticket_new();
 		if (ticket == NULL)
 			goto out_free_seed;
 	}

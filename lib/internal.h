@@ -349,16 +349,11 @@ enum adg_counter {
 	ADG_C_STEPS_RELEASED,
 	ADG_C_GRAPHS_RETIRED,
 	ADG_C_MERGES,
-	/* Executor tickets freed: counted with an atomic add by whichever
-	 * thread lets go of the last reference (a job, often), never by
-	 * adg_count. */
-	ADG_C_TICKETS_FREED,
 	/* Creation counters come after the retirement counters: adg_stats
 	 * reads all of the latter first (see registry.c). */
 	ADG_C_LEAVES_MADE,
 	ADG_C_OPS_MADE, /* nodes with a step */
 	ADG_C_GRAPHS_MADE,
-	ADG_C_TICKETS_MADE, /* by the backward that allocates one */
 	ADG_C_COUNT,
 };
 

@@ -35,6 +35,7 @@
 
 #include <linux/futex.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -74,11 +75,6 @@ struct adg_par_ticket {
 	 * returned. */
 	atomic_uint_fast32_t refs;
 	struct par_run *run; /* valid while inside */
-	/* Where the ticket was counted made, to count it freed: the registry
-	 * lives until then, since adg_registry_free refuses while any ticket
-	 * is out (a late job frees this through the registry's allocator). */
-	struct adg_registry *registry;
-	struct adg_shard *shard;
 };
 
 /* One parallel backward, on its caller's stack. */
@@ -666,34 +662,25 @@ out:
 	adg_par_ticket_put(ticket);
 }
 
-struct adg_par_ticket *adg_par_ticket_new(struct adg_shard *shard)
+/* From malloc, not the registry's allocator: the last job to let go of
+ * the ticket may run after adg_registry_free has returned and the caller
+ * has let its allocator go, as the executor's contract allows. */
+struct adg_par_ticket *adg_par_ticket_new(void)
 {
-	struct adg_par_ticket *t = adg_alloc(shard->registry, sizeof *t);
+	struct adg_par_ticket *t = malloc(sizeof *t);
 	if (t == NULL)
 		return NULL;
 	atomic_init(&t->state, 0);
 	atomic_init(&t->refs, 1);
 	t->run = NULL;
-	t->registry = shard->registry;
-	t->shard = shard;
-	adg_count(shard, ADG_C_TICKETS_MADE, 1);
 	return t;
 }
 
 void adg_par_ticket_put(struct adg_par_ticket *t)
 {
 	/* acq_rel: the last one frees it, after everyone's use. */
-	if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) != 1)
-		return;
-	struct adg_registry *r = t->registry;
-	struct adg_shard *shard = t->shard;
-	adg_free(r, t, sizeof *t);
-	/* The last touch of the registry: once adg_registry_free sees the
-	 * count (acquire, in adg_stats' sum), it may free the registry and
-	 * the caller its allocator. Release: the free above happens before.
-	 * An atomic add, as several threads may count here at once. */
-	atomic_fetch_add_explicit(&shard->counters[ADG_C_TICKETS_FREED], 1,
-				  memory_order_release);
+	if (atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1)
+		free(t);
 }
 
 /* Ends the run for jobs: none enters any more, and those inside leave. */

@@ -294,15 +294,10 @@ int adg_registry_free(adg_registry *registry)
 {
 	if (registry == NULL)
 		return 0;
-	uint64_t c[ADG_C_COUNT];
+	struct adg_stats stats;
 
-	/* Tickets as nodes: a ticket is counted freed after its last use of
-	 * the registry (adg_par_ticket_put), and the acquire loads of the sum
-	 * pair with that count, so a job that has let go of its ticket is
-	 * done with the registry. A job still queued is not: refused. */
-	sum_counters(registry, c);
-	if (c[ADG_C_LEAVES_MADE] + c[ADG_C_OPS_MADE] != c[ADG_C_NODES_FREED] ||
-	    c[ADG_C_TICKETS_MADE] != c[ADG_C_TICKETS_FREED])
+	adg_stats(registry, &stats);
+	if (stats.live_nodes != 0)
 		return ADG_EBUSY;
 	/* Graphs on their way back to the allocator wait for call_rcu
 	 * callbacks, which use the allocator and rcu_token. */

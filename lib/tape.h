@@ -200,11 +200,10 @@ int adg_par_run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 		const adg_executor *executor, bool retained,
 		struct adg_par_ticket *ticket);
 
-/* A backward's handle for the jobs it submits, which may outlive it (not
- * the registry: adg_registry_free refuses while one is out): allocated
- * before the tape is taken, so that running never allocates, and counted
- * on the caller's shard. */
-struct adg_par_ticket *adg_par_ticket_new(struct adg_shard *shard);
+/* A backward's handle for the jobs it submits, which may outlive it and
+ * its registry: allocated before the tape is taken, so that running never
+ * allocates. */
+struct adg_par_ticket *adg_par_ticket_new(void);
 void adg_par_ticket_put(struct adg_par_ticket *ticket);
 
 /* How many worker slots an executor needs: the caller's and its workers'. */
