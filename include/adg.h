@@ -320,7 +320,12 @@ ADG_API int adg_op_with(adg_registry *registry, adg_node *const *parents,
 
 /* During a step: borrows the output of the node (id == call->node_id) or of
  * a parent, one the step asked for in adg_op_with; recomputes it first if
- * it has to. The value stays valid until the step returns.
+ * it has to. The value stays valid until the step returns. No lock is held
+ * across a recompute. With an executor, steps that ask for one output at
+ * once get one rebuild: the others sleep until it is there; except that a
+ * thread already inside a recompute (one that runs steps of its own
+ * backward, as a cooperative executor does at its wait points) never
+ * waits: it rebuilds a copy of its own, and the first copy made is kept.
  * Errors: ADG_EINVAL (NULL argument, or an output the step did not ask
  * for), or a recompute callback's code. */
 ADG_API int adg_output_get(adg_step_call *call, uint64_t id, void **value);

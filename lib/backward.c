@@ -277,7 +277,8 @@ static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
 	     (needs.counting && !tape_reserve_leaves(r, t, keys)) ||
 	     (needs.checkpoints &&
 	      !reserve_pointers(r, &t->outputs, &t->outputs_cap,
-				most_parents)) ||
+				(size_t)most_parents *
+					(needs.workers ? needs.workers : 1))) ||
 	     (needs.slots &&
 	      !reserve_pointers(r, &t->slots, &t->slots_cap, most_parents)) ||
 	     (needs.workers != 0 &&
@@ -288,6 +289,7 @@ static int walk(struct adg_tape *t, struct adg_graph *g, struct adg_node *root,
 			adg_node_set_state(t->walked[i], ADG_NODE_LIVE);
 		return rc;
 	}
+	t->outputs_stride = most_parents;
 	*len = n;
 	*leaf_slots = leaves;
 	return 0;

@@ -220,19 +220,52 @@ static void publish(struct adg_node *n, void *output)
 		n->ckpt->free(output);
 }
 
-/* Rebuilds target's output, and first its parents' where they are not
- * held: a work list, not recursion, so that a long chain of recomputed
- * nodes cannot overflow the stack. */
-static int materialise(struct adg_backward_context *ctx,
-		       struct adg_node *target)
+/* Calls n's recompute with its parents' outputs, which the caller keeps
+ * held meanwhile. On success *output is the new output; on failure
+ * nothing is left to free. */
+static int recompute(struct adg_backward_context *ctx, struct adg_node *n,
+		     void **output)
 {
-	size_t top = 0;
-	ctx->stack[top++] = target;
-	while (top > 0) {
-		struct adg_node *n = ctx->stack[top - 1];
+	void **outputs = ctx->outputs;
+	for (uint32_t k = 0; k < n->n_parents; k++)
+		outputs[k] = n->parents[k] ? held(n->parents[k]) : NULL;
+	adg_recompute_call call = {
+		.node_id = n->id,
+		.n_parents = n->n_parents,
+		.parent_ids = adg_node_parent_ids(n),
+		.parent_outputs = outputs,
+		.output = NULL,
+	};
+	int rc = adg_callback_result(n->ckpt->recompute(&call, n->step.user));
+	if (rc == 0 && call.output == NULL)
+		rc = ADG_ECALLBACK; /* said yes, gave nothing */
+	if (rc != 0 && call.output != NULL)
+		n->ckpt->free(call.output); /* set before failing: ours too */
+	*output = rc == 0 ? call.output : NULL;
+	return rc;
+}
+
+/* The next node to rebuild for target: the first on a path of missing
+ * outputs up from target whose parents' outputs are all held; NULL when
+ * target is held, or on error (*rc). A work list, not recursion, so that
+ * a long chain of recomputed nodes cannot overflow the stack: the path is
+ * ctx->stack[0, *top), kept between calls (*top 0 starts it afresh), and
+ * the node returned stays on it until found held. */
+static struct adg_node *next_rebuild(struct adg_backward_context *ctx,
+				     struct adg_node *target, size_t *top,
+				     int *rc)
+{
+	if (*top == 0)
+		ctx->stack[(*top)++] = target;
+	while (*top > 0) {
+		struct adg_node *n = ctx->stack[*top - 1];
 		if (held(n) != NULL) {
-			top--;
+			(*top)--;
 			continue;
+		}
+		if (n->ckpt->recompute == NULL) {
+			*rc = ADG_EUNAVAILABLE; /* a count went wrong */
+			return NULL;
 		}
 		struct adg_node *missing = NULL;
 		for (uint32_t k = 0; k < n->n_parents && missing == NULL; k++) {
@@ -240,52 +273,127 @@ static int materialise(struct adg_backward_context *ctx,
 			if (p != NULL && held(p) == NULL)
 				missing = p;
 		}
-		if (n->ckpt->recompute == NULL)
-			return ADG_EUNAVAILABLE; /* a count went wrong */
-		if (missing != NULL) {
-			/* Each node enters once: it leaves the list only
-			 * once held, and the graph has no cycle. */
-			ctx->stack[top++] = missing;
-			continue;
-		}
-		/* Free again once the callback returns: recompute is not
-		 * reentered on this context (a nested backward has its
-		 * own). */
-		void **outputs = ctx->outputs;
-		for (uint32_t k = 0; k < n->n_parents; k++)
-			outputs[k] = n->parents[k] ? held(n->parents[k]) : NULL;
-		adg_recompute_call call = {
-			.node_id = n->id,
-			.n_parents = n->n_parents,
-			.parent_ids = adg_node_parent_ids(n),
-			.parent_outputs = outputs,
-			.output = NULL,
-		};
-		int rc = adg_callback_result(
-			n->ckpt->recompute(&call, n->step.user));
-		if (rc == 0 && call.output == NULL)
-			rc = ADG_ECALLBACK; /* said yes, gave nothing */
-		if (rc != 0) {
-			/* An output set before failing is libadg's too. */
-			if (call.output != NULL)
-				n->ckpt->free(call.output);
-			return rc;
-		}
-		top--;
-		/* A retained backward counted nothing: what it rebuilds stays
-		 * held, for the passes after it. */
-		if (ctx->retained) {
-			publish(n, call.output);
-			continue;
-		}
-		n->ckpt->value = call.output;
-		n->ckpt->rebuild_planned = false;
-		/* Rebuilt once: each parent's part in it is served. */
+		if (missing == NULL)
+			return n;
+		/* Each node enters once: it leaves the list only once held,
+		 * and the graph has no cycle. */
+		ctx->stack[(*top)++] = missing;
+	}
+	return NULL;
+}
+
+/* A consuming backward's rebuilt output of n: kept while a request needs
+ * it and no other copy is there, else freed. The first copy kept stands
+ * for the rebuild the take planned, whose reads of the parents it
+ * serves. */
+static void keep(struct adg_node *n, void *output)
+{
+	struct adg_ckpt *c = n->ckpt;
+	if (held(n) != NULL || c->pending == 0) {
+		c->free(output);
+		return;
+	}
+	c->value = output;
+	if (c->rebuild_planned) {
+		c->rebuild_planned = false;
 		for (uint32_t k = 0; k < n->n_parents; k++)
 			if (n->parents[k] != NULL)
 				serve(n->parents[k]);
 	}
-	return 0;
+}
+
+/* Rebuilds target's output on one thread, and first its parents' where
+ * they are not held. */
+static int materialise(struct adg_backward_context *ctx,
+		       struct adg_node *target)
+{
+	int rc = 0;
+	size_t top = 0;
+	struct adg_node *n;
+	while ((n = next_rebuild(ctx, target, &top, &rc)) != NULL) {
+		void *output;
+		rc = recompute(ctx, n, &output);
+		if (rc != 0)
+			break;
+		/* A retained backward counted nothing: what it rebuilds stays
+		 * held, for the passes after it. */
+		if (ctx->retained)
+			publish(n, output);
+		else
+			keep(n, output);
+	}
+	return rc;
+}
+
+/* Rebuilds this thread is in the middle of, in consuming backward passes
+ * on an executor, whatever the run. A thread that holds one never sleeps
+ * waiting for another's rebuild: it builds a copy of its own instead. So
+ * only threads that hold none sleep, each waits for a thread that holds
+ * one and never sleeps, and no cycle of waits can form: not across
+ * threads, and not on one thread whose recompute runs steps of its own
+ * backward (a cooperative executor draining its queue) that ask for the
+ * output being rebuilt below them. */
+static __thread unsigned rebuilds_held;
+
+/* materialise with an executor's workers: the records and the work list
+ * under the run's output lock, each recompute outside it. In a consuming
+ * backward each rebuild is claimed: others that need it sleep until it
+ * ends, so an output asked for by several steps at once is rebuilt once.
+ * Every rebuild, claimed or a copy, takes a request of its own on each
+ * parent while it reads them unlocked, so that none is freed under it.
+ * Retained passes count nothing and free nothing: their copies race, and
+ * publish keeps the first. The work list is the run's, shared by its
+ * workers: each search starts afresh from target, under the lock. */
+static int materialise_shared(struct adg_backward_context *ctx,
+			      struct adg_node *target)
+{
+	int rc = 0;
+	pthread_mutex_lock(ctx->serialize);
+	for (;;) {
+		size_t top = 0;
+		struct adg_node *n = next_rebuild(ctx, target, &top, &rc);
+		if (n == NULL)
+			break;
+		struct adg_ckpt *c = n->ckpt;
+		bool claimed = false;
+		if (!ctx->retained) {
+			if (c->builder != NULL && rebuilds_held == 0) {
+				pthread_cond_wait(ctx->rebuilt, ctx->serialize);
+				continue;
+			}
+			if (c->builder == NULL) {
+				c->builder = ctx;
+				rebuilds_held++;
+				claimed = true;
+			}
+			for (uint32_t k = 0; k < n->n_parents; k++)
+				if (n->parents[k] != NULL)
+					request(n->parents[k]);
+		}
+		pthread_mutex_unlock(ctx->serialize);
+		void *output;
+		rc = recompute(ctx, n, &output);
+		pthread_mutex_lock(ctx->serialize);
+		if (claimed) {
+			c->builder = NULL;
+			rebuilds_held--;
+			pthread_cond_broadcast(ctx->rebuilt);
+		}
+		if (ctx->retained) {
+			if (rc == 0)
+				publish(n, output);
+		} else {
+			if (rc == 0)
+				keep(n, output);
+			for (uint32_t k = 0; k < n->n_parents; k++)
+				if (n->parents[k] != NULL)
+					serve(n->parents[k]);
+		}
+		if (rc != 0)
+			break;
+	}
+	pthread_mutex_unlock(ctx->serialize);
+	return rc;
 }
 
 int adg_output_get(adg_step_call *call, uint64_t id, void **value)
@@ -307,14 +415,10 @@ int adg_output_get(adg_step_call *call, uint64_t id, void **value)
 			target = n->parents[c->want_parents[k]];
 	if (target == NULL)
 		return ADG_EINVAL; /* not an output this step asked for */
-	/* With an executor, steps that ask for the same output meet here:
-	 * the first rebuilds it, the others find it held. */
-	if (ctx->serialize != NULL)
-		pthread_mutex_lock(ctx->serialize);
-	int rc = materialise(ctx, target);
+	int rc = ctx->serialize != NULL ? materialise_shared(ctx, target)
+					: materialise(ctx, target);
+	/* Held until this step is served: its own request stands. */
 	if (rc == 0)
 		*value = held(target);
-	if (ctx->serialize != NULL)
-		pthread_mutex_unlock(ctx->serialize);
 	return rc;
 }

@@ -589,6 +589,10 @@ struct adg_ckpt {
 	/* During a backward: the take planned to rebuild the output, and it
 	 * has not been rebuilt yet; see serve. */
 	bool rebuild_planned;
+	/* With an executor's workers, in a consuming backward: the worker
+	 * rebuilding the output now, or NULL; under the run's output lock.
+	 * Others that need it sleep until it is there (see checkpoint.c). */
+	const void *builder;
 	struct adg_node *unbuilt_next; /* serve's work list */
 	bool want_self;
 	uint32_t n_want_parents;
@@ -603,10 +607,12 @@ struct adg_backward_context {
 	 * node has, reserved when the tape was taken, so that adg_output_get
 	 * never allocates. */
 	void **outputs;
-	/* With an executor: held around every use of the records and of the
-	 * two arrays above, which the backward's workers share. NULL on one
-	 * thread. */
+	/* With an executor's workers: held around every use of the records
+	 * and of stack, which the backward's workers share, and never across
+	 * a recompute (outputs is the worker's own); rebuilt is signalled
+	 * when a rebuild ends. NULL on one thread. */
 	pthread_mutex_t *serialize;
+	pthread_cond_t *rebuilt;
 	/* A retained backward: no request is counted or served, and an
 	 * output it rebuilds is published for the passes after it (and
 	 * those running beside it: see checkpoint.c). */

@@ -90,7 +90,9 @@ struct par_run {
 	adg_executor executor;
 	struct adg_par_ticket *ticket;
 	uint32_t n_slots;
-	pthread_mutex_t serialize; /* see struct adg_backward_context */
+	/* See struct adg_backward_context. */
+	pthread_mutex_t serialize;
+	pthread_cond_t rebuilt;
 	/* A retained backward: nothing is released, served or dropped
 	 * (I14). */
 	bool retained;
@@ -566,13 +568,19 @@ static void work(struct worker *w, uint32_t pos)
 	}
 }
 
-/* What adg_output_get needs, for a worker of run. */
-static struct adg_backward_context worker_context(struct par_run *run)
+/* What adg_output_get needs, for the worker in slot of run. */
+static struct adg_backward_context worker_context(struct par_run *run,
+						  uint32_t slot)
 {
 	return (struct adg_backward_context){
 		.stack = run->t->walked,
-		.outputs = run->t->outputs,
+		.outputs =
+			run->t->outputs == NULL
+				? NULL
+				: run->t->outputs +
+					  (size_t)slot * run->t->outputs_stride,
 		.serialize = &run->serialize,
+		.rebuilt = &run->rebuilt,
 		.retained = run->retained,
 	};
 }
@@ -640,7 +648,7 @@ static void helper_job(void *arg)
 		}
 	}
 	w.shard = adg_shard_get_or_shared(run->registry);
-	w.ctx = worker_context(run);
+	w.ctx = worker_context(run, w.slot);
 	/* Leaves after a few empty looks, yielding in between: on a machine
 	 * with more threads than cores, a spinning worker would take the
 	 * core from the step it waits for. */
@@ -796,6 +804,7 @@ int adg_par_run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 	struct adg_par_arrays *a = &t->par;
 	uint32_t leaves = plan(t, len, retained);
 	pthread_mutex_init(&run.serialize, NULL);
+	pthread_cond_init(&run.rebuilt, NULL);
 	pthread_mutex_init(&run.err_lock, NULL);
 	atomic_init(&run.in_flight, 1); /* the root */
 	atomic_init(&run.helpers, 0);
@@ -823,7 +832,7 @@ int adg_par_run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 			.queue = &a->queues[0],
 			.slot = 0,
 			.shard = shard,
-			.ctx = worker_context(&run),
+			.ctx = worker_context(&run, 0),
 		};
 		work(&w, 0);
 		while (!run_over(&run))
@@ -835,6 +844,7 @@ int adg_par_run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 		pthread_mutex_unlock(&run.err_lock);
 	}
 	close_run(&run);
+	pthread_cond_destroy(&run.rebuilt);
 	pthread_mutex_destroy(&run.serialize);
 	pthread_mutex_destroy(&run.err_lock);
 	return finish(shard, &run, rc, grads, leaves);

@@ -54,9 +54,12 @@ struct adg_tape {
 	struct leaf_pending *leaves;
 	size_t leaves_cap;
 	/* With checkpointing: a recompute's parent outputs, as many as the
-	 * most parents a tape node has. */
+	 * most parents a tape node has (outputs_stride), once per worker slot
+	 * with an executor's workers: a worker fills its own while no lock
+	 * is held. */
 	void **outputs;
 	size_t outputs_cap;
+	size_t outputs_stride;
 	/* With an executor that offers no worker: one step's parent slots,
 	 * as many as the most parents a tape node has. */
 	void **slots;
