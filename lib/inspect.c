@@ -152,16 +152,41 @@ __attribute__((format(printf, 2, 3))) static void emit(struct dot *d,
 	d->rc = adg_callback_result(d->write(line, (size_t)n, d->ctx));
 }
 
+/* Where to cut s[0, len) so that it does not end inside a UTF-8
+ * sequence: len, or the start of a last sequence whose lead byte asks for
+ * more bytes than are there. Bytes that are not UTF-8 are no sequence of
+ * it, and stay. */
+static size_t utf8_boundary(const char *s, size_t len)
+{
+	size_t lead = len;
+	while (lead > 0 && len - lead < 3 &&
+	       ((unsigned char)s[lead - 1] & 0xC0) == 0x80)
+		lead--; /* back over continuation bytes */
+	if (lead == 0)
+		return len;
+	unsigned char b = (unsigned char)s[lead - 1];
+	size_t want = b >= 0xF8	  ? 1
+		      : b >= 0xF0 ? 4
+		      : b >= 0xE0 ? 3
+		      : b >= 0xC0 ? 2
+				  : 1;
+	return len - (lead - 1) < want ? lead - 1 : len;
+}
+
 /* name as the inside of a DOT string: quotes and backslashes escaped,
- * control characters as spaces, at most 200 bytes of it. */
+ * control characters as spaces, at most 200 bytes of it, cut between
+ * UTF-8 characters. Other bytes pass through as they are. */
 static void quoted(char *out, size_t size, const char *name)
 {
 	size_t o = 0;
-	for (const char *c = name; *c != '\0' && o + 3 < size && o < 200; c++) {
+	const char *c = name;
+	for (; *c != '\0' && o + 3 < size && o < 200; c++) {
 		if (*c == '"' || *c == '\\')
 			out[o++] = '\\';
 		out[o++] = (unsigned char)*c < 0x20 ? ' ' : *c;
 	}
+	if (*c != '\0') /* cut short */
+		o = utf8_boundary(out, o);
 	out[o] = '\0';
 }
 

@@ -208,6 +208,55 @@ static struct parsed parse_dot(const char *text)
 	return p;
 }
 
+/* Whether text is well-formed UTF-8 (no overlong forms or surrogates
+ * checked: a cut sequence is what this is for). */
+static bool utf8_whole(const char *text)
+{
+	const unsigned char *c = (const unsigned char *)text;
+	while (*c != 0) {
+		int more = *c < 0x80 ? 0 : *c >= 0xF0 ? 3 : *c >= 0xE0 ? 2 : 1;
+		if (*c >= 0x80 && *c < 0xC0)
+			return false; /* a continuation with no lead */
+		c++;
+		for (; more > 0; more--, c++)
+			if ((*c & 0xC0) != 0x80)
+				return false;
+	}
+	return true;
+}
+
+/* A valid UTF-8 name of 301 bytes ("a" and 100 three-byte euro signs)
+ * is cut to at most 200 bytes between characters: 66 euro signs, 199
+ * bytes. It was cut at byte 200, inside the 67th, and the DOT was not
+ * UTF-8 (5 of 5 runs). Bytes that are not UTF-8 pass through unchanged. */
+CHECKED_TEST(inspect, dot_cuts_a_long_name_between_characters)
+{
+	static char name[302], stray[] = "x\xff\xfe y";
+	name[0] = 'a';
+	for (int i = 0; i < 100; i++)
+		memcpy(name + 1 + 3 * i, "\xe2\x82\xac", 3);
+	scalar a = s_leaf(reg, 2);
+	scalar p = named_op((scalar[]){a}, 1, name);
+	scalar q = named_op((scalar[]){p}, 1, stray);
+	struct text t = {0};
+	cr_assert_eq(adg_graph_write_dot(q.node, append, &t), 0);
+	char label[256];
+	snprintf(label, sizeof label, " %.199s\\ndepth 1\"", name);
+	cr_expect_not_null(strstr(t.buf, label), "%s", t.buf);
+	cr_expect_not_null(strstr(t.buf, " x\xff\xfe y\\ndepth 2\""), "%s",
+			   t.buf);
+	/* Up to the end of the long name's label (the stray bytes come
+	 * after it, on the deeper op's line) the text is UTF-8. */
+	char *cut = strstr(t.buf, label);
+	cr_assert_not_null(cut);
+	cut[strlen(label)] = '\0';
+	cr_expect(utf8_whole(t.buf), "%s", t.buf);
+	free(t.buf);
+	s_drop(q);
+	s_drop(p);
+	s_drop(a);
+}
+
 /* Two graphs merged by a join, a repeated parent, a consumed parent and
  * a name that needs escaping: every op, leaf and consumed op once, an
  * edge per parent slot. */
