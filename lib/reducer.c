@@ -1,0 +1,580 @@
+/*
+ * The gradient reducer: synchronous data parallelism inside one process
+ * (adg.h, "gradient reducer"; docs/concurrency.md, I15 and I16).
+ *
+ * Contributions. Each participant has a block of slots, one per parameter,
+ * on cache lines of its own: a contribution is a plain store into the
+ * giver's own slot and an atomic exchange of the slot's given flag (which
+ * refuses a second one), then one acq_rel add to the parameter's count,
+ * on the parameter's own line. The add that brings the count to T
+ * synchronizes with every earlier one (they form one release sequence),
+ * so the thread that made it reads every slot of the parameter and folds
+ * them in participant order: the order of the slots, not of arrival.
+ * Lookups go through an open-addressing table built at creation and only
+ * read afterwards. Nothing on this path locks or allocates.
+ *
+ * Rounds. adg_reducer_end is the barrier, once per participant per round:
+ * a mutex and a condition variable (a participant that waits sleeps; the
+ * cores are the backward passes'). Every contribution of a participant,
+ * and so every fold and apply it triggers, comes before its end; once the
+ * last participant has arrived, nothing touches the round's state but it:
+ * it applies (apply_at_end), resets every parameter's count and the
+ * round's error, and only then wakes the others, each of which releases
+ * its own contributions and clears its own slots before returning.
+ *
+ * Failure. The round's first error is one compare and swap; the check
+ * before each apply reads it in the same total order (seq_cst), so no
+ * apply starts after a failure is reported, and one that started
+ * finishes. A participant that fails gives no NULL contributions at its
+ * end: the parameters it did not give stay incomplete, never applied
+ * with part of their contributions.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define NONE SIZE_MAX /* no participant or parameter */
+
+/* One parameter's round, on a cache line of its own: the participants
+ * count different parameters at once. */
+struct param {
+	_Alignas(ADG_CACHELINE) atomic_size_t arrived; /* contributions, to T */
+	/* Written by the thread that brings the last contribution (it folds),
+	 * read by it, or by the last participant to end (apply_at_end,
+	 * reset): ordered by arrived, then by the barrier. */
+	size_t owner; /* the participant the sum started as; NONE: no sum */
+	bool folded;  /* the fold ran whole: the sum may be applied */
+	uint64_t id;  /* the leaf's id; read-only */
+};
+
+_Static_assert(sizeof(struct param) == ADG_CACHELINE,
+	       "a parameter's round is one cache line");
+
+/* A participant's contribution to one parameter. */
+struct slot {
+	/* The value given (for the parameter's owner, the sum once folded),
+	 * NULL for none. Written by its participant before the count's add,
+	 * read by the folder after it (I15); written back by the folder, and
+	 * read and cleared by the participant after the barrier (I16). */
+	void *value;
+	/* A contribution, NULL included, was counted this round: the
+	 * exchange that sets it lets one through. */
+	atomic_bool given;
+};
+
+/* One participant: what the ready hook's ctx points to, followed by its
+ * slots, on lines no other participant writes. */
+struct member {
+	_Alignas(ADG_CACHELINE) struct adg_reducer *reducer;
+	size_t index;
+	/* Set by the participant's adg_reducer_end, from its start to its
+	 * return: a second end, and a contribution meanwhile, are refused. */
+	atomic_bool ended;
+	struct slot slots[];
+};
+
+_Static_assert(_Alignof(struct member) == ADG_CACHELINE,
+	       "a participant's block starts a cache line");
+
+/* id -> parameter index; id 0 marks an empty entry. */
+struct entry {
+	uint64_t id;
+	size_t param;
+};
+
+struct adg_reducer {
+	/* Read-only after creation. */
+	adg_reducer_ops ops;
+	adg_allocator allocator;
+	size_t n_members, n_params;
+	bool apply_at_end;
+	struct param *params;
+	char *members; /* n_members blocks of member_stride bytes */
+	size_t member_stride;
+	struct entry *table;
+	size_t table_cap;   /* a power of two, at least twice n_params */
+	unsigned int shift; /* 64 - log2(table_cap) */
+	void *self_base;    /* what the allocator returned, for each block */
+	void *params_base, *members_base;
+	size_t self_bytes, params_bytes, members_bytes;
+
+	/* The round's first error, 0 while none: set by one compare and
+	 * swap, read before each apply, reset by the last participant to
+	 * end. */
+	_Alignas(ADG_CACHELINE) atomic_int error;
+	/* Rounds completed; bumped by the last participant to end. */
+	atomic_uint_fast64_t rounds;
+
+	/* The barrier, under lock. */
+	_Alignas(ADG_CACHELINE) pthread_mutex_t lock;
+	pthread_cond_t done; /* gen moved */
+	size_t n_ended;	     /* participants inside adg_reducer_end */
+	uint64_t gen;	     /* rounds the barrier has let through */
+	int result;	     /* what the round gen - 1 returns */
+};
+
+/* ------------------------------------------------------------- layout */
+
+static void *default_alloc(size_t size, void *ctx)
+{
+	(void)ctx;
+	return malloc(size);
+}
+
+static void default_free(void *ptr, size_t size, void *ctx)
+{
+	(void)ctx;
+	(void)size;
+	free(ptr);
+}
+
+/* size bytes at a cache line's boundary: the allocator promises malloc's
+ * alignment only, so ask for a line more. *base is what to free, *bytes
+ * its size. NULL on failure. */
+static void *alloc_aligned(const adg_allocator *a, size_t size, void **base,
+			   size_t *bytes)
+{
+	*bytes = size + ADG_CACHELINE;
+	*base = a->alloc(*bytes, a->ctx);
+	if (*base == NULL)
+		return NULL;
+	void *p = (void *)adg_round_up((uintptr_t)*base, ADG_CACHELINE);
+	memset(p, 0, size);
+	return p;
+}
+
+static struct member *member_of(const struct adg_reducer *r, size_t p)
+{
+	return (struct member *)(r->members + p * r->member_stride);
+}
+
+static struct slot *slot_of(const struct adg_reducer *r, size_t p, size_t i)
+{
+	return &member_of(r, p)->slots[i];
+}
+
+static size_t home_of(const struct adg_reducer *r, uint64_t id)
+{
+	/* Fibonacci hashing, as grads.c: consecutive ids spread. */
+	return (size_t)((id * UINT64_C(0x9e3779b97f4a7c15)) >> r->shift);
+}
+
+/* The parameter index of id, or NONE. */
+static size_t lookup(const struct adg_reducer *r, uint64_t id)
+{
+	size_t mask = r->table_cap - 1;
+	if (id == 0)
+		return NONE;
+	for (size_t i = home_of(r, id);; i = (i + 1) & mask) {
+		if (r->table[i].id == id)
+			return r->table[i].param;
+		if (r->table[i].id == 0)
+			return NONE;
+	}
+}
+
+/* Fills the table and the parameters' ids; false for a repeated id. */
+static bool index_params(struct adg_reducer *r, const uint64_t *ids)
+{
+	size_t mask = r->table_cap - 1;
+	for (size_t k = 0; k < r->n_params; k++) {
+		size_t i = home_of(r, ids[k]);
+		while (r->table[i].id != 0) {
+			if (r->table[i].id == ids[k])
+				return false;
+			i = (i + 1) & mask;
+		}
+		r->table[i] = (struct entry){ids[k], k};
+		r->params[k].id = ids[k];
+		r->params[k].owner = NONE;
+	}
+	return true;
+}
+
+/* Frees what adg_reducer_new allocated (any of it NULL). */
+static void free_blocks(struct adg_reducer *r)
+{
+	const adg_allocator *a = &r->allocator;
+	if (r->table != NULL)
+		a->free(r->table, r->table_cap * sizeof *r->table, a->ctx);
+	if (r->members_base != NULL)
+		a->free(r->members_base, r->members_bytes, a->ctx);
+	if (r->params_base != NULL)
+		a->free(r->params_base, r->params_bytes, a->ctx);
+	adg_allocator copy = *a; /* r goes with the last free */
+	copy.free(r->self_base, r->self_bytes, copy.ctx);
+}
+
+int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
+{
+	if (out != NULL)
+		*out = NULL;
+	if (options == NULL || out == NULL || options->n_participants == 0 ||
+	    options->n_params == 0 || options->param_ids == NULL ||
+	    options->ops.add == NULL || options->ops.apply == NULL ||
+	    options->ops.release == NULL ||
+	    (options->allocator.alloc == NULL) !=
+		    (options->allocator.free == NULL))
+		return ADG_EINVAL;
+	size_t t = options->n_participants, n = options->n_params;
+	for (size_t k = 0; k < n; k++)
+		if (options->param_ids[k] == 0)
+			return ADG_EINVAL;
+
+	/* Sizes: a participant's block rounded up to whole lines; the table
+	 * at least twice the parameters, so that a probe run stays short. */
+	size_t stride, members_size, params_size, cap = 4, table_size;
+	unsigned int log2 = 2;
+	if (__builtin_mul_overflow(n, sizeof(struct slot), &stride) ||
+	    __builtin_add_overflow(stride, sizeof(struct member), &stride) ||
+	    stride > SIZE_MAX - 2 * ADG_CACHELINE)
+		return ADG_ENOMEM;
+	stride = adg_round_up(stride, ADG_CACHELINE);
+	while (cap / 2 < n && cap <= SIZE_MAX / 2 / sizeof(struct entry)) {
+		cap *= 2;
+		log2++;
+	}
+	if (cap / 2 < n || __builtin_mul_overflow(t, stride, &members_size) ||
+	    members_size > SIZE_MAX - ADG_CACHELINE ||
+	    __builtin_mul_overflow(n, sizeof(struct param), &params_size) ||
+	    params_size > SIZE_MAX - ADG_CACHELINE)
+		return ADG_ENOMEM;
+	table_size = cap * sizeof(struct entry);
+
+	adg_allocator a = options->allocator;
+	if (a.alloc == NULL)
+		a = (adg_allocator){default_alloc, default_free, NULL};
+	void *base;
+	size_t bytes;
+	struct adg_reducer *r = alloc_aligned(&a, sizeof *r, &base, &bytes);
+	if (r == NULL)
+		return ADG_ENOMEM;
+	r->self_base = base;
+	r->self_bytes = bytes;
+	r->allocator = a;
+	r->ops = options->ops;
+	r->n_members = t;
+	r->n_params = n;
+	r->apply_at_end = options->apply_at_end != 0;
+	r->member_stride = stride;
+	r->table_cap = cap;
+	r->shift = 64 - log2;
+	int rc = ADG_ENOMEM;
+	r->params = alloc_aligned(&a, params_size, &r->params_base,
+				  &r->params_bytes);
+	if (r->params == NULL)
+		goto out_free;
+	r->members = alloc_aligned(&a, members_size, &r->members_base,
+				   &r->members_bytes);
+	if (r->members == NULL)
+		goto out_free;
+	r->table = a.alloc(table_size, a.ctx);
+	if (r->table == NULL)
+		goto out_free;
+	memset(r->table, 0, table_size);
+	if (!index_params(r, options->param_ids)) {
+		rc = ADG_EINVAL;
+		goto out_free;
+	}
+	for (size_t p = 0; p < t; p++) {
+		struct member *m = member_of(r, p);
+		m->reducer = r;
+		m->index = p;
+	}
+	if (pthread_mutex_init(&r->lock, NULL) != 0)
+		goto out_free;
+	if (pthread_cond_init(&r->done, NULL) != 0)
+		goto out_destroy_lock;
+	*out = r;
+	return 0;
+
+out_destroy_lock:
+	pthread_mutex_destroy(&r->lock);
+out_free:
+	free_blocks(r);
+	return rc;
+}
+
+/* ------------------------------------------------------- contributions */
+
+/* Makes code the round's error unless one was reported first. seq_cst:
+ * one total order with the check before each apply (complete), so that
+ * an apply whose check comes after this does not start. */
+static void report(struct adg_reducer *r, int code)
+{
+	int none = 0;
+	atomic_compare_exchange_strong_explicit(&r->error, &none, code,
+						memory_order_seq_cst,
+						memory_order_seq_cst);
+}
+
+/* Folds parameter i's contributions in participant order, into the first
+ * non-NULL one, which keeps the sum (I15). */
+static int fold(struct adg_reducer *r, size_t i)
+{
+	struct param *p = &r->params[i];
+	void *sum = NULL;
+	size_t owner = NONE;
+	int rc = 0;
+	for (size_t q = 0; q < r->n_members; q++) {
+		void *value = slot_of(r, q, i)->value;
+		if (value == NULL)
+			continue;
+		if (owner == NONE) {
+			owner = q;
+			sum = value;
+			continue;
+		}
+		rc = adg_callback_result(r->ops.add(&sum, value, r->ops.ctx));
+		if (rc != 0)
+			break;
+	}
+	if (owner != NONE)
+		slot_of(r, owner, i)->value = sum; /* add may replace it */
+	p->owner = owner;
+	p->folded = rc == 0;
+	return rc;
+}
+
+static int apply(struct adg_reducer *r, size_t i)
+{
+	const struct param *p = &r->params[i];
+	ADG_ASSERT(p->folded); /* I15 */
+	adg_reduction reduction = {
+		.param = i,
+		.id = p->id,
+		/* Relaxed: bumped only by the last participant to end, before
+		 * the barrier lets anyone into the next round. */
+		.round = atomic_load_explicit(&r->rounds, memory_order_relaxed),
+		.sum = p->owner != NONE ? slot_of(r, p->owner, i)->value : NULL,
+	};
+	return adg_callback_result(r->ops.apply(&reduction, r->ops.ctx));
+}
+
+/* The last contribution of parameter i is in: fold it and (unless
+ * apply_at_end) apply it, unless the round was abandoned. */
+static int complete(struct adg_reducer *r, size_t i)
+{
+	/* seq_cst: see report. An abandoned round neither folds nor
+	 * applies: each slot keeps its own value for its participant. */
+	if (atomic_load_explicit(&r->error, memory_order_seq_cst) != 0)
+		return 0;
+	int rc = fold(r, i);
+	if (rc == 0 && !r->apply_at_end)
+		rc = apply(r, i);
+	if (rc != 0)
+		report(r, rc);
+	return rc;
+}
+
+/* Counts one more contribution to parameter i (its slot written). */
+static int arrive(struct adg_reducer *r, size_t i)
+{
+	/* acq_rel: the release publishes this slot's value, the acquire of
+	 * the add that makes T sees every slot (the adds form one release
+	 * sequence). Pairs with the last participant's relaxed reset, which
+	 * the barrier orders before the next round's adds (I16). */
+	size_t n = atomic_fetch_add_explicit(&r->params[i].arrived, 1,
+					     memory_order_acq_rel) +
+		   1;
+	ADG_ASSERT(n <= r->n_members); /* I15: one per participant */
+	return n == r->n_members ? complete(r, i) : 0;
+}
+
+static int give(struct adg_reducer *r, struct member *m, size_t i, void *value)
+{
+	/* Relaxed: set by this participant's own end, which its gives come
+	 * before; read here only to refuse a give made out of order. */
+	if (atomic_load_explicit(&m->ended, memory_order_relaxed))
+		return ADG_ESTATE;
+	struct slot *s = &m->slots[i];
+	/* Relaxed: only atomicity matters, so that one of two gives of the
+	 * same slot wins; the slot's own writes are ordered by arrive. The
+	 * reset to false (release_own) comes before the participant's next
+	 * round, whichever thread gives for it then (the executor's
+	 * hand-off orders it). */
+	if (atomic_exchange_explicit(&s->given, true, memory_order_relaxed))
+		return ADG_ESTATE;
+	s->value = value;
+	return arrive(r, i);
+}
+
+int adg_reducer_give(adg_reducer *reducer, size_t participant, uint64_t id,
+		     void *value)
+{
+	if (reducer == NULL || value == NULL ||
+	    participant >= reducer->n_members)
+		return ADG_EINVAL;
+	size_t i = lookup(reducer, id);
+	if (i == NONE)
+		return ADG_EINVAL;
+	return give(reducer, member_of(reducer, participant), i, value);
+}
+
+/* The ready hook of adg_reducer_hook: ctx is the participant. */
+static int on_ready(uint64_t id, void **grad, void *ctx)
+{
+	struct member *m = ctx;
+	struct adg_reducer *r = m->reducer;
+	if (*grad == NULL)
+		return 0; /* a NULL contribution, at the end */
+	size_t i = lookup(r, id);
+	if (i == NONE)
+		return 0; /* not a parameter: it stays in the container */
+	int rc = give(r, m, i, *grad);
+	if (rc != ADG_ESTATE)
+		*grad = NULL; /* taken, whatever add and apply said */
+	return rc;
+}
+
+int adg_reducer_hook(adg_reducer *reducer, size_t participant,
+		     adg_backward_options *options)
+{
+	if (reducer == NULL || options == NULL ||
+	    participant >= reducer->n_members)
+		return ADG_EINVAL;
+	options->on_ready = on_ready;
+	options->ctx = member_of(reducer, participant);
+	options->leaves_only = 1;
+	return 0;
+}
+
+/* --------------------------------------------------------- the barrier */
+
+/* On the last participant to end, alone with the round's state: applies
+ * (apply_at_end), then makes the next round start clean. Returns the
+ * round's result. */
+static int finish_round(struct adg_reducer *r)
+{
+	/* Relaxed: every report came before its reporter's arrival at the
+	 * barrier, which this thread's lock acquired. */
+	int rc = atomic_load_explicit(&r->error, memory_order_relaxed);
+	for (size_t i = 0; i < r->n_params; i++) {
+		/* I15: a round that no one abandoned has every count at T,
+		 * since every participant counted every parameter. */
+		ADG_ASSERT(rc != 0 ||
+			   atomic_load_explicit(&r->params[i].arrived,
+						memory_order_relaxed) ==
+				   r->n_members);
+		if (rc == 0 && r->apply_at_end) {
+			rc = apply(r, i);
+			/* Nothing runs beside this: no check to order. */
+			if (rc != 0)
+				atomic_store_explicit(&r->error, rc,
+						      memory_order_relaxed);
+		}
+	}
+	rc = atomic_load_explicit(&r->error, memory_order_relaxed);
+	/* Relaxed: the barrier's unlock below orders these resets before
+	 * every participant's next round (I16). */
+	for (size_t i = 0; i < r->n_params; i++) {
+		atomic_store_explicit(&r->params[i].arrived, 0,
+				      memory_order_relaxed);
+		r->params[i].owner = NONE;
+		r->params[i].folded = false;
+	}
+	atomic_store_explicit(&r->error, 0, memory_order_relaxed);
+	/* Release: pairs with adg_reducer_rounds' acquire load, so that a
+	 * thread that sees the count sees the round's applies. */
+	atomic_fetch_add_explicit(&r->rounds, 1, memory_order_release);
+	return rc;
+}
+
+/* Waits for the round's other participants; the last one finishes the
+ * round. Returns the round's result. */
+static int barrier(struct adg_reducer *r)
+{
+	pthread_mutex_lock(&r->lock);
+	if (++r->n_ended < r->n_members) {
+		uint64_t gen = r->gen;
+		while (r->gen == gen)
+			pthread_cond_wait(&r->done, &r->lock);
+		/* result cannot move before this participant ends the next
+		 * round. */
+		int rc = r->result;
+		pthread_mutex_unlock(&r->lock);
+		return rc;
+	}
+	/* Every participant is inside its end, past its contributions: the
+	 * round's state is this thread's until gen moves. Apply with the
+	 * lock released (apply is the caller's code). */
+	pthread_mutex_unlock(&r->lock);
+	int rc = finish_round(r);
+	pthread_mutex_lock(&r->lock);
+	r->result = rc;
+	r->n_ended = 0;
+	r->gen++;
+	pthread_cond_broadcast(&r->done);
+	pthread_mutex_unlock(&r->lock);
+	return rc;
+}
+
+/* After the barrier: hands this participant's values back and clears its
+ * slots for its next round. */
+static void release_own(struct adg_reducer *r, struct member *m)
+{
+	for (size_t i = 0; i < r->n_params; i++) {
+		struct slot *s = &m->slots[i];
+		void *value = s->value;
+		s->value = NULL;
+		/* Relaxed: see give. */
+		atomic_store_explicit(&s->given, false, memory_order_relaxed);
+		if (value != NULL)
+			r->ops.release(value, m->index, r->ops.ctx);
+	}
+	/* Relaxed: see give. Last, so that a call from release is refused. */
+	atomic_store_explicit(&m->ended, false, memory_order_relaxed);
+}
+
+int adg_reducer_end(adg_reducer *reducer, size_t participant, int result)
+{
+	if (reducer == NULL || participant >= reducer->n_members)
+		return ADG_EINVAL;
+	struct adg_reducer *r = reducer;
+	struct member *m = member_of(r, participant);
+	/* Relaxed: atomicity alone refuses a second end; see give. */
+	if (atomic_exchange_explicit(&m->ended, true, memory_order_relaxed))
+		return ADG_ESTATE;
+	if (result != 0) {
+		report(r, adg_callback_result(result));
+	} else {
+		/* The parameters it gave nothing for: NULL contributions,
+		 * which may complete them (errors are reported there). */
+		for (size_t i = 0; i < r->n_params; i++)
+			if (!atomic_exchange_explicit(&m->slots[i].given, true,
+						      memory_order_relaxed))
+				(void)arrive(r, i);
+	}
+	int rc = barrier(r);
+	release_own(r, m);
+	return rc;
+}
+
+int adg_reducer_rounds(const adg_reducer *reducer, uint64_t *rounds)
+{
+	if (reducer == NULL || rounds == NULL)
+		return ADG_EINVAL;
+	/* Acquire: pairs with finish_round's release. */
+	*rounds = atomic_load_explicit(&reducer->rounds, memory_order_acquire);
+	return 0;
+}
+
+int adg_reducer_free(adg_reducer *reducer)
+{
+	if (reducer == NULL)
+		return 0;
+	struct adg_reducer *r = reducer;
+	/* No call runs beside this one (adg.h): plain reads would do, but
+	 * the fields are atomic. Relaxed. */
+	bool busy = r->n_ended != 0;
+	for (size_t i = 0; i < r->n_params && !busy; i++)
+		busy = atomic_load_explicit(&r->params[i].arrived,
+					    memory_order_relaxed) != 0;
+	if (busy)
+		return ADG_EBUSY;
+	pthread_cond_destroy(&r->done);
+	pthread_mutex_destroy(&r->lock);
+	free_blocks(r);
+	return 0;
+}

@@ -1,0 +1,1170 @@
+/* The gradient reducer (issue 19): adg_reducer_*.
+ *
+ * The trainer here is a small scalar model, four parameters every
+ * participant uses, a fifth only the last participant's graph reaches and
+ * a sixth no one's, trained on a batch of 12 inputs split across T
+ * participants, each a thread that runs a backward of its own graph with
+ * the reducer's hook. The reducer's add folds as sum = 0.5 * sum + value:
+ * neither commutative nor associative, so that any fold order but the
+ * participants' changes the weights. Every result is compared bit for bit
+ * with the sequential trainer (reference): each participant's backward in
+ * turn on one thread, the gradients folded in participant order with the
+ * same add, each applied after.
+ *
+ * What callbacks find wrong on other threads they count in the model's
+ * bad counter, which the test's own thread checks. */
+#include "fixture.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+FIXTURE_SUITE(reducer, .timeout = 120);
+/* Tests that open no registry. */
+TestSuite(reducer_alloc, .timeout = 120);
+/* The stress tier (tests/meson.build splits it off). */
+FIXTURE_SUITE(reducer_stress, .timeout = 600);
+
+#define NP	  6 /* parameters: w0..w3 everyone's, w4 the last's, w5 none's */
+#define BATCH	  12
+#define MAXT	  4
+#define MAXR	  400
+#define LR	  0.01
+#define FAIL_CODE (ADG_EUSER - 7)
+
+/* The participant this thread runs, for checking where release runs. */
+static __thread int this_participant = -1;
+
+/* ----------------------------------------------------------- perturbing */
+
+static __thread unsigned int jitter_seed;
+
+/* Nothing, a yield or a sleep of up to 200 us, at random: a different
+ * schedule on every run. */
+static void jitter(void)
+{
+	if (jitter_seed == 0)
+		jitter_seed = (unsigned int)time(NULL) ^
+			      (unsigned int)(uintptr_t)&jitter_seed;
+	int r = rand_r(&jitter_seed);
+	if (r % 8 >= 6) {
+		struct timespec ts = {0, (r / 8 % 200) * 1000};
+		nanosleep(&ts, NULL);
+	} else if (r % 8 >= 4) {
+		sched_yield();
+	}
+}
+
+/* ---------------------------------------------------- values and the ops */
+
+static void value_free(void *value)
+{
+	free(value);
+	atomic_fetch_sub(&scalar_values_live, 1);
+}
+
+/* sum = 0.5 * sum + value: the order of the operands shows. Borrows
+ * value. */
+static int mix_add(void **sum, void *value, void *ctx)
+{
+	(void)ctx;
+	*(double *)*sum = 0.5 * *(double *)*sum + *(double *)value;
+	return 0;
+}
+
+static void mix_into(void **sum, void *value)
+{
+	if (value == NULL)
+		return;
+	if (*sum == NULL)
+		*sum = value;
+	else
+		mix_add(sum, value, NULL);
+}
+
+/* ------------------------------------------------------------ the model */
+
+enum fail { NO_FAIL, FAIL_AT_ROOT, FAIL_LATE };
+
+struct model {
+	int t, rounds;
+	double w[NP];
+	adg_node *node[NP];
+	uint64_t id[NP];
+	adg_reducer *red;
+	const adg_executor *executor;
+	bool perturb, retain, apply_at_end;
+	/* One participant's backward fails in one round: at its root (it
+	 * gives nothing), or late, at a depth-1 step, once the others have
+	 * given all they have. */
+	int fail_round, fail_participant;
+	enum fail fail_kind;
+	atomic_int gave[MAXR];	  /* participants done with the backward */
+	atomic_int entered[MAXR]; /* participants that called end */
+	int result[MAXT][MAXR];	  /* what each end returned */
+	/* apply_at_end: the order of the round's applies, and their thread. */
+	int order[MAXR][NP], n_order[MAXR], apply_thread[MAXR];
+	atomic_int applies[NP];
+	atomic_int released[MAXT];
+	atomic_int bad;
+};
+
+static double datum(int round, int j)
+{
+	return (double)((round * 131 + j * 31 + 7) % 97) / 48.5 - 1.0;
+}
+
+static void model_open(struct model *m, int t)
+{
+	static const double w0[NP] = {0.5, -0.25, 0.75, 0.125, 0.3, 0.9};
+	memset(m, 0, sizeof *m);
+	m->t = t;
+	m->fail_round = -1;
+	for (int i = 0; i < NP; i++) {
+		m->w[i] = w0[i];
+		cr_assert_eq(adg_leaf(reg, &m->node[i]), 0);
+		cr_assert_eq(adg_node_id(m->node[i], &m->id[i]), 0);
+	}
+}
+
+static void model_close(struct model *m)
+{
+	for (int i = 0; i < NP; i++)
+		cr_assert_eq(adg_node_unref(m->node[i]), 0);
+}
+
+static int nap_backward(adg_step_call *call, void *user)
+{
+	const struct model *m = user;
+	if (m->perturb)
+		jitter();
+	return s_pass_on(call);
+}
+
+static int fail_backward(adg_step_call *call, void *user)
+{
+	(void)call;
+	(void)user;
+	return FAIL_CODE;
+}
+
+static scalar op1(struct model *m, scalar x, adg_backward_fn fn)
+{
+	scalar y = {.value = x.value};
+	adg_step step = {.backward = fn, .user = m};
+	cr_assert_eq(adg_op(reg, &x.node, 1, &step, &y.node), 0);
+	cr_assert_eq(adg_node_id(y.node, &y.id), 0);
+	return y;
+}
+
+/* Participant p's graph for round k: the squared error of its share of
+ * the batch, w2 * (w0 * x + w1) + w3 * x, with a nap on each sample's
+ * way (it sleeps when perturbing) and, for the last participant's first
+ * sample, a factor w4. */
+static scalar build(struct model *m, int p, int k, enum fail fail)
+{
+	scalar w[NP], root = {0};
+	for (int i = 0; i < NP; i++)
+		w[i] = (scalar){m->node[i], m->w[i], m->id[i]};
+	int lo = p * BATCH / m->t, hi = (p + 1) * BATCH / m->t;
+	for (int j = lo; j < hi; j++) {
+		scalar x = s_leaf(reg, datum(k, j));
+		scalar a = s_mul(reg, w[0], x);
+		scalar h = s_add(reg, a, w[1]);
+		scalar y = s_mul(reg, h, w[2]);
+		scalar b = s_mul(reg, w[3], x);
+		scalar e = s_add(reg, y, b);
+		scalar n = op1(m, e, nap_backward);
+		scalar sq = s_mul(reg, n, n);
+		s_drop(x), s_drop(a), s_drop(h), s_drop(y), s_drop(b);
+		s_drop(e), s_drop(n);
+		if (p == m->t - 1 && j == lo) {
+			scalar f = s_mul(reg, sq, w[4]);
+			s_drop(sq);
+			sq = f;
+		}
+		if (j == lo) {
+			root = sq;
+		} else {
+			scalar s = s_add(reg, root, sq);
+			s_drop(root), s_drop(sq);
+			root = s;
+		}
+	}
+	if (fail == FAIL_AT_ROOT) {
+		scalar f = op1(m, root, fail_backward);
+		s_drop(root);
+		root = f;
+	} else if (fail == FAIL_LATE) {
+		/* Depth 1, as the steps that name w0 and w3: it runs after
+		 * every step that names w1 and w2. */
+		scalar x = s_leaf(reg, 1.0);
+		scalar f = op1(m, x, fail_backward);
+		scalar s = s_add(reg, root, f);
+		s_drop(x), s_drop(f), s_drop(root);
+		root = s;
+	}
+	return root;
+}
+
+/* The sequential trainer, rounds k0 to k1 - 1 on m->w. */
+static void reference(struct model *m, int k0, int k1)
+{
+	scalar roots[MAXT];
+	for (int k = k0; k < k1; k++) {
+		void *c[MAXT][NP];
+		for (int p = 0; p < m->t; p++) {
+			if (!m->retain || k == k0)
+				roots[p] =
+					build(m, p, m->retain ? 0 : k, NO_FAIL);
+			adg_backward_options o = {.retain = m->retain &&
+							    k < k1 - 1};
+			adg_grads *g;
+			cr_assert_eq(adg_backward_with(reg, roots[p].node,
+						       scalar_box(1.0),
+						       &scalar_ops, &o, &g),
+				     0);
+			for (int i = 0; i < NP; i++)
+				if (adg_grads_take(g, m->id[i], &c[p][i]) != 0)
+					c[p][i] = NULL;
+			cr_assert_eq(adg_grads_free(g), 0);
+			if (!m->retain || k == k1 - 1)
+				s_drop(roots[p]);
+		}
+		for (int i = 0; i < NP; i++) {
+			void *sum = NULL;
+			for (int p = 0; p < m->t; p++)
+				mix_into(&sum, c[p][i]);
+			if (sum != NULL)
+				m->w[i] -= LR * *(double *)sum;
+			for (int p = 0; p < m->t; p++)
+				if (c[p][i] != NULL)
+					value_free(c[p][i]);
+		}
+	}
+}
+
+/* The SGD step. */
+static int apply_sgd(const adg_reduction *red, void *ctx)
+{
+	struct model *m = ctx;
+	if (red->param >= NP || red->id != m->id[red->param] ||
+	    red->round >= MAXR) {
+		atomic_fetch_add(&m->bad, 1);
+		return 0;
+	}
+	int k = (int)red->round;
+	if (m->apply_at_end) {
+		/* All on one thread, after every participant entered end. */
+		if (atomic_load(&m->entered[k]) != m->t)
+			atomic_fetch_add(&m->bad, 1);
+		if (m->n_order[k] == 0)
+			m->apply_thread[k] = this_participant;
+		else if (m->apply_thread[k] != this_participant)
+			atomic_fetch_add(&m->bad, 1);
+		m->order[k][m->n_order[k]++] = (int)red->param;
+	}
+	if (m->perturb)
+		jitter();
+	atomic_fetch_add(&m->applies[red->param], 1);
+	if (red->sum != NULL)
+		m->w[red->param] -= LR * *(double *)red->sum;
+	return 0;
+}
+
+static void release_value(void *value, size_t participant, void *ctx)
+{
+	struct model *m = ctx;
+	if (participant >= MAXT || (int)participant != this_participant) {
+		atomic_fetch_add(&m->bad, 1);
+		return;
+	}
+	atomic_fetch_add(&m->released[participant], 1);
+	value_free(value);
+}
+
+static void *participant(void *arg)
+{
+	struct thread *th = arg;
+	struct model *m = th->s;
+	int p = th->i;
+	this_participant = p;
+	adg_backward_options o = {.executor = m->executor};
+	if (adg_reducer_hook(m->red, (size_t)p, &o) != 0 ||
+	    o.on_ready == NULL || !o.leaves_only || o.executor != m->executor)
+		atomic_fetch_add(&m->bad, 1);
+	scalar root = {0};
+	for (int k = 0; k < m->rounds; k++) {
+		bool last = k == m->rounds - 1;
+		bool fails = k == m->fail_round && p == m->fail_participant;
+		if (!m->retain || k == 0)
+			root = build(m, p, m->retain ? 0 : k,
+				     fails ? m->fail_kind : NO_FAIL);
+		if (fails && m->fail_kind == FAIL_LATE)
+			while (atomic_load(&m->gave[k]) < m->t - 1)
+				sched_yield();
+		if (m->perturb)
+			jitter();
+		o.retain = m->retain && !last;
+		adg_grads *g = NULL;
+		int rc = adg_backward_with(reg, root.node, scalar_box(1.0),
+					   &scalar_ops, &o, &g);
+		if (!fails && rc != 0)
+			atomic_fetch_add(&m->bad, 1);
+		/* What is left in the container: the inputs' gradients, none
+		 * of a parameter's. */
+		for (int i = 0; g != NULL && i < NP; i++) {
+			void *v;
+			if (adg_grads_get(g, m->id[i], &v) != ADG_ENOTFOUND)
+				atomic_fetch_add(&m->bad, 1);
+		}
+		cr_assert_eq(adg_grads_free(g), 0);
+		if (!m->retain || last || rc != 0)
+			s_drop(root);
+		atomic_fetch_add(&m->gave[k], 1);
+		if (m->perturb)
+			jitter();
+		atomic_fetch_add(&m->entered[k], 1);
+		m->result[p][k] = adg_reducer_end(m->red, (size_t)p, rc);
+		if (rc != 0 && m->retain)
+			break;
+	}
+	return NULL;
+}
+
+/* Trains m->rounds rounds on T threads through a new reducer. */
+static void train(struct model *m)
+{
+	adg_reducer_options o = {
+		.n_participants = (size_t)m->t,
+		.param_ids = m->id,
+		.n_params = NP,
+		.ops = {mix_add, apply_sgd, release_value, m},
+		.apply_at_end = m->apply_at_end,
+	};
+	cr_assert_eq(adg_reducer_new(&o, &m->red), 0);
+	run_threads(m->t, participant, m);
+	cr_assert_eq(atomic_load(&m->bad), 0, "%d things went wrong",
+		     atomic_load(&m->bad));
+	uint64_t rounds = 0;
+	cr_assert_eq(adg_reducer_rounds(m->red, &rounds), 0);
+	cr_assert_eq(rounds, (uint64_t)m->rounds);
+	cr_assert_eq(adg_reducer_free(m->red), 0);
+	for (int p = 0; p < m->t; p++)
+		for (int k = 0; k < m->rounds; k++)
+			cr_assert_eq(m->result[p][k],
+				     k == m->fail_round ? FAIL_CODE : 0,
+				     "participant %d, round %d: %s", p, k,
+				     adg_strerror(m->result[p][k]));
+}
+
+static void expect_same_weights(const double *got, const double *want,
+				const char *what)
+{
+	for (int i = 0; i < NP; i++)
+		cr_assert(memcmp(&got[i], &want[i], sizeof got[i]) == 0,
+			  "%s: w%d is %.17g, want %.17g", what, i, got[i],
+			  want[i]);
+}
+
+/* The weights after `rounds` rounds of the sequential trainer. */
+static void reference_weights(int t, int rounds, bool retain, double *w)
+{
+	struct model ref;
+	model_open(&ref, t);
+	ref.retain = retain;
+	reference(&ref, 0, rounds);
+	memcpy(w, ref.w, sizeof ref.w);
+	model_close(&ref);
+}
+
+/* ------------------------------------------------------------- one thread */
+
+struct plain {
+	const struct model *m;
+	double *w;
+};
+
+/* The plain trainer's hook: applies a parameter's gradient at once. */
+static int plain_hook(uint64_t id, void **grad, void *ctx)
+{
+	struct plain *pl = ctx;
+	for (int i = 0; i < NP; i++)
+		if (id == pl->m->id[i] && *grad != NULL)
+			pl->w[i] -= LR * *(double *)*grad;
+	return 0;
+}
+
+CHECKED_TEST(reducer, one_participant_applies_as_a_plain_hook_does)
+{
+	enum { ROUNDS = 8 };
+	adg_pool *pool;
+	adg_executor pool_executor;
+	cr_assert_eq(adg_pool_new(2, &pool), 0);
+	cr_assert_eq(adg_pool_executor(pool, &pool_executor), 0);
+
+	/* The plain trainer: one backward a round, SGD from the hook. */
+	struct model plain;
+	model_open(&plain, 1);
+	struct plain pl = {&plain, plain.w};
+	for (int k = 0; k < ROUNDS; k++) {
+		adg_backward_options o = {
+			.on_ready = plain_hook, .ctx = &pl, .leaves_only = 1};
+		scalar root = build(&plain, 0, k, NO_FAIL);
+		adg_grads *g;
+		cr_assert_eq(adg_backward_with(reg, root.node, scalar_box(1.0),
+					       &scalar_ops, &o, &g),
+			     0);
+		cr_assert_eq(adg_grads_free(g), 0);
+		s_drop(root);
+	}
+
+	for (int with_pool = 0; with_pool < 2; with_pool++) {
+		struct model m;
+		model_open(&m, 1);
+		m.rounds = ROUNDS;
+		m.executor = with_pool ? &pool_executor : NULL;
+		train(&m);
+		expect_same_weights(m.w, plain.w,
+				    with_pool ? "on a pool" : "alone");
+		/* Each parameter once a round, NULL sums included. */
+		for (int i = 0; i < NP; i++)
+			cr_assert_eq(atomic_load(&m.applies[i]), ROUNDS);
+		model_close(&m);
+	}
+	/* w5 has no gradient: the reducer applied a NULL sum to it. */
+	cr_assert_eq(plain.w[5], 0.9);
+	model_close(&plain);
+	cr_assert_eq(adg_pool_free(pool), 0);
+}
+
+/* T = 1..4, each run several times with random sleeps in steps, before
+ * backward passes, before ends and in applies. */
+static void bitwise_for_1_to_4(const adg_executor *executor, int runs)
+{
+	enum { ROUNDS = 5 };
+	for (int t = 1; t <= MAXT; t++) {
+		double want[NP];
+		reference_weights(t, ROUNDS, false, want);
+		for (int run = 0; run < runs; run++) {
+			struct model m;
+			model_open(&m, t);
+			m.rounds = ROUNDS;
+			m.perturb = true;
+			m.executor = executor;
+			train(&m);
+			char what[64];
+			snprintf(what, sizeof what, "T = %d, run %d", t, run);
+			expect_same_weights(m.w, want, what);
+			/* Each value given was released once, to its
+			 * participant: p gave every parameter its graph
+			 * reaches, every round. */
+			for (int p = 0; p < t; p++)
+				cr_assert_eq(atomic_load(&m.released[p]),
+					     ROUNDS * (p == t - 1 ? 5 : 4));
+			model_close(&m);
+		}
+	}
+}
+
+CHECKED_TEST(reducer, bitwise_the_sequential_trainer_for_1_to_4_participants)
+{
+	bitwise_for_1_to_4(NULL, 3);
+}
+
+CHECKED_TEST(reducer, bitwise_the_sequential_trainer_on_a_pool)
+{
+	adg_pool *pool;
+	adg_executor ex;
+	cr_assert_eq(adg_pool_new(2, &pool), 0);
+	cr_assert_eq(adg_pool_executor(pool, &ex), 0);
+	bitwise_for_1_to_4(&ex, 2);
+	cr_assert_eq(adg_pool_free(pool), 0);
+}
+
+CHECKED_TEST(reducer, retained_passes_reduce_every_round)
+{
+	enum { ROUNDS = 4 };
+	adg_pool *pool;
+	adg_executor ex;
+	cr_assert_eq(adg_pool_new(2, &pool), 0);
+	cr_assert_eq(adg_pool_executor(pool, &ex), 0);
+	for (int t = 1; t <= 3; t++) {
+		double want[NP];
+		reference_weights(t, ROUNDS, true, want);
+		for (int with_pool = 0; with_pool < 2; with_pool++) {
+			struct model m;
+			model_open(&m, t);
+			m.rounds = ROUNDS;
+			m.retain = true;
+			m.perturb = true;
+			m.executor = with_pool ? &ex : NULL;
+			train(&m);
+			expect_same_weights(m.w, want, "retained");
+			model_close(&m);
+		}
+	}
+	cr_assert_eq(adg_pool_free(pool), 0);
+}
+
+/* ---------------------------------------------------------------- failure */
+
+CHECKED_TEST(reducer, failed_backward_abandons_the_round_for_everyone)
+{
+	struct model m;
+	model_open(&m, 3);
+	m.rounds = 3;
+	m.fail_round = 1;
+	m.fail_participant = 1;
+	m.fail_kind = FAIL_AT_ROOT;
+	m.perturb = true;
+	train(&m); /* every end of round 1 returned FAIL_CODE */
+
+	/* Round 1 applied nothing; rounds 0 and 2 as the sequential
+	 * trainer's. */
+	struct model ref;
+	model_open(&ref, 3);
+	reference(&ref, 0, 1);
+	reference(&ref, 2, 3);
+	expect_same_weights(m.w, ref.w, "after a failed round");
+	for (int i = 0; i < NP; i++)
+		cr_assert_eq(atomic_load(&m.applies[i]), 2);
+	/* Participants 0 and 2 gave theirs in round 1, and got them back. */
+	cr_assert_eq(atomic_load(&m.released[0]), 3 * 4);
+	cr_assert_eq(atomic_load(&m.released[1]), 2 * 4);
+	cr_assert_eq(atomic_load(&m.released[2]), 3 * 5);
+	model_close(&ref);
+	model_close(&m);
+}
+
+CHECKED_TEST(reducer, late_failure_keeps_the_applies_made_and_stops_the_rest)
+{
+	/* Round 1: participants 0 and 2 give all they have first; then 1's
+	 * backward gives w1 and w2 (their steps are deeper than the failing
+	 * one), which completes and applies them, and fails. */
+	struct model m;
+	model_open(&m, 3);
+	m.rounds = 3;
+	m.fail_round = 1;
+	m.fail_participant = 1;
+	m.fail_kind = FAIL_LATE;
+	train(&m);
+
+	struct model ref, whole;
+	model_open(&ref, 3);
+	reference(&ref, 0, 1);
+	double before[NP];
+	memcpy(before, ref.w, sizeof before);
+	model_open(&whole, 3);
+	memcpy(whole.w, before, sizeof before);
+	reference(&whole, 1, 2);
+	/* Each parameter of round 1: as the whole round would have left it,
+	 * or untouched; w1 and w2 applied, w4 (participant 2's, whose NULL
+	 * from 1 never came) and w5 not. */
+	double mid[NP];
+	for (int i = 0; i < NP; i++) {
+		bool applied = atomic_load(&m.applies[i]) == 3;
+		cr_assert(applied || atomic_load(&m.applies[i]) == 2);
+		mid[i] = applied ? whole.w[i] : before[i];
+	}
+	cr_assert_eq(atomic_load(&m.applies[1]), 3);
+	cr_assert_eq(atomic_load(&m.applies[2]), 3);
+	cr_assert_eq(atomic_load(&m.applies[4]), 2);
+	cr_assert_eq(atomic_load(&m.applies[5]), 2);
+	memcpy(ref.w, mid, sizeof mid);
+	reference(&ref, 2, 3);
+	expect_same_weights(m.w, ref.w, "after a late failure");
+	model_close(&whole);
+	model_close(&ref);
+	model_close(&m);
+}
+
+CHECKED_TEST(reducer, apply_at_end_is_all_or_nothing)
+{
+	struct model m;
+	model_open(&m, 2);
+	m.rounds = 3;
+	m.apply_at_end = true;
+	m.fail_round = 1;
+	m.fail_participant = 1;
+	m.fail_kind = FAIL_LATE; /* gives w1 and w2, then fails */
+	m.perturb = true;
+	train(&m);
+
+	struct model ref;
+	model_open(&ref, 2);
+	reference(&ref, 0, 1);
+	reference(&ref, 2, 3);
+	expect_same_weights(m.w, ref.w, "apply_at_end");
+	for (int i = 0; i < NP; i++)
+		cr_assert_eq(atomic_load(&m.applies[i]), 2);
+	/* Rounds 0 and 2: every parameter, in index order, on one thread
+	 * after both ends began (apply_sgd checks); round 1: none. */
+	for (int k = 0; k < 3; k++) {
+		cr_assert_eq(m.n_order[k], k == 1 ? 0 : NP);
+		for (int i = 0; i < m.n_order[k]; i++)
+			cr_assert_eq(m.order[k][i], i);
+	}
+	model_close(&ref);
+	model_close(&m);
+}
+
+/* ----------------------------------------------------- the API by hand */
+
+/* Gradients given by hand: heap doubles, folded with mix_add. */
+struct hand {
+	adg_reducer *red;
+	uint64_t ids[3];
+	int fail_apply; /* the parameter whose apply fails */
+	atomic_int applies[3];
+	void *applied_sum[3];
+	double applied[3];
+	atomic_int released[MAXT];
+	void *released_ptr[MAXT][8];
+	atomic_int bad;
+	int order[3], n_order;
+};
+
+static int hand_add(void **sum, void *value, void *ctx)
+{
+	struct hand *h = ctx;
+	if (*(double *)value == -1.0 || *(double *)*sum == -1.0)
+		return ADG_EUSER - 1; /* a poisoned value */
+	(void)h;
+	return mix_add(sum, value, NULL);
+}
+
+static int hand_apply(const adg_reduction *red, void *ctx)
+{
+	struct hand *h = ctx;
+	if (red->param >= 3 || red->id != h->ids[red->param]) {
+		atomic_fetch_add(&h->bad, 1);
+		return 0;
+	}
+	atomic_fetch_add(&h->applies[red->param], 1);
+	h->order[h->n_order++ % 3] = (int)red->param;
+	if ((int)red->param == h->fail_apply)
+		return ADG_EUSER - 2;
+	h->applied_sum[red->param] = red->sum;
+	h->applied[red->param] = red->sum ? *(double *)red->sum : 0;
+	return 0;
+}
+
+static void hand_release(void *value, size_t participant, void *ctx)
+{
+	struct hand *h = ctx;
+	if (participant >= MAXT) {
+		atomic_fetch_add(&h->bad, 1);
+		return;
+	}
+	int n = atomic_fetch_add(&h->released[participant], 1);
+	if (n < 8)
+		h->released_ptr[participant][n] = value;
+	value_free(value);
+}
+
+static void hand_open(struct hand *h, size_t t, int apply_at_end)
+{
+	memset(h, 0, sizeof *h);
+	h->ids[0] = 11, h->ids[1] = 7, h->ids[2] = 1000003;
+	h->fail_apply = -1;
+	adg_reducer_options o = {
+		.n_participants = t,
+		.param_ids = h->ids,
+		.n_params = 3,
+		.ops = {hand_add, hand_apply, hand_release, h},
+		.apply_at_end = apply_at_end,
+	};
+	cr_assert_eq(adg_reducer_new(&o, &h->red), 0);
+}
+
+static void hand_close(struct hand *h)
+{
+	cr_assert_eq(atomic_load(&h->bad), 0);
+	cr_assert_eq(adg_reducer_free(h->red), 0);
+}
+
+/* adg_reducer_end on a thread of its own (it waits for the others). */
+struct ender {
+	pthread_t thread;
+	struct hand *h;
+	size_t participant;
+	int result, rc;
+};
+
+static void *end_thread(void *arg)
+{
+	struct ender *e = arg;
+	e->rc = adg_reducer_end(e->h->red, e->participant, e->result);
+	return NULL;
+}
+
+static void end_async(struct ender *e, struct hand *h, size_t p, int result)
+{
+	*e = (struct ender){.h = h, .participant = p, .result = result};
+	cr_assert_eq(pthread_create(&e->thread, NULL, end_thread, e), 0);
+}
+
+static int end_join(struct ender *e)
+{
+	pthread_join(e->thread, NULL);
+	return e->rc;
+}
+
+CHECKED_TEST(reducer, the_first_non_null_contribution_holds_the_sum)
+{
+	struct hand h;
+	hand_open(&h, 3, 0);
+	/* Parameter 0: participants 1 and 2; parameter 1: none;
+	 * parameter 2: all three. */
+	double *a = scalar_box(3), *b = scalar_box(5);
+	double *c0 = scalar_box(1), *c1 = scalar_box(2), *c2 = scalar_box(4);
+	cr_assert_eq(adg_reducer_give(h.red, 2, 11, b), 0);
+	cr_assert_eq(adg_reducer_give(h.red, 1, 11, a), 0);
+	cr_assert_eq(adg_reducer_give(h.red, 2, 1000003, c2), 0);
+	cr_assert_eq(adg_reducer_give(h.red, 0, 1000003, c0), 0);
+	cr_assert_eq(adg_reducer_give(h.red, 1, 1000003, c1), 0);
+	/* All three in: applied at once, on this thread. */
+	cr_assert_eq(atomic_load(&h.applies[2]), 1);
+	cr_assert_eq(h.applied_sum[2], c0);
+	cr_assert_eq(h.applied[2], 0.5 * (0.5 * 1 + 2) + 4);
+	cr_assert_eq(atomic_load(&h.applies[0]), 0);
+	struct ender e0, e1;
+	end_async(&e0, &h, 0, 0);
+	end_async(&e1, &h, 1, 0);
+	cr_assert_eq(adg_reducer_end(h.red, 2, 0), 0);
+	cr_assert_eq(end_join(&e0), 0);
+	cr_assert_eq(end_join(&e1), 0);
+	cr_assert_eq(atomic_load(&h.applies[0]), 1);
+	cr_assert_eq(atomic_load(&h.applies[1]), 1);
+	cr_assert_null(h.applied_sum[1], "no contribution: a NULL sum");
+	cr_assert_eq(h.applied[0], 0.5 * 3 + 5);
+	/* Each value back to its giver, the sums too. */
+	cr_assert_eq(atomic_load(&h.released[0]), 1);
+	cr_assert_eq(atomic_load(&h.released[1]), 2);
+	cr_assert_eq(atomic_load(&h.released[2]), 2);
+	cr_assert_eq(h.released_ptr[0][0], c0);
+	cr_assert(h.released_ptr[1][0] == a || h.released_ptr[1][1] == a);
+	uint64_t rounds;
+	cr_assert_eq(adg_reducer_rounds(h.red, &rounds), 0);
+	cr_assert_eq(rounds, 1);
+	hand_close(&h);
+}
+
+CHECKED_TEST(reducer, add_or_apply_error_abandons_the_round)
+{
+	for (int kind = 0; kind < 2; kind++) {
+		struct hand h;
+		hand_open(&h, 2, 0);
+		int code = kind == 0 ? ADG_EUSER - 1 : ADG_EUSER - 2;
+		/* Parameter 0 fails when it completes: add on a poisoned
+		 * value, or its apply. */
+		if (kind == 1)
+			h.fail_apply = 0;
+		cr_assert_eq(adg_reducer_give(h.red, 0, 11,
+					      scalar_box(kind == 0 ? -1 : 1)),
+			     0);
+		cr_assert_eq(adg_reducer_give(h.red, 0, 7, scalar_box(1)), 0);
+		cr_assert_eq(adg_reducer_give(h.red, 1, 11, scalar_box(2)),
+			     code, "the error, the value taken");
+		/* Complete after the failure: neither folded nor applied. */
+		cr_assert_eq(adg_reducer_give(h.red, 1, 7, scalar_box(2)), 0);
+		struct ender e0;
+		end_async(&e0, &h, 0, 0);
+		cr_assert_eq(adg_reducer_end(h.red, 1, 0), code);
+		cr_assert_eq(end_join(&e0), code);
+		cr_assert_eq(atomic_load(&h.applies[0]), kind);
+		cr_assert_eq(atomic_load(&h.applies[1]), 0);
+		cr_assert_eq(atomic_load(&h.applies[2]), 0);
+		cr_assert_eq(atomic_load(&h.released[0]), 2);
+		cr_assert_eq(atomic_load(&h.released[1]), 2);
+
+		/* The next round is clean. */
+		h.fail_apply = -1;
+		for (size_t p = 0; p < 2; p++)
+			for (int i = 0; i < 3; i++)
+				cr_assert_eq(adg_reducer_give(
+						     h.red, p, h.ids[i],
+						     scalar_box((double)p + 1)),
+					     0);
+		end_async(&e0, &h, 0, 0);
+		cr_assert_eq(adg_reducer_end(h.red, 1, 0), 0);
+		cr_assert_eq(end_join(&e0), 0);
+		for (int i = 0; i < 3; i++) {
+			cr_assert_eq(h.applied[i], 0.5 * 1 + 2);
+			cr_assert_eq(atomic_load(&h.applies[i]),
+				     i == 0 ? kind + 1 : 1);
+		}
+		hand_close(&h);
+	}
+}
+
+CHECKED_TEST(reducer, an_apply_error_at_the_end_stops_the_applies)
+{
+	struct hand h;
+	hand_open(&h, 1, 1);
+	h.fail_apply = 1;
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(
+			adg_reducer_give(h.red, 0, h.ids[i], scalar_box(i)), 0);
+	cr_assert_eq(atomic_load(&h.applies[0]), 0, "not before the end");
+	cr_assert_eq(adg_reducer_end(h.red, 0, 0), ADG_EUSER - 2);
+	cr_assert_eq(atomic_load(&h.applies[0]), 1);
+	cr_assert_eq(atomic_load(&h.applies[1]), 1);
+	cr_assert_eq(atomic_load(&h.applies[2]), 0);
+	cr_assert_eq(atomic_load(&h.released[0]), 3);
+	/* A failing participant: nothing applied, and a positive result
+	 * is ADG_ECALLBACK. */
+	h.fail_apply = -1;
+	cr_assert_eq(adg_reducer_give(h.red, 0, 7, scalar_box(1)), 0);
+	cr_assert_eq(adg_reducer_end(h.red, 0, 3), ADG_ECALLBACK);
+	cr_assert_eq(atomic_load(&h.applies[1]), 1);
+	cr_assert_eq(atomic_load(&h.released[0]), 4);
+	hand_close(&h);
+}
+
+/* ------------------------------------------------------------- bad input */
+
+static int noop_apply(const adg_reduction *red, void *ctx)
+{
+	(void)red, (void)ctx;
+	return 0;
+}
+
+static void noop_release(void *value, size_t participant, void *ctx)
+{
+	(void)participant, (void)ctx;
+	value_free(value);
+}
+
+CHECKED_TEST(reducer, bad_options_are_einval_and_allocate_nothing)
+{
+	failing_alloc fa = {0};
+	uint64_t ids[3] = {4, 5, 6};
+	const adg_reducer_options good = {
+		.n_participants = 2,
+		.param_ids = ids,
+		.n_params = 3,
+		.ops = {mix_add, noop_apply, noop_release, NULL},
+		.allocator = failing_allocator(&fa),
+	};
+	adg_reducer *r = (adg_reducer *)&r;
+	cr_assert_eq(adg_reducer_new(NULL, &r), ADG_EINVAL);
+	cr_assert_null(r);
+	cr_assert_eq(adg_reducer_new(&good, NULL), ADG_EINVAL);
+	adg_reducer_options o[10];
+	for (int k = 0; k < 10; k++)
+		o[k] = good;
+	o[0].n_participants = 0;
+	o[1].n_params = 0;
+	o[2].param_ids = NULL;
+	o[3].ops.add = NULL;
+	o[4].ops.apply = NULL;
+	o[5].ops.release = NULL;
+	o[6].allocator.free = NULL;
+	uint64_t zero[3] = {4, 0, 6}, twice[3] = {4, 5, 4};
+	o[7].param_ids = zero;
+	o[8].param_ids = twice;
+	o[9].allocator.alloc = NULL;
+	for (int k = 0; k < 10; k++) {
+		r = (adg_reducer *)&r;
+		cr_assert_eq(adg_reducer_new(&o[k], &r), ADG_EINVAL,
+			     "options %d", k);
+		cr_assert_null(r);
+		cr_assert_eq(atomic_load(&fa.live_bytes), 0, "options %d", k);
+	}
+	cr_assert_eq(adg_reducer_free(NULL), 0);
+	cr_assert_eq(adg_reducer_new(&good, &r), 0);
+	cr_assert_gt(atomic_load(&fa.live_bytes), 0, "the allocator's");
+	cr_assert_eq(adg_reducer_free(r), 0);
+	cr_assert_eq(atomic_load(&fa.live_bytes), 0);
+}
+
+CHECKED_TEST(reducer, bad_calls_change_nothing)
+{
+	struct hand h;
+	hand_open(&h, 2, 0);
+	adg_reducer *r = h.red;
+	double *v = scalar_box(8);
+
+	adg_backward_options bo = {.leaves_only = 0, .retain = 1};
+	cr_assert_eq(adg_reducer_hook(NULL, 0, &bo), ADG_EINVAL);
+	cr_assert_eq(adg_reducer_hook(r, 2, &bo), ADG_EINVAL);
+	cr_assert_eq(adg_reducer_hook(r, 0, NULL), ADG_EINVAL);
+	cr_assert(bo.on_ready == NULL && bo.ctx == NULL && !bo.leaves_only);
+	cr_assert_eq(adg_reducer_hook(r, 1, &bo), 0);
+	cr_assert(bo.on_ready != NULL && bo.leaves_only && bo.retain);
+
+	cr_assert_eq(adg_reducer_give(NULL, 0, 11, v), ADG_EINVAL);
+	cr_assert_eq(adg_reducer_give(r, 0, 11, NULL), ADG_EINVAL);
+	cr_assert_eq(adg_reducer_give(r, 2, 11, v), ADG_EINVAL);
+	cr_assert_eq(adg_reducer_give(r, 0, 12, v), ADG_EINVAL, "unknown");
+	cr_assert_eq(adg_reducer_give(r, 0, 0, v), ADG_EINVAL);
+	cr_assert_eq(adg_reducer_end(NULL, 0, 0), ADG_EINVAL);
+	cr_assert_eq(adg_reducer_end(r, 2, 0), ADG_EINVAL);
+	cr_assert_eq(adg_reducer_rounds(NULL, &(uint64_t){0}), ADG_EINVAL);
+	cr_assert_eq(adg_reducer_rounds(r, NULL), ADG_EINVAL);
+
+	/* Given twice: the second refused, its value not taken. */
+	cr_assert_eq(adg_reducer_give(r, 0, 11, v), 0);
+	double *again = scalar_box(100);
+	cr_assert_eq(adg_reducer_give(r, 0, 11, again), ADG_ESTATE);
+	/* Mid-round the reducer cannot go. */
+	cr_assert_eq(adg_reducer_free(r), ADG_EBUSY);
+	cr_assert_eq(adg_reducer_give(r, 1, 11, scalar_box(1)), 0);
+	cr_assert_eq(h.applied[0], 0.5 * 8 + 1, "the refused value stayed out");
+	cr_assert_eq(adg_reducer_give(r, 1, 11, again), ADG_ESTATE);
+	value_free(again);
+	struct ender e0;
+	end_async(&e0, &h, 0, 0);
+	cr_assert_eq(adg_reducer_end(r, 1, 0), 0);
+	cr_assert_eq(end_join(&e0), 0);
+	cr_assert_eq(atomic_load(&h.released[0]), 1);
+	cr_assert_eq(atomic_load(&h.released[1]), 1);
+	uint64_t rounds;
+	cr_assert_eq(adg_reducer_rounds(r, &rounds), 0);
+	cr_assert_eq(rounds, 1);
+	hand_close(&h);
+}
+
+/* Inside an apply that participant 0's end brought about: participant 0
+ * is ending, 1 has given everything. */
+struct out_of_order {
+	struct hand h;
+	int end_again, give_ending, give_given, calls, end0;
+};
+
+static int out_of_order_apply(const adg_reduction *red, void *ctx)
+{
+	struct out_of_order *o = ctx;
+	if (o->calls++ == 0) {
+		o->end_again = adg_reducer_end(o->h.red, 0, 0);
+		double *v = scalar_box(1);
+		o->give_ending = adg_reducer_give(o->h.red, 0, 11, v);
+		o->give_given = adg_reducer_give(o->h.red, 1, 11, v);
+		value_free(v);
+	}
+	return hand_apply(red, &o->h);
+}
+
+static void *end_0(void *arg)
+{
+	struct out_of_order *o = arg;
+	o->end0 = adg_reducer_end(o->h.red, 0, 0);
+	return NULL;
+}
+
+CHECKED_TEST(reducer, calls_out_of_order_are_estate)
+{
+	struct out_of_order o = {0};
+	o.h.fail_apply = -1;
+	o.h.ids[0] = 11, o.h.ids[1] = 7, o.h.ids[2] = 1000003;
+	adg_reducer_options opt = {
+		.n_participants = 2,
+		.param_ids = o.h.ids,
+		.n_params = 3,
+		.ops = {hand_add, out_of_order_apply, hand_release, &o},
+	};
+	cr_assert_eq(adg_reducer_new(&opt, &o.h.red), 0);
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(
+			adg_reducer_give(o.h.red, 1, o.h.ids[i], scalar_box(i)),
+			0);
+	/* Participant 0 gives nothing: its end completes every parameter
+	 * with NULLs, and applies them, on its thread, whenever 1 ends. */
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, end_0, &o), 0);
+	cr_assert_eq(adg_reducer_end(o.h.red, 1, 0), 0);
+	pthread_join(t, NULL);
+	cr_assert_eq(o.end0, 0, "participant 0's end");
+	cr_assert_eq(o.calls, 3);
+	cr_assert_eq(o.end_again, ADG_ESTATE, "a second end");
+	cr_assert_eq(o.give_ending, ADG_ESTATE, "a give while ending");
+	cr_assert_eq(o.give_given, ADG_ESTATE, "a second give");
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(o.h.applied[i], (double)i, "nothing else folded");
+	cr_assert_eq(atomic_load(&o.h.released[0]), 0);
+	cr_assert_eq(atomic_load(&o.h.released[1]), 3);
+	hand_close(&o.h);
+}
+
+/* ------------------------------------------------------ allocation failure */
+
+Test(reducer_alloc, every_allocation_fails_in_turn)
+{
+	uint64_t ids[5] = {9, 3, 27, 81, 1};
+	failing_alloc fa = {0};
+	struct hand h;
+	memset(&h, 0, sizeof h);
+	memcpy(h.ids, ids, sizeof h.ids);
+	h.fail_apply = -1;
+	adg_reducer_options o = {
+		.n_participants = 1,
+		.param_ids = ids,
+		.n_params = 3,
+		.ops = {hand_add, hand_apply, hand_release, &h},
+		.allocator = failing_allocator(&fa),
+	};
+	long failures = 0;
+	for (long n = 1;; n++) {
+		atomic_store(&fa.fail_in, n);
+		adg_reducer *r = (adg_reducer *)&r;
+		int rc = adg_reducer_new(&o, &r);
+		bool failed = atomic_load(&fa.fail_in) == 0;
+		atomic_store(&fa.fail_in, 0);
+		if (!failed) {
+			cr_assert_eq(rc, 0, "N=%ld: %s", n, adg_strerror(rc));
+			h.red = r;
+			for (int i = 0; i < 3; i++)
+				cr_assert_eq(adg_reducer_give(r, 0, ids[i],
+							      scalar_box(i)),
+					     0);
+			cr_assert_eq(adg_reducer_end(r, 0, 0), 0);
+			cr_assert_eq(atomic_load(&h.applies[2]), 1);
+			cr_assert_eq(adg_reducer_free(r), 0);
+			break;
+		}
+		failures++;
+		cr_assert_eq(rc, ADG_ENOMEM, "N=%ld: %s", n, adg_strerror(rc));
+		cr_assert_null(r, "N=%ld", n);
+		cr_assert_eq(atomic_load(&fa.live_bytes), 0,
+			     "N=%ld: %ld bytes kept", n,
+			     atomic_load(&fa.live_bytes));
+	}
+	cr_assert_geq(failures, 3,
+		      "the reducer, its parameters, its "
+		      "participants' slots and its table");
+	cr_assert_eq(atomic_load(&fa.live_bytes), 0);
+	cr_assert_eq(atomic_load(&scalar_values_live), 0);
+	cr_assert_eq(atomic_load(&h.bad), 0);
+}
+
+/* ----------------------------------------------------------------- stress */
+
+CHECKED_TEST(reducer_stress, many_rounds_on_a_shared_pool)
+{
+	enum { ROUNDS = 300 };
+	adg_pool *pool;
+	adg_executor ex;
+	cr_assert_eq(adg_pool_new(3, &pool), 0);
+	cr_assert_eq(adg_pool_executor(pool, &ex), 0);
+	for (int at_end = 0; at_end < 2; at_end++) {
+		double want[NP];
+		reference_weights(MAXT, ROUNDS, false, want);
+		struct model m;
+		model_open(&m, MAXT);
+		m.rounds = ROUNDS;
+		m.executor = &ex;
+		m.apply_at_end = at_end;
+		train(&m);
+		expect_same_weights(m.w, want,
+				    at_end ? "at end" : "overlapped");
+		model_close(&m);
+	}
+	cr_assert_eq(adg_pool_free(pool), 0);
+}
+
+/* T participants, each giving from two threads at once (as executor
+ * workers do), many rounds; every apply checks its sum. */
+struct crowd {
+	adg_reducer *red;
+	uint64_t ids[16];
+	double values[MAXT][16]; /* participant p's for parameter i */
+	atomic_int applies, bad;
+};
+
+#define CROWD_ROUNDS 1000
+
+static double crowd_value(int p, int i, uint64_t round)
+{
+	return (double)((p * 7 + i * 3 + (int)(round % 13)) % 11) - 5.0;
+}
+
+static int crowd_apply(const adg_reduction *red, void *ctx)
+{
+	struct crowd *c = ctx;
+	double want = 0;
+	for (int p = 0; p < MAXT; p++) {
+		double v = crowd_value(p, (int)red->param, red->round);
+		want = p == 0 ? v : 0.5 * want + v;
+	}
+	if (red->sum == NULL || *(double *)red->sum != want ||
+	    red->id != c->ids[red->param])
+		atomic_fetch_add(&c->bad, 1);
+	atomic_fetch_add(&c->applies, 1);
+	return 0;
+}
+
+static void crowd_release(void *value, size_t participant, void *ctx)
+{
+	struct crowd *c = ctx;
+	if ((int)participant != this_participant)
+		atomic_fetch_add(&c->bad, 1);
+	(void)value;
+}
+
+struct half {
+	struct crowd *c;
+	int p, half;
+	uint64_t round;
+};
+
+static void *give_half(void *arg)
+{
+	struct half *hf = arg;
+	for (int i = hf->half; i < 16; i += 2) {
+		double *v = &hf->c->values[hf->p][i];
+		*v = crowd_value(hf->p, i, hf->round);
+		if (adg_reducer_give(hf->c->red, (size_t)hf->p, hf->c->ids[i],
+				     v) != 0)
+			atomic_fetch_add(&hf->c->bad, 1);
+	}
+	return NULL;
+}
+
+static void *crowd_participant(void *arg)
+{
+	struct thread *th = arg;
+	struct crowd *c = th->s;
+	this_participant = th->i;
+	for (uint64_t k = 0; k < CROWD_ROUNDS; k++) {
+		/* Half the parameters from a helper thread, half from this
+		 * one, at once. */
+		struct half a = {c, th->i, 0, k}, b = {c, th->i, 1, k};
+		pthread_t helper;
+		bool spawned =
+			pthread_create(&helper, NULL, give_half, &a) == 0;
+		if (!spawned)
+			give_half(&a);
+		give_half(&b);
+		if (spawned)
+			pthread_join(helper, NULL);
+		if (adg_reducer_end(c->red, (size_t)th->i, 0) != 0)
+			atomic_fetch_add(&c->bad, 1);
+	}
+	return NULL;
+}
+
+CHECKED_TEST(reducer_stress, gives_from_two_threads_per_participant)
+{
+	struct crowd c = {0};
+	for (int i = 0; i < 16; i++)
+		c.ids[i] = (uint64_t)(i * 64 + 1); /* collide in the table */
+	adg_reducer_options o = {
+		.n_participants = MAXT,
+		.param_ids = c.ids,
+		.n_params = 16,
+		.ops = {mix_add, crowd_apply, crowd_release, &c},
+	};
+	cr_assert_eq(adg_reducer_new(&o, &c.red), 0);
+	run_threads(MAXT, crowd_participant, &c);
+	cr_assert_eq(atomic_load(&c.bad), 0);
+	cr_assert_eq(atomic_load(&c.applies), CROWD_ROUNDS * 16);
+	uint64_t rounds;
+	cr_assert_eq(adg_reducer_rounds(c.red, &rounds), 0);
+	cr_assert_eq(rounds, CROWD_ROUNDS);
+	cr_assert_eq(adg_reducer_free(c.red), 0);
+}
