@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what libadg's build needs, when it is missing (Debian).
-# Usage: scripts/deps.sh [test|bench|pictures|digits|compare]
+# Usage: scripts/deps.sh [test|bench|pictures|digits|fashion|compare]
 set -euo pipefail
 
 want=(meson ninja-build pkg-config gcc liburcu-dev libck-dev)
@@ -9,7 +9,7 @@ test) want+=(libcriterion-dev valgrind openmpi-bin libopenmpi-dev clang
 	clang-format shellcheck libopenblas-dev) ;;
 bench) want+=(gnuplot-nox valgrind) ;;
 pictures) want+=(graphviz gnuplot-nox) ;;
-digits) want+=(libopenblas-dev gnuplot-nox) ;;
+digits | fashion) want+=(libopenblas-dev gnuplot-nox) ;;
 compare) want+=(g++ libopenblas-dev libtorch-dev) ;;
 esac
 

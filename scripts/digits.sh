@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# Runs examples/digits (an MLP trained by Hogwild SGD on the UCI digits)
-# for each thread count, writes its figures to results/digits.csv, draws
-# loss and test accuracy against training time with gnuplot into
+# Runs examples/digits (an MLP trained by SGD on the UCI digits, Hogwild or
+# sync) for each thread count, writes its figures to results/digits.csv,
+# draws loss and test accuracy against training time with gnuplot into
 # docs/images/digits.png, and prints a Markdown table of the runs.
 # Fetches the data and installs OpenBLAS and gnuplot when missing; builds
 # in build-digits/ (release).
 # Usage: digits.sh [--threads LIST] [--batch B] [--epochs E]
-#        (defaults: 1,8; 1; 30)
+#                  [--mode hogwild|sync]
+#        (defaults: 1,8; 1; 30; hogwild)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=1,8
 batch=1
 epochs=30
+mode=hogwild
 while [ $# -gt 0 ]; do
 	case $1 in
-	--threads | --batch | --epochs)
+	--threads | --batch | --epochs | --mode)
 		if [ $# -lt 2 ]; then
 			echo "$1 wants a value" >&2
 			exit 2
@@ -23,11 +25,13 @@ while [ $# -gt 0 ]; do
 		--threads) threads=$2 ;;
 		--batch) batch=$2 ;;
 		--epochs) epochs=$2 ;;
+		--mode) mode=$2 ;;
 		esac
 		shift 2
 		;;
 	*)
-		echo "usage: $0 [--threads LIST] [--batch B] [--epochs E]" >&2
+		echo "usage: $0 [--threads LIST] [--batch B] [--epochs E]" \
+			"[--mode hogwild|sync]" >&2
 		exit 2
 		;;
 	esac
@@ -48,7 +52,8 @@ out=$(mktemp)
 trap 'rm -f "$out"' EXIT
 # BLAS on the calling thread: the T threads are the parallelism.
 OPENBLAS_NUM_THREADS=1 "$dir/examples/digits/digits" --threads "$threads" \
-	--batch "$batch" --epochs "$epochs" --csv "$csv" "$data" | tee "$out"
+	--batch "$batch" --epochs "$epochs" --mode "$mode" --csv "$csv" \
+	"$data" | tee "$out"
 
 # One line per thread count, in the order they ran.
 runs=$(awk -F, 'NR > 1 && !seen[$1]++ { printf "%s ", $1 }' "$csv")
@@ -66,7 +71,7 @@ set terminal pngcairo size 1000,400 font "sans,10"
 set output "$png"
 set datafile separator ","
 set key autotitle columnhead
-set multiplot layout 1,2 title "examples/digits: MLP 64-64-10, Hogwild SGD, B = $batch, $epochs epochs"
+set multiplot layout 1,2 title "examples/digits: MLP 64-64-10, $mode SGD, B = $batch, $epochs epochs"
 set xlabel "training time (s)"
 set ylabel "training loss"
 set logscale y

@@ -1,20 +1,27 @@
 /* Handwritten digits with libadg: a multi-layer perceptron 64-64-10
- * trained by Hogwild SGD on T threads, on the UCI digits (1,797 images of
- * 8x8 pixels; scripts/fetch-digits.sh fetches them).
+ * trained by SGD on T threads, on the UCI digits (1,797 images of 8x8
+ * pixels; scripts/fetch-digits.sh fetches them).
  *
  * Every fifth image (row index % 5 == 4) is the test set, the rest train.
- * Each epoch shuffles the training images into one shared order; the
- * threads take mini-batches from it in turn and, for each, record the
- * forward pass as a graph (tensor.h), run its backward, and update the
- * shared parameters without a lock as soon as each one's gradient is
- * final (the gradient-ready hook). Prints a line per epoch; --csv writes
- * the same figures, and scripts/digits.sh draws them. --export writes
- * what bench/compare/ needs to train the same model in PyTorch.
+ * Each epoch shuffles the training images into one shared order. Two ways
+ * to use the threads (--mode):
+ * - hogwild (the default): the threads take mini-batches from the order in
+ *   turn and, for each, record the forward pass as a graph (tensor.h), run
+ *   its backward, and update the shared parameters without a lock as soon
+ *   as each one's gradient is final (the gradient-ready hook);
+ * - sync: every mini-batch is split across the threads; each records and
+ *   runs the backward of its share, and hands each parameter's gradient
+ *   from the hook to a gradient reducer (adg_reducer), which sums the
+ *   threads' gradients in thread order and applies one SGD step.
+ * Prints a line per epoch; --csv writes the same figures, and
+ * scripts/digits.sh draws them. --export writes what bench/compare/ needs
+ * to train the same model in PyTorch.
  *
  * Usage: digits [options] DATA.csv (--help lists them). Exit status 0;
  * 1 on an error or a missed --min-test-accuracy; 2 on bad usage; 77 when
  * the data is missing and --skip-if-missing is given. */
 #include "tensor.h"
+#include "train.h"
 
 #include <adg.h>
 #include <cblas.h>
@@ -27,7 +34,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define PIXELS	 64 /* 8 x 8, each 0..16 */
 #define HIDDEN	 64
@@ -125,44 +131,6 @@ static int load_digits(const char *path, struct digits *out)
 	return rc;
 }
 
-/* ----------------------------------------------------------- randomness */
-
-/* splitmix64: a tiny, fixed generator, so that the orders depend on the
- * seed alone, and the initial weights too, up to libm's rounding. */
-static uint64_t next_random(uint64_t *state)
-{
-	uint64_t z = (*state += 0x9e3779b97f4a7c15u);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-	return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *state) /* in (0, 1) */
-{
-	return ((double)(next_random(state) >> 11) + 0.5) / 9007199254740992.0;
-}
-
-static double normal(uint64_t *state) /* Box-Muller */
-{
-	double u = uniform01(state), v = uniform01(state);
-	return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
-}
-
-/* Epoch e's order of the n training images: a Fisher-Yates shuffle from
- * a generator seeded by the seed and the epoch. */
-static void shuffle(int *order, int n, uint64_t seed, int epoch)
-{
-	uint64_t state = seed * 1000003u + (uint64_t)epoch + 1;
-	for (int i = 0; i < n; i++)
-		order[i] = i;
-	for (int i = n - 1; i > 0; i--) {
-		int j = (int)(next_random(&state) % (uint64_t)(i + 1));
-		int t = order[i];
-		order[i] = order[j];
-		order[j] = t;
-	}
-}
-
 /* ---------------------------------------------------------------- model */
 
 /* A parameter shared by every thread. Hogwild: threads read and write
@@ -170,7 +138,10 @@ static void shuffle(int *order, int n, uint64_t seed, int epoch)
  * stores (_Atomic float), so that concurrent updates may be lost, as
  * Hogwild allows, but never make a data race, which C does not allow.
  * Relaxed is enough: a parameter publishes nothing else, and a thread
- * needs no particular other thread's update to be correct. */
+ * needs no particular other thread's update to be correct. Sync: the
+ * reducer orders every access (one thread applies a round's update after
+ * every thread's last read in that round, and adg_reducer_end returns
+ * after it), so the same relaxed accesses are enough there too. */
 struct param {
 	const char *name;
 	int rows, cols;
@@ -298,24 +269,17 @@ static int evaluate(const struct model *m, const struct dataset *d,
 
 /* ---------------------------------------------------------- the trainer */
 
-/* The main thread opens each epoch for the workers and waits until all
- * are done with it: a mutex and two condition variables, which also make
- * what main wrote before opening (the order, the learning rate) visible
- * to the workers, and what they wrote visible to main after. */
-struct rendezvous {
-	pthread_mutex_t lock;
-	pthread_cond_t opened, finished;
-	unsigned epoch;	  /* bumped by main to open an epoch */
-	unsigned running; /* workers not yet done with the open epoch */
-	int quit;
-};
+struct worker;
 
 struct trainer {
 	struct model *model;
 	const struct digits *data;
-	int batch;
-	float lr;   /* this epoch's; written by main between epochs */
-	int *order; /* this epoch's order of the training images */
+	enum train_mode mode;
+	int batch, n_threads;
+	struct worker *workers;
+	adg_reducer *reducer; /* sync only */
+	float lr;	      /* this epoch's; written by main between epochs */
+	int *order;	      /* this epoch's order of the training images */
 	int n_batches;
 	/* The next batch to take: an atomic counter, so that each batch goes
 	 * to one thread. Relaxed: it hands out numbers and publishes no data
@@ -330,6 +294,7 @@ struct trainer {
 
 struct worker {
 	struct trainer *trainer;
+	size_t index; /* the reducer's participant */
 	pthread_t thread;
 	struct recorder rec;
 	struct tensor_pool pool;
@@ -339,40 +304,75 @@ struct worker {
 	int rc;
 };
 
-/* The gradient-ready hook: called for each parameter (leaves only) as
- * soon as its gradient is final, while the backward goes on with earlier
- * layers. Applies SGD to that parameter and gives the gradient back. */
+/* x -= lr * g, element by element, with relaxed loads and stores (see
+ * struct param). */
+static void sgd_step(struct param *p, const struct tensor *g, float lr)
+{
+	_Atomic float *value = p->value;
+	const float *d = g->data;
+	for (int k = 0, n = p->rows * p->cols; k < n; k++) {
+		/* A load and a store, not an atomic read-modify-write: in
+		 * Hogwild another thread's update in between is lost, as
+		 * Hogwild allows; in sync no other thread writes meanwhile. */
+		float v = atomic_load_explicit(&value[k], memory_order_relaxed);
+		atomic_store_explicit(&value[k], v - lr * d[k],
+				      memory_order_relaxed);
+	}
+}
+
+/* Hogwild's gradient-ready hook: called for each parameter (leaves only)
+ * as soon as its gradient is final, while the backward goes on with
+ * earlier layers. Applies SGD to that parameter and gives the gradient
+ * back. */
 static int apply_sgd(uint64_t id, void **grad, void *ctx)
 {
 	struct worker *w = ctx;
 	const struct tensor *g = *grad;
-	float lr = w->trainer->lr;
 	if (g == NULL)
 		return 0;
 	for (int i = 0; i < N_PARAMS; i++) {
 		struct param *p = &w->trainer->model->params[i];
-		if (p->id != id)
-			continue;
-		_Atomic float *value = p->value;
-		const float *d = g->data;
-		for (int k = 0, n = p->rows * p->cols; k < n; k++) {
-			/* A load and a store, not an atomic read-modify-write:
-			 * another thread's update in between is lost, as
-			 * Hogwild allows; relaxed, see struct param. */
-			float v = atomic_load_explicit(&value[k],
-						       memory_order_relaxed);
-			atomic_store_explicit(&value[k], v - lr * d[k],
-					      memory_order_relaxed);
+		if (p->id == id) {
+			sgd_step(p, g, w->trainer->lr);
+			break;
 		}
-		break;
 	}
 	*grad = NULL; /* taken: back to the pool */
 	pool_put(&w->pool, (struct tensor *)g);
 	return 0;
 }
 
-/* One SGD step on the training images order[0..n). */
-static int train_batch(struct worker *w, const int *order, int n)
+/* Sync: the reducer's ops. add folds one thread's gradient into the sum
+ * (a gradient of another thread's, which it reads and writes but does not
+ * keep); apply takes one SGD step with the sum of all threads'; release
+ * gives a gradient back to its thread's pool, on that thread. */
+static int reducer_add(void **sum, void *value, void *ctx)
+{
+	(void)ctx;
+	tensor_add(*sum, value);
+	return 0;
+}
+
+static int reducer_apply(const adg_reduction *r, void *ctx)
+{
+	struct trainer *tr = ctx;
+	if (r->sum != NULL)
+		sgd_step(&tr->model->params[r->param], r->sum, tr->lr);
+	return 0;
+}
+
+static void reducer_release(void *value, size_t participant, void *ctx)
+{
+	struct trainer *tr = ctx;
+	pool_put(&tr->workers[participant].pool, value);
+}
+
+/* Records and runs the backward of one step on the training images
+ * order[0..n), whose loss weighs scale in the step's loss (1 in Hogwild;
+ * in sync the share's n / the batch's rows, so that the threads'
+ * gradients add up to the batch's mean). The hook updates or hands on
+ * each parameter's gradient. */
+static int train_batch(struct worker *w, const int *order, int n, float scale)
 {
 	struct trainer *tr = w->trainer;
 	struct recorder *rec = &w->rec;
@@ -413,7 +413,7 @@ static int train_batch(struct worker *w, const int *order, int n)
 		if (seed == NULL) {
 			rc = ADG_ENOMEM;
 		} else {
-			seed->data[0] = 1; /* d loss / d loss */
+			seed->data[0] = scale; /* d step loss / d loss */
 			rc = adg_backward_with(tr->model->registry, loss.node,
 					       seed, &w->ops, &w->backward,
 					       &grads);
@@ -426,7 +426,7 @@ static int train_batch(struct worker *w, const int *order, int n)
 	return rc != 0 ? rc : reset;
 }
 
-static void train_epoch(struct worker *w)
+static void train_epoch_hogwild(struct worker *w)
 {
 	struct trainer *tr = w->trainer;
 	int n_train = tr->data->train.n;
@@ -440,65 +440,65 @@ static void train_epoch(struct worker *w)
 		int first = k * tr->batch;
 		int n = n_train - first < tr->batch ? n_train - first
 						    : tr->batch;
-		w->rc = train_batch(w, tr->order + first, n);
+		w->rc = train_batch(w, tr->order + first, n, 1);
 		if (w->rc != 0)
 			atomic_store_explicit(&tr->stop, 1,
 					      memory_order_relaxed);
 	}
 }
 
-static void *worker_main(void *arg)
+/* Every thread takes its share of every batch, in step with the others:
+ * adg_reducer_end returns once the batch's update is applied, so the
+ * next batch's forward reads updated parameters, and it returns the same
+ * result to every thread, so that all stop at the same batch on an
+ * error. */
+static void train_epoch_sync(struct worker *w)
 {
-	struct worker *w = arg;
-	struct rendezvous *meet = &w->trainer->meet;
-	unsigned seen = 0;
-	for (;;) {
-		pthread_mutex_lock(&meet->lock);
-		while (meet->epoch == seen && !meet->quit)
-			pthread_cond_wait(&meet->opened, &meet->lock);
-		int quit = meet->quit;
-		seen = meet->epoch;
-		pthread_mutex_unlock(&meet->lock);
-		if (quit)
-			return NULL;
-		train_epoch(w);
-		pthread_mutex_lock(&meet->lock);
-		if (--meet->running == 0)
-			pthread_cond_signal(&meet->finished);
-		pthread_mutex_unlock(&meet->lock);
+	struct trainer *tr = w->trainer;
+	int n_train = tr->data->train.n;
+	for (int k = 0; k < tr->n_batches && w->rc == 0; k++) {
+		int first = k * tr->batch, start, n;
+		int rows = n_train - first < tr->batch ? n_train - first
+						       : tr->batch;
+		batch_share(rows, (int)w->index, tr->n_threads, &start, &n);
+		/* A thread with no rows (a last batch shorter than T) gives
+		 * nothing: a NULL contribution. */
+		int rc = n > 0 ? train_batch(w, tr->order + first + start, n,
+					     (float)n / (float)rows)
+			       : 0;
+		w->rc = adg_reducer_end(tr->reducer, w->index, rc);
 	}
 }
 
-/* Opens an epoch for n workers and waits until they are done with it. */
-static void run_epoch(struct rendezvous *meet, unsigned n)
+static void *worker_main(void *arg)
 {
-	pthread_mutex_lock(&meet->lock);
-	meet->running = n;
-	meet->epoch++;
-	pthread_cond_broadcast(&meet->opened);
-	while (meet->running > 0)
-		pthread_cond_wait(&meet->finished, &meet->lock);
-	pthread_mutex_unlock(&meet->lock);
+	struct worker *w = arg;
+	unsigned seen = 0;
+	while (rendezvous_wait(&w->trainer->meet, &seen)) {
+		if (w->trainer->mode == MODE_SYNC)
+			train_epoch_sync(w);
+		else
+			train_epoch_hogwild(w);
+		rendezvous_done(&w->trainer->meet);
+	}
+	return NULL;
 }
 
-static void stop_workers(struct rendezvous *meet)
-{
-	pthread_mutex_lock(&meet->lock);
-	meet->quit = 1;
-	pthread_cond_broadcast(&meet->opened);
-	pthread_mutex_unlock(&meet->lock);
-}
-
-static int worker_init(struct worker *w, struct trainer *tr)
+static int worker_init(struct worker *w, struct trainer *tr, size_t index)
 {
 	memset(w, 0, sizeof *w);
 	w->trainer = tr;
+	w->index = index;
 	w->rec.registry = tr->model->registry;
 	w->rec.pool = &w->pool;
 	w->ops = tensor_grad_ops(&w->pool);
-	w->backward = (adg_backward_options){
-		.on_ready = apply_sgd, .ctx = w, .leaves_only = 1};
-	for (int i = 0; i < N_PARAMS; i++) {
+	int rc = 0;
+	if (tr->mode == MODE_SYNC)
+		rc = adg_reducer_hook(tr->reducer, index, &w->backward);
+	else
+		w->backward = (adg_backward_options){
+			.on_ready = apply_sgd, .ctx = w, .leaves_only = 1};
+	for (int i = 0; i < N_PARAMS && rc == 0; i++) {
 		const struct param *p = &tr->model->params[i];
 		w->weights[i] =
 			malloc(sizeof(struct tensor) +
@@ -508,11 +508,11 @@ static int worker_init(struct worker *w, struct trainer *tr)
 		*w->weights[i] =
 			(struct tensor){.rows = p->rows, .cols = p->cols};
 	}
-	return 0;
+	return rc;
 }
 
 /* Frees what the worker holds; returns -1 if a gradient tensor is still
- * out of its pool (a leak of the layer's). */
+ * out of its pool (a leak of the layer's, or of the reducer's). */
 static int worker_free(struct worker *w)
 {
 	long out = w->pool.outstanding;
@@ -529,6 +529,7 @@ struct options {
 	const char *data, *csv, *export_path;
 	int threads[MAX_RUNS], n_runs;
 	int batch, epochs;
+	enum train_mode mode;
 	double lr; /* the first epoch's; see learning_rate */
 	uint64_t seed;
 	double min_test_accuracy; /* %, or negative: no check */
@@ -542,11 +543,39 @@ static float learning_rate(const struct options *o, int epoch)
 	return (float)(o->lr * (o->epochs - epoch) / o->epochs);
 }
 
-static double now(void)
+/* The final weights' fingerprint (hash_floats over every parameter). */
+static uint64_t weights_hash(const struct model *m)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+	uint64_t hash = HASH_START;
+	for (int i = 0; i < N_PARAMS; i++) {
+		const struct param *p = &m->params[i];
+		for (int k = 0; k < p->rows * p->cols; k++) {
+			/* No worker runs: relaxed only because _Atomic. */
+			float v = atomic_load_explicit(&p->value[k],
+						       memory_order_relaxed);
+			hash = hash_floats(hash, &v, 1);
+		}
+	}
+	return hash;
+}
+
+/* Sync: a reducer for the model's parameters, in the order of
+ * model->params, for n_threads participants. */
+static int reducer_new(struct trainer *tr)
+{
+	uint64_t ids[N_PARAMS];
+	for (int i = 0; i < N_PARAMS; i++)
+		ids[i] = tr->model->params[i].id;
+	adg_reducer_options ro = {
+		.n_participants = (size_t)tr->n_threads,
+		.param_ids = ids,
+		.n_params = N_PARAMS,
+		.ops = {.add = reducer_add,
+			.apply = reducer_apply,
+			.release = reducer_release,
+			.ctx = tr},
+	};
+	return adg_reducer_new(&ro, &tr->reducer);
 }
 
 /* Trains a fresh model (the same initial weights every run) on n_threads
@@ -558,22 +587,30 @@ static int run(const struct options *o, struct model *m,
 {
 	struct trainer tr = {.model = m,
 			     .data = data,
+			     .mode = o->mode,
 			     .batch = o->batch,
+			     .n_threads = n_threads,
 			     .n_batches =
 				     (data->train.n + o->batch - 1) / o->batch};
+	int started = 0, failed = 0, rc = rendezvous_init(&tr.meet);
+	if (rc != 0) {
+		fprintf(stderr, "rendezvous: %s\n", strerror(rc));
+		return 1;
+	}
 	struct worker *workers = calloc((size_t)n_threads, sizeof *workers);
+	tr.workers = workers;
 	tr.order = malloc((size_t)data->train.n * sizeof *tr.order);
-	pthread_mutex_init(&tr.meet.lock, NULL);
-	pthread_cond_init(&tr.meet.opened, NULL);
-	pthread_cond_init(&tr.meet.finished, NULL);
-	int started = 0, failed = 0, rc = 0;
 	if (workers == NULL || tr.order == NULL) {
 		fprintf(stderr, "out of memory\n");
 		failed = 1;
 	}
+	if (!failed && o->mode == MODE_SYNC && (rc = reducer_new(&tr)) != 0) {
+		fprintf(stderr, "adg_reducer_new: %s\n", adg_strerror(rc));
+		failed = 1;
+	}
 	model_init(m, o->seed);
 	for (; !failed && started < n_threads; started++) {
-		rc = worker_init(&workers[started], &tr);
+		rc = worker_init(&workers[started], &tr, (size_t)started);
 		if (rc != 0 || (rc = pthread_create(&workers[started].thread,
 						    NULL, worker_main,
 						    &workers[started])) != 0) {
@@ -589,10 +626,10 @@ static int run(const struct options *o, struct model *m,
 	for (int epoch = 0; !failed && epoch < o->epochs; epoch++) {
 		shuffle(tr.order, data->train.n, o->seed, epoch);
 		tr.lr = learning_rate(o, epoch);
-		/* Relaxed: run_epoch's mutex publishes it to the workers. */
+		/* Relaxed: rendezvous_run's mutex publishes it. */
 		atomic_store_explicit(&tr.next_batch, 0, memory_order_relaxed);
 		double start = now();
-		run_epoch(&tr.meet, (unsigned)started);
+		rendezvous_run(&tr.meet, (unsigned)started);
 		double took = now() - start;
 		for (int t = 0; t < started; t++) {
 			if (workers[t].rc != 0) {
@@ -625,7 +662,7 @@ static int run(const struct options *o, struct model *m,
 				train_accuracy, test_accuracy, rate);
 		*final_accuracy = test_accuracy;
 	}
-	stop_workers(&tr.meet);
+	rendezvous_quit(&tr.meet);
 	for (int t = 0; t < started; t++) {
 		pthread_join(workers[t].thread, NULL);
 		if (worker_free(&workers[t]) != 0) {
@@ -637,12 +674,16 @@ static int run(const struct options *o, struct model *m,
 	if (!failed)
 		printf("result threads=%d batch=%d epochs=%d "
 		       "samples_per_s=%.0f "
-		       "test_accuracy=%.2f\n",
+		       "test_accuracy=%.2f mode=%s weights_hash=%016" PRIx64
+		       "\n",
 		       n_threads, o->batch, o->epochs, samples / seconds,
-		       *final_accuracy);
-	pthread_cond_destroy(&tr.meet.finished);
-	pthread_cond_destroy(&tr.meet.opened);
-	pthread_mutex_destroy(&tr.meet.lock);
+		       *final_accuracy, mode_name(o->mode), weights_hash(m));
+	rc = adg_reducer_free(tr.reducer);
+	if (rc != 0) {
+		fprintf(stderr, "adg_reducer_free: %s\n", adg_strerror(rc));
+		failed = 1;
+	}
+	rendezvous_destroy(&tr.meet);
 	free(tr.order);
 	free(workers);
 	return failed;
@@ -717,6 +758,14 @@ static void usage(FILE *to)
 		"linearly to X / E\n"
 		"                   at the last (default 0.1 for B = 1, 0.5 "
 		"otherwise)\n"
+		"  --mode M         hogwild (the default): each thread "
+		"takes whole batches\n"
+		"                   and updates the shared weights without a "
+		"lock; sync: each\n"
+		"                   batch is split across the threads, and a "
+		"gradient reducer\n"
+		"                   sums their gradients in thread order "
+		"before one update\n"
 		"  --seed S         initial weights and orders (default 1)\n"
 		"  --csv FILE       write each epoch's figures\n"
 		"  --export FILE    write the initial weights, learning rates "
@@ -729,22 +778,6 @@ static void usage(FILE *to)
 		"DATA.csv does not exist\n");
 }
 
-static int parse_threads(const char *list, struct options *o)
-{
-	const char *p = list;
-	o->n_runs = 0;
-	while (*p != '\0') {
-		char *end;
-		long t = strtol(p, &end, 10);
-		if (end == p || t < 1 || t > 1024 || o->n_runs == MAX_RUNS ||
-		    (*end != ',' && *end != '\0'))
-			return -1;
-		o->threads[o->n_runs++] = (int)t;
-		p = *end == ',' ? end + 1 : end;
-	}
-	return o->n_runs > 0 ? 0 : -1;
-}
-
 static int parse_options(int argc, char **argv, struct options *o)
 {
 	static const struct option longs[] = {
@@ -753,6 +786,7 @@ static int parse_options(int argc, char **argv, struct options *o)
 		{"epochs", required_argument, NULL, 'e'},
 		{"lr", required_argument, NULL, 'l'},
 		{"seed", required_argument, NULL, 's'},
+		{"mode", required_argument, NULL, 'o'},
 		{"csv", required_argument, NULL, 'c'},
 		{"export", required_argument, NULL, 'x'},
 		{"min-test-accuracy", required_argument, NULL, 'm'},
@@ -765,13 +799,19 @@ static int parse_options(int argc, char **argv, struct options *o)
 			      .epochs = 30,
 			      .lr = -1,
 			      .seed = 1,
+			      .mode = MODE_HOGWILD,
 			      .min_test_accuracy = -1};
 	int c;
 	while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
 		char *end = NULL;
 		switch (c) {
 		case 't':
-			if (parse_threads(optarg, o) != 0)
+			o->n_runs = parse_threads(optarg, o->threads, MAX_RUNS);
+			if (o->n_runs < 0)
+				return -1;
+			continue;
+		case 'o':
+			if (parse_mode(optarg, &o->mode) != 0)
 				return -1;
 			continue;
 		case 'b':

@@ -1,4 +1,4 @@
-/* The tensor layer of examples/digits (see tensor.h). */
+/* The tensor layer of the example trainers (see tensor.h). */
 #include "tensor.h"
 
 #include <assert.h>
@@ -65,15 +65,19 @@ void pool_clear(struct tensor_pool *pool)
 	}
 }
 
+void tensor_add(struct tensor *sum, const struct tensor *value)
+{
+	assert(sum->rows == value->rows && sum->cols == value->cols);
+	for (size_t i = 0, n = elements(sum); i < n; i++)
+		sum->data[i] += value->data[i];
+}
+
 /* Folds value into *sum, which keeps its buffer; value goes back to the
  * pool. Both are gradients of the same node, so of the same shape. */
 static int grad_add(void **sum, void *value, void *ctx)
 {
-	struct tensor *s = *sum, *v = value;
-	assert(s->rows == v->rows && s->cols == v->cols);
-	for (size_t i = 0, n = elements(s); i < n; i++)
-		s->data[i] += v->data[i];
-	pool_put(ctx, v);
+	tensor_add(*sum, value);
+	pool_put(ctx, value);
 	return 0;
 }
 
@@ -221,8 +225,11 @@ void matmul_nt(const struct tensor *x, const struct tensor *w, struct tensor *y)
 		    y->data, y->cols);
 }
 
-/* The step keeps the forward's operands: the arena holds them until the
- * backward has run, and w is the thread's own copy of a parameter, so the
+/* The step keeps the forward's operands: the arena holds x until the
+ * backward has run. w is a parameter: the thread's own copy of it, or the
+ * shared one when nothing can change it before this step has run (a
+ * gradient reducer updates it once every thread has given its gradient,
+ * which this step computes after its last read of w). Either way the
  * gradient is that of the weights the forward used. */
 struct matmul_step {
 	struct tensor_pool *pool;

@@ -1,7 +1,8 @@
-/* A small tensor layer on libadg, for examples/digits/digits.c: dense
- * float matrices, and the ops a multi-layer perceptron needs (matmul
- * through CBLAS, bias add, ReLU, softmax cross-entropy), each recorded as
- * an adg_op whose step computes its parents' gradients.
+/* A small tensor layer on libadg, for the trainers in examples/digits and
+ * examples/fashion: dense float matrices, and the ops a multi-layer
+ * perceptron needs (matmul through CBLAS, bias add, ReLU, softmax
+ * cross-entropy), each recorded as an adg_op whose step computes its
+ * parents' gradients.
  *
  * Memory, per thread, so that a training step calls malloc only while the
  * first steps find their sizes:
@@ -12,9 +13,12 @@
  *   gradient it keeps and gives the other back, free gives one back.
  * Everything here belongs to one thread: the backward runs on the thread
  * that records the graph (no executor), so the steps, the gradient ops
- * and the ready hook all run there too. */
-#ifndef DIGITS_TENSOR_H
-#define DIGITS_TENSOR_H
+ * and the ready hook all run there too. A gradient the hook hands on to
+ * another thread (a gradient reducer's sum, say) may be read and written
+ * there, but goes back to its pool on its own thread: adg_reducer's
+ * release callback runs on the participant that gave the gradient. */
+#ifndef EXAMPLES_TENSOR_H
+#define EXAMPLES_TENSOR_H
 
 #include <adg.h>
 #include <stddef.h>
@@ -44,6 +48,9 @@ struct tensor *pool_get(struct tensor_pool *pool, int rows, int cols);
 void pool_put(struct tensor_pool *pool, struct tensor *t);
 /* Frees every tensor the pool holds (not those handed out). */
 void pool_clear(struct tensor_pool *pool);
+
+/* sum += value, element by element; both of the same shape. */
+void tensor_add(struct tensor *sum, const struct tensor *value);
 
 /* libadg's gradient ops over the tensors of pool. */
 adg_grad_ops tensor_grad_ops(struct tensor_pool *pool);
@@ -116,4 +123,4 @@ int op_relu(struct recorder *rec, struct var x, struct var *out);
 int op_softmax_xent(struct recorder *rec, struct var logits, const int *labels,
 		    struct var *loss, int *correct);
 
-#endif /* DIGITS_TENSOR_H */
+#endif /* EXAMPLES_TENSOR_H */

@@ -1,0 +1,1015 @@
+/* Fashion-MNIST with libadg: a multi-layer perceptron 784-256-128-10
+ * (ReLU, softmax cross-entropy) trained by SGD on T threads, on Zalando's
+ * 60,000 training and 10,000 test images of 28x28 grey pixels
+ * (scripts/fetch-fashion.sh fetches them).
+ *
+ * Each epoch shuffles the training images into one shared order, and the
+ * threads train on it one of two ways (--mode):
+ * - sync (the default): every mini-batch is split across the T threads.
+ *   Each records the forward pass of its share as a graph of its own
+ *   (examples/tensor/tensor.h), runs its backward, and hands each
+ *   parameter's gradient, from the gradient-ready hook, to a gradient
+ *   reducer (adg_reducer). When a parameter's last gradient arrives, the
+ *   reducer sums the T gradients in thread order and applies one SGD step
+ *   to it, while the other threads' backward passes go on with earlier
+ *   layers; adg_reducer_end waits for the batch's last update, so the next
+ *   batch's forward reads updated weights. The sum's order does not depend
+ *   on the timing: two runs with the same T end with bitwise identical
+ *   weights (the result line prints their hash).
+ * - hogwild: the threads take whole mini-batches in turn, and each updates
+ *   the shared parameters without a lock as soon as each one's gradient is
+ *   final, as examples/digits does.
+ * Prints a line per epoch; --csv writes the same figures, and
+ * scripts/fashion.sh draws them.
+ *
+ * Usage: fashion [options] DIR, DIR holding the four IDX files (--help
+ * lists the options). Exit status 0; 1 on an error or a missed check; 2
+ * on bad usage; 77 when the data is missing and --skip-if-missing is
+ * given. */
+#include "tensor.h"
+#include "train.h"
+
+#include <adg.h>
+#include <cblas.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SIDE	 28
+#define PIXELS	 (SIDE * SIDE)
+#define HIDDEN1	 256
+#define HIDDEN2	 128
+#define CLASSES	 10
+#define N_PARAMS 6
+#define N_TRAIN	 60000
+#define N_TEST	 10000
+#define MAX_RUNS 16 /* thread counts in one --threads list */
+
+/* ---------------------------------------------------------------- data */
+
+struct dataset {
+	int n;
+	float *x; /* n x PIXELS, scaled to 0..1 */
+	int *y;	  /* n labels, 0..9 */
+};
+
+struct fashion {
+	struct dataset train, test;
+};
+
+static void dataset_free(struct dataset *d)
+{
+	free(d->x);
+	free(d->y);
+}
+
+/* Reads dir/name, an IDX file of unsigned bytes with n_dims dimensions:
+ * count items of item bytes each (28 x 28 for an image, 1 for a label).
+ * Checks the header (magic number 0x0000080N, the count, 28 x 28 for
+ * images) and the size, and returns the items in *out (malloc'd). Returns
+ * 0, or prints what is wrong and returns -1 (-2 when the file does not
+ * exist). */
+static int read_idx(const char *dir, const char *name, int n_dims, int count,
+		    unsigned char **out)
+{
+	char path[4096];
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	*out = NULL;
+	FILE *f = fopen(path, "rb");
+	if (f == NULL) {
+		int missing = errno == ENOENT; /* before fprintf changes it */
+		fprintf(stderr,
+			"%s: %s (scripts/fetch-fashion.sh fetches it)\n", path,
+			strerror(errno));
+		return missing ? -2 : -1;
+	}
+	unsigned char header[16];
+	size_t header_bytes = 4 + 4 * (size_t)n_dims;
+	int rc = -1;
+	if (fread(header, 1, header_bytes, f) != header_bytes) {
+		fprintf(stderr, "%s: shorter than an IDX header\n", path);
+		goto out_close;
+	}
+	/* Two zero bytes, 0x08 (unsigned bytes), the number of dimensions;
+	 * then each dimension, a big-endian 32-bit number. */
+	if (header[0] != 0 || header[1] != 0 || header[2] != 0x08 ||
+	    header[3] != n_dims) {
+		fprintf(stderr,
+			"%s: magic number %02x%02x%02x%02x, not 000008%02x "
+			"(IDX, unsigned bytes, %d dimension%s)\n",
+			path, header[0], header[1], header[2], header[3],
+			n_dims, n_dims, n_dims > 1 ? "s" : "");
+		goto out_close;
+	}
+	uint32_t dims[3];
+	for (int i = 0; i < n_dims; i++) {
+		const unsigned char *b = header + 4 + 4 * i;
+		dims[i] = (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 |
+			  (uint32_t)b[2] << 8 | b[3];
+	}
+	if (dims[0] != (uint32_t)count) {
+		fprintf(stderr, "%s: %" PRIu32 " items, not %d\n", path,
+			dims[0], count);
+		goto out_close;
+	}
+	if (n_dims == 3 && (dims[1] != SIDE || dims[2] != SIDE)) {
+		fprintf(stderr,
+			"%s: images of %" PRIu32 "x%" PRIu32 ", not %dx%d\n",
+			path, dims[1], dims[2], SIDE, SIDE);
+		goto out_close;
+	}
+	size_t bytes = (size_t)count * (n_dims == 3 ? PIXELS : 1);
+	*out = malloc(bytes);
+	if (*out == NULL) {
+		fprintf(stderr, "%s: out of memory\n", path);
+		goto out_close;
+	}
+	size_t got = fread(*out, 1, bytes, f);
+	if (got != bytes || fgetc(f) != EOF) {
+		if (ferror(f))
+			fprintf(stderr, "%s: %s\n", path, strerror(errno));
+		else if (got != bytes)
+			fprintf(stderr,
+				"%s: %zu bytes after the header, not %zu "
+				"(truncated)\n",
+				path, got, bytes);
+		else
+			fprintf(stderr,
+				"%s: more than the %zu bytes the header "
+				"announces\n",
+				path, bytes);
+		free(*out);
+		*out = NULL;
+		goto out_close;
+	}
+	rc = 0;
+out_close:
+	fclose(f);
+	return rc;
+}
+
+/* Reads one half of the data set (train or t10k) into d, the first
+ * keep images only. Returns as read_idx does. */
+static int load_half(const char *dir, const char *prefix, int count, int keep,
+		     struct dataset *d)
+{
+	char images_name[64], labels_name[64];
+	snprintf(images_name, sizeof images_name, "%s-images-idx3-ubyte",
+		 prefix);
+	snprintf(labels_name, sizeof labels_name, "%s-labels-idx1-ubyte",
+		 prefix);
+	unsigned char *images = NULL, *labels = NULL;
+	int rc = read_idx(dir, images_name, 3, count, &images);
+	if (rc == 0)
+		rc = read_idx(dir, labels_name, 1, count, &labels);
+	for (int i = 0; rc == 0 && i < count; i++) {
+		if (labels[i] >= CLASSES) {
+			fprintf(stderr, "%s/%s: label %d is %d, not in 0..%d\n",
+				dir, labels_name, i + 1, labels[i],
+				CLASSES - 1);
+			rc = -1;
+		}
+	}
+	if (rc == 0) {
+		d->n = keep;
+		d->x = malloc((size_t)keep * PIXELS * sizeof *d->x);
+		d->y = malloc((size_t)keep * sizeof *d->y);
+		if (d->x == NULL || d->y == NULL) {
+			fprintf(stderr, "%s: out of memory\n", dir);
+			rc = -1;
+		}
+	}
+	for (int i = 0; rc == 0 && i < keep; i++) {
+		for (int k = 0; k < PIXELS; k++)
+			d->x[(size_t)i * PIXELS + k] =
+				(float)images[(size_t)i * PIXELS + k] / 255.0f;
+		d->y[i] = labels[i];
+	}
+	free(images);
+	free(labels);
+	return rc;
+}
+
+/* Reads the data set from dir, the first train_subset training images
+ * only when it is positive. Returns as read_idx does. */
+static int load_fashion(const char *dir, int train_subset, struct fashion *out)
+{
+	int keep = train_subset > 0 && train_subset < N_TRAIN ? train_subset
+							      : N_TRAIN;
+	int rc = load_half(dir, "train", N_TRAIN, keep, &out->train);
+	if (rc == 0)
+		rc = load_half(dir, "t10k", N_TEST, N_TEST, &out->test);
+	return rc;
+}
+
+/* ---------------------------------------------------------------- model */
+
+/* A parameter shared by every thread, as plain floats: how threads may
+ * touch them depends on the mode.
+ * - sync: the forward and backward passes read value itself (BLAS reads
+ *   it, no copy), and the reducer's apply writes it. The reducer orders
+ *   them: it applies a parameter's update once every thread has given
+ *   its gradient, which each computes after its last read of the
+ *   parameter in the batch (tensor.c, matmul_backward), and
+ *   adg_reducer_end returns only once every update of the batch is
+ *   applied, before the next batch's forward.
+ * - hogwild: threads read and write value without a lock, each element
+ *   with relaxed atomic loads and stores (GCC's __atomic built-ins on
+ *   the plain floats), so that concurrent updates may be lost, as Hogwild
+ *   allows, but never make a data race, which C does not allow. Relaxed
+ *   is enough: a parameter publishes nothing else. Each thread copies the
+ *   values before its forward (BLAS reads the copy).
+ * The main thread reads and writes value only between epochs, while no
+ * worker runs. */
+struct param {
+	const char *name;
+	struct tensor *value;
+	adg_node *leaf; /* one leaf for all threads: it couples no graphs */
+	uint64_t id;
+};
+
+struct model {
+	adg_registry *registry;
+	/* w1 (256 x 784), b1, w2 (128 x 256), b2, w3 (10 x 128), b3 */
+	struct param params[N_PARAMS];
+};
+
+static struct tensor *tensor_new(int rows, int cols)
+{
+	struct tensor *t =
+		malloc(sizeof *t + (size_t)rows * cols * sizeof(float));
+	if (t != NULL)
+		*t = (struct tensor){.rows = rows, .cols = cols};
+	return t;
+}
+
+static size_t param_elements(const struct param *p)
+{
+	return (size_t)p->value->rows * (size_t)p->value->cols;
+}
+
+static int model_new(struct model *m)
+{
+	static const struct {
+		const char *name;
+		int rows, cols;
+	} shapes[N_PARAMS] = {
+		{"w1", HIDDEN1, PIXELS},  {"b1", 1, HIDDEN1},
+		{"w2", HIDDEN2, HIDDEN1}, {"b2", 1, HIDDEN2},
+		{"w3", CLASSES, HIDDEN2}, {"b3", 1, CLASSES},
+	};
+	memset(m, 0, sizeof *m);
+	int rc = adg_registry_new(NULL, &m->registry);
+	for (int i = 0; i < N_PARAMS && rc == 0; i++) {
+		struct param *p = &m->params[i];
+		p->name = shapes[i].name;
+		p->value = tensor_new(shapes[i].rows, shapes[i].cols);
+		rc = p->value == NULL ? ADG_ENOMEM
+				      : adg_leaf(m->registry, &p->leaf);
+		if (rc == 0)
+			rc = adg_node_id(p->leaf, &p->id);
+	}
+	return rc;
+}
+
+/* Drops the leaves and frees the registry; returns the first error. */
+static int model_free(struct model *m)
+{
+	int rc = 0;
+	for (int i = 0; i < N_PARAMS; i++) {
+		int r = m->params[i].leaf != NULL
+				? adg_node_unref(m->params[i].leaf)
+				: 0;
+		rc = rc != 0 ? rc : r;
+		free(m->params[i].value);
+	}
+	int r = adg_registry_free(m->registry);
+	return rc != 0 ? rc : r;
+}
+
+/* He initialisation: weights ~ N(0, 2 / fan-in), biases 0, from a
+ * generator seeded by seed. Runs while no worker does. */
+static void model_init(struct model *m, uint64_t seed)
+{
+	uint64_t state = seed;
+	for (int i = 0; i < N_PARAMS; i++) {
+		struct tensor *t = m->params[i].value;
+		double scale = t->rows > 1 ? sqrt(2.0 / t->cols) : 0;
+		for (size_t k = 0, n = param_elements(&m->params[i]); k < n;
+		     k++)
+			t->data[k] = (float)(scale * normal(&state));
+	}
+}
+
+/* The weights' fingerprint (hash_floats over every parameter in order). */
+static uint64_t weights_hash(const struct model *m)
+{
+	uint64_t hash = HASH_START;
+	for (int i = 0; i < N_PARAMS; i++)
+		hash = hash_floats(hash, m->params[i].value->data,
+				   param_elements(&m->params[i]));
+	return hash;
+}
+
+/* Mean loss and accuracy (%) of the model on d, without a graph, a chunk
+ * of rows at a time. Runs while no worker does. */
+static int evaluate(const struct model *m, const struct dataset *d,
+		    double *loss, double *accuracy)
+{
+	enum { CHUNK = 1000 };
+	struct tensor *x, *h1, *a1, *h2, *a2, *logits, *probs;
+	struct tensor **all[] = {&x, &h1, &a1, &h2, &a2, &logits, &probs};
+	const int cols[] = {PIXELS,  HIDDEN1, HIDDEN1, HIDDEN2,
+			    HIDDEN2, CLASSES, CLASSES};
+	const size_t n_all = sizeof all / sizeof *all;
+	int rc = 0, correct = 0;
+	double total = 0;
+	for (size_t i = 0; i < n_all; i++) {
+		*all[i] = tensor_new(CHUNK, cols[i]);
+		if (*all[i] == NULL)
+			rc = ADG_ENOMEM;
+	}
+	const struct tensor *w[N_PARAMS];
+	for (int i = 0; i < N_PARAMS; i++)
+		w[i] = m->params[i].value;
+	for (int first = 0; rc == 0 && first < d->n; first += CHUNK) {
+		int n = d->n - first < CHUNK ? d->n - first : CHUNK, right;
+		for (size_t i = 0; i < n_all; i++)
+			(*all[i])->rows = n;
+		memcpy(x->data, d->x + (size_t)first * PIXELS,
+		       (size_t)n * PIXELS * sizeof(float));
+		matmul_nt(x, w[0], h1);
+		add_bias(h1, w[1], h1);
+		relu(h1, a1);
+		matmul_nt(a1, w[2], h2);
+		add_bias(h2, w[3], h2);
+		relu(h2, a2);
+		matmul_nt(a2, w[4], logits);
+		add_bias(logits, w[5], logits);
+		total += softmax_xent(logits, d->y + first, probs, &right);
+		correct += right;
+	}
+	if (rc == 0) {
+		*loss = total / d->n;
+		*accuracy = 100.0 * correct / d->n;
+	}
+	for (size_t i = 0; i < n_all; i++)
+		free(*all[i]);
+	return rc;
+}
+
+/* ---------------------------------------------------------- the trainer */
+
+struct worker;
+
+struct trainer {
+	struct model *model;
+	const struct fashion *data;
+	enum train_mode mode;
+	int batch, n_threads;
+	struct worker *workers;
+	adg_reducer *reducer; /* sync only */
+	float lr;	      /* this epoch's; written by main between epochs */
+	int *order;	      /* this epoch's order of the training images */
+	int n_batches;
+	/* Hogwild: the next batch to take, an atomic counter, so that each
+	 * batch goes to one thread. Relaxed: it hands out numbers and
+	 * publishes no data (the order was published by the rendezvous). */
+	atomic_int next_batch;
+	/* Hogwild: set by a worker that failed, so that the others stop
+	 * early; the error itself reaches main through the rendezvous.
+	 * Relaxed: a flag read only to stop sooner. */
+	atomic_int stop;
+	struct rendezvous meet;
+};
+
+struct worker {
+	struct trainer *trainer;
+	size_t index; /* the reducer's participant */
+	pthread_t thread;
+	struct recorder rec;
+	struct tensor_pool pool;
+	adg_grad_ops ops;
+	adg_backward_options backward;
+	/* What the forward reads: sync, the shared values; hogwild, this
+	 * thread's copy (owned). */
+	struct tensor *weights[N_PARAMS];
+	int rc;
+};
+
+/* Hogwild: x -= lr * g with relaxed atomic loads and stores (see struct
+ * param): a load and a store, not an atomic read-modify-write, so that
+ * another thread's update in between is lost, as Hogwild allows. */
+static void sgd_step_hogwild(struct param *p, const struct tensor *g, float lr)
+{
+	float *value = p->value->data;
+	const float *d = g->data;
+	for (size_t k = 0, n = param_elements(p); k < n; k++) {
+		float v;
+		__atomic_load(&value[k], &v, __ATOMIC_RELAXED);
+		v -= lr * d[k];
+		__atomic_store(&value[k], &v, __ATOMIC_RELAXED);
+	}
+}
+
+/* Hogwild: copies a parameter into this thread's tensor with relaxed
+ * loads, element by element, so the copy may mix two threads' updates,
+ * which Hogwild accepts. */
+static void snapshot(const struct param *p, struct tensor *t)
+{
+	float *value = p->value->data;
+	for (size_t k = 0, n = param_elements(p); k < n; k++)
+		__atomic_load(&value[k], &t->data[k], __ATOMIC_RELAXED);
+}
+
+/* Hogwild's gradient-ready hook: called for each parameter (leaves only)
+ * as soon as its gradient is final, while the backward goes on with
+ * earlier layers. Applies SGD to that parameter and gives the gradient
+ * back. */
+static int hogwild_ready(uint64_t id, void **grad, void *ctx)
+{
+	struct worker *w = ctx;
+	const struct tensor *g = *grad;
+	if (g == NULL)
+		return 0;
+	for (int i = 0; i < N_PARAMS; i++) {
+		struct param *p = &w->trainer->model->params[i];
+		if (p->id == id) {
+			sgd_step_hogwild(p, g, w->trainer->lr);
+			break;
+		}
+	}
+	*grad = NULL; /* taken: back to the pool */
+	pool_put(&w->pool, (struct tensor *)g);
+	return 0;
+}
+
+/* Sync: the reducer's ops. add folds one thread's gradient into the sum
+ * (a gradient of another thread's pool, which it reads and writes but
+ * does not keep); apply takes one SGD step with the sum of all threads'
+ * gradients, with plain stores (see struct param); release gives a
+ * gradient back to its thread's pool, on that thread. */
+static int reducer_add(void **sum, void *value, void *ctx)
+{
+	(void)ctx;
+	tensor_add(*sum, value);
+	return 0;
+}
+
+static int reducer_apply(const adg_reduction *r, void *ctx)
+{
+	struct trainer *tr = ctx;
+	const struct tensor *g = r->sum;
+	if (g == NULL)
+		return 0;
+	struct param *p = &tr->model->params[r->param];
+	float *value = p->value->data, lr = tr->lr;
+	for (size_t k = 0, n = param_elements(p); k < n; k++)
+		value[k] -= lr * g->data[k];
+	return 0;
+}
+
+static void reducer_release(void *value, size_t participant, void *ctx)
+{
+	struct trainer *tr = ctx;
+	pool_put(&tr->workers[participant].pool, value);
+}
+
+/* Records and runs the backward of one step on the training images
+ * order[0..n), whose loss weighs scale in the step's loss (1 in Hogwild;
+ * in sync the share's n / the batch's rows, so that the threads'
+ * gradients add up to those of the batch's mean loss). The hook updates
+ * or hands on each parameter's gradient. */
+static int train_batch(struct worker *w, const int *order, int n, float scale)
+{
+	struct trainer *tr = w->trainer;
+	struct recorder *rec = &w->rec;
+	const struct dataset *d = &tr->data->train;
+	struct var x = {arena_tensor(&rec->arena, n, PIXELS), NULL};
+	int *labels = arena_alloc(&rec->arena, (size_t)n * sizeof *labels);
+	if (x.value == NULL || labels == NULL) {
+		recorder_reset(rec); /* nothing recorded: cannot fail */
+		return ADG_ENOMEM;
+	}
+	for (int i = 0; i < n; i++) {
+		memcpy(x.value->data + (size_t)i * PIXELS,
+		       d->x + (size_t)order[i] * PIXELS,
+		       PIXELS * sizeof(float));
+		labels[i] = d->y[order[i]];
+	}
+	struct var p[N_PARAMS];
+	for (int i = 0; i < N_PARAMS; i++) {
+		if (tr->mode == MODE_HOGWILD)
+			snapshot(&tr->model->params[i], w->weights[i]);
+		p[i] = (struct var){w->weights[i], tr->model->params[i].leaf};
+	}
+	struct var z1, h1, a1, z2, h2, a2, z3, logits, loss;
+	int correct;
+	int rc = op_matmul_nt(rec, x, p[0], &z1);
+	if (rc == 0)
+		rc = op_add_bias(rec, z1, p[1], &h1);
+	if (rc == 0)
+		rc = op_relu(rec, h1, &a1);
+	if (rc == 0)
+		rc = op_matmul_nt(rec, a1, p[2], &z2);
+	if (rc == 0)
+		rc = op_add_bias(rec, z2, p[3], &h2);
+	if (rc == 0)
+		rc = op_relu(rec, h2, &a2);
+	if (rc == 0)
+		rc = op_matmul_nt(rec, a2, p[4], &z3);
+	if (rc == 0)
+		rc = op_add_bias(rec, z3, p[5], &logits);
+	if (rc == 0)
+		rc = op_softmax_xent(rec, logits, labels, &loss, &correct);
+	if (rc == 0) {
+		struct tensor *seed = pool_get(&w->pool, 1, 1);
+		adg_grads *grads = NULL;
+		if (seed == NULL) {
+			rc = ADG_ENOMEM;
+		} else {
+			seed->data[0] = scale; /* d step loss / d loss */
+			rc = adg_backward_with(tr->model->registry, loss.node,
+					       seed, &w->ops, &w->backward,
+					       &grads);
+		}
+		/* The hook took every gradient: the container is empty. */
+		if (rc == 0)
+			rc = adg_grads_free(grads);
+	}
+	int reset = recorder_reset(rec);
+	return rc != 0 ? rc : reset;
+}
+
+static int batch_rows(const struct trainer *tr, int k)
+{
+	int left = tr->data->train.n - k * tr->batch;
+	return left < tr->batch ? left : tr->batch;
+}
+
+static void train_epoch_hogwild(struct worker *w)
+{
+	struct trainer *tr = w->trainer;
+	/* Relaxed, both: see struct trainer. */
+	while (w->rc == 0 &&
+	       !atomic_load_explicit(&tr->stop, memory_order_relaxed)) {
+		int k = atomic_fetch_add_explicit(&tr->next_batch, 1,
+						  memory_order_relaxed);
+		if (k >= tr->n_batches)
+			break;
+		w->rc = train_batch(w, tr->order + k * tr->batch,
+				    batch_rows(tr, k), 1);
+		if (w->rc != 0)
+			atomic_store_explicit(&tr->stop, 1,
+					      memory_order_relaxed);
+	}
+}
+
+/* Every thread takes its share of every batch, in step with the others:
+ * adg_reducer_end returns once the batch's updates are applied, so the
+ * next batch's forward reads updated weights, and it returns the same
+ * result to every thread, so that all stop at the same batch on an
+ * error. */
+static void train_epoch_sync(struct worker *w)
+{
+	struct trainer *tr = w->trainer;
+	for (int k = 0; k < tr->n_batches && w->rc == 0; k++) {
+		int rows = batch_rows(tr, k), first, n;
+		batch_share(rows, (int)w->index, tr->n_threads, &first, &n);
+		/* A thread with no rows (a last batch shorter than T) gives
+		 * nothing: NULL contributions. */
+		int rc = n > 0 ? train_batch(w,
+					     tr->order + k * tr->batch + first,
+					     n, (float)n / (float)rows)
+			       : 0;
+		w->rc = adg_reducer_end(tr->reducer, w->index, rc);
+	}
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	unsigned seen = 0;
+	while (rendezvous_wait(&w->trainer->meet, &seen)) {
+		if (w->trainer->mode == MODE_SYNC)
+			train_epoch_sync(w);
+		else
+			train_epoch_hogwild(w);
+		rendezvous_done(&w->trainer->meet);
+	}
+	return NULL;
+}
+
+static int worker_init(struct worker *w, struct trainer *tr, size_t index)
+{
+	memset(w, 0, sizeof *w);
+	w->trainer = tr;
+	w->index = index;
+	w->rec.registry = tr->model->registry;
+	w->rec.pool = &w->pool;
+	w->ops = tensor_grad_ops(&w->pool);
+	if (tr->mode == MODE_SYNC) {
+		for (int i = 0; i < N_PARAMS; i++)
+			w->weights[i] = tr->model->params[i].value;
+		return adg_reducer_hook(tr->reducer, index, &w->backward);
+	}
+	w->backward = (adg_backward_options){
+		.on_ready = hogwild_ready, .ctx = w, .leaves_only = 1};
+	for (int i = 0; i < N_PARAMS; i++) {
+		const struct tensor *v = tr->model->params[i].value;
+		w->weights[i] = tensor_new(v->rows, v->cols);
+		if (w->weights[i] == NULL)
+			return ADG_ENOMEM;
+	}
+	return 0;
+}
+
+/* Frees what the worker holds; returns -1 if a gradient tensor is still
+ * out of its pool (a leak of the layer's, or of the reducer's). */
+static int worker_free(struct worker *w)
+{
+	long out = w->pool.outstanding;
+	pool_clear(&w->pool);
+	arena_free(&w->rec.arena);
+	if (w->trainer->mode == MODE_HOGWILD)
+		for (int i = 0; i < N_PARAMS; i++)
+			free(w->weights[i]);
+	return out == 0 ? 0 : -1;
+}
+
+/* Sync: a reducer of the model's parameters (participant t is worker t),
+ * its param index that of model->params. */
+static int reducer_new(struct trainer *tr)
+{
+	uint64_t ids[N_PARAMS];
+	for (int i = 0; i < N_PARAMS; i++)
+		ids[i] = tr->model->params[i].id;
+	adg_reducer_options ro = {
+		.n_participants = (size_t)tr->n_threads,
+		.param_ids = ids,
+		.n_params = N_PARAMS,
+		.ops = {.add = reducer_add,
+			.apply = reducer_apply,
+			.release = reducer_release,
+			.ctx = tr},
+	};
+	return adg_reducer_new(&ro, &tr->reducer);
+}
+
+/* ----------------------------------------------------------- a run */
+
+struct options {
+	const char *data, *csv;
+	int threads[MAX_RUNS], n_runs;
+	int batch, epochs, train_subset;
+	enum train_mode mode;
+	double lr; /* the first epoch's; see learning_rate */
+	uint64_t seed;
+	double min_test_accuracy; /* %, or negative: no check */
+	int skip_if_missing, same_weights;
+};
+
+/* Epoch e's learning rate: lr, falling linearly to lr / epochs at the last
+ * epoch, so that the last epochs settle whatever the run's length. */
+static float learning_rate(const struct options *o, int epoch)
+{
+	return (float)(o->lr * (o->epochs - epoch) / o->epochs);
+}
+
+/* What a run ends with. */
+struct outcome {
+	double accuracy; /* the last epoch's test accuracy, % */
+	uint64_t hash;	 /* weights_hash of the final weights */
+};
+
+/* Trains a fresh model (the same initial weights every run) on n_threads
+ * threads; returns 0, or 1 on an error (printed). */
+static int run(const struct options *o, struct model *m,
+	       const struct fashion *data, int n_threads, FILE *csv,
+	       struct outcome *outcome)
+{
+	struct trainer tr = {.model = m,
+			     .data = data,
+			     .mode = o->mode,
+			     .batch = o->batch,
+			     .n_threads = n_threads,
+			     .n_batches =
+				     (data->train.n + o->batch - 1) / o->batch};
+	int started = 0, failed = 0, rc = rendezvous_init(&tr.meet);
+	if (rc != 0) {
+		fprintf(stderr, "rendezvous: %s\n", strerror(rc));
+		return 1;
+	}
+	struct worker *workers = calloc((size_t)n_threads, sizeof *workers);
+	tr.workers = workers;
+	tr.order = malloc((size_t)data->train.n * sizeof *tr.order);
+	if (workers == NULL || tr.order == NULL) {
+		fprintf(stderr, "out of memory\n");
+		failed = 1;
+	}
+	if (!failed && o->mode == MODE_SYNC && (rc = reducer_new(&tr)) != 0) {
+		fprintf(stderr, "adg_reducer_new: %s\n", adg_strerror(rc));
+		failed = 1;
+	}
+	model_init(m, o->seed);
+	/* Sync needs every worker: if one cannot start, no epoch opens. */
+	for (; !failed && started < n_threads; started++) {
+		rc = worker_init(&workers[started], &tr, (size_t)started);
+		if (rc != 0 || (rc = pthread_create(&workers[started].thread,
+						    NULL, worker_main,
+						    &workers[started])) != 0) {
+			fprintf(stderr, "thread %d: %s\n", started,
+				rc < 0 ? adg_strerror(rc) : strerror(rc));
+			worker_free(&workers[started]);
+			failed = 1;
+			break;
+		}
+	}
+	double seconds = 0;
+	long samples = 0;
+	for (int epoch = 0; !failed && epoch < o->epochs; epoch++) {
+		shuffle(tr.order, data->train.n, o->seed, epoch);
+		tr.lr = learning_rate(o, epoch);
+		/* Relaxed: rendezvous_run's mutex publishes it. */
+		atomic_store_explicit(&tr.next_batch, 0, memory_order_relaxed);
+		double start = now();
+		rendezvous_run(&tr.meet, (unsigned)started);
+		double took = now() - start;
+		for (int t = 0; t < started; t++) {
+			if (workers[t].rc != 0) {
+				fprintf(stderr, "thread %d: %s\n", t,
+					adg_strerror(workers[t].rc));
+				failed = 1;
+			}
+		}
+		if (failed)
+			break;
+		seconds += took;
+		samples += data->train.n;
+		double loss, train_accuracy, test_accuracy, unused;
+		rc = evaluate(m, &data->train, &loss, &train_accuracy);
+		if (rc == 0)
+			rc = evaluate(m, &data->test, &unused, &test_accuracy);
+		if (rc != 0) {
+			fprintf(stderr, "evaluate: %s\n", adg_strerror(rc));
+			failed = 1;
+			break;
+		}
+		double rate = data->train.n / took;
+		printf("T=%d B=%d %s epoch %2d  loss %.4f  train %6.2f%%  "
+		       "test %6.2f%%  %8.0f samples/s\n",
+		       n_threads, o->batch, mode_name(o->mode), epoch + 1, loss,
+		       train_accuracy, test_accuracy, rate);
+		fflush(stdout);
+		if (csv != NULL)
+			fprintf(csv, "%d,%d,%d,%.6f,%.6f,%.4f,%.4f,%.1f\n",
+				n_threads, o->batch, epoch + 1, seconds, loss,
+				train_accuracy, test_accuracy, rate);
+		outcome->accuracy = test_accuracy;
+	}
+	rendezvous_quit(&tr.meet);
+	for (int t = 0; t < started; t++) {
+		pthread_join(workers[t].thread, NULL);
+		if (worker_free(&workers[t]) != 0) {
+			fprintf(stderr, "thread %d: gradient tensors leaked\n",
+				t);
+			failed = 1;
+		}
+	}
+	if (!failed) {
+		outcome->hash = weights_hash(m);
+		printf("result threads=%d batch=%d epochs=%d "
+		       "samples_per_s=%.0f test_accuracy=%.2f mode=%s "
+		       "weights_hash=%016" PRIx64 "\n",
+		       n_threads, o->batch, o->epochs, samples / seconds,
+		       outcome->accuracy, mode_name(o->mode), outcome->hash);
+	}
+	rc = adg_reducer_free(tr.reducer);
+	if (rc != 0) {
+		fprintf(stderr, "adg_reducer_free: %s\n", adg_strerror(rc));
+		failed = 1;
+	}
+	rendezvous_destroy(&tr.meet);
+	free(tr.order);
+	free(workers);
+	return failed;
+}
+
+/* ---------------------------------------------------------------- main */
+
+static void usage(FILE *to)
+{
+	fprintf(to,
+		"usage: fashion [options] DIR\n"
+		"  DIR holds train-images-idx3-ubyte, "
+		"train-labels-idx1-ubyte,\n"
+		"  t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte "
+		"(scripts/fetch-fashion.sh)\n"
+		"  --threads LIST   thread counts to train with, one run "
+		"each (1,2; default 1)\n"
+		"  --mode M         sync (the default): each batch is split "
+		"across the threads,\n"
+		"                   and a gradient reducer sums their "
+		"gradients in thread order\n"
+		"                   before one update; hogwild: each thread "
+		"takes whole batches\n"
+		"                   and updates the shared weights without a "
+		"lock\n"
+		"  --batch B        mini-batch size (default 64)\n"
+		"  --epochs E       epochs per run (default 10)\n"
+		"  --lr X           first epoch's learning rate, falling "
+		"linearly to X / E\n"
+		"                   at the last (default 0.1)\n"
+		"  --seed S         initial weights and orders (default 1)\n"
+		"  --train-subset N train on the first N training images "
+		"only\n"
+		"  --csv FILE       write each epoch's figures\n"
+		"  --min-test-accuracy P  exit 1 unless every run ends at "
+		"P%% or more\n"
+		"  --same-weights   exit 1 unless the runs with the same "
+		"thread count end\n"
+		"                   with bitwise identical weights\n"
+		"  --skip-if-missing      exit 77 (a skipped test) when a "
+		"file of DIR does\n"
+		"                   not exist\n");
+}
+
+static int parse_options(int argc, char **argv, struct options *o)
+{
+	static const struct option longs[] = {
+		{"threads", required_argument, NULL, 't'},
+		{"mode", required_argument, NULL, 'o'},
+		{"batch", required_argument, NULL, 'b'},
+		{"epochs", required_argument, NULL, 'e'},
+		{"lr", required_argument, NULL, 'l'},
+		{"seed", required_argument, NULL, 's'},
+		{"train-subset", required_argument, NULL, 'n'},
+		{"csv", required_argument, NULL, 'c'},
+		{"min-test-accuracy", required_argument, NULL, 'm'},
+		{"same-weights", no_argument, NULL, 'w'},
+		{"skip-if-missing", no_argument, NULL, 'k'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0}};
+	*o = (struct options){.threads = {1},
+			      .n_runs = 1,
+			      .mode = MODE_SYNC,
+			      .batch = 64,
+			      .epochs = 10,
+			      .lr = 0.1,
+			      .seed = 1,
+			      .min_test_accuracy = -1};
+	int c;
+	while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+		char *end = NULL;
+		switch (c) {
+		case 't':
+			o->n_runs = parse_threads(optarg, o->threads, MAX_RUNS);
+			if (o->n_runs < 0)
+				return -1;
+			continue;
+		case 'o':
+			if (parse_mode(optarg, &o->mode) != 0)
+				return -1;
+			continue;
+		case 'b':
+			o->batch = (int)strtol(optarg, &end, 10);
+			break;
+		case 'e':
+			o->epochs = (int)strtol(optarg, &end, 10);
+			break;
+		case 'l':
+			o->lr = strtod(optarg, &end);
+			break;
+		case 's':
+			o->seed = strtoull(optarg, &end, 10);
+			break;
+		case 'n':
+			o->train_subset = (int)strtol(optarg, &end, 10);
+			break;
+		case 'c':
+			o->csv = optarg;
+			continue;
+		case 'm':
+			o->min_test_accuracy = strtod(optarg, &end);
+			break;
+		case 'w':
+			o->same_weights = 1;
+			continue;
+		case 'k':
+			o->skip_if_missing = 1;
+			continue;
+		case 'h':
+			usage(stdout);
+			exit(0);
+		default:
+			return -1;
+		}
+		if (end == optarg || *end != '\0')
+			return -1;
+	}
+	if (optind != argc - 1 || o->batch < 1 || o->batch > 4096 ||
+	    o->epochs < 1 || o->epochs > 10000 || !(o->lr > 0) ||
+	    o->train_subset < 0)
+		return -1;
+	o->data = argv[optind];
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct options o;
+	if (parse_options(argc, argv, &o) != 0) {
+		usage(stderr);
+		return 2;
+	}
+	/* The threads here are the parallelism: each BLAS call multiplies
+	 * the matrices of one thread's share of a batch. OpenBLAS's own pool
+	 * would only hand them between threads (and ThreadSanitizer cannot
+	 * see into its uninstrumented workers), so BLAS runs on the calling
+	 * thread. OPENBLAS_NUM_THREADS=1 keeps the pool from even starting
+	 * when the library loads; this covers a run without it. */
+	openblas_set_num_threads(1);
+
+	struct fashion data = {{0}, {0}};
+	int rc = load_fashion(o.data, o.train_subset, &data);
+	if (rc != 0) {
+		dataset_free(&data.train);
+		dataset_free(&data.test);
+		return rc == -2 && o.skip_if_missing ? 77 : 1;
+	}
+	printf("%s: %d training images, %d test images\n", o.data, data.train.n,
+	       data.test.n);
+
+	struct model m;
+	int failed = 0;
+	rc = model_new(&m);
+	if (rc != 0) {
+		fprintf(stderr, "model: %s\n", adg_strerror(rc));
+		failed = 1;
+	}
+	FILE *csv = NULL;
+	if (!failed && o.csv != NULL) {
+		csv = fopen(o.csv, "w");
+		if (csv == NULL) {
+			fprintf(stderr, "%s: %s\n", o.csv, strerror(errno));
+			failed = 1;
+		} else {
+			fprintf(csv, "threads,batch,epoch,seconds,loss,"
+				     "train_accuracy,test_accuracy,"
+				     "samples_per_s\n");
+		}
+	}
+	struct outcome outcomes[MAX_RUNS];
+	for (int r = 0; r < o.n_runs && !failed; r++) {
+		struct outcome *out = &outcomes[r];
+		failed = run(&o, &m, &data, o.threads[r], csv, out);
+		if (!failed && o.min_test_accuracy >= 0 &&
+		    out->accuracy < o.min_test_accuracy) {
+			fprintf(stderr,
+				"T=%d: test accuracy %.2f%% is below %.2f%%\n",
+				o.threads[r], out->accuracy,
+				o.min_test_accuracy);
+			failed = 1;
+		}
+		for (int q = 0; !failed && o.same_weights && q < r; q++) {
+			if (o.threads[q] == o.threads[r] &&
+			    outcomes[q].hash != out->hash) {
+				fprintf(stderr,
+					"T=%d: runs %d and %d end with "
+					"different weights (%016" PRIx64
+					" and %016" PRIx64 ")\n",
+					o.threads[r], q + 1, r + 1,
+					outcomes[q].hash, out->hash);
+				failed = 1;
+			}
+		}
+	}
+	if (csv != NULL && (ferror(csv) | fclose(csv))) {
+		fprintf(stderr, "%s: write failed\n", o.csv);
+		failed = 1;
+	}
+	/* Every step's graph is gone: only the parameters' leaves live. */
+	struct adg_stats st;
+	if (m.registry != NULL && adg_stats(m.registry, &st) == 0 &&
+	    (st.live_nodes != N_PARAMS || st.live_graphs != 0)) {
+		fprintf(stderr,
+			"%" PRIu64 " live nodes, %" PRIu64
+			" live graphs at the end\n",
+			st.live_nodes, st.live_graphs);
+		failed = 1;
+	}
+	rc = model_free(&m);
+	if (rc != 0) {
+		fprintf(stderr, "adg_registry_free: %s\n", adg_strerror(rc));
+		failed = 1;
+	}
+	dataset_free(&data.train);
+	dataset_free(&data.test);
+	return failed;
+}
