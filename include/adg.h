@@ -102,7 +102,8 @@ typedef struct adg_grads adg_grads;	  /* gradients of one backward */
  * registry.) alloc returns NULL on failure, or memory aligned as
  * malloc's is; free receives the size that was asked of alloc. Both may be
  * called from any thread, and free from liburcu's call_rcu thread; neither
- * may call into libadg. */
+ * may call into libadg, nor wait for an RCU grace period (they may run
+ * under locks that RCU readers wait for). */
 typedef struct adg_allocator {
 	void *(*alloc)(size_t size, void *ctx);
 	void (*free)(void *ptr, size_t size, void *ctx);
@@ -279,8 +280,9 @@ typedef int (*adg_recompute_fn)(adg_recompute_call *call, void *user);
 
 /* The forward output an op offers to the backward. */
 typedef struct adg_output {
-	void *value;		    /* the output as computed, or NULL */
-	void (*free)(void *value);  /* required: frees an output */
+	void *value; /* the output as computed, or NULL */
+	/* Required: frees an output. Runs with no libadg lock held. */
+	void (*free)(void *value);
 	adg_recompute_fn recompute; /* NULL: it cannot be rebuilt */
 	/* Cheap to recompute (an activation, an add): the balanced strategy
 	 * drops value at once and recomputes it when asked. */
@@ -324,10 +326,11 @@ ADG_API int adg_op_with(adg_registry *registry, adg_node *const *parents,
  * a parent, one the step asked for in adg_op_with; recomputes it first if
  * it has to. The value stays valid until the step returns. No lock is held
  * across a recompute. With an executor, steps that ask for one output at
- * once get one rebuild: the others sleep until it is there; except that a
- * thread already inside a recompute (one that runs steps of its own
- * backward, as a cooperative executor does at its wait points) never
- * waits: it rebuilds a copy of its own, and the first copy made is kept.
+ * once get one rebuild: the others sleep until it is there (a second at
+ * most, then they rebuild a copy of their own); a thread already inside a
+ * recompute (one that runs steps of its own backward, as a cooperative
+ * executor does at its wait points) never waits: it rebuilds a copy at
+ * once. The first copy made is kept.
  * Errors: ADG_EINVAL (NULL argument, or an output the step did not ask
  * for), or a recompute callback's code. */
 ADG_API int adg_output_get(adg_step_call *call, uint64_t id, void **value);

@@ -542,7 +542,7 @@ run_tape(struct adg_shard *shard, struct adg_tape *t, size_t len, void *seed,
 			};
 			int rc = adg_step_run(step_hook, n, &call);
 			if (n->ckpt != NULL && !retained)
-				adg_ckpt_served(n);
+				adg_ckpt_served(n, NULL);
 			if (call.grad != NULL)
 				ops->free(call.grad, ops->ctx);
 			if (rc != 0)

@@ -27,17 +27,42 @@
  */
 #include "internal.h"
 
+#include <errno.h>
+#include <time.h>
+
 static size_t ckpt_size(size_t n_want_parents)
 {
 	return sizeof(struct adg_ckpt) + n_want_parents * sizeof(uint32_t);
 }
 
-/* Frees the kept value, if any. */
-static void drop_value(struct adg_ckpt *c)
+/* Lets go of n's kept value, if any: frees it now, or, with drops (the
+ * run's output lock is held), puts it on drops for adg_ckpt_free_drops
+ * once the lock is released. A record is dropped at most once while the
+ * lock is held: its count reaches zero once, and nothing refills it. */
+static void drop_value(struct adg_node *n, struct adg_drops *drops)
 {
-	if (c->value != NULL) {
+	struct adg_ckpt *c = n->ckpt;
+	if (c->value == NULL)
+		return;
+	if (drops == NULL) {
 		c->free(c->value);
-		c->value = NULL;
+	} else {
+		ADG_ASSERT(c->dropped == NULL);
+		c->dropped = c->value;
+		c->drop_next = drops->head;
+		drops->head = n;
+	}
+	c->value = NULL;
+}
+
+void adg_ckpt_free_drops(struct adg_drops *drops)
+{
+	while (drops->head != NULL) {
+		struct adg_ckpt *c = drops->head->ckpt;
+		void *value = c->dropped;
+		drops->head = c->drop_next;
+		c->dropped = NULL;
+		c->free(value);
 	}
 }
 
@@ -104,7 +129,7 @@ void adg_ckpt_commit(struct adg_node *node)
 	 * rebuild cheaply. */
 	if (c->memory_bound && c->recompute != NULL &&
 	    node->registry->checkpointing == ADG_CHECKPOINT_BALANCED)
-		drop_value(c);
+		drop_value(node, NULL);
 }
 
 static void request(struct adg_node *n)
@@ -116,13 +141,14 @@ static void request(struct adg_node *n)
  * for a rebuild that has not happened and that no one needs any more will
  * not be rebuilt: it goes on *unbuilt, once (its count reaches zero once),
  * for serve to let go of what the rebuild would have read. */
-static void serve_one(struct adg_node *n, struct adg_node **unbuilt)
+static void serve_one(struct adg_node *n, struct adg_node **unbuilt,
+		      struct adg_drops *drops)
 {
 	struct adg_ckpt *c = n->ckpt;
 	ADG_ASSERT(c->pending > 0); /* I8: every serve had its request */
 	if (--c->pending != 0)
 		return;
-	drop_value(c);
+	drop_value(n, drops);
 	if (c->rebuild_planned) {
 		c->rebuild_planned = false;
 		c->unbuilt_next = *unbuilt;
@@ -133,17 +159,17 @@ static void serve_one(struct adg_node *n, struct adg_node **unbuilt)
 /* Serves one request on n, and those of rebuilds that will not happen,
  * up the graph: a work list through the records, not recursion, so that a
  * long chain of them cannot overflow the stack. */
-static void serve(struct adg_node *n)
+static void serve(struct adg_node *n, struct adg_drops *drops)
 {
 	struct adg_node *unbuilt = NULL;
 
-	serve_one(n, &unbuilt);
+	serve_one(n, &unbuilt, drops);
 	while (unbuilt != NULL) {
 		struct adg_node *u = unbuilt;
 		unbuilt = u->ckpt->unbuilt_next;
 		for (uint32_t k = 0; k < u->n_parents; k++)
 			if (u->parents[k] != NULL)
-				serve_one(u->parents[k], &unbuilt);
+				serve_one(u->parents[k], &unbuilt, drops);
 	}
 }
 
@@ -180,23 +206,23 @@ void adg_ckpt_plan(struct adg_node **tape, size_t len)
 	for (size_t i = 0; i < len; i++) {
 		struct adg_ckpt *c = tape[i]->ckpt;
 		if (c != NULL && c->pending == 0)
-			drop_value(c);
+			drop_value(tape[i], NULL);
 	}
 }
 
-void adg_ckpt_served(struct adg_node *n)
+void adg_ckpt_served(struct adg_node *n, struct adg_drops *drops)
 {
 	struct adg_ckpt *c = n->ckpt;
 	if (c->want_self)
-		serve(n);
+		serve(n, drops);
 	for (uint32_t k = 0; k < c->n_want_parents; k++)
-		serve(n->parents[c->want_parents[k]]);
+		serve(n->parents[c->want_parents[k]], drops);
 }
 
 void adg_ckpt_drop(struct adg_node *n)
 {
 	struct adg_ckpt *c = n->ckpt;
-	drop_value(c);
+	drop_value(n, NULL);
 	n->ckpt = NULL;
 	adg_free(n->registry, c, ckpt_size(c->n_want_parents));
 }
@@ -210,14 +236,16 @@ static void *held(const struct adg_node *n)
 }
 
 /* A retained pass's rebuilt output: published unless another pass
- * published one first, and then freed. Release: what recompute wrote
- * into it happens before a reader's use. */
-static void publish(struct adg_node *n, void *output)
+ * published one first; returns what is left to free (the copy that lost),
+ * or NULL. Release: what recompute wrote into it happens before a
+ * reader's use. */
+static void *publish(struct adg_node *n, void *output)
 {
 	void *none = NULL;
 	if (!__atomic_compare_exchange_n(&n->ckpt->value, &none, output, false,
 					 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
-		n->ckpt->free(output);
+		return output;
+	return NULL;
 }
 
 /* Calls n's recompute with its parents' outputs, which the caller keeps
@@ -283,23 +311,23 @@ static struct adg_node *next_rebuild(struct adg_backward_context *ctx,
 }
 
 /* A consuming backward's rebuilt output of n: kept while a request needs
- * it and no other copy is there, else freed. The first copy kept stands
- * for the rebuild the take planned, whose reads of the parents it
- * serves. */
-static void keep(struct adg_node *n, void *output)
+ * it and no other copy is there; returns what is left to free (a copy
+ * nobody needs), or NULL. The first copy kept stands for the rebuild the
+ * take planned, whose reads of the parents it serves (drops: see
+ * drop_value). */
+static void *keep(struct adg_node *n, void *output, struct adg_drops *drops)
 {
 	struct adg_ckpt *c = n->ckpt;
-	if (held(n) != NULL || c->pending == 0) {
-		c->free(output);
-		return;
-	}
+	if (held(n) != NULL || c->pending == 0)
+		return output;
 	c->value = output;
 	if (c->rebuild_planned) {
 		c->rebuild_planned = false;
 		for (uint32_t k = 0; k < n->n_parents; k++)
 			if (n->parents[k] != NULL)
-				serve(n->parents[k]);
+				serve(n->parents[k], drops);
 	}
+	return NULL;
 }
 
 /* Rebuilds target's output on one thread, and first its parents' where
@@ -317,10 +345,10 @@ static int materialise(struct adg_backward_context *ctx,
 			break;
 		/* A retained backward counted nothing: what it rebuilds stays
 		 * held, for the passes after it. */
-		if (ctx->retained)
-			publish(n, output);
-		else
-			keep(n, output);
+		void *surplus = ctx->retained ? publish(n, output)
+					      : keep(n, output, NULL);
+		if (surplus != NULL)
+			n->ckpt->free(surplus);
 	}
 	return rc;
 }
@@ -328,26 +356,65 @@ static int materialise(struct adg_backward_context *ctx,
 /* Rebuilds this thread is in the middle of, in consuming backward passes
  * on an executor, whatever the run. A thread that holds one never sleeps
  * waiting for another's rebuild: it builds a copy of its own instead. So
- * only threads that hold none sleep, each waits for a thread that holds
- * one and never sleeps, and no cycle of waits can form: not across
- * threads, and not on one thread whose recompute runs steps of its own
- * backward (a cooperative executor draining its queue) that ask for the
- * output being rebuilt below them. */
+ * a sleeper holds no claim, and no cycle of waits can form through
+ * claims: not across threads, and not on one thread whose recompute runs
+ * steps of its own backward (a cooperative executor draining its queue)
+ * that ask for the output being rebuilt below them. */
 static __thread unsigned rebuilds_held;
 
+/* How long a thread sleeps for a rebuild before it builds a copy of its
+ * own: far longer than a rebuild should take, so that copies are rare,
+ * and a bound on a wait that an executor could otherwise make endless
+ * (a claimant whose recompute waits for a step that, inside a wait of
+ * its own, runs a job of this backward asking for the same output). */
+#define REBUILD_PATIENCE_NS 1000000000L
+
+/* Sleeps on ctx->rebuilt until woken or REBUILD_PATIENCE_NS has passed;
+ * returns false on the latter. The condition variable runs on the
+ * monotonic clock (parallel.c). */
+static bool wait_for_rebuild(struct adg_backward_context *ctx)
+{
+	struct timespec until;
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_nsec += REBUILD_PATIENCE_NS % 1000000000L;
+	until.tv_sec +=
+		REBUILD_PATIENCE_NS / 1000000000L + until.tv_nsec / 1000000000L;
+	until.tv_nsec %= 1000000000L;
+	return pthread_cond_timedwait(ctx->rebuilt, ctx->serialize, &until) !=
+	       ETIMEDOUT;
+}
+
+/* Frees, with the run's output lock released, what was let go of under
+ * it: a copy nobody needs, and outputs whose last request was served. An
+ * output's free is the caller's code, and runs with no libadg lock held. */
+static void free_unlocked(struct adg_backward_context *ctx, struct adg_node *n,
+			  void *surplus, struct adg_drops *drops)
+{
+	if (surplus == NULL && drops->head == NULL)
+		return;
+	pthread_mutex_unlock(ctx->serialize);
+	if (surplus != NULL)
+		n->ckpt->free(surplus);
+	adg_ckpt_free_drops(drops);
+	pthread_mutex_lock(ctx->serialize);
+}
+
 /* materialise with an executor's workers: the records and the work list
- * under the run's output lock, each recompute outside it. In a consuming
- * backward each rebuild is claimed: others that need it sleep until it
- * ends, so an output asked for by several steps at once is rebuilt once.
- * Every rebuild, claimed or a copy, takes a request of its own on each
- * parent while it reads them unlocked, so that none is freed under it.
- * Retained passes count nothing and free nothing: their copies race, and
- * publish keeps the first. The work list is the run's, shared by its
- * workers: each search starts afresh from target, under the lock. */
+ * under the run's output lock, each recompute and each output's free
+ * outside it. In a consuming backward each rebuild is claimed: others
+ * that need the output sleep until it ends, so an output asked for by
+ * several steps at once is rebuilt once (unless a sleep runs out of
+ * patience: then a copy). Every rebuild, claimed or a copy, takes a
+ * request of its own on each parent while it reads them unlocked, so that
+ * none is freed under it. Retained passes count nothing and free nothing:
+ * their copies race, and publish keeps the first. The work list is the
+ * run's, shared by its workers: each search starts afresh from target,
+ * under the lock. */
 static int materialise_shared(struct adg_backward_context *ctx,
 			      struct adg_node *target)
 {
 	int rc = 0;
+	bool patient = true;
 	pthread_mutex_lock(ctx->serialize);
 	for (;;) {
 		size_t top = 0;
@@ -357,8 +424,9 @@ static int materialise_shared(struct adg_backward_context *ctx,
 		struct adg_ckpt *c = n->ckpt;
 		bool claimed = false;
 		if (!ctx->retained) {
-			if (c->builder != NULL && rebuilds_held == 0) {
-				pthread_cond_wait(ctx->rebuilt, ctx->serialize);
+			if (c->builder != NULL && rebuilds_held == 0 &&
+			    patient) {
+				patient = wait_for_rebuild(ctx);
 				continue;
 			}
 			if (c->builder == NULL) {
@@ -379,18 +447,22 @@ static int materialise_shared(struct adg_backward_context *ctx,
 			rebuilds_held--;
 			pthread_cond_broadcast(ctx->rebuilt);
 		}
+		void *surplus = NULL;
+		struct adg_drops drops = {0};
 		if (ctx->retained) {
 			if (rc == 0)
-				publish(n, output);
+				surplus = publish(n, output);
 		} else {
 			if (rc == 0)
-				keep(n, output);
+				surplus = keep(n, output, &drops);
 			for (uint32_t k = 0; k < n->n_parents; k++)
 				if (n->parents[k] != NULL)
-					serve(n->parents[k]);
+					serve(n->parents[k], &drops);
 		}
+		free_unlocked(ctx, n, surplus, &drops);
 		if (rc != 0)
 			break;
+		patient = true;
 	}
 	pthread_mutex_unlock(ctx->serialize);
 	return rc;

@@ -593,11 +593,25 @@ struct adg_ckpt {
 	 * rebuilding the output now, or NULL; under the run's output lock.
 	 * Others that need it sleep until it is there (see checkpoint.c). */
 	const void *builder;
+	/* A value let go of under the run's output lock, to free once it is
+	 * released, and the next such record (struct adg_drops). */
+	void *dropped;
+	struct adg_node *drop_next;
 	struct adg_node *unbuilt_next; /* serve's work list */
 	bool want_self;
 	uint32_t n_want_parents;
 	uint32_t want_parents[]; /* parent slots */
 };
+
+/* Outputs let go of while a run's output lock is held, to free once it is
+ * released (an output's free is the caller's code): a list through their
+ * records. */
+struct adg_drops {
+	struct adg_node *head;
+};
+
+/* Frees every output on drops, with no lock held. */
+void adg_ckpt_free_drops(struct adg_drops *drops);
 
 /* What adg_output_get needs of the backward that runs the step. */
 struct adg_backward_context {
@@ -633,8 +647,9 @@ void adg_ckpt_commit(struct adg_node *node);
 void adg_ckpt_plan(struct adg_node **tape, size_t len);
 
 /* After the step of a tape node with a record returned: its requests are
- * served. */
-void adg_ckpt_served(struct adg_node *node);
+ * served. With drops, under the run's output lock: the outputs let go of
+ * are freed by adg_ckpt_free_drops after it. */
+void adg_ckpt_served(struct adg_node *node, struct adg_drops *drops);
 
 /* At the end of a backward, or when a node with a record goes: frees the
  * record and what is left of its output. */

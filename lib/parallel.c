@@ -38,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NONE UINT32_MAX /* no position, edge or target */
@@ -534,9 +535,11 @@ static uint32_t run_step(struct worker *w, uint32_t pos)
 	};
 	int rc = adg_step_run(run->step_hook, n, &call);
 	if (n->ckpt != NULL && !run->retained) {
+		struct adg_drops drops = {0};
 		pthread_mutex_lock(&run->serialize);
-		adg_ckpt_served(n);
+		adg_ckpt_served(n, &drops);
 		pthread_mutex_unlock(&run->serialize);
+		adg_ckpt_free_drops(&drops); /* the caller's code: unlocked */
 	}
 	if (call.grad != NULL)
 		run->ops->free(call.grad, run->ops->ctx);
@@ -804,7 +807,12 @@ int adg_par_run(struct adg_shard *shard, struct adg_tape *t, size_t len,
 	struct adg_par_arrays *a = &t->par;
 	uint32_t leaves = plan(t, len, retained);
 	pthread_mutex_init(&run.serialize, NULL);
-	pthread_cond_init(&run.rebuilt, NULL);
+	/* The monotonic clock, for checkpoint.c's bounded wait. */
+	pthread_condattr_t monotonic;
+	pthread_condattr_init(&monotonic);
+	pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+	pthread_cond_init(&run.rebuilt, &monotonic);
+	pthread_condattr_destroy(&monotonic);
 	pthread_mutex_init(&run.err_lock, NULL);
 	atomic_init(&run.in_flight, 1); /* the root */
 	atomic_init(&run.helpers, 0);

@@ -9,6 +9,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ------------------------------------------ jobs that outlive a backward */
 
@@ -239,6 +240,12 @@ struct rebuilt {
 	atomic_int bad;	    /* a step got a wrong output */
 	struct coop *drain; /* set: each recompute drains it first */
 	bool jitter;	    /* recomputes and steps yield at random */
+	/* The first recompute waits (10 s at most) until some step has got
+	 * its output: one that, without the bounded sleep, would wait for
+	 * that very recompute. */
+	bool hold_first;
+	atomic_bool got_output;
+	atomic_bool held_in_vain;
 };
 
 /* What a rebuilt output's recompute and its askers' steps hold. */
@@ -267,7 +274,18 @@ static void maybe_yield(struct rebuilt *g)
 static int r_recompute(adg_recompute_call *call, void *user)
 {
 	struct rebuild_user *u = user;
-	atomic_fetch_add(&u->g->rebuilds[u->i], 1);
+	int before = atomic_fetch_add(&u->g->rebuilds[u->i], 1);
+	if (u->g->hold_first && before == 0) {
+		struct timespec t0, t;
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		do {
+			nanosleep(&(struct timespec){0, 1000000}, NULL);
+			clock_gettime(CLOCK_MONOTONIC, &t);
+		} while (!atomic_load(&u->g->got_output) &&
+			 t.tv_sec - t0.tv_sec < 10);
+		if (!atomic_load(&u->g->got_output))
+			atomic_store(&u->g->held_in_vain, true);
+	}
 	if (u->g->drain != NULL)
 		coop_drain(u->g->drain); /* runs steps of this very backward */
 	maybe_yield(u->g);
@@ -292,6 +310,7 @@ static int asker_backward(adg_step_call *call, void *user)
 		return rc;
 	if (*(double *)out != u->g->c0.value + 1 + u->i)
 		atomic_fetch_add(&u->g->bad, 1);
+	atomic_store(&u->g->got_output, true);
 	return prod_backward(call, u->prod);
 }
 
@@ -422,6 +441,30 @@ CHECKED_TEST(executor_ckpt, recompute_that_drains_the_executor, .timeout = 20)
 		for (int i = 0; i < k; i++)
 			cr_expect_geq(atomic_load(&g.rebuilds[i]), 1);
 	}
+}
+
+/* A step waits for an output whose rebuild waits for that step, as a job
+ * system can arrange (the recompute waits for work that, inside a wait
+ * of its own, runs the step). The sleeper gives up after a bounded time
+ * and builds a copy of its own, so both go on: two rebuilds, the right
+ * gradients. An unbounded sleep would hold both until this recompute's
+ * own limit of 10 s and fail. */
+CHECKED_TEST(executor_ckpt, a_wait_for_a_rebuild_is_bounded, .timeout = 60)
+{
+	double want[1 + MAX_BRANCHES] = {0}, got[1 + MAX_BRANCHES] = {0};
+	rebuilt_reference(1, 2, want);
+	adg_pool *pool;
+	cr_assert_eq(adg_pool_new(2, &pool), 0);
+	adg_executor exec;
+	cr_assert_eq(adg_pool_executor(pool, &exec), 0);
+	struct rebuilt g = {.hold_first = true};
+	rebuilt_build(&g, 1, 2);
+	rebuilt_run(&g, &exec, got);
+	cr_expect(!atomic_load(&g.held_in_vain),
+		  "the other step never got the output");
+	cr_expect_eq(atomic_load(&g.rebuilds[0]), 2);
+	cr_expect(memcmp(got, want, sizeof want) == 0);
+	cr_assert_eq(adg_pool_free(pool), 0);
 }
 
 /* Several steps ask for the same rebuilt output and for different ones at
