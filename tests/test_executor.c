@@ -404,6 +404,8 @@ static void open_balanced(void)
 }
 
 TestSuite(executor_ckpt, .init = open_balanced, .timeout = 60);
+/* The stress tier (tests/meson.build splits it off). */
+TestSuite(executor_ckpt_stress, .init = open_balanced, .timeout = 300);
 
 /* The gradients of one build, run sequentially: what every other run of
  * the same build must give, bit for bit. */
@@ -423,7 +425,7 @@ static void rebuilt_reference(int k, int branches, double *want)
  * thread held: the test hung until its timeout, 3 runs of 3. Now no lock
  * is held across a recompute, and a thread that is rebuilding builds
  * another copy rather than wait for itself. */
-CHECKED_TEST(executor_ckpt, recompute_that_drains_the_executor, .timeout = 20)
+CHECKED_TEST(executor_ckpt, recompute_that_drains_the_executor)
 {
 	for (int k = 1; k <= 3; k++) {
 		double want[1 + MAX_BRANCHES] = {0},
@@ -449,7 +451,7 @@ CHECKED_TEST(executor_ckpt, recompute_that_drains_the_executor, .timeout = 20)
  * and builds a copy of its own, so both go on: two rebuilds, the right
  * gradients. An unbounded sleep would hold both until this recompute's
  * own limit of 10 s and fail. */
-CHECKED_TEST(executor_ckpt, a_wait_for_a_rebuild_is_bounded, .timeout = 60)
+CHECKED_TEST(executor_ckpt, a_wait_for_a_rebuild_is_bounded)
 {
 	double want[1 + MAX_BRANCHES] = {0}, got[1 + MAX_BRANCHES] = {0};
 	rebuilt_reference(1, 2, want);
@@ -472,8 +474,7 @@ CHECKED_TEST(executor_ckpt, a_wait_for_a_rebuild_is_bounded, .timeout = 60)
  * once per backward (a thread that finds one being rebuilt sleeps until
  * it is there), every output is freed by the end, and the gradients are
  * the sequential backward's, bit for bit. */
-CHECKED_TEST(executor_ckpt_stress, steps_ask_for_rebuilt_outputs_at_once,
-	     .init = open_balanced, .timeout = 300)
+CHECKED_TEST(executor_ckpt_stress, steps_ask_for_rebuilt_outputs_at_once)
 {
 	double want[1 + MAX_BRANCHES] = {0}, got[1 + MAX_BRANCHES] = {0};
 	for (unsigned workers = 1; workers <= 4; workers++) {
