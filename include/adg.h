@@ -570,8 +570,9 @@ ADG_API int adg_graph_write_dot(adg_node *node, adg_write_fn write, void *ctx);
  *
  * Failure abandons the round: a participant that ends it with an error, or
  * an ops.add or ops.apply error. From then on no apply starts (one that
- * has started finishes), and a parameter is only ever applied with all T
- * contributions, never with part of them. Every participant's
+ * has started finishes, and so do the other slices of a parameter in
+ * slices), and a parameter is only ever applied with all T contributions,
+ * never with part of them. Every participant's
  * adg_reducer_end returns the round's first error; contributions that
  * arrive later are held and released as usual, and the next round starts
  * clean. */
@@ -587,6 +588,10 @@ typedef struct adg_reduction {
 	 * non-NULL one; NULL when no participant had a gradient for it.
 	 * Borrowed: apply may read and write it, not keep it. */
 	void *sum;
+	/* A parameter in slices (adg_reducer_options.param_slices): which
+	 * slice of sum to apply, 0 to n_slices - 1; apply touches only that
+	 * part of the parameter. 0 of 1 otherwise. */
+	size_t slice, n_slices;
 } adg_reduction;
 
 typedef struct adg_reducer_ops {
@@ -598,8 +603,9 @@ typedef struct adg_reducer_ops {
 	 * participant whose contribution the sum started as. Returns 0 or a
 	 * negative code, which abandons the round. Required. */
 	int (*add)(void **sum, void *value, void *ctx);
-	/* Applies one parameter's reduced gradient (an SGD step). Runs at
-	 * most once per parameter per round, once in a round not abandoned,
+	/* Applies one parameter's reduced gradient (an SGD step), or one
+	 * slice of it (param_slices). Runs at most once per parameter (per
+	 * slice) per round, once in a round not abandoned,
 	 * on the thread that brought its last contribution (apply_at_end: on
 	 * the last participant to end), with no lock held; calls for
 	 * different parameters may run at once. Returns 0 or a negative
@@ -610,7 +616,18 @@ typedef struct adg_reducer_ops {
 	 * barrier (so a per-thread pool needs no lock). Required. */
 	void (*release)(void *value, size_t participant, void *ctx);
 	void *ctx;
+	/* For parameters in slices: folds slice `slice` of n_slices of value
+	 * into the same slice of sum, in place (both non-NULL; value
+	 * borrowed). Slices of one parameter are folded and applied at once
+	 * on several threads: each must touch only its own part of sum and
+	 * of the parameter. Returns 0 or a negative code, which abandons the
+	 * round. Required when a parameter has more than one slice. */
+	int (*add_slice)(void *sum, const void *value, size_t slice,
+			 size_t n_slices, void *ctx);
 } adg_reducer_ops;
+
+/* Most slices a parameter may be cut into. */
+#define ADG_REDUCER_MAX_SLICES 1024u
 
 /* Zero-initialise, then set what you need. */
 typedef struct adg_reducer_options {
@@ -628,11 +645,25 @@ typedef struct adg_reducer_options {
 	/* Both callbacks or neither (malloc and free); called by
 	 * adg_reducer_new and adg_reducer_free only. */
 	adg_allocator allocator;
+	/* NULL: every parameter whole. Else, per parameter, into how many
+	 * slices (1 to ADG_REDUCER_MAX_SLICES) its sum and update are cut
+	 * (reduce-scatter): when its last contribution arrives, the slices
+	 * are folded (ops.add_slice) and applied (one apply per slice) by
+	 * that thread and by the participants waiting in adg_reducer_end,
+	 * each slice by one of them, so that no single thread sums and
+	 * updates a large parameter alone. The arithmetic is the same
+	 * whichever thread takes a slice. Give T slices, say, to parameters
+	 * of many elements, 1 to small ones. Once a parameter's slices are
+	 * offered every one is folded and applied, whatever another
+	 * participant reports meanwhile; an add_slice or apply error stops
+	 * only the slice it happens in. (copied) */
+	const size_t *param_slices;
 } adg_reducer_options;
 
 /* Creates a reducer. Errors: ADG_EINVAL (NULL argument, T or n_params 0, a
- * required op missing, an id 0 or repeated, one allocator callback),
- * ADG_ENOMEM. */
+ * required op missing, an id 0 or repeated, one allocator callback, a
+ * slice count 0 or above ADG_REDUCER_MAX_SLICES, slices without
+ * add_slice), ADG_ENOMEM. */
 ADG_API int adg_reducer_new(const adg_reducer_options *options,
 			    adg_reducer **out);
 
@@ -664,14 +695,14 @@ ADG_API int adg_reducer_give(adg_reducer *reducer, size_t participant,
 /* Ends participant's round: result is its backward's result (0, or the
  * error that abandons the round; a positive one is ADG_ECALLBACK).
  * Parameters it gave nothing for count as NULL contributions (which may
- * complete them, and apply them, here). Sleeps until every participant
+ * complete them, and apply them, here). Waits until every participant
  * has ended the round and every parameter is applied (or the round is
- * abandoned), then releases this participant's contributions and
- * returns: 0 when the round was applied whole, else the round's first
- * error (the same code for every participant). The next round starts
- * clean.
- * Errors: ADG_EINVAL (NULL, participant >= T), ADG_ESTATE (participant
- * is already ending this round: nothing changed), or the round's error. */
+ * abandoned), taking slices of parameters in slices meanwhile, looking a
+ * few times and then sleeping; then releases this participant's contributions
+ * and returns: 0 when the round was applied whole, else the round's first error
+ * (the same code for every participant). The next round starts clean. Errors:
+ * ADG_EINVAL (NULL, participant >= T), ADG_ESTATE (participant is already
+ * ending this round: nothing changed), or the round's error. */
 ADG_API int adg_reducer_end(adg_reducer *reducer, size_t participant,
 			    int result);
 

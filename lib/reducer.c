@@ -1,6 +1,6 @@
 /*
  * The gradient reducer: synchronous data parallelism inside one process
- * (adg.h, "gradient reducer"; docs/concurrency.md, I15 and I16).
+ * (adg.h, "gradient reducer"; docs/concurrency.md, I15 to I17).
  *
  * Contributions. Each participant has a block of slots, one per parameter,
  * on cache lines of its own: a contribution is a plain store into the
@@ -13,14 +13,23 @@
  * Lookups go through an open-addressing table built at creation and only
  * read afterwards. Nothing on this path locks or allocates.
  *
+ * Slices. A large parameter may be cut into slices (reduce-scatter): the
+ * contribution that completes it offers them (published), and it and
+ * every participant waiting at the barrier take them one at a time
+ * (next_slice), folding and applying each, so that the largest layer's
+ * sum and update are not one thread's while the others wait.
+ *
  * Rounds. adg_reducer_end is the barrier, once per participant per round:
- * a mutex and a condition variable (a participant that waits sleeps; the
- * cores are the backward passes'). Every contribution of a participant,
- * and so every fold and apply it triggers, comes before its end; once the
- * last participant has arrived, nothing touches the round's state but it:
- * it applies (apply_at_end), resets every parameter's count and the
- * round's error, and only then wakes the others, each of which releases
- * its own contributions and clears its own slots before returning.
+ * a mutex and a condition variable. A participant there takes slices,
+ * looks a few times, yielding, and then sleeps (the cores are the
+ * backward passes'); offering slices and finishing the last one wake the
+ * sleepers. Every contribution of a participant, and so every fold and
+ * apply it triggers, comes before its end; once every participant has
+ * arrived and every slice is done, nothing touches the round's state but
+ * the one that saw it so: it applies (apply_at_end), resets every
+ * parameter's count and the round's error, and only then wakes the
+ * others, each of which releases its own contributions and clears its
+ * own slots before returning.
  *
  * Failure. The round's first error is one compare and swap; the check
  * before each apply reads it in the same total order (seq_cst), so no
@@ -31,6 +40,7 @@
  */
 #include "internal.h"
 
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,11 +51,22 @@
 struct param {
 	_Alignas(ADG_CACHELINE) atomic_size_t arrived; /* contributions, to T */
 	/* Written by the thread that brings the last contribution (it folds),
-	 * read by it, or by the last participant to end (apply_at_end,
-	 * reset): ordered by arrived, then by the barrier. */
+	 * read by it, by the threads that take its slices (after published),
+	 * or by the last participant to end (apply_at_end, reset): ordered
+	 * by arrived, published, then by the barrier. */
 	size_t owner; /* the participant the sum started as; NONE: no sum */
 	bool folded;  /* the fold ran whole: the sum may be applied */
 	uint64_t id;  /* the leaf's id; read-only */
+	/* A parameter in slices (reduce-scatter): read-only n_slices; once
+	 * the last contribution is in, published is set to the round's
+	 * barrier generation plus one and any participant of that round
+	 * takes the next slice (next_slice) to fold and apply. Both are
+	 * left as they are at the round's end, so that a participant still
+	 * looking for slices of that round finds none; the next publish
+	 * resets next_slice first. */
+	size_t n_slices;
+	atomic_uint_fast64_t published;
+	atomic_size_t next_slice;
 };
 
 _Static_assert(sizeof(struct param) == ADG_CACHELINE,
@@ -105,13 +126,20 @@ struct adg_reducer {
 	_Alignas(ADG_CACHELINE) atomic_int error;
 	/* Rounds completed; bumped by the last participant to end. */
 	atomic_uint_fast64_t rounds;
+	/* Slices published and not yet done: the round cannot end before. */
+	atomic_size_t slices_pending;
+	bool sliced; /* some parameter is in slices; read-only */
 
 	/* The barrier, under lock. */
 	_Alignas(ADG_CACHELINE) pthread_mutex_t lock;
-	pthread_cond_t done; /* gen moved */
-	size_t n_ended;	     /* participants inside adg_reducer_end */
-	uint64_t gen;	     /* rounds the barrier has let through */
-	int result;	     /* what the round gen - 1 returns */
+	/* gen moved, slices were published, or the last slice is done */
+	pthread_cond_t done;
+	size_t n_ended; /* participants inside adg_reducer_end */
+	/* Rounds the barrier has let through: written under lock, read
+	 * without it by participants that look before they sleep. */
+	atomic_uint_fast64_t gen;
+	int result;	   /* what the round gen - 1 returns */
+	size_t n_sleeping; /* participants in pthread_cond_wait */
 };
 
 /* ------------------------------------------------------------- layout */
@@ -218,9 +246,18 @@ int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 		    (options->allocator.free == NULL))
 		return ADG_EINVAL;
 	size_t t = options->n_participants, n = options->n_params;
-	for (size_t k = 0; k < n; k++)
+	const size_t *slices = options->param_slices;
+	bool sliced = false;
+	for (size_t k = 0; k < n; k++) {
 		if (options->param_ids[k] == 0)
 			return ADG_EINVAL;
+		if (slices != NULL &&
+		    (slices[k] == 0 || slices[k] > ADG_REDUCER_MAX_SLICES))
+			return ADG_EINVAL;
+		sliced |= slices != NULL && slices[k] > 1;
+	}
+	if (sliced && options->ops.add_slice == NULL)
+		return ADG_EINVAL;
 
 	/* Sizes: a participant's block rounded up to whole lines; the table
 	 * at least twice the parameters, so that a probe run stays short. */
@@ -257,6 +294,7 @@ int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 	r->n_members = t;
 	r->n_params = n;
 	r->apply_at_end = options->apply_at_end != 0;
+	r->sliced = sliced;
 	r->member_stride = stride;
 	r->table_cap = cap;
 	r->shift = 64 - log2;
@@ -277,6 +315,8 @@ int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 		rc = ADG_EINVAL;
 		goto out_free;
 	}
+	for (size_t k = 0; k < n; k++)
+		r->params[k].n_slices = slices != NULL ? slices[k] : 1;
 	for (size_t p = 0; p < t; p++) {
 		struct member *m = member_of(r, p);
 		m->reducer = r;
@@ -337,10 +377,10 @@ static int fold(struct adg_reducer *r, size_t i)
 	return rc;
 }
 
-static int apply(struct adg_reducer *r, size_t i)
+/* Applies slice k of parameter i's sum (the whole of it: k 0 of 1). */
+static int apply(struct adg_reducer *r, size_t i, size_t k)
 {
 	const struct param *p = &r->params[i];
-	ADG_ASSERT(p->folded); /* I15 */
 	adg_reduction reduction = {
 		.param = i,
 		.id = p->id,
@@ -348,8 +388,128 @@ static int apply(struct adg_reducer *r, size_t i)
 		 * the barrier lets anyone into the next round. */
 		.round = atomic_load_explicit(&r->rounds, memory_order_relaxed),
 		.sum = p->owner != NONE ? slot_of(r, p->owner, i)->value : NULL,
+		.slice = k,
+		.n_slices = p->n_slices,
 	};
 	return adg_callback_result(r->ops.apply(&reduction, r->ops.ctx));
+}
+
+/* The sum's owner: the first participant with a contribution. */
+static size_t first_given(const struct adg_reducer *r, size_t i)
+{
+	for (size_t q = 0; q < r->n_members; q++)
+		if (slot_of(r, q, i)->value != NULL)
+			return q;
+	return NONE;
+}
+
+/* Folds slice k of parameter i in participant order into the owner's
+ * contribution, then applies it (unless apply_at_end). Slices are
+ * disjoint: threads that take different ones never write the same
+ * bytes. */
+static int fold_and_apply_slice(struct adg_reducer *r, size_t i, size_t k)
+{
+	const struct param *p = &r->params[i];
+	int rc = 0;
+	if (p->owner != NONE) {
+		void *sum = slot_of(r, p->owner, i)->value;
+		for (size_t q = p->owner + 1; q < r->n_members && rc == 0;
+		     q++) {
+			void *value = slot_of(r, q, i)->value;
+			if (value != NULL)
+				rc = adg_callback_result(r->ops.add_slice(
+					sum, value, k, p->n_slices,
+					r->ops.ctx));
+		}
+	}
+	if (rc == 0 && !r->apply_at_end)
+		rc = apply(r, i, k);
+	return rc;
+}
+
+static void wake_all(struct adg_reducer *r)
+{
+	pthread_mutex_lock(&r->lock);
+	if (r->n_sleeping != 0)
+		pthread_cond_broadcast(&r->done);
+	pthread_mutex_unlock(&r->lock);
+}
+
+/* Takes slices of parameter i until none is left. Once published, every
+ * slice runs, whatever is reported meanwhile: a parameter is never left
+ * half updated by another participant's failure. */
+static void take_slices(struct adg_reducer *r, size_t i)
+{
+	struct param *p = &r->params[i];
+	for (;;) {
+		/* Relaxed: the counter only hands out distinct slices; what
+		 * a slice reads was published before (published, acquire). */
+		size_t k = atomic_fetch_add_explicit(&p->next_slice, 1,
+						     memory_order_relaxed);
+		if (k >= p->n_slices)
+			return;
+		int rc = fold_and_apply_slice(r, i, k);
+		if (rc != 0)
+			report(r, rc);
+		/* acq_rel: the slice's writes happen before the end of the
+		 * round, which waits for this count to reach 0 (acquire in
+		 * the barrier); the last one wakes the sleepers to see it. */
+		if (atomic_fetch_sub_explicit(&r->slices_pending, 1,
+					      memory_order_acq_rel) == 1)
+			wake_all(r);
+	}
+}
+
+/* Whether parameter i has slices of round gen not yet taken. Acquire:
+ * pairs with publish's release, so that the slots, the owner and the
+ * reset of next_slice written before it are seen. Relaxed next_slice: a
+ * hint; take_slices claims for real. */
+static bool offers_slices(const struct param *p, uint64_t gen)
+{
+	return p->n_slices > 1 &&
+	       atomic_load_explicit(&p->published, memory_order_acquire) ==
+		       gen + 1 &&
+	       atomic_load_explicit(&p->next_slice, memory_order_relaxed) <
+		       p->n_slices;
+}
+
+/* Takes any slice of round gen published and not yet taken; returns
+ * whether it found one. Any participant may, from its end (the barrier),
+ * so that a large parameter's sum and update are split among the threads
+ * that wait. */
+static bool help(struct adg_reducer *r, uint64_t gen)
+{
+	bool found = false;
+	for (size_t i = 0; i < r->n_params; i++) {
+		if (offers_slices(&r->params[i], gen)) {
+			take_slices(r, i);
+			found = true;
+		}
+	}
+	return found;
+}
+
+/* The last contribution of a parameter in slices is in: offers its
+ * slices to every participant and takes them itself. */
+static void publish(struct adg_reducer *r, size_t i)
+{
+	struct param *p = &r->params[i];
+	p->owner = first_given(r, i);
+	/* A slice whose fold fails reports it: the round is abandoned, and
+	 * apply_at_end applies nothing. */
+	p->folded = true;
+	/* Relaxed: counted before any slice can be taken (published comes
+	 * after, with release), so the count cannot reach 0 early. */
+	atomic_fetch_add_explicit(&r->slices_pending, p->n_slices,
+				  memory_order_relaxed);
+	/* Relaxed, then release: the reset, the slots and the owner before,
+	 * for offers_slices' acquire. The barrier cannot move during the
+	 * round: this participant has not ended it. */
+	atomic_store_explicit(&p->next_slice, 0, memory_order_relaxed);
+	uint64_t gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
+	atomic_store_explicit(&p->published, gen + 1, memory_order_release);
+	wake_all(r); /* participants asleep at the barrier come and help */
+	take_slices(r, i);
 }
 
 /* The last contribution of parameter i is in: fold it and (unless
@@ -360,9 +520,15 @@ static int complete(struct adg_reducer *r, size_t i)
 	 * applies: each slot keeps its own value for its participant. */
 	if (atomic_load_explicit(&r->error, memory_order_seq_cst) != 0)
 		return 0;
+	if (r->params[i].n_slices > 1) {
+		publish(r, i);
+		return 0; /* a slice's error is the round's, not this give's */
+	}
 	int rc = fold(r, i);
-	if (rc == 0 && !r->apply_at_end)
-		rc = apply(r, i);
+	if (rc == 0 && !r->apply_at_end) {
+		ADG_ASSERT(r->params[i].folded); /* I15 */
+		rc = apply(r, i, 0);
+	}
 	if (rc != 0)
 		report(r, rc);
 	return rc;
@@ -457,8 +623,11 @@ static int finish_round(struct adg_reducer *r)
 			   atomic_load_explicit(&r->params[i].arrived,
 						memory_order_relaxed) ==
 				   r->n_members);
-		if (rc == 0 && r->apply_at_end) {
-			rc = apply(r, i);
+		for (size_t k = 0;
+		     rc == 0 && r->apply_at_end && k < r->params[i].n_slices;
+		     k++) {
+			ADG_ASSERT(r->params[i].folded); /* I15 */
+			rc = apply(r, i, k);
 			/* Nothing runs beside this: no check to order. */
 			if (rc != 0)
 				atomic_store_explicit(&r->error, rc,
@@ -481,30 +650,79 @@ static int finish_round(struct adg_reducer *r)
 	return rc;
 }
 
-/* Waits for the round's other participants; the last one finishes the
- * round. Returns the round's result. */
+/* Whether the round can end: every participant is in its end and every
+ * slice published is done. Under lock. */
+static bool round_over(struct adg_reducer *r)
+{
+	/* Acquire: pairs with take_slices' count, so that every slice's
+	 * writes happen before the round's end. */
+	return r->n_ended == r->n_members &&
+	       atomic_load_explicit(&r->slices_pending, memory_order_acquire) ==
+		       0;
+}
+
+/* Whether the barrier let round gen through, or there is a slice to take.
+ * Looked at before sleeping, and in a short spin: a wake-up from the
+ * kernel costs more than a small batch's work. */
+static bool worth_waking(struct adg_reducer *r, uint64_t gen)
+{
+	if (atomic_load_explicit(&r->gen, memory_order_relaxed) != gen)
+		return true;
+	for (size_t i = 0; r->sliced && i < r->n_params; i++)
+		if (offers_slices(&r->params[i], gen))
+			return true;
+	return false;
+}
+
+/* Waits for the round's other participants, taking slices of large
+ * parameters meanwhile; the one that sees the round over finishes it.
+ * Returns the round's result. */
 static int barrier(struct adg_reducer *r)
 {
+	/* Relaxed: the barrier cannot move before this participant is in. */
+	uint64_t gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
+	help(r, gen);
 	pthread_mutex_lock(&r->lock);
-	if (++r->n_ended < r->n_members) {
-		uint64_t gen = r->gen;
-		while (r->gen == gen)
-			pthread_cond_wait(&r->done, &r->lock);
-		/* result cannot move before this participant ends the next
-		 * round. */
-		int rc = r->result;
+	r->n_ended++;
+	for (;;) {
+		if (atomic_load_explicit(&r->gen, memory_order_relaxed) !=
+		    gen) {
+			/* result cannot move before this participant ends
+			 * the next round. */
+			int rc = r->result;
+			pthread_mutex_unlock(&r->lock);
+			return rc;
+		}
+		if (round_over(r))
+			break;
 		pthread_mutex_unlock(&r->lock);
-		return rc;
+		/* A few looks, yielding the core to the threads still at
+		 * work, before sleeping in the kernel. */
+		bool woken = false;
+		for (int spin = 0; spin < 32 && !woken; spin++) {
+			sched_yield();
+			woken = worth_waking(r, gen);
+		}
+		bool helped = help(r, gen);
+		pthread_mutex_lock(&r->lock);
+		if (woken || helped || round_over(r) ||
+		    atomic_load_explicit(&r->gen, memory_order_relaxed) != gen)
+			continue;
+		r->n_sleeping++;
+		pthread_cond_wait(&r->done, &r->lock);
+		r->n_sleeping--;
 	}
-	/* Every participant is inside its end, past its contributions: the
-	 * round's state is this thread's until gen moves. Apply with the
-	 * lock released (apply is the caller's code). */
+	/* Every participant is inside its end, past its contributions, and
+	 * every slice is done: the round's state is this thread's until gen
+	 * moves. Apply with the lock released (apply is the caller's
+	 * code). */
+	r->n_ended = 0;
 	pthread_mutex_unlock(&r->lock);
 	int rc = finish_round(r);
 	pthread_mutex_lock(&r->lock);
 	r->result = rc;
-	r->n_ended = 0;
-	r->gen++;
+	/* Relaxed: written under lock; readers without it only look. */
+	atomic_store_explicit(&r->gen, gen + 1, memory_order_relaxed);
 	pthread_cond_broadcast(&r->done);
 	pthread_mutex_unlock(&r->lock);
 	return rc;

@@ -462,6 +462,29 @@ static int reducer_add(void **sum, void *value, void *ctx)
 	return 0;
 }
 
+/* Elements [*lo, *hi) of slice k of n_slices of n elements. */
+static void slice_of(size_t n, size_t k, size_t n_slices, size_t *lo,
+		     size_t *hi)
+{
+	*lo = n * k / n_slices;
+	*hi = n * (k + 1) / n_slices;
+}
+
+/* A large parameter's sum, one slice at a time (reduce-scatter: several
+ * threads fold and apply its slices at once). */
+static int reducer_add_slice(void *sum, const void *value, size_t slice,
+			     size_t n_slices, void *ctx)
+{
+	(void)ctx;
+	struct tensor *s = sum;
+	const struct tensor *g = value;
+	size_t lo, hi;
+	slice_of((size_t)s->rows * (size_t)s->cols, slice, n_slices, &lo, &hi);
+	for (size_t k = lo; k < hi; k++)
+		s->data[k] += g->data[k];
+	return 0;
+}
+
 static int reducer_apply(const adg_reduction *r, void *ctx)
 {
 	struct trainer *tr = ctx;
@@ -470,7 +493,9 @@ static int reducer_apply(const adg_reduction *r, void *ctx)
 		return 0;
 	struct param *p = &tr->model->params[r->param];
 	float *value = p->value->data, lr = tr->lr;
-	for (size_t k = 0, n = param_elements(p); k < n; k++)
+	size_t lo, hi;
+	slice_of(param_elements(p), r->slice, r->n_slices, &lo, &hi);
+	for (size_t k = lo; k < hi; k++)
 		value[k] -= lr * g->data[k];
 	return 0;
 }
@@ -643,13 +668,25 @@ static int worker_free(struct worker *w)
 	return out == 0 ? 0 : -1;
 }
 
+/* Parameters of at least this many elements are summed and updated in
+ * one slice per thread, by all of them: the first layer's weights (85%
+ * of the model) would otherwise be summed and updated by one thread
+ * while the others wait at the barrier. */
+#define SLICED_ELEMENTS 4096
+
 /* Sync: a reducer of the model's parameters (participant t is worker t),
  * its param index that of model->params. */
 static int reducer_new(struct trainer *tr)
 {
 	uint64_t ids[N_PARAMS];
-	for (int i = 0; i < N_PARAMS; i++)
-		ids[i] = tr->model->params[i].id;
+	size_t slices[N_PARAMS];
+	for (int i = 0; i < N_PARAMS; i++) {
+		const struct param *p = &tr->model->params[i];
+		ids[i] = p->id;
+		slices[i] = param_elements(p) >= SLICED_ELEMENTS
+				    ? (size_t)tr->n_threads
+				    : 1;
+	}
 	adg_reducer_options ro = {
 		.n_participants = (size_t)tr->n_threads,
 		.param_ids = ids,
@@ -657,7 +694,9 @@ static int reducer_new(struct trainer *tr)
 		.ops = {.add = reducer_add,
 			.apply = reducer_apply,
 			.release = reducer_release,
-			.ctx = tr},
+			.ctx = tr,
+			.add_slice = reducer_add_slice},
+		.param_slices = slices,
 	};
 	return adg_reducer_new(&ro, &tr->reducer);
 }
