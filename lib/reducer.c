@@ -705,8 +705,10 @@ static int barrier(struct adg_reducer *r)
 		}
 		bool helped = help(r, gen);
 		pthread_mutex_lock(&r->lock);
-		if (woken || helped || round_over(r) ||
-		    atomic_load_explicit(&r->gen, memory_order_relaxed) != gen)
+		/* Looked at again under the lock: whoever offers slices, ends
+		 * the last one or the round takes the lock to wake sleepers
+		 * after, so either this sees it or that sees the sleeper. */
+		if (helped || round_over(r) || worth_waking(r, gen))
 			continue;
 		r->n_sleeping++;
 		pthread_cond_wait(&r->done, &r->lock);
