@@ -1,19 +1,38 @@
 #!/usr/bin/env bash
-# Trains examples/digits' model with libadg and with PyTorch's C++ API
-# (bench/compare/digits_torch.cpp, on Debian's libtorch-dev): the same
-# data, split, initial weights, learning rates and batch order (digits
-# --export writes them), Hogwild SGD on T = 1, 2, 8 and 32 threads, at
-# mini-batches of B = 1 and 16, both sides with BLAS and PyTorch's
-# intra-op work on the calling thread. Prints one Markdown table
-# (samples/s and final test accuracy of each, the ratio libadg / PyTorch)
-# and the issue's targets. Each cell is the median of --runs runs (default
-# 3), libadg's and PyTorch's alternating so that the machine's ups and
-# downs reach both alike; accuracies are medians too (Hogwild on more than
-# one thread is not deterministic). Installs what it misses (libtorch-dev
-# is large), builds in build-compare/, which is not part of CI.
-# Usage: compare-torch.sh [--epochs E] [--runs N]
+# Side by side with PyTorch's C++ API (libtorch, Debian's libtorch-dev),
+# on two models: examples/digits (below) and examples/fashion
+# (scripts/compare-fashion.sh, which this runs; its header says what it
+# measures). With no model named, runs digits and then fashion, each with
+# the options given (--epochs E applies to both; each has its own default).
+#
+# digits: trains examples/digits' model with libadg and with PyTorch
+# (bench/compare/digits_torch.cpp): the same data, split, initial weights,
+# learning rates and batch order (digits --export writes them), Hogwild
+# SGD on T = 1, 2, 8 and 32 threads, at mini-batches of B = 1 and 16, both
+# sides with BLAS and PyTorch's intra-op work on the calling thread. Prints
+# one Markdown table (samples/s and final test accuracy of each, the ratio
+# libadg / PyTorch) and the issue's targets. Each cell is the median of
+# --runs runs (default 3), libadg's and PyTorch's alternating so that the
+# machine's ups and downs reach both alike; accuracies are medians too
+# (Hogwild on more than one thread is not deterministic). Installs what it
+# misses (libtorch-dev is large), builds in build-compare/, which is not
+# part of CI.
+# Usage: compare-torch.sh [--epochs E] [--runs N]        digits, then fashion
+#        compare-torch.sh digits [--epochs E] [--runs N]  (default 30 epochs)
+#        compare-torch.sh fashion [options]   scripts/compare-fashion.sh's
 set -euo pipefail
 cd "$(dirname "$0")/.."
+model=both
+case ${1:-} in
+digits | fashion)
+	model=$1
+	shift
+	;;
+esac
+if [ "$model" = fashion ]; then
+	exec scripts/compare-fashion.sh "$@"
+fi
+args=("$@")
 epochs=30
 runs=3
 while [ $# -gt 0 ]; do
@@ -27,7 +46,7 @@ while [ $# -gt 0 ]; do
 		shift 2
 		;;
 	*)
-		echo "usage: $0 [--epochs E] [--runs N]" >&2
+		echo "usage: $0 [digits|fashion] [--epochs E] [--runs N]" >&2
 		exit 2
 		;;
 	esac
@@ -128,3 +147,8 @@ END {
 			(g <= 1 ? "holds" : "MISSED"), bt[1], bt[2], gap[k]
 	}
 }' "$results"
+
+if [ "$model" = both ]; then
+	echo
+	scripts/compare-fashion.sh "${args[@]}"
+fi

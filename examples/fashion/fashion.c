@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define SIDE	 28
 #define PIXELS	 (SIDE * SIDE)
@@ -704,7 +705,7 @@ static int reducer_new(struct trainer *tr)
 /* ----------------------------------------------------------- a run */
 
 struct options {
-	const char *data, *csv;
+	const char *data, *csv, *export_dir;
 	int threads[MAX_RUNS], n_runs;
 	int batch, epochs, train_subset;
 	enum train_mode mode;
@@ -840,6 +841,83 @@ static int run(const struct options *o, struct model *m,
 	return failed;
 }
 
+/* Writes what bench/compare/ needs to train the same model the same way
+ * into the folder dir (made if it does not exist), three files:
+ * - setup.txt, whitespace-separated words:
+ *     fashion-setup 1
+ *     sizes 784 256 128 10               pixels, hidden 1, hidden 2, classes
+ *     epochs E batch B train N seed S    N: the first N training images
+ *     lr E floats                        each epoch's learning rate
+ *     params w1 256 784 b1 1 256 w2 128 256 b2 1 128 w3 10 128 b3 1 10
+ *     files weights.f32 order.i32
+ *   floats with 9 significant digits, which read back to the same float;
+ * - weights.f32: the initial values of the parameters listed, in that
+ *   order, each row-major, as 32-bit floats in this machine's byte order;
+ * - order.i32: E times N 32-bit ints in this machine's byte order, each
+ *   epoch's order of the training images (0-based), epoch 1 first.
+ * Returns 0 or -1 (printed). */
+static int write_setup(const struct options *o, struct model *m,
+		       const struct fashion *data)
+{
+	static const char *const names[] = {"setup.txt", "weights.f32",
+					    "order.i32"};
+	char path[3][4096];
+	FILE *f[3] = {NULL, NULL, NULL};
+	int n = data->train.n, failed = 0;
+	int *order = malloc((size_t)n * sizeof *order);
+	if (order == NULL) {
+		fprintf(stderr, "%s: out of memory\n", o->export_dir);
+		return -1;
+	}
+	if (mkdir(o->export_dir, 0777) != 0 && errno != EEXIST) {
+		fprintf(stderr, "%s: %s\n", o->export_dir, strerror(errno));
+		failed = 1;
+	}
+	for (int i = 0; i < 3 && !failed; i++) {
+		snprintf(path[i], sizeof path[i], "%s/%s", o->export_dir,
+			 names[i]);
+		f[i] = fopen(path[i], i == 0 ? "w" : "wb");
+		if (f[i] == NULL) {
+			fprintf(stderr, "%s: %s\n", path[i], strerror(errno));
+			failed = 1;
+		}
+	}
+	if (!failed) {
+		model_init(m, o->seed);
+		fprintf(f[0], "fashion-setup 1\nsizes %d %d %d %d\n", PIXELS,
+			HIDDEN1, HIDDEN2, CLASSES);
+		fprintf(f[0],
+			"epochs %d batch %d train %d seed %" PRIu64 "\nlr",
+			o->epochs, o->batch, n, o->seed);
+		for (int e = 0; e < o->epochs; e++)
+			fprintf(f[0], " %.9g", learning_rate(o, e));
+		fprintf(f[0], "\nparams");
+		for (int i = 0; i < N_PARAMS; i++) {
+			const struct param *p = &m->params[i];
+			fprintf(f[0], " %s %d %d", p->name, p->value->rows,
+				p->value->cols);
+			fwrite(p->value->data, sizeof(float), param_elements(p),
+			       f[1]);
+		}
+		fprintf(f[0], "\nfiles %s %s\n", names[1], names[2]);
+		for (int e = 0; e < o->epochs; e++) {
+			shuffle(order, n, o->seed, e);
+			for (int i = 0; i < n; i++) {
+				int32_t v = order[i];
+				fwrite(&v, sizeof v, 1, f[2]);
+			}
+		}
+	}
+	for (int i = 0; i < 3; i++) {
+		if (f[i] != NULL && (ferror(f[i]) | fclose(f[i])) && !failed) {
+			fprintf(stderr, "%s: write failed\n", path[i]);
+			failed = 1;
+		}
+	}
+	free(order);
+	return failed ? -1 : 0;
+}
+
 /* ---------------------------------------------------------------- main */
 
 static void usage(FILE *to)
@@ -869,6 +947,10 @@ static void usage(FILE *to)
 		"  --train-subset N train on the first N training images "
 		"only\n"
 		"  --csv FILE       write each epoch's figures\n"
+		"  --export DIR     write the initial weights, learning rates "
+		"and orders\n"
+		"                   for bench/compare/ (see write_setup), and "
+		"train nothing\n"
 		"  --min-test-accuracy P  exit 1 unless every run ends at "
 		"P%% or more\n"
 		"  --same-weights   exit 1 unless the runs with the same "
@@ -890,6 +972,7 @@ static int parse_options(int argc, char **argv, struct options *o)
 		{"seed", required_argument, NULL, 's'},
 		{"train-subset", required_argument, NULL, 'n'},
 		{"csv", required_argument, NULL, 'c'},
+		{"export", required_argument, NULL, 'x'},
 		{"min-test-accuracy", required_argument, NULL, 'm'},
 		{"same-weights", no_argument, NULL, 'w'},
 		{"skip-if-missing", no_argument, NULL, 'k'},
@@ -933,6 +1016,9 @@ static int parse_options(int argc, char **argv, struct options *o)
 			break;
 		case 'c':
 			o->csv = optarg;
+			continue;
+		case 'x':
+			o->export_dir = optarg;
 			continue;
 		case 'm':
 			o->min_test_accuracy = strtod(optarg, &end);
@@ -992,8 +1078,11 @@ int main(int argc, char **argv)
 		fprintf(stderr, "model: %s\n", adg_strerror(rc));
 		failed = 1;
 	}
+	int export_only = o.export_dir != NULL;
+	if (!failed && export_only)
+		failed = write_setup(&o, &m, &data) != 0;
 	FILE *csv = NULL;
-	if (!failed && o.csv != NULL) {
+	if (!failed && !export_only && o.csv != NULL) {
 		csv = fopen(o.csv, "w");
 		if (csv == NULL) {
 			fprintf(stderr, "%s: %s\n", o.csv, strerror(errno));
@@ -1005,7 +1094,7 @@ int main(int argc, char **argv)
 		}
 	}
 	struct outcome outcomes[MAX_RUNS];
-	for (int r = 0; r < o.n_runs && !failed; r++) {
+	for (int r = 0; r < o.n_runs && !failed && !export_only; r++) {
 		struct outcome *out = &outcomes[r];
 		failed = run(&o, &m, &data, o.threads[r], csv, out);
 		if (!failed && o.min_test_accuracy >= 0 &&
