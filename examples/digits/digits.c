@@ -29,7 +29,6 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -269,39 +268,22 @@ static int evaluate(const struct model *m, const struct dataset *d,
 
 /* ---------------------------------------------------------- the trainer */
 
-struct worker;
-
+/* A run's state (see struct runner), with the model and the data. */
 struct trainer {
+	struct runner run; /* threads, epochs, this epoch's lr and order */
 	struct model *model;
 	const struct digits *data;
-	enum train_mode mode;
-	int batch, n_threads;
-	struct worker *workers;
-	adg_reducer *reducer; /* sync only */
-	float lr;	      /* this epoch's; written by main between epochs */
-	int *order;	      /* this epoch's order of the training images */
-	int n_batches;
-	/* The next batch to take: an atomic counter, so that each batch goes
-	 * to one thread. Relaxed: it hands out numbers and publishes no data
-	 * (the order was published by the rendezvous). */
-	atomic_int next_batch;
-	/* Set by a worker that failed, so that the others stop early; the
-	 * error itself reaches main through the rendezvous. Relaxed: a flag
-	 * read only to stop sooner. */
-	atomic_int stop;
-	struct rendezvous meet;
+	struct worker *workers; /* one per thread */
 };
 
+/* A thread's recorder, gradient pool and hooks. */
 struct worker {
 	struct trainer *trainer;
-	size_t index; /* the reducer's participant */
-	pthread_t thread;
 	struct recorder rec;
 	struct tensor_pool pool;
 	adg_grad_ops ops;
 	adg_backward_options backward;
 	struct tensor *weights[N_PARAMS]; /* this thread's copy, for BLAS */
-	int rc;
 };
 
 /* x -= lr * g, element by element, with relaxed loads and stores (see
@@ -333,7 +315,7 @@ static int apply_sgd(uint64_t id, void **grad, void *ctx)
 	for (int i = 0; i < N_PARAMS; i++) {
 		struct param *p = &w->trainer->model->params[i];
 		if (p->id == id) {
-			sgd_step(p, g, w->trainer->lr);
+			sgd_step(p, g, w->trainer->run.lr);
 			break;
 		}
 	}
@@ -357,7 +339,7 @@ static int reducer_apply(const adg_reduction *r, void *ctx)
 {
 	struct trainer *tr = ctx;
 	if (r->sum != NULL)
-		sgd_step(&tr->model->params[r->param], r->sum, tr->lr);
+		sgd_step(&tr->model->params[r->param], r->sum, tr->run.lr);
 	return 0;
 }
 
@@ -368,13 +350,13 @@ static void reducer_release(void *value, size_t participant, void *ctx)
 }
 
 /* Records and runs the backward of one step on the training images
- * order[0..n), whose loss weighs scale in the step's loss (1 in Hogwild;
- * in sync the share's n / the batch's rows, so that the threads'
- * gradients add up to the batch's mean). The hook updates or hands on
- * each parameter's gradient. */
-static int train_batch(struct worker *w, const int *order, int n, float scale)
+ * order[0..n) (struct train_ops). The hook updates or hands on each
+ * parameter's gradient. */
+static int train_batch(void *ctx, size_t index, const int *order, int n,
+		       float scale)
 {
-	struct trainer *tr = w->trainer;
+	struct trainer *tr = ctx;
+	struct worker *w = &tr->workers[index];
 	struct recorder *rec = &w->rec;
 	const struct dataset *d = &tr->data->train;
 	struct var x = {arena_tensor(&rec->arena, n, PIXELS), NULL};
@@ -426,75 +408,18 @@ static int train_batch(struct worker *w, const int *order, int n, float scale)
 	return rc != 0 ? rc : reset;
 }
 
-static void train_epoch_hogwild(struct worker *w)
+static int worker_init(void *ctx, size_t index)
 {
-	struct trainer *tr = w->trainer;
-	int n_train = tr->data->train.n;
-	/* Relaxed, both: see struct trainer. */
-	while (w->rc == 0 &&
-	       !atomic_load_explicit(&tr->stop, memory_order_relaxed)) {
-		int k = atomic_fetch_add_explicit(&tr->next_batch, 1,
-						  memory_order_relaxed);
-		if (k >= tr->n_batches)
-			break;
-		int first = k * tr->batch;
-		int n = n_train - first < tr->batch ? n_train - first
-						    : tr->batch;
-		w->rc = train_batch(w, tr->order + first, n, 1);
-		if (w->rc != 0)
-			atomic_store_explicit(&tr->stop, 1,
-					      memory_order_relaxed);
-	}
-}
-
-/* Every thread takes its share of every batch, in step with the others:
- * adg_reducer_end returns once the batch's update is applied, so the
- * next batch's forward reads updated parameters, and it returns the same
- * result to every thread, so that all stop at the same batch on an
- * error. */
-static void train_epoch_sync(struct worker *w)
-{
-	struct trainer *tr = w->trainer;
-	int n_train = tr->data->train.n;
-	for (int k = 0; k < tr->n_batches && w->rc == 0; k++) {
-		int first = k * tr->batch, start, n;
-		int rows = n_train - first < tr->batch ? n_train - first
-						       : tr->batch;
-		batch_share(rows, (int)w->index, tr->n_threads, &start, &n);
-		/* A thread with no rows (a last batch shorter than T) gives
-		 * nothing: a NULL contribution. */
-		int rc = n > 0 ? train_batch(w, tr->order + first + start, n,
-					     (float)n / (float)rows)
-			       : 0;
-		w->rc = adg_reducer_end(tr->reducer, w->index, rc);
-	}
-}
-
-static void *worker_main(void *arg)
-{
-	struct worker *w = arg;
-	unsigned seen = 0;
-	while (rendezvous_wait(&w->trainer->meet, &seen)) {
-		if (w->trainer->mode == MODE_SYNC)
-			train_epoch_sync(w);
-		else
-			train_epoch_hogwild(w);
-		rendezvous_done(&w->trainer->meet);
-	}
-	return NULL;
-}
-
-static int worker_init(struct worker *w, struct trainer *tr, size_t index)
-{
+	struct trainer *tr = ctx;
+	struct worker *w = &tr->workers[index];
 	memset(w, 0, sizeof *w);
 	w->trainer = tr;
-	w->index = index;
 	w->rec.registry = tr->model->registry;
 	w->rec.pool = &w->pool;
 	w->ops = tensor_grad_ops(&w->pool);
 	int rc = 0;
-	if (tr->mode == MODE_SYNC)
-		rc = adg_reducer_hook(tr->reducer, index, &w->backward);
+	if (tr->run.mode == MODE_SYNC)
+		rc = adg_reducer_hook(tr->run.reducer, index, &w->backward);
 	else
 		w->backward = (adg_backward_options){
 			.on_ready = apply_sgd, .ctx = w, .leaves_only = 1};
@@ -513,8 +438,9 @@ static int worker_init(struct worker *w, struct trainer *tr, size_t index)
 
 /* Frees what the worker holds; returns -1 if a gradient tensor is still
  * out of its pool (a leak of the layer's, or of the reducer's). */
-static int worker_free(struct worker *w)
+static int worker_free(void *ctx, size_t index)
 {
+	struct worker *w = &((struct trainer *)ctx)->workers[index];
 	long out = w->pool.outstanding;
 	pool_clear(&w->pool);
 	arena_free(&w->rec.arena);
@@ -536,16 +462,10 @@ struct options {
 	int skip_if_missing;
 };
 
-/* Epoch e's learning rate: lr, falling linearly to lr / epochs at the last
- * epoch, so that the last epochs settle whatever the run's length. */
-static float learning_rate(const struct options *o, int epoch)
-{
-	return (float)(o->lr * (o->epochs - epoch) / o->epochs);
-}
-
 /* The final weights' fingerprint (hash_floats over every parameter). */
-static uint64_t weights_hash(const struct model *m)
+static uint64_t weights_hash(void *ctx)
 {
+	const struct model *m = ((struct trainer *)ctx)->model;
 	uint64_t hash = HASH_START;
 	for (int i = 0; i < N_PARAMS; i++) {
 		const struct param *p = &m->params[i];
@@ -567,7 +487,7 @@ static int reducer_new(struct trainer *tr)
 	for (int i = 0; i < N_PARAMS; i++)
 		ids[i] = tr->model->params[i].id;
 	adg_reducer_options ro = {
-		.n_participants = (size_t)tr->n_threads,
+		.n_participants = (size_t)tr->run.n_threads,
 		.param_ids = ids,
 		.n_params = N_PARAMS,
 		.ops = {.add = reducer_add,
@@ -575,117 +495,64 @@ static int reducer_new(struct trainer *tr)
 			.release = reducer_release,
 			.ctx = tr},
 	};
-	return adg_reducer_new(&ro, &tr->reducer);
+	return adg_reducer_new(&ro, &tr->run.reducer);
+}
+
+/* The loss and accuracy on the training images, and the accuracy on the
+ * test images (struct train_ops). */
+static int evaluate_both(void *ctx, double *loss, double *train_accuracy,
+			 double *test_accuracy)
+{
+	const struct trainer *tr = ctx;
+	double unused;
+	int rc = evaluate(tr->model, &tr->data->train, loss, train_accuracy);
+	if (rc == 0)
+		rc = evaluate(tr->model, &tr->data->test, &unused,
+			      test_accuracy);
+	return rc;
 }
 
 /* Trains a fresh model (the same initial weights every run) on n_threads
- * threads; returns 0, 1 on an error (printed), and the final test
- * accuracy in *accuracy. */
+ * threads; returns 0, or 1 on an error (printed). */
 static int run(const struct options *o, struct model *m,
 	       const struct digits *data, int n_threads, FILE *csv,
-	       double *final_accuracy)
+	       struct outcome *outcome)
 {
-	struct trainer tr = {.model = m,
-			     .data = data,
-			     .mode = o->mode,
-			     .batch = o->batch,
-			     .n_threads = n_threads,
-			     .n_batches =
-				     (data->train.n + o->batch - 1) / o->batch};
-	int started = 0, failed = 0, rc = rendezvous_init(&tr.meet);
-	if (rc != 0) {
-		fprintf(stderr, "rendezvous: %s\n", strerror(rc));
+	static const struct train_ops ops = {.worker_init = worker_init,
+					     .worker_free = worker_free,
+					     .train_batch = train_batch,
+					     .evaluate = evaluate_both,
+					     .weights_hash = weights_hash};
+	struct trainer tr = {.run = {.ops = &ops,
+				     .mode = o->mode,
+				     .n_threads = n_threads,
+				     .batch = o->batch,
+				     .epochs = o->epochs,
+				     .n_train = data->train.n,
+				     .first_lr = o->lr,
+				     .seed = o->seed},
+			     .model = m,
+			     .data = data};
+	tr.run.ctx = &tr;
+	int failed = 0, rc;
+	tr.workers = calloc((size_t)n_threads, sizeof *tr.workers);
+	if (tr.workers == NULL) {
+		fprintf(stderr, "out of memory\n");
 		return 1;
 	}
-	struct worker *workers = calloc((size_t)n_threads, sizeof *workers);
-	tr.workers = workers;
-	tr.order = malloc((size_t)data->train.n * sizeof *tr.order);
-	if (workers == NULL || tr.order == NULL) {
-		fprintf(stderr, "out of memory\n");
-		failed = 1;
-	}
-	if (!failed && o->mode == MODE_SYNC && (rc = reducer_new(&tr)) != 0) {
+	if (o->mode == MODE_SYNC && (rc = reducer_new(&tr)) != 0) {
 		fprintf(stderr, "adg_reducer_new: %s\n", adg_strerror(rc));
 		failed = 1;
 	}
 	model_init(m, o->seed);
-	for (; !failed && started < n_threads; started++) {
-		rc = worker_init(&workers[started], &tr, (size_t)started);
-		if (rc != 0 || (rc = pthread_create(&workers[started].thread,
-						    NULL, worker_main,
-						    &workers[started])) != 0) {
-			fprintf(stderr, "thread %d: %s\n", started,
-				rc < 0 ? adg_strerror(rc) : strerror(rc));
-			worker_free(&workers[started]);
-			failed = 1;
-			break;
-		}
-	}
-	double seconds = 0;
-	long samples = 0;
-	for (int epoch = 0; !failed && epoch < o->epochs; epoch++) {
-		shuffle(tr.order, data->train.n, o->seed, epoch);
-		tr.lr = learning_rate(o, epoch);
-		/* Relaxed: rendezvous_run's mutex publishes it. */
-		atomic_store_explicit(&tr.next_batch, 0, memory_order_relaxed);
-		double start = now();
-		rendezvous_run(&tr.meet, (unsigned)started);
-		double took = now() - start;
-		for (int t = 0; t < started; t++) {
-			if (workers[t].rc != 0) {
-				fprintf(stderr, "thread %d: %s\n", t,
-					adg_strerror(workers[t].rc));
-				failed = 1;
-			}
-		}
-		if (failed)
-			break;
-		seconds += took;
-		samples += data->train.n;
-		double loss, train_accuracy, test_accuracy, unused;
-		rc = evaluate(m, &data->train, &loss, &train_accuracy);
-		if (rc == 0)
-			rc = evaluate(m, &data->test, &unused, &test_accuracy);
-		if (rc != 0) {
-			fprintf(stderr, "evaluate: %s\n", adg_strerror(rc));
-			failed = 1;
-			break;
-		}
-		double rate = data->train.n / took;
-		printf("T=%d B=%d epoch %2d  loss %.4f  train %6.2f%%  test "
-		       "%6.2f%%  %8.0f samples/s\n",
-		       n_threads, o->batch, epoch + 1, loss, train_accuracy,
-		       test_accuracy, rate);
-		if (csv != NULL)
-			fprintf(csv, "%d,%d,%d,%.6f,%.6f,%.4f,%.4f,%.1f\n",
-				n_threads, o->batch, epoch + 1, seconds, loss,
-				train_accuracy, test_accuracy, rate);
-		*final_accuracy = test_accuracy;
-	}
-	rendezvous_quit(&tr.meet);
-	for (int t = 0; t < started; t++) {
-		pthread_join(workers[t].thread, NULL);
-		if (worker_free(&workers[t]) != 0) {
-			fprintf(stderr, "thread %d: gradient tensors leaked\n",
-				t);
-			failed = 1;
-		}
-	}
 	if (!failed)
-		printf("result threads=%d batch=%d epochs=%d "
-		       "samples_per_s=%.0f "
-		       "test_accuracy=%.2f mode=%s weights_hash=%016" PRIx64
-		       "\n",
-		       n_threads, o->batch, o->epochs, samples / seconds,
-		       *final_accuracy, mode_name(o->mode), weights_hash(m));
-	rc = adg_reducer_free(tr.reducer);
+		failed = runner_run(&tr.run, csv, outcome);
+	rc = adg_reducer_free(tr.run.reducer);
 	if (rc != 0) {
 		fprintf(stderr, "adg_reducer_free: %s\n", adg_strerror(rc));
 		failed = 1;
 	}
-	rendezvous_destroy(&tr.meet);
-	free(tr.order);
-	free(workers);
+	free(tr.workers);
 	return failed;
 }
 
@@ -718,7 +585,7 @@ static int write_setup(const struct options *o, struct model *m,
 	fprintf(f, "epochs %d batch %d train %d\nlr", o->epochs, o->batch,
 		data->train.n);
 	for (int e = 0; e < o->epochs; e++)
-		fprintf(f, " %.9g", learning_rate(o, e));
+		fprintf(f, " %.9g", learning_rate(o->lr, o->epochs, e));
 	/* No worker runs: relaxed loads only because the values are
 	 * _Atomic. */
 	for (int i = 0; i < N_PARAMS; i++) {
@@ -904,13 +771,14 @@ int main(int argc, char **argv)
 		}
 	}
 	for (int r = 0; r < o.n_runs && !failed && !export_only; r++) {
-		double accuracy = 0;
-		failed = run(&o, &m, &data, o.threads[r], csv, &accuracy);
+		struct outcome out = {0, 0};
+		failed = run(&o, &m, &data, o.threads[r], csv, &out);
 		if (!failed && o.min_test_accuracy >= 0 &&
-		    accuracy < o.min_test_accuracy) {
+		    out.accuracy < o.min_test_accuracy) {
 			fprintf(stderr,
 				"T=%d: test accuracy %.2f%% is below %.2f%%\n",
-				o.threads[r], accuracy, o.min_test_accuracy);
+				o.threads[r], out.accuracy,
+				o.min_test_accuracy);
 			failed = 1;
 		}
 	}

@@ -35,7 +35,6 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -308,16 +307,6 @@ static void model_init(struct model *m, uint64_t seed)
 	}
 }
 
-/* The weights' fingerprint (hash_floats over every parameter in order). */
-static uint64_t weights_hash(const struct model *m)
-{
-	uint64_t hash = HASH_START;
-	for (int i = 0; i < N_PARAMS; i++)
-		hash = hash_floats(hash, m->params[i].value->data,
-				   param_elements(&m->params[i]));
-	return hash;
-}
-
 /* Mean loss and accuracy (%) of the model on d, without a graph, a chunk
  * of rows at a time. Runs while no worker does. */
 static int evaluate(const struct model *m, const struct dataset *d,
@@ -367,33 +356,17 @@ static int evaluate(const struct model *m, const struct dataset *d,
 
 /* ---------------------------------------------------------- the trainer */
 
-struct worker;
-
+/* A run's state (see struct runner), with the model and the data. */
 struct trainer {
+	struct runner run; /* threads, epochs, this epoch's lr and order */
 	struct model *model;
 	const struct fashion *data;
-	enum train_mode mode;
-	int batch, n_threads;
-	struct worker *workers;
-	adg_reducer *reducer; /* sync only */
-	float lr;	      /* this epoch's; written by main between epochs */
-	int *order;	      /* this epoch's order of the training images */
-	int n_batches;
-	/* Hogwild: the next batch to take, an atomic counter, so that each
-	 * batch goes to one thread. Relaxed: it hands out numbers and
-	 * publishes no data (the order was published by the rendezvous). */
-	atomic_int next_batch;
-	/* Hogwild: set by a worker that failed, so that the others stop
-	 * early; the error itself reaches main through the rendezvous.
-	 * Relaxed: a flag read only to stop sooner. */
-	atomic_int stop;
-	struct rendezvous meet;
+	struct worker *workers; /* one per thread */
 };
 
+/* A thread's recorder, gradient pool and hooks. */
 struct worker {
 	struct trainer *trainer;
-	size_t index; /* the reducer's participant */
-	pthread_t thread;
 	struct recorder rec;
 	struct tensor_pool pool;
 	adg_grad_ops ops;
@@ -401,7 +374,6 @@ struct worker {
 	/* What the forward reads: sync, the shared values; hogwild, this
 	 * thread's copy (owned). */
 	struct tensor *weights[N_PARAMS];
-	int rc;
 };
 
 /* Hogwild: x -= lr * g with relaxed atomic loads and stores (see struct
@@ -442,7 +414,7 @@ static int hogwild_ready(uint64_t id, void **grad, void *ctx)
 	for (int i = 0; i < N_PARAMS; i++) {
 		struct param *p = &w->trainer->model->params[i];
 		if (p->id == id) {
-			sgd_step_hogwild(p, g, w->trainer->lr);
+			sgd_step_hogwild(p, g, w->trainer->run.lr);
 			break;
 		}
 	}
@@ -493,7 +465,7 @@ static int reducer_apply(const adg_reduction *r, void *ctx)
 	if (g == NULL)
 		return 0;
 	struct param *p = &tr->model->params[r->param];
-	float *value = p->value->data, lr = tr->lr;
+	float *value = p->value->data, lr = tr->run.lr;
 	size_t lo, hi;
 	slice_of(param_elements(p), r->slice, r->n_slices, &lo, &hi);
 	for (size_t k = lo; k < hi; k++)
@@ -508,13 +480,13 @@ static void reducer_release(void *value, size_t participant, void *ctx)
 }
 
 /* Records and runs the backward of one step on the training images
- * order[0..n), whose loss weighs scale in the step's loss (1 in Hogwild;
- * in sync the share's n / the batch's rows, so that the threads'
- * gradients add up to those of the batch's mean loss). The hook updates
- * or hands on each parameter's gradient. */
-static int train_batch(struct worker *w, const int *order, int n, float scale)
+ * order[0..n) (struct train_ops). The hook updates or hands on each
+ * parameter's gradient. */
+static int train_batch(void *ctx, size_t index, const int *order, int n,
+		       float scale)
 {
-	struct trainer *tr = w->trainer;
+	struct trainer *tr = ctx;
+	struct worker *w = &tr->workers[index];
 	struct recorder *rec = &w->rec;
 	const struct dataset *d = &tr->data->train;
 	struct var x = {arena_tensor(&rec->arena, n, PIXELS), NULL};
@@ -531,7 +503,7 @@ static int train_batch(struct worker *w, const int *order, int n, float scale)
 	}
 	struct var p[N_PARAMS];
 	for (int i = 0; i < N_PARAMS; i++) {
-		if (tr->mode == MODE_HOGWILD)
+		if (tr->run.mode == MODE_HOGWILD)
 			snapshot(&tr->model->params[i], w->weights[i]);
 		p[i] = (struct var){w->weights[i], tr->model->params[i].leaf};
 	}
@@ -573,77 +545,19 @@ static int train_batch(struct worker *w, const int *order, int n, float scale)
 	return rc != 0 ? rc : reset;
 }
 
-static int batch_rows(const struct trainer *tr, int k)
+static int worker_init(void *ctx, size_t index)
 {
-	int left = tr->data->train.n - k * tr->batch;
-	return left < tr->batch ? left : tr->batch;
-}
-
-static void train_epoch_hogwild(struct worker *w)
-{
-	struct trainer *tr = w->trainer;
-	/* Relaxed, both: see struct trainer. */
-	while (w->rc == 0 &&
-	       !atomic_load_explicit(&tr->stop, memory_order_relaxed)) {
-		int k = atomic_fetch_add_explicit(&tr->next_batch, 1,
-						  memory_order_relaxed);
-		if (k >= tr->n_batches)
-			break;
-		w->rc = train_batch(w, tr->order + k * tr->batch,
-				    batch_rows(tr, k), 1);
-		if (w->rc != 0)
-			atomic_store_explicit(&tr->stop, 1,
-					      memory_order_relaxed);
-	}
-}
-
-/* Every thread takes its share of every batch, in step with the others:
- * adg_reducer_end returns once the batch's updates are applied, so the
- * next batch's forward reads updated weights, and it returns the same
- * result to every thread, so that all stop at the same batch on an
- * error. */
-static void train_epoch_sync(struct worker *w)
-{
-	struct trainer *tr = w->trainer;
-	for (int k = 0; k < tr->n_batches && w->rc == 0; k++) {
-		int rows = batch_rows(tr, k), first, n;
-		batch_share(rows, (int)w->index, tr->n_threads, &first, &n);
-		/* A thread with no rows (a last batch shorter than T) gives
-		 * nothing: NULL contributions. */
-		int rc = n > 0 ? train_batch(w,
-					     tr->order + k * tr->batch + first,
-					     n, (float)n / (float)rows)
-			       : 0;
-		w->rc = adg_reducer_end(tr->reducer, w->index, rc);
-	}
-}
-
-static void *worker_main(void *arg)
-{
-	struct worker *w = arg;
-	unsigned seen = 0;
-	while (rendezvous_wait(&w->trainer->meet, &seen)) {
-		if (w->trainer->mode == MODE_SYNC)
-			train_epoch_sync(w);
-		else
-			train_epoch_hogwild(w);
-		rendezvous_done(&w->trainer->meet);
-	}
-	return NULL;
-}
-
-static int worker_init(struct worker *w, struct trainer *tr, size_t index)
-{
+	struct trainer *tr = ctx;
+	struct worker *w = &tr->workers[index];
 	memset(w, 0, sizeof *w);
 	w->trainer = tr;
-	w->index = index;
 	w->rec.registry = tr->model->registry;
 	w->rec.pool = &w->pool;
 	w->ops = tensor_grad_ops(&w->pool);
-	if (tr->mode == MODE_SYNC) {
+	if (tr->run.mode == MODE_SYNC) {
 		for (int i = 0; i < N_PARAMS; i++)
 			w->weights[i] = tr->model->params[i].value;
-		return adg_reducer_hook(tr->reducer, index, &w->backward);
+		return adg_reducer_hook(tr->run.reducer, index, &w->backward);
 	}
 	w->backward = (adg_backward_options){
 		.on_ready = hogwild_ready, .ctx = w, .leaves_only = 1};
@@ -658,12 +572,13 @@ static int worker_init(struct worker *w, struct trainer *tr, size_t index)
 
 /* Frees what the worker holds; returns -1 if a gradient tensor is still
  * out of its pool (a leak of the layer's, or of the reducer's). */
-static int worker_free(struct worker *w)
+static int worker_free(void *ctx, size_t index)
 {
+	struct worker *w = &((struct trainer *)ctx)->workers[index];
 	long out = w->pool.outstanding;
 	pool_clear(&w->pool);
 	arena_free(&w->rec.arena);
-	if (w->trainer->mode == MODE_HOGWILD)
+	if (w->trainer->run.mode == MODE_HOGWILD)
 		for (int i = 0; i < N_PARAMS; i++)
 			free(w->weights[i]);
 	return out == 0 ? 0 : -1;
@@ -685,11 +600,11 @@ static int reducer_new(struct trainer *tr)
 		const struct param *p = &tr->model->params[i];
 		ids[i] = p->id;
 		slices[i] = param_elements(p) >= SLICED_ELEMENTS
-				    ? (size_t)tr->n_threads
+				    ? (size_t)tr->run.n_threads
 				    : 1;
 	}
 	adg_reducer_options ro = {
-		.n_participants = (size_t)tr->n_threads,
+		.n_participants = (size_t)tr->run.n_threads,
 		.param_ids = ids,
 		.n_params = N_PARAMS,
 		.ops = {.add = reducer_add,
@@ -699,7 +614,7 @@ static int reducer_new(struct trainer *tr)
 			.add_slice = reducer_add_slice},
 		.param_slices = slices,
 	};
-	return adg_reducer_new(&ro, &tr->reducer);
+	return adg_reducer_new(&ro, &tr->run.reducer);
 }
 
 /* ----------------------------------------------------------- a run */
@@ -715,18 +630,31 @@ struct options {
 	int skip_if_missing, same_weights;
 };
 
-/* Epoch e's learning rate: lr, falling linearly to lr / epochs at the last
- * epoch, so that the last epochs settle whatever the run's length. */
-static float learning_rate(const struct options *o, int epoch)
+/* The weights' fingerprint (hash_floats over every parameter in order;
+ * struct train_ops). */
+static uint64_t weights_hash(void *ctx)
 {
-	return (float)(o->lr * (o->epochs - epoch) / o->epochs);
+	const struct model *m = ((struct trainer *)ctx)->model;
+	uint64_t hash = HASH_START;
+	for (int i = 0; i < N_PARAMS; i++)
+		hash = hash_floats(hash, m->params[i].value->data,
+				   param_elements(&m->params[i]));
+	return hash;
 }
 
-/* What a run ends with. */
-struct outcome {
-	double accuracy; /* the last epoch's test accuracy, % */
-	uint64_t hash;	 /* weights_hash of the final weights */
-};
+/* The loss and accuracy on the training images, and the accuracy on the
+ * test images (struct train_ops). */
+static int evaluate_both(void *ctx, double *loss, double *train_accuracy,
+			 double *test_accuracy)
+{
+	const struct trainer *tr = ctx;
+	double unused;
+	int rc = evaluate(tr->model, &tr->data->train, loss, train_accuracy);
+	if (rc == 0)
+		rc = evaluate(tr->model, &tr->data->test, &unused,
+			      test_accuracy);
+	return rc;
+}
 
 /* Trains a fresh model (the same initial weights every run) on n_threads
  * threads; returns 0, or 1 on an error (printed). */
@@ -734,110 +662,42 @@ static int run(const struct options *o, struct model *m,
 	       const struct fashion *data, int n_threads, FILE *csv,
 	       struct outcome *outcome)
 {
-	struct trainer tr = {.model = m,
-			     .data = data,
-			     .mode = o->mode,
-			     .batch = o->batch,
-			     .n_threads = n_threads,
-			     .n_batches =
-				     (data->train.n + o->batch - 1) / o->batch};
-	int started = 0, failed = 0, rc = rendezvous_init(&tr.meet);
-	if (rc != 0) {
-		fprintf(stderr, "rendezvous: %s\n", strerror(rc));
+	static const struct train_ops ops = {.worker_init = worker_init,
+					     .worker_free = worker_free,
+					     .train_batch = train_batch,
+					     .evaluate = evaluate_both,
+					     .weights_hash = weights_hash};
+	struct trainer tr = {.run = {.ops = &ops,
+				     .mode = o->mode,
+				     .n_threads = n_threads,
+				     .batch = o->batch,
+				     .epochs = o->epochs,
+				     .n_train = data->train.n,
+				     .first_lr = o->lr,
+				     .seed = o->seed,
+				     .name_mode = 1},
+			     .model = m,
+			     .data = data};
+	tr.run.ctx = &tr;
+	int failed = 0, rc;
+	tr.workers = calloc((size_t)n_threads, sizeof *tr.workers);
+	if (tr.workers == NULL) {
+		fprintf(stderr, "out of memory\n");
 		return 1;
 	}
-	struct worker *workers = calloc((size_t)n_threads, sizeof *workers);
-	tr.workers = workers;
-	tr.order = malloc((size_t)data->train.n * sizeof *tr.order);
-	if (workers == NULL || tr.order == NULL) {
-		fprintf(stderr, "out of memory\n");
-		failed = 1;
-	}
-	if (!failed && o->mode == MODE_SYNC && (rc = reducer_new(&tr)) != 0) {
+	if (o->mode == MODE_SYNC && (rc = reducer_new(&tr)) != 0) {
 		fprintf(stderr, "adg_reducer_new: %s\n", adg_strerror(rc));
 		failed = 1;
 	}
 	model_init(m, o->seed);
-	/* Sync needs every worker: if one cannot start, no epoch opens. */
-	for (; !failed && started < n_threads; started++) {
-		rc = worker_init(&workers[started], &tr, (size_t)started);
-		if (rc != 0 || (rc = pthread_create(&workers[started].thread,
-						    NULL, worker_main,
-						    &workers[started])) != 0) {
-			fprintf(stderr, "thread %d: %s\n", started,
-				rc < 0 ? adg_strerror(rc) : strerror(rc));
-			worker_free(&workers[started]);
-			failed = 1;
-			break;
-		}
-	}
-	double seconds = 0;
-	long samples = 0;
-	for (int epoch = 0; !failed && epoch < o->epochs; epoch++) {
-		shuffle(tr.order, data->train.n, o->seed, epoch);
-		tr.lr = learning_rate(o, epoch);
-		/* Relaxed: rendezvous_run's mutex publishes it. */
-		atomic_store_explicit(&tr.next_batch, 0, memory_order_relaxed);
-		double start = now();
-		rendezvous_run(&tr.meet, (unsigned)started);
-		double took = now() - start;
-		for (int t = 0; t < started; t++) {
-			if (workers[t].rc != 0) {
-				fprintf(stderr, "thread %d: %s\n", t,
-					adg_strerror(workers[t].rc));
-				failed = 1;
-			}
-		}
-		if (failed)
-			break;
-		seconds += took;
-		samples += data->train.n;
-		double loss, train_accuracy, test_accuracy, unused;
-		rc = evaluate(m, &data->train, &loss, &train_accuracy);
-		if (rc == 0)
-			rc = evaluate(m, &data->test, &unused, &test_accuracy);
-		if (rc != 0) {
-			fprintf(stderr, "evaluate: %s\n", adg_strerror(rc));
-			failed = 1;
-			break;
-		}
-		double rate = data->train.n / took;
-		printf("T=%d B=%d %s epoch %2d  loss %.4f  train %6.2f%%  "
-		       "test %6.2f%%  %8.0f samples/s\n",
-		       n_threads, o->batch, mode_name(o->mode), epoch + 1, loss,
-		       train_accuracy, test_accuracy, rate);
-		fflush(stdout);
-		if (csv != NULL)
-			fprintf(csv, "%d,%d,%d,%.6f,%.6f,%.4f,%.4f,%.1f\n",
-				n_threads, o->batch, epoch + 1, seconds, loss,
-				train_accuracy, test_accuracy, rate);
-		outcome->accuracy = test_accuracy;
-	}
-	rendezvous_quit(&tr.meet);
-	for (int t = 0; t < started; t++) {
-		pthread_join(workers[t].thread, NULL);
-		if (worker_free(&workers[t]) != 0) {
-			fprintf(stderr, "thread %d: gradient tensors leaked\n",
-				t);
-			failed = 1;
-		}
-	}
-	if (!failed) {
-		outcome->hash = weights_hash(m);
-		printf("result threads=%d batch=%d epochs=%d "
-		       "samples_per_s=%.0f test_accuracy=%.2f mode=%s "
-		       "weights_hash=%016" PRIx64 "\n",
-		       n_threads, o->batch, o->epochs, samples / seconds,
-		       outcome->accuracy, mode_name(o->mode), outcome->hash);
-	}
-	rc = adg_reducer_free(tr.reducer);
+	if (!failed)
+		failed = runner_run(&tr.run, csv, outcome);
+	rc = adg_reducer_free(tr.run.reducer);
 	if (rc != 0) {
 		fprintf(stderr, "adg_reducer_free: %s\n", adg_strerror(rc));
 		failed = 1;
 	}
-	rendezvous_destroy(&tr.meet);
-	free(tr.order);
-	free(workers);
+	free(tr.workers);
 	return failed;
 }
 
@@ -890,7 +750,8 @@ static int write_setup(const struct options *o, struct model *m,
 			"epochs %d batch %d train %d seed %" PRIu64 "\nlr",
 			o->epochs, o->batch, n, o->seed);
 		for (int e = 0; e < o->epochs; e++)
-			fprintf(f[0], " %.9g", learning_rate(o, e));
+			fprintf(f[0], " %.9g",
+				learning_rate(o->lr, o->epochs, e));
 		fprintf(f[0], "\nparams");
 		for (int i = 0; i < N_PARAMS; i++) {
 			const struct param *p = &m->params[i];
