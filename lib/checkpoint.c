@@ -353,8 +353,8 @@ static int materialise(struct adg_backward_context *ctx,
 	return rc;
 }
 
-/* Rebuilds this thread is in the middle of, in consuming backward passes
- * on an executor, whatever the run. A thread that holds one never sleeps
+/* Rebuilds this thread has claimed and is in the middle of, on an
+ * executor, whatever the run. A thread that holds one never sleeps
  * waiting for another's rebuild: it builds a copy of its own instead. So
  * a sleeper holds no claim, and no cycle of waits can form through
  * claims: not across threads, and not on one thread whose recompute runs
@@ -406,8 +406,9 @@ static void free_unlocked(struct adg_backward_context *ctx, struct adg_node *n,
  * several steps at once is rebuilt once (unless a sleep runs out of
  * patience: then a copy). Every rebuild, claimed or a copy, takes a
  * request of its own on each parent while it reads them unlocked, so that
- * none is freed under it. Retained passes count nothing and free nothing:
- * their copies race, and publish keeps the first. The work list is the
+ * none is freed under it. Retained passes claim too, within the run, but
+ * count nothing and free nothing: against another pass's claim they
+ * build a copy, and publish keeps the first. The work list is the
  * run's, shared by its workers: each search starts afresh from target,
  * under the lock. */
 static int materialise_shared(struct adg_backward_context *ctx,
@@ -422,28 +423,36 @@ static int materialise_shared(struct adg_backward_context *ctx,
 		if (n == NULL)
 			break;
 		struct adg_ckpt *c = n->ckpt;
-		bool claimed = false;
-		if (!ctx->retained) {
-			if (c->builder != NULL && rebuilds_held == 0 &&
-			    patient) {
-				patient = wait_for_rebuild(ctx);
-				continue;
-			}
-			if (c->builder == NULL) {
-				c->builder = ctx;
-				rebuilds_held++;
-				claimed = true;
-			}
+		/* The claim names the run (its lock's address): retained
+		 * passes share records, so a claim of another pass is not one
+		 * this run's sleepers would be woken for; its output is then
+		 * built as a copy, and publish keeps the first. Atomic for
+		 * them; a consuming run's records are its own. Acquire and
+		 * release: a claim's end comes after its output is in. */
+		const void *run = ctx->serialize;
+		const void *builder =
+			__atomic_load_n(&c->builder, __ATOMIC_ACQUIRE);
+		if (builder == run && rebuilds_held == 0 && patient) {
+			patient = wait_for_rebuild(ctx);
+			continue;
+		}
+		const void *none = NULL;
+		bool claimed = builder == NULL &&
+			       __atomic_compare_exchange_n(
+				       &c->builder, &none, run, false,
+				       __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+		if (claimed)
+			rebuilds_held++;
+		if (!ctx->retained)
 			for (uint32_t k = 0; k < n->n_parents; k++)
 				if (n->parents[k] != NULL)
 					request(n->parents[k]);
-		}
 		pthread_mutex_unlock(ctx->serialize);
 		void *output;
 		rc = recompute(ctx, n, &output);
 		pthread_mutex_lock(ctx->serialize);
 		if (claimed) {
-			c->builder = NULL;
+			__atomic_store_n(&c->builder, NULL, __ATOMIC_RELEASE);
 			rebuilds_held--;
 			pthread_cond_broadcast(ctx->rebuilt);
 		}

@@ -589,9 +589,10 @@ struct adg_ckpt {
 	/* During a backward: the take planned to rebuild the output, and it
 	 * has not been rebuilt yet; see serve. */
 	bool rebuild_planned;
-	/* With an executor's workers, in a consuming backward: the worker
-	 * rebuilding the output now, or NULL; under the run's output lock.
-	 * Others that need it sleep until it is there (see checkpoint.c). */
+	/* With an executor's workers: the run (its output lock's address)
+	 * rebuilding the output now, or NULL; atomic, since retained passes
+	 * share the record. Others of that run that need the output sleep
+	 * until it is there (see checkpoint.c). */
 	const void *builder;
 	/* A value let go of under the run's output lock, to free once it is
 	 * released, and the next such record (struct adg_drops). */
