@@ -133,55 +133,6 @@ Test(executor, registry_free_with_a_job_queued_on_the_pool)
 	cr_expect_eq(atomic_load(&scalar_values_live), 0);
 }
 
-/* A caller's executor that runs jobs later, when the caller says. */
-struct deferred {
-	size_t n;
-	struct {
-		void (*fn)(void *);
-		void *arg;
-	} jobs[64];
-	pthread_mutex_t lock;
-};
-
-static int deferred_submit(void (*fn)(void *), void *arg, void *ctx)
-{
-	struct deferred *d = ctx;
-	pthread_mutex_lock(&d->lock);
-	int rc = d->n < 64 ? 0 : ADG_ENOMEM;
-	if (rc == 0) {
-		d->jobs[d->n].fn = fn;
-		d->jobs[d->n++].arg = arg;
-	}
-	pthread_mutex_unlock(&d->lock);
-	return rc;
-}
-
-static void deferred_run_all(struct deferred *d)
-{
-	for (size_t i = 0; i < d->n; i++)
-		d->jobs[i].fn(d->jobs[i].arg);
-	d->n = 0;
-}
-
-/* The same with an executor that runs nothing until the caller drains it,
- * after the registry and its allocator are gone. */
-Test(executor, registry_free_with_deferred_jobs)
-{
-	failing_alloc *fa;
-	adg_registry *r = registry_on_heap_allocator(&fa);
-	struct deferred d = {.lock = PTHREAD_MUTEX_INITIALIZER};
-	adg_executor exec = {deferred_submit, &d, 2};
-
-	backward_then_drop(r, &exec);
-	backward_then_drop(r, &exec);
-	cr_assert_gt(d.n, 0, "no job was submitted: the test tests nothing");
-	free_registry_with_jobs_queued(r, fa);
-	deferred_run_all(&d); /* each finds its run closed and returns */
-	cr_expect_eq(atomic_load(&scalar_values_live), 0);
-}
-
-/* ------------------------------------------ rebuilt outputs on executors */
-
 /* A caller's executor that runs no thread of its own: jobs wait in a list
  * until someone drains it, as a cooperative job system runs queued jobs at
  * its wait points. A recompute that drains it runs steps of its own
@@ -224,6 +175,25 @@ static void coop_drain(struct coop *c)
 		fn(arg);
 	}
 }
+
+/* The same with an executor that runs nothing until the caller drains it,
+ * after the registry and its allocator are gone. */
+Test(executor, registry_free_with_deferred_jobs)
+{
+	failing_alloc *fa;
+	adg_registry *r = registry_on_heap_allocator(&fa);
+	struct coop d = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	adg_executor exec = {coop_submit, &d, 2};
+
+	backward_then_drop(r, &exec);
+	backward_then_drop(r, &exec);
+	cr_assert_gt(d.n, 0, "no job was submitted: the test tests nothing");
+	free_registry_with_jobs_queued(r, fa);
+	coop_drain(&d); /* each finds its run closed and returns */
+	cr_expect_eq(atomic_load(&scalar_values_live), 0);
+}
+
+/* ------------------------------------------ rebuilt outputs on executors */
 
 #define MAX_OUTPUTS  4
 #define MAX_BRANCHES 14
