@@ -73,17 +73,43 @@ static void run_child(const struct runner_test *t, const struct runner_suite *s)
 	_exit(atomic_load(&failed) ? 1 : 0);
 }
 
+/* Criterion's --list, as its --ascii form prints it: tests/check-ids.sh
+ * reads it to check the ids that tests/meson.build filters by. */
+static void list(const struct runner_test *ordered)
+{
+	for (const struct runner_test *t = ordered; t != NULL; t = t->next) {
+		const struct runner_test *u = ordered;
+		while (strcmp(u->suite, t->suite) != 0)
+			u = u->next;
+		if (u != t)
+			continue; /* listed under its suite's first test */
+		int n = 0;
+		for (u = t; u != NULL; u = u->next)
+			n += strcmp(u->suite, t->suite) == 0;
+		printf("%s: %d test%s\n", t->suite, n, n == 1 ? "" : "s");
+		for (u = t; u != NULL; u = u->next)
+			if (strcmp(u->suite, t->suite) == 0)
+				printf("%s-- %s\n", --n > 0 ? "|" : "`",
+				       u->name);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	/* Criterion's --filter PATTERN (or --filter=PATTERN): a shell
 	 * pattern, extended as in ksh, over "suite/name". */
 	const char *filter = NULL;
+	bool listing = false;
 	if (argc == 3 && strcmp(argv[1], "--filter") == 0)
 		filter = argv[2];
 	else if (argc == 2 && strncmp(argv[1], "--filter=", 9) == 0)
 		filter = argv[1] + 9;
+	else if (argc == 2 &&
+		 (strcmp(argv[1], "--list") == 0 || strcmp(argv[1], "-l") == 0))
+		listing = true;
 	else if (argc != 1) {
-		fprintf(stderr, "usage: %s [--filter PATTERN]\n", argv[0]);
+		fprintf(stderr, "usage: %s [--filter PATTERN | --list]\n",
+			argv[0]);
 		return 2;
 	}
 	int passed = 0, failures = 0;
@@ -95,6 +121,10 @@ int main(int argc, char **argv)
 		tests = t->next;
 		t->next = ordered;
 		ordered = t;
+	}
+	if (listing) {
+		list(ordered);
+		return 0;
 	}
 	for (struct runner_test *t = ordered; t != NULL; t = t->next) {
 		char id[256], path[256];

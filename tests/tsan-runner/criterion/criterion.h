@@ -6,7 +6,8 @@
  * 274). The test sources stay the same; this runner gives each test its own
  * forked child, as Criterion does, and prints "tsan: N passed, N failed".
  * Of Criterion's options it takes --filter, with which tests/meson.build
- * splits a binary's tests across test tiers.
+ * splits a binary's tests across test tiers, and --list, with which
+ * tests/check-ids.sh checks that every id it splits off names a test.
  *
  * Stricter than Criterion in one respect: a failed check in .fini counts.
  */
