@@ -84,6 +84,19 @@ Test(replay, corpus, .timeout = 600)
 #define COVERED(name) cr_expect(cov.name > 0, "the corpus has no " #name);
 	ADG_FUZZ_COVERAGE(COVERED)
 #undef COVERED
+	/* Every executor mode, consuming and retained: x can say each, and a
+	 * combination no file runs is one only random inputs would reach. */
+	fprintf(stderr, "replay: backwards by W (consuming/retained):");
+	for (unsigned w = 0; w < ADG_FUZZ_EXEC_MODES; w++)
+		fprintf(stderr, " W%u=%llu/%llu", w,
+			(unsigned long long)cov.by_mode[w][0],
+			(unsigned long long)cov.by_mode[w][1]);
+	fputc('\n', stderr);
+	for (unsigned w = 0; w < ADG_FUZZ_EXEC_MODES; w++)
+		for (unsigned r = 0; r < 2; r++)
+			cr_expect(cov.by_mode[w][r] > 0,
+				  "the corpus has no %s backward with W %u",
+				  r ? "retained" : "consuming", w);
 #if defined(__SANITIZE_ADDRESS__)
 	cr_assert_eq(__lsan_do_recoverable_leak_check(), 0, "heap leak");
 #endif

@@ -52,7 +52,7 @@
 #define PUBLISH(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
 #define OBSERVE(x)    __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
 
-/* How a backward runs its steps: W, from its opcode byte (driver.h). */
+/* How a backward runs its steps: W, from its byte x (driver.h). */
 enum exec_mode {
 	EXEC_NONE,   /* no executor: the sequential backward */
 	EXEC_CALLER, /* n_workers 0: the calling thread alone */
@@ -1157,14 +1157,6 @@ static void run_deferred(struct fuzz *f)
 _Static_assert(EXEC_REFUSING + 1 == ADG_FUZZ_EXEC_MODES,
 	       "driver.h: one W per mode");
 
-/* The W of a retained backward, by the rest of its opcode byte less
- * ADG_FUZZ_EXEC_MODES (driver.h): every kind of executor, the pool of 2
- * left out for want of codes. */
-static const enum exec_mode retained_modes[ADG_FUZZ_RETAIN_MODES] = {
-	EXEC_NONE,  EXEC_CALLER,   EXEC_POOL1,
-	EXEC_POOL3, EXEC_DEFERRED, EXEC_REFUSING,
-};
-
 static const char *const mode_names[] = {
 	"sequential",	       "an executor of no workers",
 	"a pool of 1",	       "a pool of 2",
@@ -1322,6 +1314,7 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 		f->cov.rerun_consumed += again && !retain && rc == 0;
 	}
 	if (e->rc == 0 && !f->model.node[root].leaf) {
+		f->cov.by_mode[mode][retain]++;
 		f->cov.exec_caller += mode == EXEC_CALLER;
 		f->cov.exec_pool += mode >= EXEC_POOL1 && mode <= EXEC_POOL3;
 		f->cov.exec_deferred += mode == EXEC_DEFERRED;
@@ -1476,14 +1469,11 @@ static bool step_once(struct fuzz *f, const uint8_t *data, size_t size,
 
 	/* The handle an operation names by its first argument. */
 	size_t i = op->args > 0 && f->nh > 0 ? arg[0] % f->nh : 0;
-	/* A backward's W, and whether it is retained: the rest of its opcode
-	 * byte (driver.h). */
-	unsigned rest = data[start] / ADG_FUZZ_OPCODES;
-	bool retain = rest >= ADG_FUZZ_EXEC_MODES;
-	enum exec_mode mode =
-		retain ? retained_modes[(rest - ADG_FUZZ_EXEC_MODES) %
-					ADG_FUZZ_RETAIN_MODES]
-		       : (enum exec_mode)rest;
+	/* A backward's W, and whether it is retained: its last argument
+	 * byte x (driver.h). Decoded for every kind, used by backwards only. */
+	uint8_t x = op->args > 0 ? arg[op->args - 1] : 0;
+	enum exec_mode mode = (enum exec_mode)(x % ADG_FUZZ_EXEC_MODES);
+	bool retain = x / ADG_FUZZ_EXEC_MODES % 2 == 1;
 	bool skip = skipped(f, op->kind);
 	f->op_name = op->name;
 	f->op_start = start;
@@ -1588,6 +1578,9 @@ size_t adg_fuzz_run(const uint8_t *data, size_t size,
 #define ADG_FUZZ_ADD(name) cov->name += f->cov.name;
 		ADG_FUZZ_COVERAGE(ADG_FUZZ_ADD)
 #undef ADG_FUZZ_ADD
+		for (size_t w = 0; w < ADG_FUZZ_EXEC_MODES; w++)
+			for (size_t r = 0; r < 2; r++)
+				cov->by_mode[w][r] += f->cov.by_mode[w][r];
 	}
 	free(f);
 	return ran;

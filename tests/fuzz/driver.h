@@ -11,7 +11,8 @@
  * ADG_CHECKPOINT_NONE otherwise (its other bits are ignored). Each
  * operation is an opcode byte followed by its argument bytes; one cut
  * short by the end of the input is not run. The opcode byte selects the
- * kind by its value modulo ADG_FUZZ_OPCODES (20):
+ * kind by its value modulo ADG_FUZZ_OPCODES (20); the rest of its value is
+ * ignored:
  *
  *   0-2    leaf      v        a leaf of value 2v+1 (odd: products of odd
  *                             numbers never wrap to 0)
@@ -22,14 +23,16 @@
  *                             gradient if (f/8)%2 == 1
  *   7      ref       i        a second handle to handle i
  *   8-10   drop      i        drops handle i
- *   11     backward  i s      backward from handle i with seed 2s+1
- *   12     backward-hook i s  the same with adg_backward_with and a ready
- *                             hook, for leaves only if s%2 == 1; the hook
- *                             takes the gradient of id if r = (s/2)%4 is
- *                             3, or 1 and id is even, or 2 and id%3 == 0
+ *   11     backward  i s x    backward from handle i with seed 2s+1, run
+ *                             as x says (below)
+ *   12     backward-hook i s x  the same with adg_backward_with and a
+ *                             ready hook, for leaves only if s%2 == 1; the
+ *                             hook takes the gradient of id if r =
+ *                             (s/2)%4 is 3, or 1 and id is even, or 2 and
+ *                             id%3 == 0
  *   13     stats              compares adg_stats
  *   14     graph     i        compares handle i's graph id
- *   15     backward-newest    backward from the newest handle, seed 1
+ *   15     backward-newest x  backward from the newest handle, seed 1
  *   16-19  op-with   p o i... the same as op with adg_op_with: o says what
  *                             it offers and asks for (below); r = f/16 how
  *                             its recompute callback ends: it fails with
@@ -50,17 +53,14 @@
  *   7      its step never calls adg_output_get for what it asked
  *
  * How a backward runs its steps (backward, backward-hook and
- * backward-newest alike) is W, and whether it is retained R, both from
- * q = c / 20, where c is its opcode byte and 20 the modulus,
- * ADG_FUZZ_OPCODES: the part of the byte that does not choose the kind.
- * q 0 to 6 is a consuming backward (R 0) with W = q; q 7 to 12 a retained
- * one (R 1, adg_backward_options.retain) with W 0, 1, 2, 4, 5, 6 in turn
- * (every kind of executor; the pool of 2 has no code left). So every code
- * below 140 decodes as it did before there was an R (the corpus's
- * scenario files use no other; random inputs may). W 0 with R 0, and so
- * every code below 20, is the backward as before there was a W:
- * adg_backward, or adg_backward_with without an executor for
- * backward-hook. Any other W runs adg_backward_with with an executor
+ * backward-newest alike) is W, and whether it is retained R, both from its
+ * last argument byte x: W = x % ADG_FUZZ_EXEC_MODES (7), R =
+ * (x / ADG_FUZZ_EXEC_MODES) % 2, and the rest of x is ignored. So every W
+ * comes consuming (R 0) and retained (R 1, adg_backward_options.retain),
+ * each at x = W + 7R. W 0 is no executor: with R 0 the backward as before
+ * there was a W or an R, adg_backward (adg_backward_with without an
+ * executor for backward-hook), and with R 1 adg_backward_with without an
+ * executor. Any other W runs adg_backward_with with an executor
  * (adg_backward_options.executor):
  *
  *   1      one of no workers (n_workers 0): the scheduler of an executor
@@ -115,10 +115,8 @@
 
 #define ADG_FUZZ_MAX_HANDLES 64
 #define ADG_FUZZ_MAX_OPS     512
-/* The values of a backward's W (above), and how many of them a retained
- * backward can have. */
-#define ADG_FUZZ_EXEC_MODES   7
-#define ADG_FUZZ_RETAIN_MODES 6
+/* The values of a backward's W (above): x's modulus. */
+#define ADG_FUZZ_EXEC_MODES 7
 
 /* The kinds of operation, each named by the first code of its range
  * (ops.def). */
@@ -147,11 +145,6 @@ enum adg_fuzz_code {
 #include "ops.def"
 #undef OP
 _Static_assert(ADG_FUZZ_OPCODES <= 256, "ops.def: more codes than a byte");
-/* So that an opcode byte can still say every W, consuming, and
- * ADG_FUZZ_RETAIN_MODES of them retained, and nothing more. */
-_Static_assert(255 / ADG_FUZZ_OPCODES ==
-		       ADG_FUZZ_EXEC_MODES + ADG_FUZZ_RETAIN_MODES - 1,
-	       "ops.def: the codes left say a backward's W and R otherwise");
 
 /* What inputs exercised, summed over runs: lets the replay test check that
  * the corpus covers every kind of operation and outcome. One X(name) per
@@ -205,6 +198,10 @@ struct adg_fuzz_coverage {
 #define ADG_FUZZ_FIELD(name) uint64_t name;
 	ADG_FUZZ_COVERAGE(ADG_FUZZ_FIELD)
 #undef ADG_FUZZ_FIELD
+	/* Backwards from a node that reached their steps (not refused), by
+	 * [W][R]: so that the replay can check that the corpus runs every
+	 * combination x can say. */
+	uint64_t by_mode[ADG_FUZZ_EXEC_MODES][2];
 };
 
 /* Runs one input on a fresh registry; adds to *cov unless it is NULL.

@@ -9,8 +9,9 @@ committed: rerun this only to change the corpus.
 
 Every scenario that runs a backward is written twice: as it is, its
 backwards without an executor (W 0), and as NN-name-wW, every backward with
-the executor W (driver.h), W taken in turn from VARIANT_WORKERS. The par_*
-scenarios choose W for each backward themselves and have no variant.
+the executor W (driver.h), W taken in turn from VARIANT_WORKERS; retained
+or not as the scenario says. The par_* scenarios choose W for each backward
+themselves and have no variant.
 
     python3 tests/fuzz/gen_corpus.py [out_dir]
 """
@@ -45,19 +46,15 @@ def read_ops(path):
 
 OPS, OPCODES = read_ops(os.path.join(HERE, "ops.def"))
 
-# How a backward runs its steps, its W (driver.h): the quotient of its
-# opcode byte by OPCODES, modulo EXEC_MODES. SEQUENTIAL: no executor;
-# CALLER: one of no workers; POOL1..POOL3: libadg's pool of 1..3 threads;
-# DEFERRED: a submit that queues until the backward returned; REFUSING: a
-# submit that fails.
+# How a backward runs its steps, its W (driver.h): its last argument byte
+# x modulo EXEC_MODES. SEQUENTIAL: no executor; CALLER: one of no workers;
+# POOL1..POOL3: libadg's pool of 1..3 threads; DEFERRED: a submit that
+# queues until the backward returned; REFUSING: a submit that fails.
 (SEQUENTIAL, CALLER, POOL1, POOL2, POOL3, DEFERRED,
  REFUSING) = range(7)
 EXEC_MODES = 7
-# A retained backward (driver.h: R) has q = EXEC_MODES + the index of its W
-# here: every W but POOL2, for which no code is left.
-RETAIN_WORKERS = (SEQUENTIAL, CALLER, POOL1, POOL3, DEFERRED, REFUSING)
-assert 255 // OPCODES == EXEC_MODES + len(RETAIN_WORKERS) - 1, \
-    "the opcode byte's codes left over say W and R otherwise"
+for _op in ("BACKWARD", "BACKWARD_HOOK", "BACKWARD_NEWEST"):
+    assert OPS[_op][1] >= 1, f"ops.def: {_op} has no byte x"
 
 # The W of each scenario's variant, in turn: the widest pool most often.
 VARIANT_WORKERS = (POOL3, CALLER, POOL1, DEFERRED, POOL3, POOL2, REFUSING)
@@ -87,23 +84,19 @@ class Seq:
     def _idx(self, name):
         return self.handles.index(name)
 
-    def _emit(self, op, args, parents=(), workers=SEQUENTIAL, retain=False):
+    def _emit(self, op, args, parents=()):
         first, n_args = OPS[op]
         assert len(args) == n_args, f"{op} takes {n_args} argument bytes"
-        assert 0 <= workers < EXEC_MODES
-        q = EXEC_MODES + RETAIN_WORKERS.index(workers) if retain else workers
-        self.out += bytes([first + OPCODES * q] + list(args) +
+        self.out += bytes([first] + list(args) +
                           [self._idx(x) for x in parents])
 
     def _backward(self, op, args, workers, retain):
         self.backwards += 1
         if workers is None:
             workers = self.workers
-        # A retained backward has no code for the pool of 2 (driver.h):
-        # the pool of 3 instead.
-        if retain and workers == POOL2:
-            workers = POOL3
-        self._emit(op, args, workers=workers, retain=retain)
+        assert 0 <= workers < EXEC_MODES
+        # x, the last argument byte (driver.h): W + EXEC_MODES * R.
+        self._emit(op, args + [workers + EXEC_MODES * retain])
 
     def leaf(self, name, v=1):
         self._emit("LEAF", [v])
@@ -1305,6 +1298,59 @@ def par_retain_ckpt_shared(s):
         s.retained("root", k, workers=w2)
         s.backward("root", k, workers=w3)
         drop_all(s, names)
+
+
+@scenario(strategies=(NONE, BALANCED))
+def par_retain_pool2_ckpt(s):
+    # Retained passes on the pool of 2, which the opcode byte once had no
+    # code for: its two workers take branches that ask at once for the
+    # same rebuilt outputs (r and q offer a recompute alone; balanced drops
+    # m1 and m2 too), each rebuilt once and kept for the passes after,
+    # retained or consuming, from the root or a branch. Round by round:
+    # all build; m2's rebuild fails (balanced only: none keeps its value);
+    # q's sets an output and then fails, under both; a branch's step fails
+    # above the shared outputs.
+    leaves(s, 3)
+    rounds = ((BUILDS, BUILDS, None), (FAILS, BUILDS, None),
+              (BUILDS, SETS_THEN_FAILS, None), (BUILDS, BUILDS, 4))
+    for k, (m2_ends, q_ends, failing) in enumerate(rounds):
+        s.op_with("c0", ["l0", "l1"], value=True)
+        mem_add(s, "m1", "c0")
+        mem_add(s, "m2", "m1", ends=m2_ends)
+        s.op_with("r", ["m2", "l2"], recompute=True, memory_bound=True)
+        s.op_with("q", ["r", "m1"], recompute=True, memory_bound=True,
+                  ends=q_ends)
+        names = ["c0", "m1", "m2", "r", "q"]
+        ends = []
+        for b in range(6):
+            y = f"y{b}"
+            s.op_with(y, ["q" if b % 2 else "r", f"l{b % 3}", "m1"],
+                      value=True, want=[0] if b % 3 else [0, 2],
+                      want_self=b == 5, fail=b == failing)
+            names.append(y)
+            prev = y
+            for j in range(b % 3):
+                s.op_with(f"{y}_{j}", [prev, "r"], value=True,
+                          want=[0, 1] if j else [1])
+                prev = f"{y}_{j}"
+                names.append(prev)
+            ends.append(prev)
+        s.op("z0", ends[:3])
+        s.op("z1", ends[3:])
+        s.op("root", ["z0", "z1"])
+        names += ["z0", "z1", "root"]
+        s.retained("root", k, workers=POOL2)
+        s.retained("root", k + 1, workers=POOL2)  # rebuilds nothing
+        s.backward_hook("y3", take=TAKE_EVEN, seed=k, workers=POOL2,
+                        retain=True)
+        s.retained("root", k, workers=POOL3)
+        s.backward_hook("root", leaves_only=True, take=k % 4, seed=k,
+                        workers=POOL2, retain=True)
+        s.stats()
+        s.backward("root", k, workers=POOL2)
+        s.retained("root", workers=POOL2)  # ECONSUMED
+        drop_all(s, names)
+    s.stats()
 
 
 def write_random(out_dir):
