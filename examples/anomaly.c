@@ -40,8 +40,7 @@ static int backward(adg_step_call *call, void *user)
 			return ADG_ENOMEM;
 		if (isnan(v))
 			made_nan = true;
-		int rc =
-			adg_grads_register(call->grads, call->parent_ids[k], d);
+		int rc = adg_step_give(call, k, d);
 		if (rc != 0)
 			return rc;
 	}

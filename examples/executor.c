@@ -52,8 +52,7 @@ static int backward(adg_step_call *call, void *user)
 		void *v = boxed(d);
 		if (v == NULL)
 			return ADG_ENOMEM;
-		int rc =
-			adg_grads_register(call->grads, call->parent_ids[k], v);
+		int rc = adg_step_give(call, k, v);
 		if (rc != 0)
 			return rc;
 	}

@@ -168,8 +168,7 @@ static int linear_backward(adg_step_call *call, void *user)
 		void *v = boxed(g * l->c[i]);
 		if (v == NULL)
 			return ADG_ENOMEM;
-		int rc =
-			adg_grads_register(call->grads, call->parent_ids[i], v);
+		int rc = adg_step_give(call, i, v);
 		if (rc != 0)
 			return rc;
 	}

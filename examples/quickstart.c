@@ -35,8 +35,7 @@ static int mul_backward(adg_step_call *call, void *user)
 		void *grad = boxed(g * ab[1 - i]);
 		if (grad == NULL)
 			return ADG_ENOMEM;
-		int rc = adg_grads_register(call->grads, call->parent_ids[i],
-					    grad);
+		int rc = adg_step_give(call, i, grad);
 		if (rc != 0)
 			return rc;
 	}

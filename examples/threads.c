@@ -38,7 +38,7 @@ static int send(adg_step_call *call, size_t i, double d)
 	void *v = boxed(d);
 	if (v == NULL)
 		return ADG_ENOMEM;
-	return adg_grads_register(call->grads, call->parent_ids[i], v);
+	return adg_step_give(call, i, v);
 }
 
 static int product_backward(adg_step_call *call, void *user)

@@ -49,8 +49,7 @@ static int backward(adg_step_call *call, void *user)
 		void *d = boxed(g * op->slope[k]);
 		if (d == NULL)
 			return ADG_ENOMEM;
-		int rc =
-			adg_grads_register(call->grads, call->parent_ids[k], d);
+		int rc = adg_step_give(call, k, d);
 		if (rc != 0)
 			return rc;
 	}

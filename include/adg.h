@@ -189,6 +189,22 @@ typedef struct adg_step_call {
 	int retained;
 } adg_step_call;
 
+/* During a step: hands value (non-NULL), the gradient for the parent at
+ * slot (0 <= slot < call->n_parents, adg_op's order), to the backward, in
+ * every mode. Takes ownership of value: on error it has been freed, unless
+ * call is NULL or not a step's. The fast path: a step that gives its slots
+ * in order pays no lookup at all. A parent named in several slots (x * x)
+ * takes its gradients in the order they are given, whichever of its slots
+ * is named, as registering by id does, so a gradient's sum is folded in
+ * the same order with or without an executor. adg_grads_register with
+ * call->parent_ids[slot] still works, the slower path: it finds the slot
+ * by comparing ids, and without an executor it accepts any id.
+ * Errors: ADG_EINVAL (NULL argument, slot out of range, or every slot
+ * naming that parent already given), ADG_ENOMEM, or, without an executor,
+ * ops->add's code (ADG_ECALLBACK for a positive one); with one an add
+ * error is the backward's (see adg_backward_options). */
+ADG_API int adg_step_give(adg_step_call *call, size_t slot, void *value);
+
 /* The backward function of one node. Returns 0, or a negative code that
  * stops the backward and becomes its result. It runs with no libadg lock
  * held and may call any libadg function, adg_backward and adg_op included. */
@@ -422,6 +438,30 @@ typedef struct adg_step_event {
 
 typedef int (*adg_step_hook_fn)(const adg_step_event *event, void *ctx);
 
+/* Where a backward failed (adg_backward_options.failure). */
+typedef enum adg_failure_site {
+	/* It did not fail, or failed before running anything: bad input,
+	 * ADG_ENOMEM, a step it could not take; its code says which. */
+	ADG_FAILED_NOWHERE = 0,
+	ADG_FAILED_STEP,     /* node_id's step returned code */
+	ADG_FAILED_ON_STEP,  /* on_step, around node_id's step */
+	ADG_FAILED_ON_READY, /* on_ready, for node_id's gradient */
+	/* ops->add, folding a gradient into node_id's: with an executor
+	 * only (without one, the add runs inside the registering step,
+	 * which is told). */
+	ADG_FAILED_ADD,
+} adg_failure_site;
+
+/* What a backward tells of its result. */
+typedef struct adg_failure {
+	int code; /* the backward's result: 0, or its error */
+	adg_failure_site site;
+	uint64_t node_id; /* 0 with ADG_FAILED_NOWHERE */
+	/* node_id's step name (adg_step.name) when node_id has a step, else
+	 * NULL. */
+	const char *name;
+} adg_failure;
+
 /* Zero-initialise, then set what you need. */
 typedef struct adg_backward_options {
 	adg_ready_fn on_ready; /* NULL: no hook */
@@ -436,11 +476,12 @@ typedef struct adg_backward_options {
 	 * concurrently with each other; a chain of steps stays on one thread.
 	 *
 	 * call->grads is then a step's own view: adg_grads_register takes
-	 * one gradient per parent slot (a parent named twice, as in x * x,
-	 * takes two), and ADG_EINVAL, value freed, for an id that is not a
-	 * parent or whose slots are all taken; get, take, count and free on
-	 * the view return ADG_EINVAL. An ops->add error is the backward's,
-	 * not the step's: the add may happen after the step has returned.
+	 * one gradient per parent slot, as adg_step_give does (a parent
+	 * named twice, as in x * x, takes two), and ADG_EINVAL, value freed,
+	 * for an id that is not a parent or whose slots are all taken; get,
+	 * take, count and free on the view return ADG_EINVAL. An ops->add error
+	 * is the backward's, not the step's: the add may happen after the step
+	 * has returned.
 	 *
 	 * Determinism: each gradient is folded in one fixed order, whatever
 	 * the number of workers and the timing: by the position of the
@@ -478,6 +519,10 @@ typedef struct adg_backward_options {
 	 * until a consuming backward or the node's end frees it. A failed
 	 * retained backward leaves every step registered. */
 	int retain;
+	/* NULL: not wanted. Set: filled on every return with the result and
+	 * where it came from, the failure first in tape order (the one whose
+	 * code is returned), with or without an executor. */
+	adg_failure *failure;
 } adg_backward_options;
 
 /* adg_backward with options (NULL: as adg_backward). The counts behind

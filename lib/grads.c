@@ -1,66 +1,84 @@
 /*
- * The per-backward gradient container: node id -> the caller's value.
- * Open addressing with linear probing; ids are never 0, so 0 marks an empty
- * slot. Owned by one thread at a time, so nothing here is atomic. A step of
- * a backward run with an executor sees a view instead (struct adg_grads).
+ * The gradient table: node id -> the caller's value, the container a
+ * backward returns. Open addressing with linear probing; ids are never 0,
+ * so 0 marks an empty entry. Owned by one thread at a time, so nothing
+ * here is atomic.
+ *
+ * adg_grads is what adg_grads_register sends a gradient to: this table, or
+ * a step's output, a runner's type that routes the gradient to the step's
+ * parent slot (lib/run.c). This file knows only that the latter is not a
+ * table, by its accept function, and refuses it where a table is needed.
  */
-#include "tape.h"
+#include "internal.h"
 
 #include <string.h>
 
-static size_t slot_of(const struct adg_grads *g, uint64_t id)
+static int grad_table_accept(struct adg_grads *to, uint64_t id, void *value);
+
+struct adg_grad_table *adg_grad_table_of(const adg_grads *grads)
+{
+	if (grads == NULL || grads->accept != grad_table_accept)
+		return NULL;
+	return caa_container_of(grads, struct adg_grad_table, as_grads);
+}
+
+static size_t grad_table_home(const struct adg_grad_table *g, uint64_t id)
 {
 	/* Fibonacci hashing: consecutive ids spread over the table. */
 	return (size_t)((id * UINT64_C(0x9e3779b97f4a7c15)) >> g->shift);
 }
 
-/* The slot holding id, or the empty slot where it would go. */
-static size_t find(const struct adg_grads *g, uint64_t id)
+/* The entry holding id, or the empty entry where it would go. */
+static size_t grad_table_find(const struct adg_grad_table *g, uint64_t id)
 {
-	size_t mask = g->cap - 1, i = slot_of(g, id);
+	size_t mask = g->cap - 1, i = grad_table_home(g, id);
 
-	while (g->slots[i].id != 0 && g->slots[i].id != id)
+	while (g->entries[i].id != 0 && g->entries[i].id != id)
 		i = (i + 1) & mask;
 	return i;
 }
 
-static int set_capacity(struct adg_grads *g, size_t cap)
+static int grad_table_resize(struct adg_grad_table *g, size_t cap)
 {
-	struct grad_slot *slots =
-		g->allocator.alloc(cap * sizeof *slots, g->allocator.ctx);
-	if (slots == NULL)
+	struct adg_grad_entry *entries =
+		g->allocator.alloc(cap * sizeof *entries, g->allocator.ctx);
+	if (entries == NULL)
 		return ADG_ENOMEM;
-	memset(slots, 0, cap * sizeof *slots);
-	struct grad_slot *old = g->slots;
+	memset(entries, 0, cap * sizeof *entries);
+	struct adg_grad_entry *old = g->entries;
 	size_t old_cap = g->cap;
 	unsigned int log2 = 0;
 	while (((size_t)1 << log2) < cap)
 		log2++;
-	g->slots = slots;
+	g->entries = entries;
 	g->cap = cap;
 	g->shift = 64 - log2;
 	for (size_t i = 0; i < old_cap; i++)
 		if (old[i].id != 0)
-			g->slots[find(g, old[i].id)] = old[i];
+			g->entries[grad_table_find(g, old[i].id)] = old[i];
 	if (old != NULL)
 		g->allocator.free(old, old_cap * sizeof *old, g->allocator.ctx);
 	return 0;
 }
 
-int adg_grads_new(struct adg_registry *registry, const adg_grad_ops *ops,
-		  size_t expected, adg_grads **out)
+int adg_grad_table_new(struct adg_registry *registry, const adg_grad_ops *ops,
+		       size_t expected, struct adg_grad_table **out)
 {
 	*out = NULL;
-	struct adg_grads *g = adg_alloc(registry, sizeof *g);
+	struct adg_grad_table *g = adg_alloc(registry, sizeof *g);
 	if (g == NULL)
 		return ADG_ENOMEM;
-	*g = (struct adg_grads){.ops = *ops, .allocator = registry->allocator};
+	*g = (struct adg_grad_table){
+		.as_grads = {.accept = grad_table_accept},
+		.ops = *ops,
+		.allocator = registry->allocator,
+	};
 	/* Keep the load at or under 3/4 without growing mid-backward. */
 	size_t cap = 16;
 	while (cap / 4 * 3 < expected &&
-	       cap < SIZE_MAX / 2 / sizeof(struct grad_slot))
+	       cap < SIZE_MAX / 2 / sizeof(struct adg_grad_entry))
 		cap *= 2;
-	if (set_capacity(g, cap) != 0) {
+	if (grad_table_resize(g, cap) != 0) {
 		adg_free(registry, g, sizeof *g);
 		return ADG_ENOMEM;
 	}
@@ -72,36 +90,37 @@ int adg_grads_get(const adg_grads *grads, uint64_t id, void **value)
 {
 	if (value != NULL)
 		*value = NULL;
-	if (grads == NULL || grads->sink != NULL || value == NULL || id == 0)
+	const struct adg_grad_table *g = adg_grad_table_of(grads);
+	if (g == NULL || value == NULL || id == 0)
 		return ADG_EINVAL;
-	size_t i = find(grads, id);
-	if (grads->slots[i].id == 0)
+	size_t i = grad_table_find(g, id);
+	if (g->entries[i].id == 0)
 		return ADG_ENOTFOUND;
-	*value = grads->slots[i].value;
+	*value = g->entries[i].value;
 	return 0;
 }
 
-/* Empties slot i, moving later entries of its probe run back into the
+/* Empties entry i, moving later entries of its probe run back into the
  * hole so that lookups never stop early (no tombstones). */
-static void remove_at(struct adg_grads *g, size_t i)
+static void grad_table_remove_at(struct adg_grad_table *g, size_t i)
 {
 	size_t mask = g->cap - 1, j = i;
 
 	for (;;) {
 		j = (j + 1) & mask;
-		if (g->slots[j].id == 0)
+		if (g->entries[j].id == 0)
 			break;
-		size_t home = slot_of(g, g->slots[j].id);
+		size_t home = grad_table_home(g, g->entries[j].id);
 		/* Move j back into i unless its home lies cyclically in
 		 * (i, j]: then a lookup for it never passes i. */
 		bool stays = i <= j ? (i < home && home <= j)
 				    : (i < home || home <= j);
 		if (!stays) {
-			g->slots[i] = g->slots[j];
+			g->entries[i] = g->entries[j];
 			i = j;
 		}
 	}
-	g->slots[i] = (struct grad_slot){0};
+	g->entries[i] = (struct adg_grad_entry){0};
 	g->count--;
 }
 
@@ -109,115 +128,74 @@ int adg_grads_take(adg_grads *grads, uint64_t id, void **value)
 {
 	if (value != NULL)
 		*value = NULL;
-	if (grads == NULL || grads->sink != NULL || value == NULL || id == 0)
+	struct adg_grad_table *g = adg_grad_table_of(grads);
+	if (g == NULL || value == NULL || id == 0)
 		return ADG_EINVAL;
-	*value = adg_grads_take_held(grads, id);
+	*value = adg_grad_table_take(g, id);
 	return *value != NULL ? 0 : ADG_ENOTFOUND;
 }
 
-void *adg_grads_take_held(adg_grads *grads, uint64_t id)
+void *adg_grad_table_take(struct adg_grad_table *g, uint64_t id)
 {
-	size_t i = find(grads, id);
-	if (grads->slots[i].id == 0)
+	size_t i = grad_table_find(g, id);
+	if (g->entries[i].id == 0)
 		return NULL;
-	void *value = grads->slots[i].value;
-	remove_at(grads, i);
+	void *value = g->entries[i].value;
+	grad_table_remove_at(g, i);
 	return value;
 }
 
-/* Adds value to id's gradient, or holds it: id and value checked. */
-static inline int insert(adg_grads *grads, uint64_t id, void *value)
+int adg_grad_table_insert(struct adg_grad_table *g, uint64_t id, void *value)
 {
-	const adg_grad_ops *ops = &grads->ops;
-	size_t i = find(grads, id);
-	if (grads->slots[i].id != 0) {
+	const adg_grad_ops *ops = &g->ops;
+	size_t i = grad_table_find(g, id);
+	if (g->entries[i].id != 0) {
 		/* add owns value from here on, whatever it returns. */
-		int rc = ops->add(&grads->slots[i].value, value, ops->ctx);
-		if (grads->slots[i].value == NULL)
-			remove_at(grads, i); /* nothing is held any more */
+		int rc = ops->add(&g->entries[i].value, value, ops->ctx);
+		if (g->entries[i].value == NULL)
+			grad_table_remove_at(g,
+					     i); /* nothing is held any more */
 		return adg_callback_result(rc);
 	}
-	if ((grads->count + 1) > grads->cap / 4 * 3) {
-		if (set_capacity(grads, grads->cap * 2) != 0) {
+	if ((g->count + 1) > g->cap / 4 * 3) {
+		if (grad_table_resize(g, g->cap * 2) != 0) {
 			ops->free(value, ops->ctx);
 			return ADG_ENOMEM;
 		}
-		i = find(grads, id);
+		i = grad_table_find(g, id);
 	}
-	grads->slots[i] = (struct grad_slot){id, value};
-	grads->count++;
+	g->entries[i] = (struct adg_grad_entry){id, value};
+	g->count++;
 	return 0;
 }
 
-/* adg_grads_register on a step's view. With workers, the value waits in
- * its slot, an edge of the tape (parallel.c). Alone, the registrations
- * reach the container in the order a fold with workers takes them (by
- * position, then slot), so they go at once; an add error is the
- * backward's, not the step's, as with workers it happens in a later fold.
- * The container was sized for every tape node and leaf: it does not
- * grow. */
-static inline int alone_insert(struct adg_alone *alone, uint64_t id,
-			       void *value)
+/* adg_grads_register on a table. */
+static int grad_table_accept(struct adg_grads *to, uint64_t id, void *value)
 {
-	int rc = insert(alone->grads, id, value);
-	if (adg_unlikely(rc != 0))
-		adg_alone_add_failed(alone, id, rc);
-	return 0;
-}
-
-__attribute__((noinline)) static int
-register_in_view(struct adg_step_sink *sink, uint64_t id, void *value)
-{
-	struct adg_alone *alone = sink->alone;
-	if (alone != NULL && !sink->marked) {
-		const struct adg_node *n = sink->node;
-		uint32_t k = sink->filled;
-		if (adg_likely(k < n->n_parents &&
-			       adg_node_parent_ids(n)[k] == id)) {
-			/* In slot order: the slot needs no mark. */
-			sink->filled = k + 1;
-			return alone_insert(alone, id, value);
-		}
-		/* Out of order: the slots from here on get marks. */
-		for (uint32_t j = k; j < n->n_parents; j++)
-			sink->slots[j] = NULL;
-		sink->marked = true;
-	}
-	if (adg_sink_claim(sink, id, value) == UINT32_MAX) {
-		/* Not a parent, or its slots are all taken: adding here
-		 * would fold in another order than the sequential backward. */
-		sink->ops->free(value, sink->ops->ctx);
-		return ADG_EINVAL;
-	}
-	return alone != NULL ? alone_insert(alone, id, value) : 0;
-}
-
-__attribute__((noinline)) static int
-register_in_container(adg_grads *grads, uint64_t id, void *value)
-{
+	struct adg_grad_table *g =
+		caa_container_of(to, struct adg_grad_table, as_grads);
 	if (id == 0) {
-		grads->ops.free(value, grads->ops.ctx);
+		g->ops.free(value, g->ops.ctx);
 		return ADG_EINVAL;
 	}
-	return insert(grads, id, value);
+	return adg_grad_table_insert(g, id, value);
 }
 
 int adg_grads_register(adg_grads *grads, uint64_t id, void *value)
 {
 	if (grads == NULL || value == NULL)
 		return ADG_EINVAL;
-	/* Both tail calls, so that neither path saves the registers the
-	 * other needs. */
-	if (grads->sink != NULL)
-		return register_in_view(grads->sink, id, value);
-	return register_in_container(grads, id, value);
+	/* A tail call through the receiver's own function: the table's, or
+	 * a step output's (run.c). */
+	return grads->accept(grads, id, value);
 }
 
 int adg_grads_count(const adg_grads *grads, size_t *count)
 {
-	if (grads == NULL || grads->sink != NULL || count == NULL)
+	const struct adg_grad_table *g = adg_grad_table_of(grads);
+	if (g == NULL || count == NULL)
 		return ADG_EINVAL;
-	*count = grads->count;
+	*count = g->count;
 	return 0;
 }
 
@@ -225,13 +203,19 @@ int adg_grads_free(adg_grads *grads)
 {
 	if (grads == NULL)
 		return 0;
-	if (grads->sink != NULL)
-		return ADG_EINVAL; /* a step's view: the backward owns it */
-	for (size_t i = 0; i < grads->cap; i++)
-		if (grads->slots[i].id != 0)
-			grads->ops.free(grads->slots[i].value, grads->ops.ctx);
-	adg_allocator a = grads->allocator;
-	a.free(grads->slots, grads->cap * sizeof *grads->slots, a.ctx);
-	a.free(grads, sizeof *grads, a.ctx);
+	struct adg_grad_table *g = adg_grad_table_of(grads);
+	if (g == NULL)
+		return ADG_EINVAL; /* a step's output: the backward owns it */
+	adg_grad_table_free(g);
 	return 0;
+}
+
+void adg_grad_table_free(struct adg_grad_table *g)
+{
+	for (size_t i = 0; i < g->cap; i++)
+		if (g->entries[i].id != 0)
+			g->ops.free(g->entries[i].value, g->ops.ctx);
+	adg_allocator a = g->allocator;
+	a.free(g->entries, g->cap * sizeof *g->entries, a.ctx);
+	a.free(g, sizeof *g, a.ctx);
 }

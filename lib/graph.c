@@ -29,28 +29,9 @@
 /* A shard keeps at most this many retired graphs for reuse. */
 #define GRAPH_POOL_MAX 1024
 
-/* Spins this many times on a held graph lock before yielding the CPU. */
-#define LOCK_SPINS 64
-
 #ifdef ADG_ASSERTIONS
 __thread char adg_thread_identity;
 #endif
-
-void adg_graph_lock_wait(ck_spinlock_fas_t *lock)
-{
-	unsigned int spins = 0;
-
-	do {
-		while (ck_spinlock_fas_locked(lock)) {
-			if (++spins < LOCK_SPINS) {
-				ck_pr_stall();
-			} else {
-				sched_yield();
-				spins = 0;
-			}
-		}
-	} while (!ck_spinlock_fas_trylock(lock));
-}
 
 static void graph_destroy(struct adg_graph *g)
 {

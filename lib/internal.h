@@ -1,11 +1,13 @@
 /*
  * The structs that the files of lib/ share, and the few inline helpers on their
- * hot paths. A node's life runs through the files in this order: node.c creates
- * it, graph.c places it in a graph, backward.c takes and runs its step,
- * node.c frees it; with an executor, parallel.c runs the steps on several
- * threads (tape.h has what it shares with backward.c) and pool.c is
- * libadg's own executor. registry.c owns the per-thread shards that carry
- * ids and counters; grads.c the gradient container.
+ * hot paths, in sections by subject. A node's life runs through the files in
+ * this order: node.c creates it, graph.c places it in a graph, a backward
+ * takes and runs its step, node.c frees it. A backward is the runner's
+ * (run.h): backward.c is its entry point and the sequential loop, tape.c
+ * takes the tape, run.c is the step protocol every mode shares, parallel.c
+ * runs a tape on an executor's workers, and pool.c is libadg's own
+ * executor. registry.c owns the per-thread shards that carry ids and
+ * counters; grads.c the gradient table a backward returns.
  */
 #ifndef ADG_INTERNAL_H
 #define ADG_INTERNAL_H
@@ -123,6 +125,40 @@ extern void (*adg_test_point)(enum adg_test_point where);
 
 struct adg_shard;
 struct adg_graph;
+struct adg_tape; /* a backward's scratch, reused by its thread (tape.h) */
+
+/* Maps a callback's result to the library's convention. */
+static inline int adg_callback_result(int rc)
+{
+	return rc > 0 ? ADG_ECALLBACK : rc;
+}
+
+/* -------------------------------------------------------------- spinlocks */
+
+/*
+ * Concurrency Kit's fetch-and-store spinlock guards the graphs (graph.c)
+ * and the scheduler's ready queues (parallel.c): locks that are nearly
+ * always free, where taking one is one exchange and releasing it a plain
+ * store, where a mutex pays a second locked instruction to look for
+ * sleepers. When one is held, a waiter spins briefly and then yields, so
+ * that on a machine with more threads than cores a preempted holder gets
+ * to run. ck_pr is inline assembly that ThreadSanitizer cannot see: in
+ * TSan builds the annotations tell it what the lock orders.
+ */
+void adg_spin_wait(ck_spinlock_fas_t *lock);
+
+static inline void adg_spin_lock(ck_spinlock_fas_t *lock)
+{
+	if (adg_unlikely(!ck_spinlock_fas_trylock(lock)))
+		adg_spin_wait(lock);
+	adg_tsan_acquire(lock);
+}
+
+static inline void adg_spin_unlock(ck_spinlock_fas_t *lock)
+{
+	adg_tsan_release(lock);
+	ck_spinlock_fas_unlock(lock);
+}
 
 /* ------------------------------------------------------------------ nodes */
 
@@ -265,17 +301,8 @@ _Static_assert(
 	offsetof(struct adg_graph, lock) != 0,
 	"the lock's TSan annotations must not share the graph's address");
 
-/*
- * The per-graph lock: Concurrency Kit's fetch-and-store spinlock. Graphs of
- * unrelated work are locked by one thread only, so the lock is nearly
- * always free: taking it is one exchange and releasing it a plain store,
- * where a mutex pays a second locked instruction to look for sleepers.
- * When it is held, a waiter spins briefly and then yields, so that on a
- * machine with more threads than cores a preempted holder gets to run.
- * ck_pr is inline assembly that ThreadSanitizer cannot see: in TSan builds
- * the annotations tell it what the lock orders.
- */
-void adg_graph_lock_wait(ck_spinlock_fas_t *lock);
+/* The per-graph lock, a spinlock (see above): graphs of unrelated work are
+ * locked by one thread only. */
 
 #ifdef ADG_ASSERTIONS
 /* A distinct address per live thread: the identity a lock owner holds. */
@@ -293,9 +320,7 @@ extern __thread char adg_thread_identity;
 
 static inline void adg_graph_lock(struct adg_graph *g)
 {
-	if (adg_unlikely(!ck_spinlock_fas_trylock(&g->lock)))
-		adg_graph_lock_wait(&g->lock);
-	adg_tsan_acquire(&g->lock);
+	adg_spin_lock(&g->lock);
 	adg_graph_set_owner(g, ADG_ME);
 }
 
@@ -303,8 +328,7 @@ static inline void adg_graph_unlock_plain(struct adg_graph *g)
 {
 	ADG_ASSERT(adg_graph_held(g));
 	adg_graph_set_owner(g, NULL);
-	adg_tsan_release(&g->lock);
-	ck_spinlock_fas_unlock(&g->lock);
+	adg_spin_unlock(&g->lock);
 }
 
 /* The one way a placed node's state changes: under the lock of its graph
@@ -356,8 +380,6 @@ enum adg_counter {
 	ADG_C_GRAPHS_MADE,
 	ADG_C_COUNT,
 };
-
-struct adg_tape; /* backward.c's reusable scratch */
 
 /* Nodes with fewer parents than this are kept for reuse by the thread that
  * freed them, up to ADG_NODE_CACHE_MAX of each size. */
@@ -658,42 +680,53 @@ void adg_ckpt_drop(struct adg_node *node);
 
 /* ----------------------------------------------------------------- grads */
 
-/* node id -> the caller's value (grads.c). */
-struct grad_slot {
+/* What adg_grads_register sends a gradient to: a gradient table (below),
+ * or a step's output in a backward with an executor (struct adg_step_out,
+ * run.h), which routes it to the step's parent slot. Each embeds this;
+ * accept takes value whatever it returns. */
+struct adg_grads {
+	int (*accept)(struct adg_grads *to, uint64_t id, void *value);
+};
+
+/* One entry of a gradient table: node id -> the caller's value. */
+struct adg_grad_entry {
 	uint64_t id;
 	void *value;
 };
 
-struct adg_step_sink; /* parallel.c: where a step's gradients go */
-
-struct adg_grads {
-	/* NULL for a container. Set: the view of one step of a backward run
-	 * with an executor, which routes registrations to the step's parent
-	 * slots (grads.c, register_in_view) and has nothing else. */
-	struct adg_step_sink *sink;
+/* The container a backward returns (grads.c). */
+struct adg_grad_table {
+	struct adg_grads as_grads;
 	adg_grad_ops ops;
-	adg_allocator allocator; /* a copy: the container may outlive the
+	adg_allocator allocator; /* a copy: the table may outlive the
 				    registry */
-	struct grad_slot *slots;
+	struct adg_grad_entry *entries;
 	size_t cap;	    /* a power of two */
 	unsigned int shift; /* 64 - log2(cap) */
 	size_t count;
 };
 
-/* adg_grads_take on a container, id checked: the value, or NULL when none
- * is held (a held value is never NULL). */
-void *adg_grads_take_held(adg_grads *grads, uint64_t id);
+/* A table sized for about `expected` gradients, allocated with registry's
+ * allocator (copied: it may outlive the registry). */
+int adg_grad_table_new(struct adg_registry *registry, const adg_grad_ops *ops,
+		       size_t expected, struct adg_grad_table **out);
 
-/* A container sized for about `expected` gradients, allocated with
- * registry's allocator (copied: it may outlive the registry). */
-int adg_grads_new(struct adg_registry *registry, const adg_grad_ops *ops,
-		  size_t expected, adg_grads **out);
+/* The table behind grads, or NULL when grads is none (NULL, or a step's
+ * output). */
+struct adg_grad_table *adg_grad_table_of(const adg_grads *grads);
 
-/* Maps a callback's result to the library's convention. */
-static inline int adg_callback_result(int rc)
-{
-	return rc > 0 ? ADG_ECALLBACK : rc;
-}
+/* Adds value to id's gradient (ops->add), or holds it; id non-zero. Takes
+ * value whatever it returns: 0, ADG_ENOMEM or add's code. */
+int adg_grad_table_insert(struct adg_grad_table *g, uint64_t id, void *value);
+
+/* Removes and returns id's value, or NULL when none is held (a held value
+ * is never NULL). */
+void *adg_grad_table_take(struct adg_grad_table *g, uint64_t id);
+
+/* Frees every value held (ops->free) and the table. */
+void adg_grad_table_free(struct adg_grad_table *g);
+
+/* --------------------------------------------------------------- teardown */
 
 /* Releases tape scratch (a shard's, or a nested backward's own). */
 void adg_tape_free(struct adg_registry *registry, struct adg_tape *tape);

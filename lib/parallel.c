@@ -31,7 +31,7 @@
  * caller waits for the run to end: it sleeps on a futex, and the last
  * step, or new work, wakes it.
  */
-#include "tape.h"
+#include "run.h"
 
 #include <linux/futex.h>
 #include <sched.h>
@@ -75,28 +75,21 @@ struct adg_par_ticket {
 	/* The caller's reference, plus one per job submitted and not yet
 	 * returned. */
 	atomic_uint_fast32_t refs;
-	struct par_run *run; /* valid while inside */
+	struct par_run *par; /* valid while inside */
 };
 
-/* One parallel backward, on its caller's stack. */
+/* What a run on workers adds to its run (struct adg_run), on its caller's
+ * stack. */
 struct par_run {
 	/* Set up before any job is submitted; read-only after. */
-	struct adg_tape *t;
+	struct adg_run *run;
 	struct adg_par_arrays *a;
-	size_t len;
-	const adg_grad_ops *ops;
-	const struct ready *ready;
-	const struct step_hook *step_hook;
-	struct adg_registry *registry;
 	adg_executor executor;
 	struct adg_par_ticket *ticket;
 	uint32_t n_slots;
 	/* See struct adg_backward_context. */
 	pthread_mutex_t serialize;
 	pthread_cond_t rebuilt;
-	/* A retained backward: nothing is released, served or dropped
-	 * (I14). */
-	bool retained;
 
 	/* Tasks made ready and not yet finished: queued or running. Zero
 	 * means the run is over. */
@@ -107,28 +100,22 @@ struct par_run {
 	/* The caller's sleep: it sleeps on wake_seq while asleep is set. */
 	_Alignas(ADG_CACHELINE) _Atomic uint32_t wake_seq;
 	atomic_bool asleep;
-
-	/* The smallest error key seen, and its code (under err_lock). */
-	_Alignas(ADG_CACHELINE) atomic_uint_fast64_t err_key;
-	int err_code;
-	pthread_mutex_t err_lock;
 };
 
-/* One thread's part in a run. */
-struct worker {
-	struct par_run *run;
+/* One thread's part in a run on workers. */
+struct par_worker {
+	struct par_run *par;
 	struct adg_ready_queue *queue;
 	uint32_t slot;
-	struct adg_shard *shard; /* this thread's, for releases */
-	struct adg_backward_context ctx;
+	struct adg_run_thread th;
 };
 
 /* ------------------------------------------------------------- scratch */
 
 /* Lays the arrays out in block (or, with block NULL, only measures) and
  * returns the bytes they take. */
-static size_t carve(void *block, struct adg_par_arrays *a, size_t len,
-		    size_t edges, size_t leaves, uint32_t n_slots)
+static size_t par_carve(void *block, struct adg_par_arrays *a, size_t len,
+			size_t edges, size_t leaves, uint32_t n_slots)
 {
 	size_t targets = len + leaves, at = 0;
 	char *base = block;
@@ -164,8 +151,9 @@ bool adg_par_reserve(struct adg_registry *r, struct adg_tape *t, size_t len,
 		return false;
 	/* The allocator promises malloc's alignment, not a cache line's:
 	 * the queues start at the first line inside, up to a line in. */
-	size_t bytes = carve(NULL, &t->par, len, edges, leaf_slots, n_slots) +
-		       ADG_CACHELINE;
+	size_t bytes =
+		par_carve(NULL, &t->par, len, edges, leaf_slots, n_slots) +
+		ADG_CACHELINE;
 	if (bytes > t->par_cap) {
 		size_t cap = bytes;
 		void *block = adg_alloc(r, cap);
@@ -179,13 +167,13 @@ bool adg_par_reserve(struct adg_registry *r, struct adg_tape *t, size_t len,
 	t->par_edges = edges;
 	void *aligned =
 		(void *)adg_round_up((uintptr_t)t->par_block, ADG_CACHELINE);
-	carve(aligned, &t->par, len, edges, leaf_slots, n_slots);
+	par_carve(aligned, &t->par, len, edges, leaf_slots, n_slots);
 	return true;
 }
 
 /* One more edge to a target. Relaxed load and store, no locked add: no
  * worker has started, and submitting one orders these before it. */
-static void count_up(_Atomic uint32_t *pending)
+static void par_count_up(_Atomic uint32_t *pending)
 {
 	atomic_store_explicit(
 		pending,
@@ -201,12 +189,12 @@ static void count_up(_Atomic uint32_t *pending)
  * too when retained: a retained backward keeps a node's position there,
  * not in the node, which other retained passes may be running over (I14).
  * Returns the number of leaves. */
-static uint32_t plan(struct adg_tape *t, size_t len, bool retained)
+static uint32_t par_plan(struct adg_tape *t, size_t len, bool retained)
 {
 	struct adg_par_arrays *a = &t->par;
 	uint32_t edges = (uint32_t)t->par_edges, leaves = 0;
 
-	memset(t->leaves, 0, t->leaves_cap * sizeof *t->leaves);
+	memset(t->keys, 0, t->keys_cap * sizeof *t->keys);
 	a->edge_base[len] = edges;
 	/* Relaxed stores: no worker has started; submitting one orders
 	 * these before it. */
@@ -214,7 +202,7 @@ static uint32_t plan(struct adg_tape *t, size_t len, bool retained)
 		struct adg_node *n = t->sorted[p];
 		const uint64_t *ids = adg_node_parent_ids(n);
 		if (retained) /* pending 0: a node's key, not a leaf's */
-			*leaf_slot(t, n->id) = (struct leaf_pending){
+			*adg_tape_key(t, n->id) = (struct adg_tape_key){
 				.id = n->id, .index = (uint32_t)p};
 		else
 			n->tape_pos = (uint32_t)p;
@@ -231,14 +219,17 @@ static uint32_t plan(struct adg_tape *t, size_t len, bool retained)
 		for (uint32_t k = n->n_parents; k-- > 0;) {
 			uint32_t e = edges + k, target;
 			if (n->parents[k] != NULL) {
-				target = retained ? leaf_slot(t, ids[k])->index
-						  : n->parents[k]->tape_pos;
-				count_up(&a->pending[target]);
+				target =
+					retained
+						? adg_tape_key(t, ids[k])->index
+						: n->parents[k]->tape_pos;
+				par_count_up(&a->pending[target]);
 			} else {
-				struct leaf_pending *l = leaf_slot(t, ids[k]);
+				struct adg_tape_key *l =
+					adg_tape_key(t, ids[k]);
 				target = (uint32_t)len + l->index;
 				if (l->id == 0) { /* the leaf's first edge */
-					*l = (struct leaf_pending){
+					*l = (struct adg_tape_key){
 						.id = ids[k], .index = leaves};
 					target = (uint32_t)len + leaves++;
 					a->leaf_id[l->index] = ids[k];
@@ -259,8 +250,8 @@ static uint32_t plan(struct adg_tape *t, size_t len, bool retained)
 		}
 	}
 	ADG_ASSERT(edges == 0);
-	for (size_t i = 0; i < t->leaves_cap; i++) {
-		struct leaf_pending *l = &t->leaves[i];
+	for (size_t i = 0; i < t->keys_cap; i++) {
+		struct adg_tape_key *l = &t->keys[i];
 		if (l->id != 0 && l->pending != 0) /* a leaf's */
 			atomic_store_explicit(&a->pending[len + l->index],
 					      l->pending, memory_order_relaxed);
@@ -268,66 +259,20 @@ static uint32_t plan(struct adg_tape *t, size_t len, bool retained)
 	return leaves;
 }
 
-/* --------------------------------------------------------------- errors */
-
-static uint64_t step_key(uint32_t pos)
-{
-	return (uint64_t)pos * 2;
-}
-
-/* A fold or hook on a target: just after its last contributor's step,
- * where the target's gradient is complete on one thread as on several. */
-static uint64_t target_key(const struct par_run *run, uint32_t target)
-{
-	return step_key(run->a->last[target]) + 1;
-}
-
-static void fail(struct par_run *run, uint64_t key, int code)
-{
-	pthread_mutex_lock(&run->err_lock);
-	/* Relaxed: err_lock orders the writes; readers outside it only use
-	 * the key to skip steps, and a stale one merely lets a step start
-	 * that the smaller key would have stopped. */
-	if (key < atomic_load_explicit(&run->err_key, memory_order_relaxed)) {
-		atomic_store_explicit(&run->err_key, key, memory_order_relaxed);
-		run->err_code = code;
-	}
-	pthread_mutex_unlock(&run->err_lock);
-}
-
-static bool stopped(struct par_run *run, uint32_t pos)
-{
-	return step_key(pos) >
-	       atomic_load_explicit(&run->err_key, memory_order_relaxed);
-}
-
 /* ------------------------------------------------------------- queues */
 
-static void queue_lock(struct adg_ready_queue *q)
-{
-	if (adg_unlikely(!ck_spinlock_fas_trylock(&q->lock)))
-		adg_graph_lock_wait(&q->lock);
-	adg_tsan_acquire(&q->lock);
-}
-
-static void queue_unlock(struct adg_ready_queue *q)
-{
-	adg_tsan_release(&q->lock);
-	ck_spinlock_fas_unlock(&q->lock);
-}
-
-static uint32_t queue_pop(struct par_run *run, struct adg_ready_queue *q)
+static uint32_t par_queue_pop(struct par_run *par, struct adg_ready_queue *q)
 {
 	/* Relaxed peek: an empty-looking queue is skipped; a stale
 	 * non-empty one costs a lock. */
 	if (atomic_load_explicit(&q->head, memory_order_relaxed) == NONE)
 		return NONE;
-	queue_lock(q);
+	adg_spin_lock(&q->lock);
 	uint32_t pos = atomic_load_explicit(&q->head, memory_order_relaxed);
 	if (pos != NONE)
-		atomic_store_explicit(&q->head, run->a->next_ready[pos],
+		atomic_store_explicit(&q->head, par->a->next_ready[pos],
 				      memory_order_relaxed);
-	queue_unlock(q);
+	adg_spin_unlock(&q->lock);
 	return pos;
 }
 
@@ -337,90 +282,118 @@ static uint32_t queue_pop(struct par_run *run, struct adg_ready_queue *q)
  * finds wake_seq moved and does not sleep. seq_cst: the bump and the load
  * of asleep must not pass each other, nor the caller's store of asleep and
  * its futex wait (ThreadSanitizer has no fences, hence no fence here). */
-static void wake_caller(struct par_run *run)
+static void par_wake_caller(struct par_run *par)
 {
-	atomic_fetch_add_explicit(&run->wake_seq, 1, memory_order_seq_cst);
-	if (atomic_load_explicit(&run->asleep, memory_order_seq_cst))
-		syscall(SYS_futex, &run->wake_seq, FUTEX_WAKE_PRIVATE, 1, NULL,
+	atomic_fetch_add_explicit(&par->wake_seq, 1, memory_order_seq_cst);
+	if (atomic_load_explicit(&par->asleep, memory_order_seq_cst))
+		syscall(SYS_futex, &par->wake_seq, FUTEX_WAKE_PRIVATE, 1, NULL,
 			NULL, 0);
 }
 
-static void helper_job(void *arg);
+static void par_helper_job(void *arg);
 
 /* One more job, if fewer than the executor's n_workers are in. */
-static void add_helper(struct par_run *run)
+static void par_add_helper(struct par_run *par)
 {
 	uint_fast32_t h =
-		atomic_load_explicit(&run->helpers, memory_order_relaxed);
+		atomic_load_explicit(&par->helpers, memory_order_relaxed);
 	do {
-		if (h >= run->executor.n_workers)
+		if (h >= par->executor.n_workers)
 			return;
 	} while (!atomic_compare_exchange_weak_explicit(
-		&run->helpers, &h, h + 1, memory_order_relaxed,
+		&par->helpers, &h, h + 1, memory_order_relaxed,
 		memory_order_relaxed));
 	/* Relaxed: the caller's reference keeps the ticket until the run
 	 * closes, and the job's only starts counting after. */
-	atomic_fetch_add_explicit(&run->ticket->refs, 1, memory_order_relaxed);
-	if (run->executor.submit(helper_job, run->ticket, run->executor.ctx) !=
-	    0) {
-		atomic_fetch_sub_explicit(&run->ticket->refs, 1,
+	atomic_fetch_add_explicit(&par->ticket->refs, 1, memory_order_relaxed);
+	if (par->executor.submit(par_helper_job, par->ticket,
+				 par->executor.ctx) != 0) {
+		atomic_fetch_sub_explicit(&par->ticket->refs, 1,
 					  memory_order_relaxed);
-		atomic_fetch_sub_explicit(&run->helpers, 1,
+		atomic_fetch_sub_explicit(&par->helpers, 1,
 					  memory_order_relaxed);
 	}
 }
 
 /* Queues a ready position on w's own queue, for w or a thief. */
-static void push(struct worker *w, uint32_t pos)
+static void par_push(struct par_worker *w, uint32_t pos)
 {
-	struct par_run *run = w->run;
+	struct par_run *par = w->par;
 	/* Counted before it can be taken: a thief that finishes it must not
 	 * bring the count to zero while this thread's step is still in.
 	 * Relaxed: the queue's lock orders this before the thief's
 	 * decrement. */
-	atomic_fetch_add_explicit(&run->in_flight, 1, memory_order_relaxed);
-	queue_lock(w->queue);
-	run->a->next_ready[pos] =
+	atomic_fetch_add_explicit(&par->in_flight, 1, memory_order_relaxed);
+	adg_spin_lock(&w->queue->lock);
+	par->a->next_ready[pos] =
 		atomic_load_explicit(&w->queue->head, memory_order_relaxed);
 	atomic_store_explicit(&w->queue->head, pos, memory_order_relaxed);
-	queue_unlock(w->queue);
-	add_helper(run);
+	adg_spin_unlock(&w->queue->lock);
+	par_add_helper(par);
 	if (w->slot != 0)
-		wake_caller(run); /* slot 0 is the caller, awake */
+		par_wake_caller(par); /* slot 0 is the caller, awake */
 }
 
 /* A finished task, and none to follow it on this thread. */
-static void task_done(struct par_run *run)
+static void par_task_done(struct par_run *par)
 {
 	/* acq_rel: release, so that what this worker did (steps, gradients,
 	 * ran flags) happens before the caller's end of the run; acquire,
 	 * so that the one that brings it to zero has seen every other. */
-	if (atomic_fetch_sub_explicit(&run->in_flight, 1,
+	if (atomic_fetch_sub_explicit(&par->in_flight, 1,
 				      memory_order_acq_rel) == 1)
-		wake_caller(run);
+		par_wake_caller(par);
 }
 
 /* Work for w: its own queue first, then the others'. */
-static uint32_t find_work(struct worker *w)
+static uint32_t par_find_work(struct par_worker *w)
 {
-	struct par_run *run = w->run;
-	uint32_t pos = queue_pop(run, w->queue);
-	for (uint32_t i = 1; i < run->n_slots && pos == NONE; i++)
-		pos = queue_pop(run,
-				&run->a->queues[(w->slot + i) % run->n_slots]);
+	struct par_run *par = w->par;
+	uint32_t pos = par_queue_pop(par, w->queue);
+	for (uint32_t i = 1; i < par->n_slots && pos == NONE; i++)
+		pos = par_queue_pop(
+			par, &par->a->queues[(w->slot + i) % par->n_slots]);
 	return pos;
 }
 
 /* -------------------------------------------------------------- folding */
 
+/* target's node, or NULL for a leaf; and its id. */
+static const struct adg_node *par_target_node(const struct par_run *par,
+					      uint32_t target, uint64_t *id)
+{
+	const struct adg_run *run = par->run;
+	if (target >= run->len) {
+		*id = par->a->leaf_id[target - run->len];
+		return NULL;
+	}
+	const struct adg_node *n = run->tape->sorted[target];
+	*id = n->id;
+	return n;
+}
+
+/* A fold or hook on a target fails just after its last contributor's
+ * step, where the target's gradient is complete on one thread as on
+ * several. */
+static void par_poison(struct par_run *par, uint32_t target,
+		       adg_failure_site site, int rc)
+{
+	uint64_t id;
+	const struct adg_node *n = par_target_node(par, target, &id);
+	par->a->state[target] = POISONED;
+	adg_failure f = adg_run_failure_at(site, rc, n, id);
+	adg_run_fail(par->run,
+		     adg_run_after_key(par->run, par->a->last[target]), &f);
+}
+
 /* Adds v into target's gradient, after what is there (I11: callers add
  * in fold order). A failing add poisons the target: what comes later is
  * freed unadded, and the target never runs or reaches the hook. What is
  * held stays in grad, for the end of the run to free. */
-static void accumulate(struct par_run *run, uint32_t target, void *v)
+static void par_accumulate(struct par_run *par, uint32_t target, void *v)
 {
-	struct adg_par_arrays *a = run->a;
-	const adg_grad_ops *ops = run->ops;
+	struct adg_par_arrays *a = par->a;
+	const adg_grad_ops *ops = par->run->ops;
 
 	if (a->state[target] == POISONED) {
 		ops->free(v, ops->ctx);
@@ -431,42 +404,39 @@ static void accumulate(struct par_run *run, uint32_t target, void *v)
 		return;
 	}
 	int rc = adg_callback_result(ops->add(&a->grad[target], v, ops->ctx));
-	if (rc != 0) {
-		a->state[target] = POISONED;
-		fail(run, target_key(run, target), rc);
-	}
+	if (rc != 0)
+		par_poison(par, target, ADG_FAILED_ADD, rc);
 }
 
-/* With workers: folds target's edges, all in, in list order. */
-static void gather(struct par_run *run, uint32_t target)
+/* Folds target's edges, all in, in list order. */
+static void par_gather(struct par_run *par, uint32_t target)
 {
-	struct adg_par_arrays *a = run->a;
+	struct adg_par_arrays *a = par->a;
 	for (uint32_t e = a->in_head[target]; e != NONE; e = a->in_next[e]) {
 		void *v = a->edge_value[e];
 		if (v == NULL)
 			continue;
 		a->edge_value[e] = NULL;
-		accumulate(run, target, v);
+		par_accumulate(par, target, v);
 	}
 }
 
 /* target's last edge is in and folded: hands its gradient to the hook.
  * Returns whether target is a tape node now ready to run. */
-static bool complete(struct par_run *run, uint32_t target)
+static bool par_complete(struct par_run *par, uint32_t target)
 {
-	struct adg_par_arrays *a = run->a;
+	struct adg_par_arrays *a = par->a;
+	struct adg_run *run = par->run;
 	if (a->state[target] == POISONED)
 		return false;
 	a->state[target] = FOLDED;
 	bool leaf = target >= run->len;
-	if (run->ready != NULL && (leaf || !run->ready->leaves_only)) {
-		uint64_t id = leaf ? a->leaf_id[target - run->len]
-				   : run->t->sorted[target]->id;
-		int rc = adg_callback_result(
-			run->ready->fn(id, &a->grad[target], run->ready->ctx));
-		if (rc != 0) {
+	if (run->on_ready != NULL && (leaf || !run->leaves_only)) {
+		uint64_t id;
+		const struct adg_node *n = par_target_node(par, target, &id);
+		uint64_t key = adg_run_after_key(run, a->last[target]);
+		if (adg_run_ready(run, n, id, &a->grad[target], key) != 0) {
 			a->state[target] = POISONED;
-			fail(run, target_key(run, target), rc);
 			return false;
 		}
 	}
@@ -476,155 +446,106 @@ static bool complete(struct par_run *run, uint32_t target)
 /* After pos's step: each of its edges delivers, and the last delivery to
  * a target folds it. Returns the first tape node that became ready, for
  * this thread to run next; queues the rest. */
-static uint32_t deliver(struct worker *w, uint32_t pos)
+static uint32_t par_deliver(struct par_worker *w, uint32_t pos)
 {
-	struct par_run *run = w->run;
-	struct adg_par_arrays *a = run->a;
+	struct par_run *par = w->par;
+	struct adg_par_arrays *a = par->a;
 	uint32_t next = NONE;
 
 	for (uint32_t e = a->edge_base[pos]; e < a->edge_base[pos + 1]; e++) {
 		uint32_t target = a->edge_target[e];
-		/* acq_rel: release, so that this step's registrations (and
-		 * all it did) happen before the fold; acquire, so that the
-		 * last one to deliver, which folds, sees every other's. */
+		/* acq_rel: release, so that this step's gradients (and all
+		 * it did) happen before the fold; acquire, so that the last
+		 * one to deliver, which folds, sees every other's. */
 		if (atomic_fetch_sub_explicit(&a->pending[target], 1,
 					      memory_order_acq_rel) != 1)
 			continue;
-		gather(run, target);
-		if (!complete(run, target))
+		par_gather(par, target);
+		if (!par_complete(par, target))
 			continue;
 		if (next == NONE)
 			next = target;
 		else
-			push(w, target);
+			par_push(w, target);
 	}
 	return next;
 }
 
 /* ---------------------------------------------------------------- steps */
 
-/* Runs the step at pos, or skips it after an earlier failure (the end of
- * the run releases it). Returns the position to run next, or NONE. */
-static uint32_t run_step(struct worker *w, uint32_t pos)
+/* Runs the step at pos, or skips it after an earlier failure
+ * (par_clean_up_failure releases it). Returns the position to run next, or
+ * NONE. */
+static uint32_t par_run_step(struct par_worker *w, uint32_t pos)
 {
-	struct par_run *run = w->run;
-	struct adg_par_arrays *a = run->a;
-	if (stopped(run, pos)) {
-		task_done(run);
+	struct par_run *par = w->par;
+	struct adg_par_arrays *a = par->a;
+	if (adg_run_stopped(par->run, pos)) {
+		par_task_done(par);
 		return NONE;
 	}
-	struct adg_node *n = run->t->sorted[pos];
-	struct adg_step_sink sink = {
-		.node = n,
-		.slots = &a->edge_value[a->edge_base[pos]],
-		.ops = run->ops,
-	};
-	/* Only sink is read on a view: the rest stays unset. */
-	adg_grads view;
-	view.sink = &sink;
-	w->ctx.node = n;
-	adg_step_call call = {
-		.registry = n->registry,
-		.grads = &view,
-		.node_id = n->id,
-		.grad = a->grad[pos],
-		.parent_ids = adg_node_parent_ids(n),
-		.n_parents = n->n_parents,
-		.context = &w->ctx,
-		.retained = run->retained,
-	};
-	int rc = adg_step_run(run->step_hook, n, &call);
-	if (n->ckpt != NULL && !run->retained) {
-		struct adg_drops drops = {0};
-		pthread_mutex_lock(&run->serialize);
-		adg_ckpt_served(n, &drops);
-		pthread_mutex_unlock(&run->serialize);
-		adg_ckpt_free_drops(&drops); /* the caller's code: unlocked */
-	}
-	if (call.grad != NULL)
-		run->ops->free(call.grad, run->ops->ctx);
+	/* The step's gradients land in its own edges. */
+	int rc = adg_run_step(&w->th, pos, a->grad[pos],
+			      &a->edge_value[a->edge_base[pos]]);
 	a->state[pos] = RAN;
-	if (!run->retained)
-		adg_node_release_step(w->shard, n);
-	uint32_t next = NONE;
-	if (rc != 0)
-		fail(run, step_key(pos), rc);
-	else
-		next = deliver(w, pos);
+	uint32_t next = rc == 0 ? par_deliver(w, pos) : NONE;
 	/* A next task takes this one's place in the count. */
 	if (next == NONE)
-		task_done(run);
+		par_task_done(par);
 	return next;
 }
 
 /* ------------------------------------------------------------- workers */
 
 /* Runs tasks until w finds none. */
-static void work(struct worker *w, uint32_t pos)
+static void par_work(struct par_worker *w, uint32_t pos)
 {
 	for (;;) {
 		while (pos != NONE)
-			pos = run_step(w, pos);
-		pos = find_work(w);
+			pos = par_run_step(w, pos);
+		pos = par_find_work(w);
 		if (pos == NONE)
 			return;
 	}
 }
 
-/* What adg_output_get needs, for the worker in slot of run. */
-static struct adg_backward_context worker_context(struct par_run *run,
-						  uint32_t slot)
+static bool par_over(struct par_run *par)
 {
-	return (struct adg_backward_context){
-		.stack = run->t->walked,
-		.outputs =
-			run->t->outputs == NULL
-				? NULL
-				: run->t->outputs +
-					  (size_t)slot * run->t->outputs_stride,
-		.serialize = &run->serialize,
-		.rebuilt = &run->rebuilt,
-		.retained = run->retained,
-	};
-}
-
-static bool run_over(struct par_run *run)
-{
-	return atomic_load_explicit(&run->in_flight, memory_order_acquire) == 0;
+	return atomic_load_explicit(&par->in_flight, memory_order_acquire) == 0;
 }
 
 /* The caller, out of work while steps run elsewhere: looks again a few
  * times, yielding its core to them, then sleeps until woken. */
-static void caller_wait(struct worker *w)
+static void par_caller_wait(struct par_worker *w)
 {
-	struct par_run *run = w->run;
+	struct par_run *par = w->par;
 	for (int i = 0; i < 4; i++) {
-		if (run_over(run))
+		if (par_over(par))
 			return;
-		uint32_t pos = find_work(w);
+		uint32_t pos = par_find_work(w);
 		if (pos != NONE) {
-			work(w, pos);
+			par_work(w, pos);
 			return;
 		}
 		sched_yield();
 	}
-	/* seq_cst, and before looking: see wake_caller. */
+	/* seq_cst, and before looking: see par_wake_caller. */
 	uint32_t seq =
-		atomic_load_explicit(&run->wake_seq, memory_order_seq_cst);
-	uint32_t pos = find_work(w);
-	if (pos == NONE && !run_over(run)) {
-		atomic_store_explicit(&run->asleep, true, memory_order_seq_cst);
-		syscall(SYS_futex, &run->wake_seq, FUTEX_WAIT_PRIVATE, seq,
+		atomic_load_explicit(&par->wake_seq, memory_order_seq_cst);
+	uint32_t pos = par_find_work(w);
+	if (pos == NONE && !par_over(par)) {
+		atomic_store_explicit(&par->asleep, true, memory_order_seq_cst);
+		syscall(SYS_futex, &par->wake_seq, FUTEX_WAIT_PRIVATE, seq,
 			NULL, NULL, 0);
-		atomic_store_explicit(&run->asleep, false,
+		atomic_store_explicit(&par->asleep, false,
 				      memory_order_relaxed);
 	}
 	if (pos != NONE)
-		work(w, pos);
+		par_work(w, pos);
 }
 
 /* A job: a worker of the executor enters the run, if it is still open. */
-static void helper_job(void *arg)
+static void par_helper_job(void *arg)
 {
 	struct adg_par_ticket *ticket = arg;
 	/* Acquire: pairs with nothing but the executor's own hand-over; the
@@ -638,34 +559,34 @@ static void helper_job(void *arg)
 		&ticket->state, &s, s + 1, memory_order_acquire,
 		memory_order_acquire));
 
-	struct par_run *run = ticket->run;
-	struct worker w = {.run = run};
+	struct par_run *par = ticket->par;
+	struct par_worker w = {.par = par};
 	/* A free slot exists: fewer jobs are in than n_workers. */
-	for (uint32_t i = 1; w.queue == NULL; i = i % (run->n_slots - 1) + 1) {
+	for (uint32_t i = 1; w.queue == NULL; i = i % (par->n_slots - 1) + 1) {
 		bool no = false;
 		if (atomic_compare_exchange_strong_explicit(
-			    &run->a->queues[i].taken, &no, true,
+			    &par->a->queues[i].taken, &no, true,
 			    memory_order_acquire, memory_order_relaxed)) {
 			w.slot = i;
-			w.queue = &run->a->queues[i];
+			w.queue = &par->a->queues[i];
 		}
 	}
-	w.shard = adg_shard_get_or_shared(run->registry);
-	w.ctx = worker_context(run, w.slot);
+	adg_run_thread_init(&w.th, par->run, w.slot, &par->serialize,
+			    &par->rebuilt);
 	/* Leaves after a few empty looks, yielding in between: on a machine
 	 * with more threads than cores, a spinning worker would take the
 	 * core from the step it waits for. */
-	for (int idle = 0; idle < 4 && !run_over(run); idle++) {
-		uint32_t pos = find_work(&w);
+	for (int idle = 0; idle < 4 && !par_over(par); idle++) {
+		uint32_t pos = par_find_work(&w);
 		if (pos == NONE) {
 			sched_yield();
 			continue;
 		}
-		work(&w, pos);
+		par_work(&w, pos);
 		idle = -1;
 	}
 	atomic_store_explicit(&w.queue->taken, false, memory_order_release);
-	atomic_fetch_sub_explicit(&run->helpers, 1, memory_order_relaxed);
+	atomic_fetch_sub_explicit(&par->helpers, 1, memory_order_relaxed);
 	/* Release: what this job did happens before the caller's end of the
 	 * run, which waits for the count to reach zero. */
 	atomic_fetch_sub_explicit(&ticket->state, 1, memory_order_release);
@@ -683,7 +604,7 @@ struct adg_par_ticket *adg_par_ticket_new(void)
 		return NULL;
 	atomic_init(&t->state, 0);
 	atomic_init(&t->refs, 1);
-	t->run = NULL;
+	t->par = NULL;
 	return t;
 }
 
@@ -695,9 +616,9 @@ void adg_par_ticket_put(struct adg_par_ticket *t)
 }
 
 /* Ends the run for jobs: none enters any more, and those inside leave. */
-static void close_run(struct par_run *run)
+static void par_close(struct par_run *par)
 {
-	struct adg_par_ticket *t = run->ticket;
+	struct adg_par_ticket *t = par->ticket;
 	/* Acquire (with the loop): every job that was inside has left, and
 	 * what it did happens before what follows. */
 	uint_fast64_t s = atomic_fetch_or_explicit(&t->state, CLOSED,
@@ -711,15 +632,15 @@ static void close_run(struct par_run *run)
 
 /* After a failed run: releases the steps that did not run and frees the
  * gradients left on the way, folded or not. */
-static void clean_up_failure(struct adg_shard *shard, struct par_run *run,
-			     uint32_t leaves)
+static void par_clean_up_failure(struct par_run *par, uint32_t leaves)
 {
-	struct adg_par_arrays *a = run->a;
+	struct adg_par_arrays *a = par->a;
+	struct adg_run *run = par->run;
 	const adg_grad_ops *ops = run->ops;
 
 	for (size_t p = 0; p < run->len + leaves; p++) {
 		if (p < run->len && a->state[p] != RAN && !run->retained)
-			adg_node_release_step(shard, run->t->sorted[p]);
+			adg_node_release_step(run->shard, run->tape->sorted[p]);
 		/* A step took its gradient: what is left was never run. */
 		if (a->state[p] != RAN && a->grad[p] != NULL)
 			ops->free(a->grad[p], ops->ctx);
@@ -729,131 +650,98 @@ static void clean_up_failure(struct adg_shard *shard, struct par_run *run,
 			ops->free(a->edge_value[e], ops->ctx);
 }
 
-/* I10, I8: a successful run ran every step, delivered and folded every
- * edge, and served every request. For the assertions only. */
-static bool run_complete(const struct par_run *run)
+/* I10: a successful run ran every step and delivered and folded every
+ * edge. For the assertions only. */
+static bool par_all_ran(const struct par_run *par)
 {
-	const struct adg_par_arrays *a = run->a;
-	for (size_t p = 0; p < run->len; p++) {
-		const struct adg_ckpt *c = run->t->sorted[p]->ckpt;
+	const struct adg_par_arrays *a = par->a;
+	for (size_t p = 0; p < par->run->len; p++)
 		if (a->state[p] != RAN ||
 		    atomic_load_explicit(&a->pending[p],
-					 memory_order_relaxed) != 0 ||
-		    (c != NULL && !run->retained &&
-		     (c->pending != 0 || c->value != NULL)))
+					 memory_order_relaxed) != 0)
 			return false;
-	}
-	for (uint32_t e = 0; e < a->edge_base[run->len]; e++)
+	for (uint32_t e = 0; e < a->edge_base[par->run->len]; e++)
 		if (a->edge_value[e] != NULL)
 			return false;
 	return true;
 }
 
-/* After the run: hands the leaves' gradients to grads (or cleans up a
- * failure), then lets go of the records and of the tape. */
-static int finish(struct adg_shard *shard, struct par_run *run, int rc,
-		  adg_grads *grads, uint32_t leaves)
+/* After the run: hands the leaves' gradients to the table, or cleans up
+ * a failure. */
+static void par_finish(struct par_run *par, uint32_t leaves)
 {
-	struct adg_tape *t = run->t;
-	struct adg_par_arrays *a = run->a;
+	struct adg_par_arrays *a = par->a;
+	struct adg_run *run = par->run;
 
-	if (rc != 0) {
-		clean_up_failure(shard, run, leaves);
-	} else {
-		ADG_ASSERT(run_complete(run));
-		for (uint32_t l = 0; l < leaves; l++) {
-			void *sum = a->grad[run->len + l];
-			if (sum == NULL)
-				continue;
-			/* Sized for every leaf slot at take: no growing, and
-			 * each id once, so no add: it cannot fail. */
-			int added =
-				adg_grads_register(grads, a->leaf_id[l], sum);
-			ADG_ASSERT(added == 0);
-			(void)added;
-		}
+	if (run->first.code != 0) {
+		par_clean_up_failure(par, leaves);
+		return;
 	}
-	if (run->retained)
-		return rc; /* the graph is as it was: nothing to let go */
-	/* As drop_tape_links in backward.c, each node's record first. */
-	for (size_t i = 0; i < run->len; i++) {
-		struct adg_node *n = t->sorted[i];
-		if (n->ckpt != NULL)
-			adg_ckpt_drop(n);
-		adg_node_release_many(shard, n, n->tape_links);
+	ADG_ASSERT(par_all_ran(par));
+	for (uint32_t l = 0; l < leaves; l++) {
+		void *sum = a->grad[run->len + l];
+		if (sum == NULL)
+			continue;
+		/* Sized for every leaf slot at take: no growing, and each id
+		 * once, so no add: it cannot fail. */
+		int added =
+			adg_grad_table_insert(run->grads, a->leaf_id[l], sum);
+		ADG_ASSERT(added == 0);
+		(void)added;
 	}
-	return rc;
 }
 
-int adg_par_run(struct adg_shard *shard, struct adg_tape *t, size_t len,
-		void *seed, const adg_grad_ops *ops, const struct ready *ready,
-		const struct step_hook *step_hook, adg_grads *grads,
-		const adg_executor *executor, bool retained,
-		struct adg_par_ticket *ticket)
+int adg_par_run(struct adg_run *run, void *seed)
 {
-	struct par_run run = {
-		.t = t,
+	struct adg_tape *t = run->tape;
+	struct par_run par = {
+		.run = run,
 		.a = &t->par,
-		.len = len,
-		.ops = ops,
-		.ready = ready,
-		.step_hook = step_hook,
-		.registry = t->sorted[0]->registry,
-		.executor = *executor,
-		.ticket = ticket,
-		.n_slots = adg_par_slots(executor),
-		.retained = retained,
+		.executor = *run->executor,
+		.ticket = run->ticket,
+		.n_slots = adg_par_slots(run->executor),
 	};
 	struct adg_par_arrays *a = &t->par;
-	uint32_t leaves = plan(t, len, retained);
-	pthread_mutex_init(&run.serialize, NULL);
+	uint32_t leaves = par_plan(t, run->len, run->retained);
+	pthread_mutex_init(&par.serialize, NULL);
 	/* The monotonic clock, for checkpoint.c's bounded wait. */
 	pthread_condattr_t monotonic;
 	pthread_condattr_init(&monotonic);
 	pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
-	pthread_cond_init(&run.rebuilt, &monotonic);
+	pthread_cond_init(&par.rebuilt, &monotonic);
 	pthread_condattr_destroy(&monotonic);
-	pthread_mutex_init(&run.err_lock, NULL);
-	atomic_init(&run.in_flight, 1); /* the root */
-	atomic_init(&run.helpers, 0);
-	atomic_init(&run.wake_seq, 0);
-	atomic_init(&run.asleep, false);
-	atomic_init(&run.err_key, UINT64_MAX);
-	for (uint32_t i = 0; i < run.n_slots; i++) {
+	atomic_init(&par.in_flight, 1); /* the root */
+	atomic_init(&par.helpers, 0);
+	atomic_init(&par.wake_seq, 0);
+	atomic_init(&par.asleep, false);
+	for (uint32_t i = 0; i < par.n_slots; i++) {
 		ck_spinlock_fas_init(&a->queues[i].lock);
 		atomic_init(&a->queues[i].head, NONE);
 		atomic_init(&a->queues[i].taken, i == 0);
 	}
-	ticket->run = &run;
+	par.ticket->par = &par;
 
 	/* The root runs first, with the seed, which is final from the
 	 * start. */
 	a->grad[0] = seed;
 	a->state[0] = FOLDED;
-	int rc = 0;
-	if (ready != NULL && !ready->leaves_only)
-		rc = adg_callback_result(
-			ready->fn(t->sorted[0]->id, &a->grad[0], ready->ctx));
-	if (rc == 0) {
-		struct worker w = {
-			.run = &run,
+	adg_run_root_ready(run, &a->grad[0]);
+	if (run->first.code == 0) {
+		struct par_worker w = {
+			.par = &par,
 			.queue = &a->queues[0],
 			.slot = 0,
-			.shard = shard,
-			.ctx = worker_context(&run, 0),
 		};
-		work(&w, 0);
-		while (!run_over(&run))
-			caller_wait(&w);
-		pthread_mutex_lock(&run.err_lock);
-		if (atomic_load_explicit(&run.err_key, memory_order_relaxed) !=
-		    UINT64_MAX)
-			rc = run.err_code;
-		pthread_mutex_unlock(&run.err_lock);
+		adg_run_thread_init(&w.th, run, 0, &par.serialize,
+				    &par.rebuilt);
+		par_work(&w, 0);
+		while (!par_over(&par))
+			par_caller_wait(&w);
 	}
-	close_run(&run);
-	pthread_cond_destroy(&run.rebuilt);
-	pthread_mutex_destroy(&run.serialize);
-	pthread_mutex_destroy(&run.err_lock);
-	return finish(shard, &run, rc, grads, leaves);
+	par_close(&par);
+	pthread_cond_destroy(&par.rebuilt);
+	pthread_mutex_destroy(&par.serialize);
+	/* Every job has left (par_close): first is read without the lock. */
+	par_finish(&par, leaves);
+	return adg_run_end(run);
 }

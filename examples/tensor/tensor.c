@@ -209,10 +209,10 @@ static int record(struct recorder *rec, const struct var *inputs, size_t n,
 }
 
 /* Hands grad to the parent at slot; libadg owns it from here, and frees
- * it with the pool's ops if this fails. */
+ * it with the pool's ops if this fails. By slot, not by id: no lookup. */
 static int pass(adg_step_call *call, int slot, struct tensor *grad)
 {
-	return adg_grads_register(call->grads, call->parent_ids[slot], grad);
+	return adg_step_give(call, (size_t)slot, grad);
 }
 
 /* -------------------------------------------------------------- matmul */

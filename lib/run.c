@@ -1,0 +1,318 @@
+/*
+ * What every run of a backward shares, whichever mode runs it (run.h): the
+ * step protocol, a step's output, failures and their keys, the hooks, and
+ * the end of the run.
+ */
+#include "run.h"
+
+#include <string.h>
+
+#define NO_SLOT UINT32_MAX
+
+static int step_out_accept(struct adg_grads *to, uint64_t id, void *value);
+
+void adg_run_thread_init(struct adg_run_thread *th, struct adg_run *run,
+			 uint32_t slot, pthread_mutex_t *serialize,
+			 pthread_cond_t *rebuilt)
+{
+	struct adg_tape *t = run->tape;
+	*th = (struct adg_run_thread){
+		.run = run,
+		.shard = slot == 0 ? run->shard
+				   : adg_shard_get_or_shared(run->registry),
+		.ckpt =
+			{
+				/* Recomputing outputs needs a work list as
+				 * long as the tape; the walk order is no
+				 * longer needed, so its array serves. */
+				.stack = t->walked,
+				.outputs =
+					t->outputs == NULL
+						? NULL
+						: t->outputs +
+							  (size_t)slot *
+								  t->outputs_stride,
+				.serialize = serialize,
+				.rebuilt = rebuilt,
+				.retained = run->retained,
+			},
+		.out =
+			{
+				.as_grads = {.accept = step_out_accept},
+				.run = run,
+				.slots = t->marks,
+			},
+	};
+}
+
+/* -------------------------------------------------------------- failures */
+
+void adg_run_fail(struct adg_run *run, uint64_t key, const adg_failure *what)
+{
+	/* With workers, several threads may fail at once: fail_lock orders
+	 * the writes. On one thread there is no other. */
+	bool shared = run->mode == ADG_RUN_PARALLEL;
+	if (shared)
+		pthread_mutex_lock(&run->fail_lock);
+	/* Relaxed: the lock (or the one thread) orders the writes; readers
+	 * outside it only use the key to skip steps (adg_run_stopped). */
+	if (key < atomic_load_explicit(&run->first_key, memory_order_relaxed)) {
+		atomic_store_explicit(&run->first_key, key,
+				      memory_order_relaxed);
+		run->first = *what;
+	}
+	if (shared)
+		pthread_mutex_unlock(&run->fail_lock);
+}
+
+/* ----------------------------------------------------------------- hooks */
+
+int adg_run_ready(struct adg_run *run, const struct adg_node *n, uint64_t id,
+		  void **grad, uint64_t key)
+{
+	int rc = adg_callback_result(run->on_ready(id, grad, run->ready_ctx));
+	if (rc != 0) {
+		adg_failure f =
+			adg_run_failure_at(ADG_FAILED_ON_READY, rc, n, id);
+		adg_run_fail(run, key, &f);
+	}
+	return rc;
+}
+
+void adg_run_root_ready(struct adg_run *run, void **grad)
+{
+	if (run->on_ready == NULL || run->leaves_only)
+		return;
+	struct adg_node *root = run->tape->sorted[0];
+	/* The root's gradient is final from the start: its hook comes before
+	 * the root's step, at the root's step key. */
+	if (adg_run_ready(run, root, root->id, grad,
+			  adg_run_step_key(run, 0)) != 0 &&
+	    *grad != NULL) {
+		run->ops->free(*grad, run->ops->ctx);
+		*grad = NULL;
+	}
+}
+
+/* ----------------------------------------------------------- step output */
+
+/* The output of the step th runs now: reset when the step gives its first
+ * gradient, so that a step that gives none costs nothing here. */
+static inline struct adg_step_out *step_out_now(struct adg_step_out *o)
+{
+	const struct adg_run_thread *th =
+		caa_container_of(o, struct adg_run_thread, out);
+	if (adg_unlikely(o->node != th->ckpt.node)) {
+		o->node = th->ckpt.node;
+		o->filled = 0;
+		/* With workers the step's edges start empty (NULL); on one
+		 * thread the marks start unread. */
+		o->marked = th->run->mode == ADG_RUN_PARALLEL;
+	}
+	return o;
+}
+
+/* A gradient came out of slot order: from here on the slots say which are
+ * taken, so the ones from filled on (untaken, never read) are cleared. */
+static void step_out_mark(struct adg_step_out *o)
+{
+	for (uint32_t k = o->filled; k < o->node->n_parents; k++)
+		o->slots[k] = NULL;
+	o->marked = true;
+}
+
+/* Takes slot k, empty, for value; filled moves past what is taken. */
+static inline uint32_t step_out_take(struct adg_step_out *o, uint32_t k,
+				     void *value)
+{
+	if (!o->marked) {
+		/* In slot order (claims out of it mark first): no mark is
+		 * read, so none is written. */
+		ADG_ASSERT(k == o->filled);
+		o->filled = k + 1;
+		return k;
+	}
+	o->slots[k] = value;
+	if (k == o->filled) {
+		uint32_t next = k + 1, end = o->node->n_parents;
+		while (next < end && o->slots[next] != NULL)
+			next++;
+		o->filled = next;
+	}
+	return k;
+}
+
+/* The slot a gradient for parent id takes: the first empty one naming id,
+ * so that a parent's slots fill in the order of its gradients; NO_SLOT
+ * when id is not a parent or its slots are all taken. */
+static uint32_t step_out_claim(struct adg_step_out *o, uint64_t id, void *value)
+{
+	const uint64_t *ids = adg_node_parent_ids(o->node);
+	uint32_t k = o->filled, end = o->node->n_parents;
+
+	/* Most steps give in slot order: slot k is then the one. */
+	if (adg_likely(k < end && ids[k] == id))
+		return step_out_take(o, k, value);
+	if (!o->marked)
+		step_out_mark(o);
+	while (k < end && (ids[k] != id || o->slots[k] != NULL))
+		k++;
+	return k == end ? NO_SLOT : step_out_take(o, k, value);
+}
+
+/* An add into id's gradient failed on one thread with an executor: the
+ * failure is the backward's, keyed as with workers, just after id's last
+ * contributor on the tape, so that the first failure is the same with
+ * workers or without. Only on failure: a scan of the tape's end. */
+static void step_out_add_failed(struct adg_step_out *o, uint32_t slot, int rc)
+{
+	struct adg_run *run = o->run;
+	uint64_t id = adg_node_parent_ids(o->node)[slot];
+	for (size_t p = run->len; p-- > 0;) {
+		const struct adg_node *n = run->tape->sorted[p];
+		const uint64_t *ids = adg_node_parent_ids(n);
+		for (uint32_t k = 0; k < n->n_parents; k++) {
+			if (ids[k] != id)
+				continue;
+			adg_failure f = adg_run_failure_at(
+				ADG_FAILED_ADD, rc, o->node->parents[slot], id);
+			adg_run_fail(run, adg_run_after_key(run, p), &f);
+			return;
+		}
+	}
+}
+
+/* value, in slot k now, goes on: with workers it waits in its edge for
+ * the fold; on one thread it goes to the table at once, which in tape order
+ * is the order a fold with workers adds it in, so the gradients are the
+ * same either way. The table was sized for every tape node and leaf: it
+ * does not grow. */
+static int step_out_deliver(struct adg_step_out *o, uint32_t k, void *value)
+{
+	struct adg_run *run = o->run;
+	if (run->mode == ADG_RUN_PARALLEL)
+		return 0;
+	int rc = adg_grad_table_insert(run->grads,
+				       adg_node_parent_ids(o->node)[k], value);
+	if (adg_likely(rc == 0) || run->mode == ADG_RUN_SEQUENTIAL)
+		return rc; /* the step's, as any registration's */
+	/* With an executor an add error is the backward's, not the step's:
+	 * with workers it happens in a later fold. */
+	step_out_add_failed(o, k, rc);
+	return 0;
+}
+
+/* adg_grads_register on call->grads, alone and with workers. */
+static int step_out_accept(struct adg_grads *to, uint64_t id, void *value)
+{
+	struct adg_step_out *o = step_out_now(
+		caa_container_of(to, struct adg_step_out, as_grads));
+	uint32_t k = step_out_claim(o, id, value);
+	if (k == NO_SLOT) {
+		/* Not a parent, or its slots are all taken: adding here
+		 * would fold in another order than the sequential backward. */
+		o->run->ops->free(value, o->run->ops->ctx);
+		return ADG_EINVAL;
+	}
+	return step_out_deliver(o, k, value);
+}
+
+int adg_step_give(adg_step_call *call, size_t slot, void *value)
+{
+	if (call == NULL || call->context == NULL)
+		return ADG_EINVAL; /* not a step's: no ops to free value */
+	struct adg_run_thread *th =
+		caa_container_of(call->context, struct adg_run_thread, ckpt);
+	struct adg_step_out *o = step_out_now(&th->out);
+	const adg_grad_ops *ops = th->run->ops;
+	if (value == NULL)
+		return ADG_EINVAL;
+	uint32_t k = NO_SLOT;
+	if (slot < o->node->n_parents)
+		/* In order: the slot is the first empty one, and names its
+		 * parent; no id is compared. */
+		k = adg_likely(slot == o->filled)
+			    ? step_out_take(o, (uint32_t)slot, value)
+			    : step_out_claim(o,
+					     adg_node_parent_ids(o->node)[slot],
+					     value);
+	if (k == NO_SLOT) {
+		ops->free(value, ops->ctx);
+		return ADG_EINVAL;
+	}
+	return step_out_deliver(o, k, value);
+}
+
+/* ----------------------------------------------------------------- steps */
+
+/* A step with on_step: between the hook's two calls. Returns the step's
+ * result, or the hook's code (*site then says so): a refusal before the
+ * step means the step does not run, and stops the backward as the step's
+ * failure would. */
+int adg_run_step_hooked(const struct adg_run *run, struct adg_node *n,
+			adg_step_call *call, adg_failure_site *site)
+{
+	adg_step_event event = {.node_id = n->id, .name = n->step.name};
+	int rc = adg_callback_result(run->on_step(&event, run->step_ctx));
+	if (rc != 0) {
+		*site = ADG_FAILED_ON_STEP;
+		return rc;
+	}
+	uint64_t start = adg_now_ns();
+	int step_rc = adg_callback_result(n->step.backward(call, n->step.user));
+	event.after = 1;
+	event.duration_ns = adg_now_ns() - start;
+	event.result = step_rc;
+	rc = adg_callback_result(run->on_step(&event, run->step_ctx));
+	if (step_rc != 0)
+		return step_rc;
+	if (rc != 0)
+		*site = ADG_FAILED_ON_STEP;
+	return rc;
+}
+
+void adg_run_serve(struct adg_run_thread *th, struct adg_node *n)
+{
+	pthread_mutex_t *serialize = th->ckpt.serialize;
+	if (serialize == NULL) {
+		adg_ckpt_served(n, NULL);
+		return;
+	}
+	struct adg_drops drops = {0};
+	pthread_mutex_lock(serialize);
+	adg_ckpt_served(n, &drops);
+	pthread_mutex_unlock(serialize);
+	adg_ckpt_free_drops(&drops);
+}
+
+void adg_run_step_failed(struct adg_run_thread *th, size_t pos,
+			 adg_failure_site site, int rc)
+{
+	struct adg_node *n = th->run->tape->sorted[pos];
+	adg_failure f = adg_run_failure_at(site, rc, n, n->id);
+	adg_run_fail(th->run, adg_run_step_key(th->run, pos), &f);
+}
+
+/* ------------------------------------------------------------ end of run */
+
+int adg_run_end(struct adg_run *run)
+{
+	int rc = run->first.code;
+	if (run->retained)
+		return rc; /* the graph is as it was: nothing to let go */
+	for (size_t i = 0; i < run->len; i++) {
+		struct adg_node *n = run->tape->sorted[i];
+		/* I8: a successful run served every request. What a failure
+		 * left of the outputs goes now, exactly once. */
+		if (n->ckpt != NULL) {
+			ADG_ASSERT(rc != 0 || (n->ckpt->pending == 0 &&
+					       n->ckpt->value == NULL));
+			adg_ckpt_drop(n);
+		}
+		/* Every parent slot of a taken node names a leaf (uncounted)
+		 * or another taken node: one subtraction per node lets go of
+		 * all the references the tape held on each other. */
+		adg_node_release_many(run->shard, n, n->tape_links);
+	}
+	return rc;
+}

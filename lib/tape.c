@@ -1,0 +1,385 @@
+/*
+ * Taking a tape: the walk from a backward's root under its graph's lock,
+ * the order its steps run in, and the scratch every run of it uses.
+ *
+ * Taking is all or nothing. The walk marks what it reaches VISITING; if it
+ * meets a consumed step, or runs out of memory, it puts every mark back and
+ * the registry is as it was. Otherwise every node on the tape becomes
+ * CONSUMED and leaves its graph before the lock is released, so a
+ * concurrent backward that needs one of them fails cleanly instead of
+ * silently skipping part of the graph; a retained run marks them as run
+ * over instead (I14).
+ *
+ * Every unconsumed parent of an unconsumed node is in the node's graph
+ * (placement merges them, and only consuming or freeing takes a node out),
+ * so one lock covers the whole walk.
+ */
+#include "run.h"
+
+#include <string.h>
+
+void adg_tape_free(struct adg_registry *r, struct adg_tape *t)
+{
+	if (t == NULL)
+		return;
+	/* A capacity is 0 exactly when its array was never allocated. */
+	if (t->nodes_cap != 0) {
+		adg_free(r, t->walked, t->nodes_cap * sizeof *t->walked);
+		adg_free(r, t->sorted, t->nodes_cap * sizeof *t->sorted);
+	}
+	if (t->depth_cap != 0)
+		adg_free(r, t->per_depth, t->depth_cap * sizeof *t->per_depth);
+	if (t->keys_cap != 0)
+		adg_free(r, t->keys, t->keys_cap * sizeof *t->keys);
+	if (t->outputs_cap != 0)
+		adg_free(r, t->outputs, t->outputs_cap * sizeof *t->outputs);
+	if (t->marks_cap != 0)
+		adg_free(r, t->marks, t->marks_cap * sizeof *t->marks);
+	if (t->par_cap != 0)
+		adg_free(r, t->par_block, t->par_cap);
+	adg_free(r, t, sizeof *t);
+}
+
+/* The allocator has no realloc: a new array of new_bytes, the old one
+ * (old_bytes, nothing kept) freed. NULL on failure, old then untouched. */
+static void *tape_regrow(struct adg_registry *r, void *old, size_t old_bytes,
+			 size_t new_bytes)
+{
+	void *fresh = adg_alloc(r, new_bytes);
+	if (fresh != NULL && old != NULL)
+		adg_free(r, old, old_bytes);
+	return fresh;
+}
+
+/* Grows the node arrays to hold n; the first `kept` walked ones stay. All
+ * or nothing. Out of line: the walk checks the capacity once per node. */
+__attribute__((noinline)) static bool tape_grow_nodes(struct adg_registry *r,
+						      struct adg_tape *t,
+						      size_t n, size_t kept)
+{
+	size_t cap = t->nodes_cap ? t->nodes_cap : 64;
+	while (cap < n)
+		cap *= 2;
+	struct adg_node **walked = adg_alloc(r, cap * sizeof *walked);
+	if (walked == NULL)
+		return false;
+	struct adg_node **sorted =
+		tape_regrow(r, t->sorted, t->nodes_cap * sizeof *sorted,
+			    cap * sizeof *sorted);
+	if (sorted == NULL) {
+		adg_free(r, walked, cap * sizeof *walked);
+		return false;
+	}
+	if (t->walked != NULL) {
+		memcpy(walked, t->walked, kept * sizeof *walked);
+		adg_free(r, t->walked, t->nodes_cap * sizeof *walked);
+	}
+	t->walked = walked;
+	t->sorted = sorted;
+	t->nodes_cap = cap;
+	return true;
+}
+
+static inline bool tape_reserve_nodes(struct adg_registry *r,
+				      struct adg_tape *t, size_t n, size_t kept)
+{
+	return adg_likely(n <= t->nodes_cap) || tape_grow_nodes(r, t, n, kept);
+}
+
+static bool tape_reserve_depths(struct adg_registry *r, struct adg_tape *t,
+				size_t n)
+{
+	if (n <= t->depth_cap)
+		return true;
+	size_t *d = tape_regrow(r, t->per_depth, t->depth_cap * sizeof *d,
+				n * sizeof *d);
+	if (d == NULL)
+		return false;
+	t->per_depth = d;
+	t->depth_cap = n;
+	return true;
+}
+
+/* Grows a scratch array of pointers (the recompute outputs, a step's
+ * marks) to hold n; nothing in it is kept. */
+static bool tape_reserve_pointers(struct adg_registry *r, void ***array,
+				  size_t *cap, size_t n)
+{
+	if (n <= *cap)
+		return true;
+	void **grown =
+		tape_regrow(r, *array, *cap * sizeof *grown, n * sizeof *grown);
+	if (grown == NULL)
+		return false;
+	*array = grown;
+	*cap = n;
+	return true;
+}
+
+/* Room for n keys in the id table, at load 1/2 or less. */
+static bool tape_reserve_keys(struct adg_registry *r, struct adg_tape *t,
+			      size_t n)
+{
+	size_t cap = 16;
+	while (cap < 2 * n)
+		cap *= 2;
+	if (cap <= t->keys_cap)
+		return true;
+	struct adg_tape_key *l = tape_regrow(
+		r, t->keys, t->keys_cap * sizeof *l, cap * sizeof *l);
+	if (l == NULL)
+		return false;
+	t->keys = l;
+	t->keys_cap = cap;
+	return true;
+}
+
+/* Counts, for the ready hook, the contributions each node and leaf of the
+ * tape will receive: one per tape parent slot that names it. A leaf's go in
+ * the tape's table, and so do a node's in a retained backward, which must
+ * not write the node (I14); a consuming one's start from tape_links. */
+static void tape_count_pending(struct adg_tape *t, size_t len, bool retained)
+{
+	memset(t->keys, 0, t->keys_cap * sizeof *t->keys);
+	for (size_t i = 0; i < len; i++) {
+		struct adg_node *n = t->walked[i];
+		const uint64_t *ids = adg_node_parent_ids(n);
+		if (!retained)
+			n->tape_pending = n->tape_links;
+		for (uint32_t k = 0; k < n->n_parents; k++) {
+			if (n->parents[k] != NULL && !retained)
+				continue;
+			struct adg_tape_key *l = adg_tape_key(t, ids[k]);
+			l->id = ids[k];
+			l->pending++;
+		}
+	}
+}
+
+/* What a walk asks of the tape's scratch besides the nodes. */
+struct tape_needs {
+	bool counting;	  /* a ready hook: leaf counts */
+	bool checkpoints; /* the registry uses checkpointing: recompute */
+	bool marks;	  /* on one thread: a step's marks */
+	uint32_t workers; /* an executor's worker slots; 0: none */
+	/* A retained backward: its table keys the tape's nodes too. */
+	bool retained;
+};
+
+/* With an executor: the table and the scheduler's arrays. */
+static bool tape_reserve_parallel(struct adg_registry *r, struct adg_tape *t,
+				  size_t len, size_t leaf_slots, size_t keys,
+				  uint32_t workers)
+{
+	size_t edges = 0;
+	for (size_t i = 0; i < len; i++)
+		edges += t->walked[i]->n_parents;
+	return tape_reserve_keys(r, t, keys) &&
+	       adg_par_reserve(r, t, len, edges, leaf_slots, workers);
+}
+
+/* Walks from root, in graph g (locked), through unconsumed steps, marking
+ * each VISITING once and counting in tape_links the tape's slots that name
+ * it. Fills t->walked, *len, and *leaf_slots (parent slots that name
+ * leaves: a bound on the leaf gradients to come), and reserves every
+ * scratch array the backward will use, so that running it never
+ * allocates. A consuming walk is refused where a retained pass runs
+ * (I14). On error every mark is undone. */
+static int tape_walk(struct adg_tape *t, struct adg_graph *g,
+		     struct adg_node *root, struct tape_needs needs,
+		     size_t *len, size_t *leaf_slots)
+{
+	struct adg_registry *r = root->registry;
+	size_t n = 0, leaves = 0;
+	uint32_t most_parents = 0;
+	int rc = 0;
+	/* A consuming walk refuses a node that a retained pass runs over
+	 * (I14): a mask, so that the check costs no branch of its own. */
+	const uint32_t refused_runs = needs.retained ? 0 : UINT32_MAX;
+
+	if (root->retained_runs & refused_runs)
+		return ADG_EUNAVAILABLE;
+	if (!tape_reserve_nodes(r, t, 1, 0))
+		return ADG_ENOMEM;
+	adg_node_set_state(root, ADG_NODE_VISITING);
+	root->tape_links = 0;
+	t->walked[n++] = root;
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		struct adg_node *node = t->walked[i];
+		if (node->n_parents > most_parents)
+			most_parents = node->n_parents;
+		for (uint32_t k = 0; k < node->n_parents; k++) {
+			struct adg_node *p = node->parents[k];
+			if (p == NULL) {
+				leaves++; /* a leaf: nothing to take */
+				continue;
+			}
+			/* An unconsumed parent is in its child's graph, g. One
+			 * that is not was consumed by another backward, whose
+			 * writes to it were made under a lock we do not hold:
+			 * decide by the pointer alone (compared, never
+			 * followed) and leave its other fields alone. A
+			 * visited parent was checked when first met. */
+			if (adg_unlikely(adg_node_graph(p) != g ||
+					 (p->retained_runs & refused_runs))) {
+				rc = ADG_EUNAVAILABLE;
+				break;
+			}
+			if (p->state == ADG_NODE_VISITING) {
+				p->tape_links++;
+				continue;
+			}
+			if (!tape_reserve_nodes(r, t, n + 1, n)) {
+				rc = ADG_ENOMEM;
+				break;
+			}
+			adg_node_set_state(p, ADG_NODE_VISITING);
+			p->tape_links = 1;
+			t->walked[n++] = p;
+		}
+	}
+	/* A retained backward's table keys the tape's nodes too. */
+	size_t keys = leaves + (needs.retained ? n : 0);
+	if (rc == 0 &&
+	    (!tape_reserve_depths(r, t, (size_t)root->depth + 1) ||
+	     (needs.counting && !tape_reserve_keys(r, t, keys)) ||
+	     (needs.checkpoints &&
+	      !tape_reserve_pointers(
+		      r, &t->outputs, &t->outputs_cap,
+		      (size_t)most_parents *
+			      (needs.workers ? needs.workers : 1))) ||
+	     (needs.marks && !tape_reserve_pointers(r, &t->marks, &t->marks_cap,
+						    most_parents)) ||
+	     (needs.workers != 0 &&
+	      !tape_reserve_parallel(r, t, n, leaves, keys, needs.workers))))
+		rc = ADG_ENOMEM;
+	if (rc != 0) {
+		for (size_t i = 0; i < n; i++)
+			adg_node_set_state(t->walked[i], ADG_NODE_LIVE);
+		return rc;
+	}
+	t->outputs_stride = most_parents;
+	*len = n;
+	*leaf_slots = leaves;
+	return 0;
+}
+
+/* Orders the walked nodes deepest first: a counting sort on depth, stable,
+ * so the order depends only on the graph's shape, never on timing or
+ * addresses, and gradients sum in the same order on every run. A child is
+ * deeper than each of its parents, so every step runs after all of its
+ * node's children have added to its gradient. */
+static void tape_sort_by_depth(struct adg_tape *t, size_t n, uint32_t max_depth)
+{
+	size_t *bucket = t->per_depth;
+
+	for (size_t d = 0; d <= max_depth; d++)
+		bucket[d] = 0;
+	for (size_t i = 0; i < n; i++)
+		bucket[max_depth - t->walked[i]->depth]++;
+	size_t start = 0;
+	for (size_t d = 0; d <= max_depth; d++) {
+		size_t count = bucket[d];
+		bucket[d] = start;
+		start += count;
+	}
+	for (size_t i = 0; i < n; i++)
+		t->sorted[bucket[max_depth - t->walked[i]->depth]++] =
+			t->walked[i];
+}
+
+/* I7: each tape node's tape_links counts the tape's parent slots that name
+ * it. For the assertions only: it costs a pass over the tape. */
+static inline bool tape_links_add_up(struct adg_tape *t, size_t len)
+{
+	uint64_t links = 0, slots = 0;
+	for (size_t i = 0; i < len; i++) {
+		links += t->walked[i]->tape_links;
+		for (uint32_t k = 0; k < t->walked[i]->n_parents; k++)
+			slots += t->walked[i]->parents[k] != NULL;
+	}
+	return links == slots && t->walked[0]->tape_links == 0;
+}
+
+int adg_tape_take(struct adg_run *run, struct adg_node *root)
+{
+	struct adg_registry *r = root->registry;
+	struct adg_tape *t = run->tape;
+	uint32_t workers = run->mode == ADG_RUN_PARALLEL
+				   ? adg_par_slots(run->executor)
+				   : 0;
+	/* Relaxed: set once, before any node with a record is published. */
+	struct tape_needs needs = {
+		.counting = run->on_ready != NULL && workers == 0,
+		.checkpoints = atomic_load_explicit(&r->uses_checkpoints,
+						    memory_order_relaxed),
+		.marks = workers == 0,
+		.workers = workers,
+		.retained = run->retained,
+	};
+	struct adg_graph *g = adg_graph_lock_of(root);
+	if (g == NULL)
+		return ADG_ECONSUMED;
+	size_t leaf_slots, len = 0;
+	int rc = tape_walk(t, g, root, needs, &len, &leaf_slots);
+	if (rc != 0)
+		goto out_unlock; /* the walk undid its marks */
+	ADG_ASSERT(tape_links_add_up(t, len));
+	/* With workers only the leaves' gradients land in the table. */
+	rc = adg_grad_table_new(r, run->ops,
+				workers ? leaf_slots : len + leaf_slots,
+				&run->grads);
+	if (rc != 0)
+		goto out_unmark;
+	if (run->retained) {
+		/* Run over, not taken: the nodes stay in the graph, held by
+		 * their children as before, and no consuming walk takes them
+		 * until adg_tape_release_retained. */
+		for (size_t i = 0; i < len; i++) {
+			struct adg_node *n = t->walked[i];
+			n->retained_runs++;
+			adg_node_set_state(n, ADG_NODE_LIVE);
+		}
+	} else {
+		/* Consumed: the tape's nodes hold their parents' references
+		 * until the end of the run drops them all (adg_run_end). */
+		for (size_t i = 0; i < len; i++) {
+			struct adg_node *n = t->walked[i];
+			adg_node_set_state(n, ADG_NODE_CONSUMED);
+			adg_graph_detach_locked(g, n);
+		}
+	}
+	adg_graph_unlock(run->shard, g);
+	tape_sort_by_depth(t, len, root->depth);
+	if (needs.counting)
+		tape_count_pending(t, len, run->retained);
+	/* A retained backward counts no request: it frees no output. */
+	if (needs.checkpoints && !run->retained)
+		adg_ckpt_plan(t->sorted, len);
+	run->len = len;
+	return 0;
+
+out_unmark:
+	for (size_t i = 0; i < len; i++)
+		adg_node_set_state(t->walked[i], ADG_NODE_LIVE);
+out_unlock:
+	adg_graph_unlock(run->shard, g);
+	return rc;
+}
+
+/* Its nodes are all in the root's graph still: they were together in one
+ * when the tape was taken, merges move a graph's members together, and
+ * none can have left (nothing consumes them meanwhile, and this backward
+ * holds them). */
+void adg_tape_release_retained(struct adg_run *run)
+{
+	struct adg_tape *t = run->tape;
+	struct adg_graph *g = adg_graph_lock_of(t->sorted[0]);
+	ADG_ASSERT(g != NULL);
+	for (size_t i = 0; i < run->len; i++) {
+		struct adg_node *n = t->sorted[i];
+		ADG_ASSERT(adg_node_graph(n) == g && n->retained_runs > 0);
+		n->retained_runs--;
+	}
+	adg_graph_unlock(run->shard, g);
+}

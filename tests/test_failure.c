@@ -1,0 +1,268 @@
+/* A failed backward names where it failed (adg_backward_options.failure):
+ * which node's step, or which hook or add, with the code it returned; the
+ * first failure in tape order, with an executor too, as the result is. */
+#include "fixture.h"
+
+#include <string.h>
+#include <time.h>
+
+FIXTURE_SUITE(failure, .timeout = 120);
+
+enum mode { SEQUENTIAL, ALONE, POOL2, N_MODES };
+
+struct runner {
+	adg_pool *pool;
+	adg_executor executor;
+	adg_backward_options o;
+	adg_failure report;
+};
+
+/* Options for mode m, reporting into r->report (filled with junk first,
+ * so that a field left unset shows). */
+static adg_backward_options *options_in(enum mode m, struct runner *r)
+{
+	memset(&r->report, 0x5a, sizeof r->report);
+	r->o = (adg_backward_options){.failure = &r->report};
+	if (m != SEQUENTIAL) {
+		if (r->pool == NULL)
+			cr_assert_eq(adg_pool_new(2, &r->pool), 0);
+		cr_assert_eq(adg_pool_executor(r->pool, &r->executor), 0);
+		if (m == ALONE)
+			r->executor.n_workers = 0;
+		r->o.executor = &r->executor;
+	}
+	return &r->o;
+}
+
+static void expect_report(const adg_failure *f, int code, adg_failure_site site,
+			  uint64_t id, const char *name, enum mode m)
+{
+	cr_assert_eq(f->code, code, "mode %d: code %d", m, f->code);
+	cr_assert_eq(f->site, site, "mode %d: site %d", m, (int)f->site);
+	cr_assert_eq(f->node_id, id, "mode %d", m);
+	if (name == NULL)
+		cr_assert_null(f->name, "mode %d", m);
+	else
+		cr_assert_str_eq(f->name, name, "mode %d", m);
+}
+
+/* A step that passes its gradient on to every parent, or fails with rc,
+ * after sleeping nap_us. */
+struct step_plan {
+	int rc;
+	int nap_us;
+};
+
+static int planned_backward(adg_step_call *call, void *user)
+{
+	const struct step_plan *p = user;
+	if (p->nap_us > 0)
+		nanosleep(&(struct timespec){0, p->nap_us * 1000L}, NULL);
+	if (p->rc != 0)
+		return p->rc;
+	return s_pass_on(call);
+}
+
+static adg_node *op_named(adg_node *const *parents, size_t n,
+			  const struct step_plan *plan, const char *name)
+{
+	adg_node *y;
+	adg_step step = {.backward = planned_backward,
+			 .user = (void *)plan,
+			 .name = name};
+	cr_assert_eq(adg_op(reg, parents, n, &step, &y), 0);
+	return y;
+}
+
+static uint64_t id_of(adg_node *n)
+{
+	uint64_t id;
+	cr_assert_eq(adg_node_id(n, &id), 0);
+	return id;
+}
+
+CHECKED_TEST(failure, names_the_failing_step_in_every_mode)
+{
+	static const struct step_plan ok = {0}, boom = {.rc = ADG_EUSER - 3};
+	struct runner r = {0};
+	for (enum mode m = 0; m < N_MODES; m++) {
+		scalar x = s_leaf(reg, 1);
+		adg_node *a = op_named(&x.node, 1, &boom, "boom");
+		adg_node *y = op_named(&a, 1, &ok, "top");
+		adg_grads *g;
+		int rc = adg_backward_with(reg, y, scalar_box(1), &scalar_ops,
+					   options_in(m, &r), &g);
+		cr_assert_eq(rc, ADG_EUSER - 3);
+		expect_report(&r.report, rc, ADG_FAILED_STEP, id_of(a), "boom",
+			      m);
+		adg_node_unref(y);
+		adg_node_unref(a);
+		s_drop(x);
+	}
+	cr_assert_eq(adg_pool_free(r.pool), 0);
+}
+
+CHECKED_TEST(failure, success_and_bad_input_name_nowhere)
+{
+	static const struct step_plan ok = {0};
+	struct runner r = {0};
+	for (enum mode m = 0; m < N_MODES; m++) {
+		scalar x = s_leaf(reg, 1);
+		adg_node *y = op_named(&x.node, 1, &ok, "y");
+		adg_grads *g;
+		cr_assert_eq(adg_backward_with(reg, y, NULL, &scalar_ops,
+					       options_in(m, &r), &g),
+			     ADG_EINVAL);
+		expect_report(&r.report, ADG_EINVAL, ADG_FAILED_NOWHERE, 0,
+			      NULL, m);
+		cr_assert_eq(adg_backward_with(reg, y, scalar_box(1),
+					       &scalar_ops, options_in(m, &r),
+					       &g),
+			     0);
+		expect_report(&r.report, 0, ADG_FAILED_NOWHERE, 0, NULL, m);
+		cr_assert_eq(adg_grads_free(g), 0);
+		/* Consumed: nothing runs, nowhere failed. */
+		cr_assert_eq(adg_backward_with(reg, y, scalar_box(1),
+					       &scalar_ops, options_in(m, &r),
+					       &g),
+			     ADG_ECONSUMED);
+		expect_report(&r.report, ADG_ECONSUMED, ADG_FAILED_NOWHERE, 0,
+			      NULL, m);
+		adg_node_unref(y);
+		s_drop(x);
+	}
+	cr_assert_eq(adg_pool_free(r.pool), 0);
+}
+
+static int refuse_before(const adg_step_event *e, void *ctx)
+{
+	(void)ctx;
+	return e->after == 0 && e->name != NULL && strcmp(e->name, "a") == 0
+		       ? ADG_EUSER - 1
+		       : 0;
+}
+
+static int fail_for(uint64_t id, void **grad, void *ctx)
+{
+	(void)grad;
+	return id == *(const uint64_t *)ctx ? ADG_EUSER - 2 : 0;
+}
+
+CHECKED_TEST(failure, names_the_hook)
+{
+	static const struct step_plan ok = {0};
+	struct runner r = {0};
+	for (enum mode m = 0; m < N_MODES; m++) {
+		scalar x = s_leaf(reg, 1);
+		adg_node *a = op_named(&x.node, 1, &ok, "a");
+		adg_node *y = op_named(&a, 1, &ok, "y");
+		adg_grads *g;
+		adg_backward_options *o = options_in(m, &r);
+		o->on_step = refuse_before;
+		o->retain = 1;
+		cr_assert_eq(adg_backward_with(reg, y, scalar_box(1),
+					       &scalar_ops, o, &g),
+			     ADG_EUSER - 1);
+		expect_report(&r.report, ADG_EUSER - 1, ADG_FAILED_ON_STEP,
+			      id_of(a), "a", m);
+
+		/* on_ready, for the leaf, then for the root. */
+		uint64_t target = x.id;
+		o = options_in(m, &r);
+		o->on_ready = fail_for;
+		o->ctx = &target;
+		o->retain = 1;
+		cr_assert_eq(adg_backward_with(reg, y, scalar_box(1),
+					       &scalar_ops, o, &g),
+			     ADG_EUSER - 2);
+		expect_report(&r.report, ADG_EUSER - 2, ADG_FAILED_ON_READY,
+			      x.id, NULL, m);
+		target = id_of(y);
+		o = options_in(m, &r);
+		o->on_ready = fail_for;
+		o->ctx = &target;
+		cr_assert_eq(adg_backward_with(reg, y, scalar_box(1),
+					       &scalar_ops, o, &g),
+			     ADG_EUSER - 2);
+		expect_report(&r.report, ADG_EUSER - 2, ADG_FAILED_ON_READY,
+			      target, "y", m);
+		adg_node_unref(y);
+		adg_node_unref(a);
+		s_drop(x);
+	}
+	cr_assert_eq(adg_pool_free(r.pool), 0);
+}
+
+static int failing_add(void **sum, void *value, void *ctx)
+{
+	(void)sum;
+	scalar_ops.free(value, ctx);
+	return ADG_EUSER - 4;
+}
+
+/* With an executor an add is the backward's: it names the gradient it
+ * folded into. Without one, the add runs in the registering step, which
+ * returns its code: the step is named. */
+CHECKED_TEST(failure, names_the_add)
+{
+	static const struct step_plan ok = {0};
+	const adg_grad_ops ops = {failing_add, scalar_ops.free, NULL};
+	struct runner r = {0};
+	for (enum mode m = 0; m < N_MODES; m++) {
+		scalar x = s_leaf(reg, 1);
+		adg_node *xx[2] = {x.node, x.node};
+		adg_node *y = op_named(xx, 2, &ok, "square");
+		adg_grads *g;
+		int rc = adg_backward_with(reg, y, scalar_box(1), &ops,
+					   options_in(m, &r), &g);
+		cr_assert_eq(rc, ADG_EUSER - 4);
+		if (m == SEQUENTIAL)
+			expect_report(&r.report, rc, ADG_FAILED_STEP, id_of(y),
+				      "square", m);
+		else
+			expect_report(&r.report, rc, ADG_FAILED_ADD, x.id, NULL,
+				      m);
+		adg_node_unref(y);
+		s_drop(x);
+	}
+	cr_assert_eq(adg_pool_free(r.pool), 0);
+}
+
+/* Two branches fail; the one later on the tape fails at once, the earlier
+ * one after a nap, so that with workers it often fails later in time. The
+ * report names the first in tape order, the one the sequential backward
+ * meets, every round. */
+CHECKED_TEST(failure, names_the_first_in_tape_order_whatever_the_timing)
+{
+	static const struct step_plan fast = {.rc = ADG_EUSER - 6},
+				      slow = {.rc = ADG_EUSER - 7,
+					      .nap_us = 300},
+				      ok = {0};
+	struct runner r = {0};
+	uint64_t first_name_is_slow = 2; /* unknown until the sequential run */
+	for (int round = 0; round < 40; round++) {
+		enum mode m = round == 0  ? SEQUENTIAL
+			      : round % 2 ? POOL2
+					  : ALONE;
+		scalar x = s_leaf(reg, 1);
+		adg_node *a = op_named(&x.node, 1, &slow, "slow");
+		adg_node *b = op_named(&x.node, 1, &fast, "fast");
+		adg_node *ab[2] = {a, b};
+		adg_node *y = op_named(ab, 2, &ok, "y");
+		adg_grads *g;
+		int rc = adg_backward_with(reg, y, scalar_box(1), &scalar_ops,
+					   options_in(m, &r), &g);
+		uint64_t slow_first = rc == slow.rc;
+		if (round == 0)
+			first_name_is_slow = slow_first;
+		cr_assert_eq(slow_first, first_name_is_slow, "round %d", round);
+		expect_report(&r.report, rc, ADG_FAILED_STEP,
+			      id_of(slow_first ? a : b),
+			      slow_first ? "slow" : "fast", m);
+		adg_node_unref(y);
+		adg_node_unref(a);
+		adg_node_unref(b);
+		s_drop(x);
+	}
+	cr_assert_eq(adg_pool_free(r.pool), 0);
+}

@@ -1,0 +1,234 @@
+/* adg_step_give: a step hands its gradients back by parent slot, in every
+ * mode (no executor, an executor with no worker, libadg's pool), folded in
+ * the same order as registering by id.
+ *
+ * Gradients are heap objects holding a hash, folded as sum = sum * 31 +
+ * value: not commutative, so that a change in the order a node's
+ * contributions are added in changes the result. */
+#include "fixture.h"
+
+#include <stdlib.h>
+
+FIXTURE_SUITE(give, .timeout = 120);
+
+struct hv {
+	uint64_t h;
+};
+
+static void *hv_new(uint64_t h)
+{
+	struct hv *v = malloc(sizeof *v);
+	cr_assert_not_null(v);
+	v->h = h;
+	atomic_fetch_add(&scalar_values_live, 1);
+	return v;
+}
+
+static void hv_free(void *value, void *ctx)
+{
+	(void)ctx;
+	free(value);
+	atomic_fetch_sub(&scalar_values_live, 1);
+}
+
+static int hv_add(void **sum, void *value, void *ctx)
+{
+	struct hv *s = *sum;
+	s->h = s->h * 31 + ((struct hv *)value)->h;
+	hv_free(value, ctx);
+	return 0;
+}
+
+static const adg_grad_ops hv_ops = {hv_add, hv_free, NULL};
+
+/* The modes a backward runs in. */
+enum mode { SEQUENTIAL, ALONE, POOL2, N_MODES };
+
+/* One slot given, in a step's order of calls; twice: a second time. */
+struct give {
+	size_t slot;
+	uint64_t h;
+};
+
+/* A step that gives (or registers by id) the listed gradients, in order,
+ * and records each call's result. */
+struct giving_step {
+	bool by_id;
+	size_t n;
+	struct give gives[6];
+	int rc[6];
+	atomic_int runs;
+};
+
+static int giving_backward(adg_step_call *call, void *user)
+{
+	struct giving_step *s = user;
+	atomic_fetch_add(&s->runs, 1);
+	for (size_t i = 0; i < s->n; i++) {
+		void *v = hv_new(s->gives[i].h);
+		size_t slot = s->gives[i].slot;
+		s->rc[i] = s->by_id ? adg_grads_register(
+					      call->grads,
+					      slot < call->n_parents
+						      ? call->parent_ids[slot]
+						      : 0,
+					      v)
+				    : adg_step_give(call, slot, v);
+	}
+	return 0;
+}
+
+struct run {
+	adg_pool *pool;
+	adg_executor executor;
+};
+
+static int backward_in(enum mode m, struct run *r, adg_node *root,
+		       adg_grads **out)
+{
+	adg_backward_options o = {0};
+	if (m == ALONE) {
+		r->executor = (adg_executor){0};
+		cr_assert_eq(adg_pool_new(1, &r->pool), 0);
+		cr_assert_eq(adg_pool_executor(r->pool, &r->executor), 0);
+		r->executor.n_workers = 0;
+		o.executor = &r->executor;
+	} else if (m == POOL2) {
+		cr_assert_eq(adg_pool_new(2, &r->pool), 0);
+		cr_assert_eq(adg_pool_executor(r->pool, &r->executor), 0);
+		o.executor = &r->executor;
+	}
+	return adg_backward_with(reg, root, hv_new(1), &hv_ops, &o, out);
+}
+
+static uint64_t hv_of(const adg_grads *g, adg_node *n)
+{
+	uint64_t id;
+	void *v;
+	cr_assert_eq(adg_node_id(n, &id), 0);
+	cr_assert_eq(adg_grads_get(g, id, &v), 0);
+	return ((struct hv *)v)->h;
+}
+
+/* y = f(x, x, w) whose step gives s->gives, then y's gradients for x and
+ * w, in mode m; every give's result in rc. */
+static void run_op(enum mode m, const struct giving_step *proto, uint64_t *gx,
+		   uint64_t *gw, int *rc)
+{
+	adg_node *x, *w, *y;
+	cr_assert_eq(adg_leaf(reg, &x), 0);
+	cr_assert_eq(adg_leaf(reg, &w), 0);
+	struct giving_step *s = malloc(sizeof *s);
+	cr_assert_not_null(s);
+	*s = *proto;
+	atomic_init(&s->runs, 0);
+	adg_node *parents[3] = {x, x, w};
+	adg_step step = {.backward = giving_backward, .user = s};
+	cr_assert_eq(adg_op(reg, parents, 3, &step, &y), 0);
+	struct run r = {0};
+	adg_grads *g;
+	cr_assert_eq(backward_in(m, &r, y, &g), 0);
+	cr_assert_eq(atomic_load(&s->runs), 1);
+	*gx = hv_of(g, x);
+	*gw = hv_of(g, w);
+	for (size_t i = 0; i < s->n; i++)
+		rc[i] = s->rc[i];
+	cr_assert_eq(adg_grads_free(g), 0);
+	cr_assert_eq(adg_pool_free(r.pool), 0);
+	free(s);
+	adg_node_unref(y);
+	adg_node_unref(x);
+	adg_node_unref(w);
+}
+
+/* Out of slot order, and the repeated parent x named by its second slot
+ * first: x's gradients fold in the order given (3 then 5), in every mode,
+ * as registering by id folds them. */
+CHECKED_TEST(give, out_of_order_folds_as_registering_by_id_in_every_mode)
+{
+	const struct giving_step order = {.n = 3,
+					  .gives = {{2, 7}, {1, 3}, {0, 5}}};
+	for (int by_id = 0; by_id < 2; by_id++) {
+		for (enum mode m = 0; m < N_MODES; m++) {
+			struct giving_step s = order;
+			s.by_id = by_id;
+			uint64_t gx, gw;
+			int rc[6];
+			run_op(m, &s, &gx, &gw, rc);
+			cr_assert_eq(rc[0] | rc[1] | rc[2], 0,
+				     "mode %d, by id %d", m, by_id);
+			cr_assert_eq(gx, 3 * 31 + 5, "mode %d, by id %d: %llu",
+				     m, by_id, (unsigned long long)gx);
+			cr_assert_eq(gw, 7);
+		}
+	}
+}
+
+CHECKED_TEST(give, in_slot_order_in_every_mode)
+{
+	const struct giving_step order = {.n = 3,
+					  .gives = {{0, 2}, {1, 9}, {2, 4}}};
+	for (enum mode m = 0; m < N_MODES; m++) {
+		uint64_t gx, gw;
+		int rc[6];
+		run_op(m, &order, &gx, &gw, rc);
+		cr_assert_eq(rc[0] | rc[1] | rc[2], 0, "mode %d", m);
+		cr_assert_eq(gx, 2 * 31 + 9, "mode %d", m);
+		cr_assert_eq(gw, 4, "mode %d", m);
+	}
+}
+
+/* A slot out of range, and a parent whose slots are all given, are
+ * refused in every mode, the value freed; what was given before stands. */
+CHECKED_TEST(give, refuses_a_bad_slot_in_every_mode)
+{
+	const struct giving_step bad = {
+		.n = 5,
+		.gives = {{2, 7}, {3, 1}, {2, 8}, {0, 5}, {1, 6}},
+	};
+	for (enum mode m = 0; m < N_MODES; m++) {
+		uint64_t gx, gw;
+		int rc[6];
+		run_op(m, &bad, &gx, &gw, rc);
+		cr_assert_eq(rc[0], 0);
+		cr_assert_eq(rc[1], ADG_EINVAL, "mode %d: slot 3 of 3", m);
+		cr_assert_eq(rc[2], ADG_EINVAL, "mode %d: w given twice", m);
+		cr_assert_eq(rc[3] | rc[4], 0);
+		cr_assert_eq(gx, 5 * 31 + 6, "mode %d", m);
+		cr_assert_eq(gw, 7, "mode %d", m);
+	}
+}
+
+static int give_outside(adg_step_call *call, void *user)
+{
+	int *rc = user;
+	struct hv untouched = {1}; /* refused before it is taken */
+	rc[0] = adg_step_give(NULL, 0, &untouched);
+	rc[1] = adg_step_give(call, 0, NULL);
+	/* A call that is not libadg's has no backward behind it. */
+	adg_step_call fake = *call;
+	fake.context = NULL;
+	void *v = hv_new(1);
+	rc[2] = adg_step_give(&fake, 0, v);
+	hv_free(v, NULL); /* refused before it was taken */
+	return adg_step_give(call, 0, call->grad) == 0 ? (call->grad = NULL, 0)
+						       : -1;
+}
+
+CHECKED_TEST(give, null_arguments)
+{
+	adg_node *x, *y;
+	cr_assert_eq(adg_leaf(reg, &x), 0);
+	int rc[3] = {0};
+	adg_step step = {.backward = give_outside, .user = rc};
+	cr_assert_eq(adg_op(reg, &x, 1, &step, &y), 0);
+	adg_grads *g;
+	cr_assert_eq(adg_backward(reg, y, hv_new(4), &hv_ops, &g), 0);
+	cr_assert_eq(rc[0], ADG_EINVAL);
+	cr_assert_eq(rc[1], ADG_EINVAL);
+	cr_assert_eq(rc[2], ADG_EINVAL);
+	cr_assert_eq(hv_of(g, x), 4);
+	cr_assert_eq(adg_grads_free(g), 0);
+	adg_node_unref(y);
+	adg_node_unref(x);
+}
