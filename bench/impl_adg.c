@@ -104,7 +104,7 @@ int bench_adg_backward_ready(void *reg, void *root,
 			     void *ctx, void **grads)
 {
 	adg_backward_options o = {
-		.on_ready = ready, .ctx = ctx, .leaves_only = 1};
+		.on_ready = ready, .on_ready_ctx = ctx, .leaves_only = 1};
 	return adg_backward_with(reg, root, encode(1.0), &ops, &o,
 				 (adg_grads **)grads);
 }
@@ -187,8 +187,9 @@ static void *output_new(double v)
 	return p;
 }
 
-static void output_free(void *p)
+static void output_free(void *p, void *ctx)
 {
+	(void)ctx;
 	free(p);
 	outputs_live--;
 }
@@ -252,7 +253,8 @@ double bench_checkpoint(int strategy, int k, int ms, long *peak)
 	const uint32_t want0 = 0;
 	while (bench_now_ns() < end) {
 		adg_node *p[2] = {a, w}, *prev, *y;
-		adg_output oc = {output_new(ck_a * ck_w), output_free, NULL, 0};
+		adg_output oc = {output_new(ck_a * ck_w), output_free, NULL, 0,
+				 NULL};
 		adg_op_options keep = {&oc, 0, NULL, 0};
 		adg_step s0 = {.backward = leaves_backward,
 			       .release = NULL,
@@ -262,7 +264,7 @@ double bench_checkpoint(int strategy, int k, int ms, long *peak)
 		for (int i = 0; i < k; i++) {
 			v += 1;
 			adg_output om = {output_new(v), output_free,
-					 add_recompute, 1};
+					 add_recompute, 1, NULL};
 			adg_op_options mo = {&om, 0, NULL, 0};
 			adg_step sm = {.backward = add_backward,
 				       .release = NULL,
@@ -273,7 +275,8 @@ double bench_checkpoint(int strategy, int k, int ms, long *peak)
 			prev = next;
 		}
 		adg_node *pl[2] = {prev, w2};
-		adg_output ol = {output_new(v * ck_w2), output_free, NULL, 0};
+		adg_output ol = {output_new(v * ck_w2), output_free, NULL, 0,
+				 NULL};
 		adg_op_options lo = {&ol, 0, &want0, 1};
 		adg_step sl = {.backward = last_backward,
 			       .release = NULL,

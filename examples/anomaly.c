@@ -104,7 +104,8 @@ int main(void)
 	int rc = f != NULL ? 0 : ADG_ENOMEM;
 	struct anomaly found = {0};
 	if (rc == 0) {
-		adg_backward_options o = {.on_step = check, .step_ctx = &found};
+		adg_backward_options o = {.on_step = check,
+					  .on_step_ctx = &found};
 		adg_grads *grads = NULL;
 		void *seed = boxed(1);
 		rc = seed ? adg_backward_with(reg, f, seed, &boxed_ops, &o,

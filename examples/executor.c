@@ -127,10 +127,8 @@ static int batch_backward(int samples, const adg_executor *executor,
 				       &grads);
 	}
 	for (int i = 0; i < PARAMS && rc == 0; i++) {
-		uint64_t id;
 		void *v;
-		adg_node_id(w[i], &id);
-		rc = adg_grads_get(grads, id, &v);
+		rc = adg_grads_get_node(grads, w[i], &v);
 		if (rc == 0)
 			grad[i] = *(double *)v;
 	}

@@ -485,10 +485,8 @@ static int full_batch_step(adg_registry *reg, adg_node **param, double *w)
 	adg_node_unref(loss);
 	double g[PARAMS];
 	for (int i = 0; i < PARAMS && rc == 0; i++) {
-		uint64_t id;
 		void *v;
-		adg_node_id(param[i], &id);
-		rc = adg_grads_get(grads, id, &v);
+		rc = adg_grads_get_node(grads, param[i], &v);
 		g[i] = rc == 0 ? *(double *)v : 0;
 	}
 	if (grads != NULL && rc == 0)

@@ -51,36 +51,29 @@ static int mul_backward(adg_step_call *call, void *user)
 		}                                                              \
 	} while (0)
 
+/* The gradient arithmetic belongs to the value type: it goes on the
+ * registry, for every backward. */
+static const adg_grad_ops ops = {.add = add, .free = drop};
+static const adg_registry_options options = {.grad_ops = &ops};
+static double ab[2] = {3.0, 4.0}; /* forward values of a and b */
+
 int main(void)
 {
 	adg_registry *reg;
 	adg_node *a, *b, *y;
-	CHECK(adg_registry_new(NULL, &reg));
+	CHECK(adg_registry_new(&options, &reg));
 	CHECK(adg_leaf(reg, &a));
 	CHECK(adg_leaf(reg, &b));
-
-	static double ab[2] = {3.0, 4.0}; /* forward values of a and b */
-	adg_node *parents[2] = {a, b};
 	adg_step step = {.backward = mul_backward, .user = ab};
-	CHECK(adg_op(reg, parents, 2, &step, &y));
-
-	adg_grad_ops ops = {.add = add, .free = drop};
+	CHECK(adg_op(reg, (adg_node *[]){a, b}, 2, &step, &y));
 	adg_grads *grads;
-	CHECK(adg_backward(reg, y, boxed(1.0), &ops, &grads));
-
-	uint64_t id;
-	void *grad;
-	CHECK(adg_node_id(a, &id));
-	CHECK(adg_grads_get(grads, id, &grad));
-	printf("dy/da = %g\n", *(double *)grad); /* 4 */
-	CHECK(adg_node_id(b, &id));
-	CHECK(adg_grads_get(grads, id, &grad));
-	printf("dy/db = %g\n", *(double *)grad); /* 3 */
-
+	void *da, *db;
+	CHECK(adg_backward(reg, y, boxed(1.0), NULL, &grads));
+	CHECK(adg_grads_get_node(grads, a, &da));
+	CHECK(adg_grads_get_node(grads, b, &db));
+	printf("dy/da = %g, dy/db = %g\n", *(double *)da, *(double *)db);
 	adg_grads_free(grads);
-	adg_node_unref(y);
-	adg_node_unref(a);
-	adg_node_unref(b);
+	adg_node_unref(y), adg_node_unref(a), adg_node_unref(b);
 	CHECK(adg_registry_free(reg));
 	return 0;
 }

@@ -107,11 +107,8 @@ static int one_step(struct worker *me, unsigned int *seed)
 	if (rc == 0)
 		rc = adg_backward(reg, loss, boxed(1.0), &boxed_ops, &grads);
 	for (int i = 0; i < PARAMS && rc == 0; i++) {
-		uint64_t id;
 		void *g;
-		rc = adg_node_id(w[i], &id);
-		if (rc == 0)
-			rc = adg_grads_get(grads, id, &g);
+		rc = adg_grads_get_node(grads, w[i], &g);
 		if (rc == 0) {
 			me->grad_sum[i] += *(double *)g;
 			me->want[i] += 2 * dot * x[i];

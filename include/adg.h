@@ -9,7 +9,29 @@
  * Conventions, for every function below unless its comment says otherwise:
  * - It returns 0 on success or a negative ADG_E* code; adg_strerror() names
  *   the code. On error nothing has changed and out-parameters are untouched,
- *   except that pointer out-parameters are set to NULL.
+ *   except that pointer out-parameters are set to NULL, and that a gradient
+ *   handed over is freed (the table below).
+ * - Who owns what, one rule per kind of value. A gradient value is handed
+ *   over for good: libadg owns it from the call on and frees it (with the
+ *   backward's grad ops) on error, so that a failing caller has nothing to
+ *   clean up. The parts of a node are handed over with the node: on error
+ *   there is no node, and the caller still owns them.
+ *
+ *   | value                              | success      | error              |
+ *   |------------------------------------|--------------|--------------------|
+ *   | seed (adg_backward*)               | libadg       | freed by libadg (1)|
+ *   | gradient (adg_step_give,           | libadg       | freed by libadg (2)|
+ *   |   adg_grads_register)              |              |                    |
+ *   | a step's user (adg_op, adg_op_with)| libadg (3)   | the caller's       |
+ *   | an offered output (adg_op_with)    | libadg       | the caller's       |
+ *   | a hook's *grad (on_ready)          | the hook's if it sets *grad NULL |
+ *   | call->grad in a step               | the step's if it sets it NULL    |
+ *   | a value from adg_grads_take*       | the caller's | -                  |
+ *   | a reducer's given gradient         | see adg_reducer_give             |
+ *
+ *   (1) unless no grad ops can be found to free it (none passed, none on
+ *   the registry): then the caller's. (2) unless grads or call is NULL or
+ *   not libadg's. (3) release runs exactly once, when the step goes.
  * - It may be called from any thread at any time, concurrently with any other
  *   call; handles may move between threads. Threads need no registration.
  * - It never aborts, prints or leaks on bad input.
@@ -133,11 +155,16 @@ typedef struct adg_registry_options {
 	uint64_t max_node_id;
 	/* enum adg_checkpointing; 0 is ADG_CHECKPOINT_NONE. */
 	int checkpointing;
+	/* The gradient ops a backward uses when it is passed none (NULL ops
+	 * in adg_backward and adg_backward_with): the value type's, which
+	 * most trainers have one of. Copied. NULL: none. */
+	const struct adg_grad_ops *grad_ops;
 } adg_registry_options;
 
 /* Creates a registry. options may be NULL for the defaults.
- * Errors: ADG_EINVAL (out NULL, only one allocator callback set, or an
- * unknown checkpointing strategy), ADG_ENOMEM. */
+ * Errors: ADG_EINVAL (out NULL, only one allocator callback set, an
+ * unknown checkpointing strategy, or grad_ops without add or free),
+ * ADG_ENOMEM. */
 ADG_API int adg_registry_new(const adg_registry_options *options,
 			     adg_registry **out);
 
@@ -150,6 +177,12 @@ ADG_API int adg_registry_new(const adg_registry_options *options,
  * pending deferred frees (rcu_barrier).
  * Errors: ADG_EBUSY (live nodes remain; nothing is freed). */
 ADG_API int adg_registry_free(adg_registry *registry);
+
+/* Fills *out with the registry's allocator (malloc's when it was given
+ * none), for what the caller wants on the same memory: a pool
+ * (adg_pool_options), its gradient values. Errors: ADG_EINVAL. */
+ADG_API int adg_registry_allocator(const adg_registry *registry,
+				   adg_allocator *out);
 
 /* Counters of a registry, read without stopping other threads: each is
  * exact once the threads that change it are quiescent. (A struct tag, so
@@ -297,12 +330,14 @@ typedef int (*adg_recompute_fn)(adg_recompute_call *call, void *user);
 /* The forward output an op offers to the backward. */
 typedef struct adg_output {
 	void *value; /* the output as computed, or NULL */
-	/* Required: frees an output. Runs with no libadg lock held. */
-	void (*free)(void *value);
+	/* Required: frees an output, with ctx. Runs with no libadg lock
+	 * held. */
+	void (*free)(void *value, void *ctx);
 	adg_recompute_fn recompute; /* NULL: it cannot be rebuilt */
 	/* Cheap to recompute (an activation, an add): the balanced strategy
 	 * drops value at once and recomputes it when asked. */
 	int memory_bound;
+	void *ctx; /* passed to free */
 } adg_output;
 
 /* Zero-initialise, then set what you need. */
@@ -376,8 +411,9 @@ typedef struct adg_grad_ops {
  * non-leaf node's gradient is freed once its step has run); the caller
  * frees it with adg_grads_free. A root that is a leaf gives a container
  * holding just seed. ops is copied.
- * seed is owned by libadg from the call on and freed with ops->free on
- * error, except when ops is NULL or lacks a callback.
+ * ops NULL: the registry's grad_ops (adg_registry_options).
+ * seed is owned by libadg from the call on and freed with the ops' free on
+ * error, except when there are no ops, or they lack a callback.
  * Errors: ADG_EINVAL, ADG_EFOREIGN (root of another registry),
  * ADG_ECONSUMED (root's step was consumed), ADG_EUNAVAILABLE (a step the
  * backward needs was consumed, or is being run by a retained backward;
@@ -465,7 +501,7 @@ typedef struct adg_failure {
 /* Zero-initialise, then set what you need. */
 typedef struct adg_backward_options {
 	adg_ready_fn on_ready; /* NULL: no hook */
-	void *ctx;	       /* passed to on_ready */
+	void *on_ready_ctx;    /* passed to on_ready */
 	/* Nonzero: call on_ready for leaves only (a trainer's parameters). */
 	int leaves_only;
 	/* NULL: every step runs on the calling thread, deepest first. Set:
@@ -504,7 +540,7 @@ typedef struct adg_backward_options {
 	 * the backward as a failing step at that position would, and
 	 * becomes its result (ADG_ECALLBACK for a positive one). */
 	adg_step_hook_fn on_step;
-	void *step_ctx; /* passed to on_step */
+	void *on_step_ctx; /* passed to on_step */
 	/* Nonzero: a retained backward. It runs the steps it reaches but
 	 * takes none: they stay registered (call->retained tells them so),
 	 * the graph is unchanged, and later backward passes, retained or
@@ -712,8 +748,8 @@ typedef struct adg_reducer_options {
 ADG_API int adg_reducer_new(const adg_reducer_options *options,
 			    adg_reducer **out);
 
-/* Sets options->on_ready and options->ctx (and leaves_only = 1) so that a
- * backward run by participant hands each parameter's gradient to the
+/* Sets options->on_ready and options->on_ready_ctx (and leaves_only = 1) so
+ * that a backward run by participant hands each parameter's gradient to the
  * reducer (adg_reducer_give), taking it out of the backward's container;
  * the gradients of leaves that are not parameters (inputs) stay there,
  * and a parameter the backward gives no gradient counts as NULL. Other
@@ -764,11 +800,24 @@ ADG_API int adg_reducer_free(adg_reducer *reducer);
 
 typedef struct adg_pool adg_pool; /* libadg's own worker threads */
 
-/* Starts n_threads threads (1 to ADG_EXECUTOR_MAX_WORKERS) that run
- * submitted work and sleep, without spinning, while there is none. Its
- * memory comes from malloc: a pool belongs to no registry.
- * Errors: ADG_EINVAL (out NULL, n_threads out of range), ADG_ENOMEM (no
- * memory or no thread could start; nothing is left running). */
+/* Zero-initialise, then set what you need. */
+typedef struct adg_pool_options {
+	unsigned n_threads; /* 1 to ADG_EXECUTOR_MAX_WORKERS */
+	/* Both callbacks, or neither (malloc and free): the pool's own
+	 * memory, its job queue included. A registry's (see
+	 * adg_registry_allocator) keeps a trainer's memory in one place;
+	 * the allocator must then outlive the pool. */
+	adg_allocator allocator;
+} adg_pool_options;
+
+/* Starts options->n_threads threads that run submitted work and sleep,
+ * without spinning, while there is none. A pool belongs to no registry.
+ * Errors: ADG_EINVAL (NULL argument, n_threads out of range, one
+ * allocator callback), ADG_ENOMEM (no memory or no thread could start;
+ * nothing is left running). */
+ADG_API int adg_pool_new_with(const adg_pool_options *options, adg_pool **out);
+
+/* adg_pool_new_with with n_threads and malloc. */
 ADG_API int adg_pool_new(unsigned n_threads, adg_pool **out);
 
 /* Fills *out with an executor that submits to pool, offering all of its
@@ -794,6 +843,15 @@ ADG_API int adg_grads_get(const adg_grads *grads, uint64_t id, void **value);
 /* Removes the gradient held for id and hands it to the caller.
  * Errors: ADG_EINVAL, ADG_ENOTFOUND. */
 ADG_API int adg_grads_take(adg_grads *grads, uint64_t id, void **value);
+
+/* adg_grads_get and adg_grads_take by handle: node's gradient in one
+ * call (a leaf's, typically: a trainer's parameter). The node's id is
+ * read from the handle, which the caller holds.
+ * Errors: ADG_EINVAL, ADG_ENOTFOUND. */
+ADG_API int adg_grads_get_node(const adg_grads *grads, const adg_node *node,
+			       void **value);
+ADG_API int adg_grads_take_node(adg_grads *grads, const adg_node *node,
+				void **value);
 
 /* Adds value (non-NULL) to the gradient held for id, with ops->add when one
  * is held. Takes ownership of value: on error it has been freed, unless

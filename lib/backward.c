@@ -136,10 +136,10 @@ static void backward_run_init(struct adg_run *run, adg_registry *registry,
 	if (options == NULL)
 		return;
 	run->on_ready = options->on_ready;
-	run->ready_ctx = options->ctx;
+	run->ready_ctx = options->on_ready_ctx;
 	run->leaves_only = options->leaves_only != 0;
 	run->on_step = options->on_step;
-	run->step_ctx = options->step_ctx;
+	run->step_ctx = options->on_step_ctx;
 	run->retained = options->retain != 0;
 	run->executor = options->executor;
 	if (run->executor != NULL)
@@ -209,6 +209,8 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 	if (out != NULL)
 		*out = NULL;
 	adg_failure *report = options != NULL ? options->failure : NULL;
+	if (ops == NULL && registry != NULL && registry->has_grad_ops)
+		ops = &registry->grad_ops; /* the value type's */
 	struct adg_run run;
 	backward_run_init(&run, registry, ops, options);
 	int rc = ADG_EINVAL;

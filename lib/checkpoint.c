@@ -45,7 +45,7 @@ static void drop_value(struct adg_node *n, struct adg_drops *drops)
 	if (c->value == NULL)
 		return;
 	if (drops == NULL) {
-		c->free(c->value);
+		c->free(c->value, c->free_ctx);
 	} else {
 		ADG_ASSERT(c->dropped == NULL);
 		c->dropped = c->value;
@@ -62,7 +62,7 @@ void adg_ckpt_free_drops(struct adg_drops *drops)
 		void *value = c->dropped;
 		drops->head = c->drop_next;
 		c->dropped = NULL;
-		c->free(value);
+		c->free(value, c->free_ctx);
 	}
 }
 
@@ -103,6 +103,7 @@ int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
 		return ADG_ENOMEM;
 	*c = (struct adg_ckpt){
 		.free = out ? out->free : NULL,
+		.free_ctx = out ? out->ctx : NULL,
 		.recompute = out ? out->recompute : NULL,
 		.want_self = o->want_self != 0,
 		.n_want_parents = (uint32_t)o->n_want_parents,
@@ -268,7 +269,9 @@ static int recompute(struct adg_backward_context *ctx, struct adg_node *n,
 	if (rc == 0 && call.output == NULL)
 		rc = ADG_ECALLBACK; /* said yes, gave nothing */
 	if (rc != 0 && call.output != NULL)
-		n->ckpt->free(call.output); /* set before failing: ours too */
+		n->ckpt->free(
+			call.output,
+			n->ckpt->free_ctx); /* set before failing: ours too */
 	*output = rc == 0 ? call.output : NULL;
 	return rc;
 }
@@ -348,7 +351,7 @@ static int materialise(struct adg_backward_context *ctx,
 		void *surplus = ctx->retained ? publish(n, output)
 					      : keep(n, output, NULL);
 		if (surplus != NULL)
-			n->ckpt->free(surplus);
+			n->ckpt->free(surplus, n->ckpt->free_ctx);
 	}
 	return rc;
 }
@@ -394,7 +397,7 @@ static void free_unlocked(struct adg_backward_context *ctx, struct adg_node *n,
 		return;
 	pthread_mutex_unlock(ctx->serialize);
 	if (surplus != NULL)
-		n->ckpt->free(surplus);
+		n->ckpt->free(surplus, n->ckpt->free_ctx);
 	adg_ckpt_free_drops(drops);
 	pthread_mutex_lock(ctx->serialize);
 }

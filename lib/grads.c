@@ -190,6 +190,28 @@ int adg_grads_register(adg_grads *grads, uint64_t id, void *value)
 	return grads->accept(grads, id, value);
 }
 
+int adg_grads_get_node(const adg_grads *grads, const adg_node *node,
+		       void **value)
+{
+	if (node == NULL) {
+		if (value != NULL)
+			*value = NULL;
+		return ADG_EINVAL;
+	}
+	/* The caller holds node: its id is read without a lock. */
+	return adg_grads_get(grads, node->id, value);
+}
+
+int adg_grads_take_node(adg_grads *grads, const adg_node *node, void **value)
+{
+	if (node == NULL) {
+		if (value != NULL)
+			*value = NULL;
+		return ADG_EINVAL;
+	}
+	return adg_grads_take(grads, node->id, value);
+}
+
 int adg_grads_count(const adg_grads *grads, size_t *count)
 {
 	const struct adg_grad_table *g = adg_grad_table_of(grads);

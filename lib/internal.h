@@ -466,6 +466,9 @@ struct adg_registry {
 	void *alloc_base; /* what the allocator returned for this struct */
 	uint64_t max_node_id;
 	int checkpointing; /* enum adg_checkpointing */
+	/* A backward's ops when it is passed none (adg_registry_options). */
+	adg_grad_ops grad_ops;
+	bool has_grad_ops;
 	/* Set when the first node gets a checkpointing record; until then a
 	 * backward skips the checkpointing passes. Written once. */
 	atomic_bool uses_checkpoints;
@@ -603,7 +606,8 @@ struct adg_ckpt {
 	 * record, read it with acquire loads and publish one with a compare
 	 * and swap; the record's owner uses it as it likes. */
 	void *value;
-	void (*free)(void *value);
+	void (*free)(void *value, void *ctx);
+	void *free_ctx;
 	adg_recompute_fn recompute;
 	/* During a backward: requests still to serve. 64 bits: one per
 	 * want slot of every tape child, and a slot count is 32 bits. */

@@ -16,6 +16,7 @@ struct job {
 };
 
 struct adg_pool {
+	adg_allocator allocator; /* the caller's, or malloc's */
 	pthread_mutex_t lock;
 	pthread_cond_t more; /* a job was queued, or the pool stops */
 	/* A ring of jobs, grown by doubling, under lock. */
@@ -55,13 +56,15 @@ static void *pool_thread(void *arg)
 /* Doubles the ring, under lock. */
 static bool grow(struct adg_pool *pool)
 {
+	const adg_allocator *a = &pool->allocator;
 	size_t cap = pool->cap ? pool->cap * 2 : 16;
-	struct job *jobs = malloc(cap * sizeof *jobs);
+	struct job *jobs = a->alloc(cap * sizeof *jobs, a->ctx);
 	if (jobs == NULL)
 		return false;
 	for (size_t i = 0; i < pool->count; i++)
 		jobs[i] = pool->jobs[(pool->head + i) % pool->cap];
-	free(pool->jobs);
+	if (pool->jobs != NULL)
+		a->free(pool->jobs, pool->cap * sizeof *jobs, a->ctx);
 	pool->jobs = jobs;
 	pool->cap = cap;
 	pool->head = 0;
@@ -84,6 +87,12 @@ static int pool_submit(void (*fn)(void *arg), void *arg, void *ctx)
 	return 0;
 }
 
+static size_t pool_size(unsigned n_threads)
+{
+	return sizeof(struct adg_pool) +
+	       n_threads * sizeof(((struct adg_pool *)0)->threads[0]);
+}
+
 /* Stops the first n threads (and frees the pool): nothing is queued or
  * everything queued runs first. */
 static void stop(struct adg_pool *pool, unsigned n)
@@ -96,29 +105,56 @@ static void stop(struct adg_pool *pool, unsigned n)
 		pthread_join(pool->threads[i], NULL);
 	pthread_cond_destroy(&pool->more);
 	pthread_mutex_destroy(&pool->lock);
-	free(pool->jobs);
-	free(pool);
+	adg_allocator a = pool->allocator;
+	if (pool->jobs != NULL)
+		a.free(pool->jobs, pool->cap * sizeof *pool->jobs, a.ctx);
+	a.free(pool, pool_size(pool->n_threads), a.ctx);
+}
+
+static void *pool_default_alloc(size_t size, void *ctx)
+{
+	(void)ctx;
+	return malloc(size);
+}
+
+static void pool_default_free(void *ptr, size_t size, void *ctx)
+{
+	(void)size;
+	(void)ctx;
+	free(ptr);
 }
 
 int adg_pool_new(unsigned n_threads, adg_pool **out)
 {
+	adg_pool_options o = {.n_threads = n_threads};
+	return adg_pool_new_with(&o, out);
+}
+
+int adg_pool_new_with(const adg_pool_options *options, adg_pool **out)
+{
 	if (out != NULL)
 		*out = NULL;
-	if (out == NULL || n_threads == 0 ||
-	    n_threads > ADG_EXECUTOR_MAX_WORKERS)
+	if (out == NULL || options == NULL || options->n_threads == 0 ||
+	    options->n_threads > ADG_EXECUTOR_MAX_WORKERS ||
+	    (options->allocator.alloc == NULL) !=
+		    (options->allocator.free == NULL))
 		return ADG_EINVAL;
-	struct adg_pool *pool =
-		malloc(sizeof *pool + n_threads * sizeof pool->threads[0]);
+	adg_allocator a = options->allocator;
+	if (a.alloc == NULL)
+		a = (adg_allocator){pool_default_alloc, pool_default_free,
+				    NULL};
+	unsigned n_threads = options->n_threads;
+	struct adg_pool *pool = a.alloc(pool_size(n_threads), a.ctx);
 	if (pool == NULL)
 		return ADG_ENOMEM;
-	*pool = (struct adg_pool){.n_threads = n_threads};
+	*pool = (struct adg_pool){.allocator = a, .n_threads = n_threads};
 	if (pthread_mutex_init(&pool->lock, NULL) != 0) {
-		free(pool);
+		a.free(pool, pool_size(n_threads), a.ctx);
 		return ADG_ENOMEM;
 	}
 	if (pthread_cond_init(&pool->more, NULL) != 0) {
 		pthread_mutex_destroy(&pool->lock);
-		free(pool);
+		a.free(pool, pool_size(n_threads), a.ctx);
 		return ADG_ENOMEM;
 	}
 	for (unsigned i = 0; i < n_threads; i++) {

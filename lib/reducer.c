@@ -601,7 +601,7 @@ int adg_reducer_hook(adg_reducer *reducer, size_t participant,
 	    participant >= reducer->n_members)
 		return ADG_EINVAL;
 	options->on_ready = on_ready;
-	options->ctx = member_of(reducer, participant);
+	options->on_ready_ctx = member_of(reducer, participant);
 	options->leaves_only = 1;
 	return 0;
 }

@@ -233,6 +233,9 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 		if (options->checkpointing != ADG_CHECKPOINT_NONE &&
 		    options->checkpointing != ADG_CHECKPOINT_BALANCED)
 			return ADG_EINVAL;
+		const adg_grad_ops *ops = options->grad_ops;
+		if (ops != NULL && (ops->add == NULL || ops->free == NULL))
+			return ADG_EINVAL;
 	}
 	void *base;
 	struct adg_registry *r = zalloc_aligned(&allocator, sizeof *r, &base);
@@ -242,12 +245,24 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 	r->allocator = allocator;
 	r->max_node_id = max_node_id;
 	r->checkpointing = options ? options->checkpointing : 0;
+	if (options != NULL && options->grad_ops != NULL) {
+		r->grad_ops = *options->grad_ops;
+		r->has_grad_ops = true;
+	}
 	atomic_init(&r->uses_checkpoints, false);
 	atomic_init(&r->next_free_id, 1);
 	atomic_init(&r->shards, NULL);
 	r->fallback.shared = true;
 	r->fallback.registry = r;
 	*out = r;
+	return 0;
+}
+
+int adg_registry_allocator(const adg_registry *registry, adg_allocator *out)
+{
+	if (registry == NULL || out == NULL)
+		return ADG_EINVAL;
+	*out = registry->allocator;
 	return 0;
 }
 

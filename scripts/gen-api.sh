@@ -1,8 +1,9 @@
 #!/bin/sh
 # Writes docs/api.md from include/adg.h: every declaration with the comment
-# above it, in the header's order, under the header's section rules. The
-# header is the source; docs/api.md is generated and checked against it
-# (tests: api-doc), so the two cannot drift.
+# above it, in the header's order, under the header's section rules; then,
+# when adg.hpp sits next to the header, the C++ layer's the same way. The
+# headers are the source; docs/api.md is generated and checked against them
+# (tests: api-doc), so they cannot drift.
 # Usage: gen-api.sh [header] > docs/api.md
 #        gen-api.sh --check header docs/api.md   (fails when they differ)
 if [ "${1:-}" = --check ]; then
@@ -10,10 +11,16 @@ if [ "${1:-}" = --check ]; then
 		echo "$3 is out of date: run scripts/gen-api.sh > $3" >&2
 		exit 1
 	}
-	echo "$3 matches $2"
+	cpp_header=$(dirname "$2")/adg.hpp
+	if [ -f "$cpp_header" ]; then
+		echo "$3 matches $2 and $cpp_header"
+	else
+		echo "$3 matches $2"
+	fi
 	exit 0
 fi
 header=${1:-include/adg.h}
+cpp_header=$(dirname "$header")/adg.hpp
 awk '
 function flush_comment(   t) {
 	t = comment
@@ -99,3 +106,94 @@ END {
 		printf "%s", body[i]
 	}
 }' "$header"
+[ -f "$cpp_header" ] || exit 0
+
+# adg.hpp: what comes before its implementation section is the reference:
+# at namespace scope, each comment, then the declarations after it up to a
+# blank line, private sections and bodies left out. Classes and functions
+# are declared there and defined below, so nothing else needs parsing.
+awk '
+function flush_comment(   t) {
+	t = comment
+	gsub(/^\/\* ?/, "", t); gsub(/ ?\*\/$/, "", t)
+	gsub(/\n \* ?/, "\n", t); gsub(/\n \*$/, "", t)
+	return t
+}
+function name_of(d,   t) {
+	t = d
+	sub(/^template <[^>]*>[ \n]*/, "", t)
+	if (t ~ /^(class|struct) /) { split(t, w, /[ \n{:;]+/); return w[2] }
+	sub(/[(=].*/, "", t)
+	n = split(t, w, /[^A-Za-z0-9_]+/)
+	while (n > 0 && w[n] == "") n--
+	return w[n]
+}
+# braces outside comments
+function braces(line,   t) {
+	t = line
+	gsub(/\/\*.*\*\//, "", t)
+	if (t ~ /^[ \t]*(\/\*|\*)/) return 0
+	return gsub(/\{/, "{", t) - gsub(/\}/, "}", t)
+}
+function emit() {
+	if (decl != "" && decl !~ /^(template <[^>]*> )?(class|struct) [a-z_]+;$/) {
+		body[nsec] = body[nsec] "### `" name_of(decl) "`\n\n```cpp\n" decl "\n```\n\n"
+		if (pending != "") body[nsec] = body[nsec] pending "\n\n"
+	}
+	pending = ""; decl = ""; depth = 0; hiding = 0
+}
+BEGIN { comment = ""; nsec = 0; in_comment = 0; decl = ""; depth = 0; started = 0 }
+NR == 1, /^#ifndef ADG_HPP/ {
+	if ($0 ~ /^#ifndef/) { intro = flush_comment(); comment = ""; next }
+	comment = comment (comment == "" ? "" : "\n") $0
+	next
+}
+!started { if ($0 ~ /^namespace adg$/) started = 1; next }
+/^\/\* -+ implementation \*\/$/ { emit(); exit }
+skipping { if ($0 ~ /^} \/\/ namespace/) skipping = 0; next }
+decl != "" {
+	if ($0 == "" && depth <= 0) { emit(); next }
+	if (hiding) {
+		if ($0 !~ /^}/) { depth += braces($0); next }
+		hiding = 0
+	} else if ($0 ~ /^[ \t]*private:/) {
+		hiding = 1
+		sub(/\n[ \t]*$/, "", decl) # the blank line before it
+		next
+	}
+	decl = decl "\n" $0
+	depth += braces($0)
+	next
+}
+/^namespace detail/ { skipping = 1; next }
+/^(#|\{$)/ { next }
+/^\/\* -+ [a-z-]+ \*\/$/ {
+	s = $0; gsub(/^\/\* -+ | \*\/$/, "", s)
+	sections[++nsec] = s; body[nsec] = ""
+	next
+}
+in_comment {
+	comment = comment "\n" $0
+	if ($0 ~ /\*\//) { in_comment = 0; pending = flush_comment() }
+	next
+}
+/^\/\*/ {
+	comment = $0; in_comment = ($0 !~ /\*\//)
+	if (!in_comment) pending = flush_comment()
+	next
+}
+/^$/ { if (pending != "") { body[nsec] = body[nsec] pending "\n\n"; pending = "" } next }
+{ decl = $0; depth = braces($0) }
+END {
+	print "# C++ layer: `include/adg.hpp`"
+	print ""
+	print "Generated from `include/adg.hpp` by `scripts/gen-api.sh`; do not edit."
+	print ""
+	print intro
+	print ""
+	for (i = 0; i <= nsec; i++) {
+		if (body[i] == "") continue
+		if (i > 0) { print "## " sections[i]; print "" }
+		printf "%s", body[i]
+	}
+}' "$cpp_header"

@@ -49,8 +49,9 @@ double *s_output_new(double v)
 	return p;
 }
 
-void s_output_free(void *v)
+void s_output_free(void *v, void *ctx)
 {
+	(void)ctx;
 	free(v);
 	atomic_fetch_sub(&scalar_outputs_live, 1);
 }

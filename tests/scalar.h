@@ -25,7 +25,7 @@ double *scalar_box(double v);
 extern atomic_long scalar_outputs_live, scalar_outputs_made,
 	scalar_outputs_peak;
 double *s_output_new(double v);
-void s_output_free(void *v);
+void s_output_free(void *v, void *ctx);
 
 /* A forward value and the node that records it. */
 typedef struct scalar {

@@ -126,7 +126,7 @@ static void build_chain(int fail_at)
 	cr_assert_eq(adg_leaf(reg, &w), 0);
 	cr_assert_eq(adg_leaf(reg, &w2), 0);
 	adg_node *p2[2] = {a, w};
-	adg_output out = {s_output_new(A * W), s_output_free, NULL, 0};
+	adg_output out = {s_output_new(A * W), s_output_free, NULL, 0, NULL};
 	adg_node *c0 = make(p2, 2, mul_leaves_backward, (struct op){W, A, 0},
 			    &out, 0, NULL);
 	chain[0] = a, chain[1] = w, chain[2] = w2, chain[3] = c0;
@@ -135,14 +135,14 @@ static void build_chain(int fail_at)
 	for (int i = 1; i <= CHAIN; i++) {
 		v += 1;
 		adg_output o = {s_output_new(v), s_output_free, add_k_recompute,
-				1};
+				1, NULL};
 		prev = make(&prev, 1, add_k_backward,
 			    (struct op){1, v - 1, i == fail_at}, &o, 0, NULL);
 		chain[3 + i] = prev;
 	}
 	adg_node *p3[2] = {prev, w2};
 	const uint32_t want0 = 0;
-	adg_output oc = {s_output_new(v * W2), s_output_free, NULL, 0};
+	adg_output oc = {s_output_new(v * W2), s_output_free, NULL, 0, NULL};
 	chain[CHAIN + 4] = make(p3, 2, mul_leaf_backward, (struct op){W2, v, 0},
 				&oc, 1, &want0);
 }
@@ -163,10 +163,8 @@ static long chain_backward(double grads_out[3])
 		     0);
 	long peak = atomic_load(&scalar_outputs_peak);
 	for (int i = 0; i < 3; i++) {
-		uint64_t id;
 		void *v;
-		adg_node_id(chain[i], &id);
-		cr_assert_eq(adg_grads_get(g, id, &v), 0);
+		cr_assert_eq(adg_grads_get_node(g, chain[i], &v), 0);
 		grads_out[i] = *(double *)v;
 	}
 	adg_grads_free(g);
@@ -226,10 +224,8 @@ static adg_node *sum(adg_node **parents, size_t n)
 
 static double grad_in(adg_grads *g, adg_node *n)
 {
-	uint64_t id;
 	void *v;
-	adg_node_id(n, &id);
-	cr_assert_eq(adg_grads_get(g, id, &v), 0);
+	cr_assert_eq(adg_grads_get_node(g, n, &v), 0);
 	return *(double *)v;
 }
 
@@ -243,16 +239,17 @@ Test(checkpoint, diamond_recomputes_a_shared_output_once)
 	adg_leaf(reg, &w1);
 	adg_leaf(reg, &w2);
 	adg_node *p[2] = {a, w};
-	adg_output oc = {s_output_new(6), s_output_free, NULL, 0};
+	adg_output oc = {s_output_new(6), s_output_free, NULL, 0, NULL};
 	adg_node *c0 = make(p, 2, mul_leaves_backward, (struct op){3, 2, 0},
 			    &oc, 0, NULL);
-	adg_output orr = {s_output_new(7), s_output_free, add_k_recompute, 1};
+	adg_output orr = {s_output_new(7), s_output_free, add_k_recompute, 1,
+			  NULL};
 	adg_node *r = make(&c0, 1, add_k_backward, (struct op){1, 6, 0}, &orr,
 			   0, NULL);
 	const uint32_t want0 = 0;
 	adg_node *pr1[2] = {r, w1}, *pr2[2] = {r, w2};
-	adg_output o1 = {s_output_new(7 * 4), s_output_free, NULL, 0};
-	adg_output o2 = {s_output_new(7 * 5), s_output_free, NULL, 0};
+	adg_output o1 = {s_output_new(7 * 4), s_output_free, NULL, 0, NULL};
+	adg_output o2 = {s_output_new(7 * 5), s_output_free, NULL, 0, NULL};
 	adg_node *y1 = make(pr1, 2, mul_leaf_backward, (struct op){4, 7, 0},
 			    &o1, 1, &want0);
 	adg_node *y2 = make(pr2, 2, mul_leaf_backward, (struct op){5, 7, 0},
@@ -306,15 +303,15 @@ static void build_small_chain(adg_recompute_fn recompute,
 	adg_leaf(reg, &n[SMALL_A]);
 	adg_leaf(reg, &n[SMALL_W]);
 	adg_leaf(reg, &n[SMALL_W2]);
-	adg_output oc = {s_output_new(6), s_output_free, NULL, 0};
+	adg_output oc = {s_output_new(6), s_output_free, NULL, 0, NULL};
 	n[SMALL_C0] = make(&n[SMALL_A], 2, mul_leaves_backward, /* a, w */
 			   (struct op){3, 2, 0}, &oc, 0, NULL);
-	adg_output om = {s_output_new(7), s_output_free, recompute, 1};
+	adg_output om = {s_output_new(7), s_output_free, recompute, 1, NULL};
 	n[SMALL_M] = make(&n[SMALL_C0], 1, add_k_backward, (struct op){1, 6, 0},
 			  &om, 0, NULL);
 	const uint32_t want0 = 0;
 	adg_node *pm[2] = {n[SMALL_M], n[SMALL_W2]};
-	adg_output oy = {s_output_new(35), s_output_free, NULL, 0};
+	adg_output oy = {s_output_new(35), s_output_free, NULL, 0, NULL};
 	n[SMALL_Y] =
 		make(pm, 2, y_backward, (struct op){5, 7, 0}, &oy, 1, &want0);
 }
@@ -435,10 +432,10 @@ Test(checkpoint, bad_options_and_calls)
 		.backward = noop_backward, .release = NULL, .user = NULL};
 	cr_assert_eq(adg_op(reg, p, 2, &st, &none_offered), 0);
 	double *v = s_output_new(1);
-	adg_output no_free = {v, NULL, NULL, 0};
-	adg_output nothing = {NULL, s_output_free, NULL, 0};
-	adg_output fine = {v, s_output_free, NULL, 0};
-	adg_output rebuild = {v, s_output_free, add_k_recompute, 1};
+	adg_output no_free = {v, NULL, NULL, 0, NULL};
+	adg_output nothing = {NULL, s_output_free, NULL, 0, NULL};
+	adg_output fine = {v, s_output_free, NULL, 0, NULL};
+	adg_output rebuild = {v, s_output_free, add_k_recompute, 1, NULL};
 	const uint32_t want0 = 0, want1 = 1, want5 = 5;
 	adg_op_options bad_opts[] = {
 		{&no_free, 0, NULL, 0}, /* no free */
@@ -506,7 +503,7 @@ Test(checkpoint, out_of_memory_keeps_the_callers_value)
 	adg_step st = {
 		.backward = noop_backward, .release = NULL, .user = NULL};
 	double *v = s_output_new(1);
-	adg_output fine = {v, s_output_free, NULL, 0};
+	adg_output fine = {v, s_output_free, NULL, 0, NULL};
 	adg_op_options keep = {&fine, 0, NULL, 0};
 	int failures = 0;
 	for (int k = 1;; k++) {
@@ -538,7 +535,7 @@ static void *build_half(void *arg)
 	adg_node *a;
 	cr_assert_eq(adg_leaf(reg, &a), 0);
 	adg_node *p[2] = {a, a};
-	adg_output oc = {s_output_new(4), s_output_free, NULL, 0};
+	adg_output oc = {s_output_new(4), s_output_free, NULL, 0, NULL};
 	adg_node *prev = make(p, 2, mul_leaves_backward, (struct op){2, 2, 0},
 			      &oc, 0, NULL);
 	halves[h][0] = a;
@@ -547,7 +544,7 @@ static void *build_half(void *arg)
 	for (int i = 2; i < 8; i++) {
 		v += 1;
 		adg_output o = {s_output_new(v), s_output_free, add_k_recompute,
-				1};
+				1, NULL};
 		prev = make(&prev, 1, add_k_backward, (struct op){1, v - 1, 0},
 			    &o, 0, NULL);
 		halves[h][i] = prev;

@@ -316,12 +316,13 @@ static void rebuilt_build(struct rebuilt *g, int k, int branches)
 	g->k = k;
 	g->branches = branches;
 	g->a = s_leaf(reg, 2);
-	adg_output keep = {s_output_new(g->a.value), s_output_free, NULL, 0};
+	adg_output keep = {s_output_new(g->a.value), s_output_free, NULL, 0,
+			   NULL};
 	adg_op_options kept = {.output = &keep};
 	g->c0 = rebuilt_op(g, 0, &g->a, 1, r_backward, &kept);
 	for (int i = 0; i < k; i++) {
 		adg_output o = {s_output_new(g->c0.value + 1 + i),
-				s_output_free, r_recompute, 1};
+				s_output_free, r_recompute, 1, NULL};
 		adg_op_options dropped = {.output = &o};
 		g->r[i] = rebuilt_op(g, i, &g->c0, 1, r_backward, &dropped);
 	}

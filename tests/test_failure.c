@@ -170,7 +170,7 @@ CHECKED_TEST(failure, names_the_hook)
 		uint64_t target = x.id;
 		o = options_in(m, &r);
 		o->on_ready = fail_for;
-		o->ctx = &target;
+		o->on_ready_ctx = &target;
 		o->retain = 1;
 		cr_assert_eq(adg_backward_with(reg, y, scalar_box(1),
 					       &scalar_ops, o, &g),
@@ -180,7 +180,7 @@ CHECKED_TEST(failure, names_the_hook)
 		target = id_of(y);
 		o = options_in(m, &r);
 		o->on_ready = fail_for;
-		o->ctx = &target;
+		o->on_ready_ctx = &target;
 		cr_assert_eq(adg_backward_with(reg, y, scalar_box(1),
 					       &scalar_ops, o, &g),
 			     ADG_EUSER - 2);

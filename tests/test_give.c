@@ -103,10 +103,8 @@ static int backward_in(enum mode m, struct run *r, adg_node *root,
 
 static uint64_t hv_of(const adg_grads *g, adg_node *n)
 {
-	uint64_t id;
 	void *v;
-	cr_assert_eq(adg_node_id(n, &id), 0);
-	cr_assert_eq(adg_grads_get(g, id, &v), 0);
+	cr_assert_eq(adg_grads_get_node(g, n, &v), 0);
 	return ((struct hv *)v)->h;
 }
 

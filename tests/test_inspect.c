@@ -510,7 +510,7 @@ static int step_backward_with(const adg_executor *executor,
 			      struct step_log *log, scalar root)
 {
 	adg_backward_options o = {
-		.executor = executor, .on_step = log_step, .step_ctx = log};
+		.executor = executor, .on_step = log_step, .on_step_ctx = log};
 	adg_grads *g = NULL;
 	int rc = adg_backward_with(reg, root.node, scalar_box(1), &scalar_ops,
 				   &o, &g);

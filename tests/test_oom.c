@@ -110,8 +110,9 @@ static void *output_new(double value)
 	return o;
 }
 
-static void output_free(void *value)
+static void output_free(void *value, void *ctx)
 {
+	(void)ctx;
 	struct output *o = value;
 	int frees = output_frees[o->index]++;
 	cr_assert_eq(frees, 0, "N=%ld: output %ld freed twice", oom.fail_at,
@@ -299,6 +300,7 @@ static struct var op(struct reg *g, const char *name, enum kind kind,
 		output_free,
 		sp->recompute ? recompute : NULL,
 		sp->memory_bound,
+		NULL,
 	};
 	adg_op_options opt = {
 		.output = sp->output ? &out : NULL,
@@ -637,10 +639,11 @@ static adg_grads *plain_ops(struct reg *g)
 	 * key the tape's nodes in the table, which is larger. It takes
 	 * nothing and gives the same gradients. */
 	hook = (struct hook){.take = a.id};
-	adg_grads *grads = backward(
-		g, big,
-		&(adg_backward_options){
-			.on_ready = on_ready, .ctx = &hook, .retain = 1});
+	adg_grads *grads =
+		backward(g, big,
+			 &(adg_backward_options){.on_ready = on_ready,
+						 .on_ready_ctx = &hook,
+						 .retain = 1});
 	expect_stats(g->r, 28, 15, 1, 11);
 	cr_assert_eq(hook.n, g->n);
 	cr_assert_eq(hook.taken, 24);
@@ -650,7 +653,7 @@ static adg_grads *plain_ops(struct reg *g)
 
 	hook = (struct hook){.take = a.id};
 	adg_backward_options o = {
-		.on_ready = on_ready, .ctx = &hook, .executor = &solo};
+		.on_ready = on_ready, .on_ready_ctx = &hook, .executor = &solo};
 	grads = backward(g, big, &o);
 	expect_stats(g->r, 28, 0, 0, 11);
 	/* Every node and leaf of the tape became final once. */

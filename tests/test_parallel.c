@@ -437,7 +437,7 @@ static int g_backward(struct graph *g, struct how how, adg_grads **out)
 {
 	adg_backward_options o = {
 		.on_ready = how.hook ? h_ready : NULL,
-		.ctx = g,
+		.on_ready_ctx = g,
 		.leaves_only = how.leaves_only,
 		.executor = how.ex,
 	};
@@ -576,11 +576,12 @@ static void build_ckpt(struct graph *g, int branches, int len)
 	int a = g_leaf(g);
 	for (int j = 0; j < branches; j++)
 		g_leaf(g);
-	adg_output oc = {s_output_new(CKPT_C0_VALUE), s_output_free, NULL, 0};
+	adg_output oc = {s_output_new(CKPT_C0_VALUE), s_output_free, NULL, 0,
+			 NULL};
 	adg_op_options keep = {.output = &oc};
 	int c0 = g_op_with(g, &a, 1, &keep);
 	adg_output orr = {s_output_new(CKPT_C0_VALUE + 1), s_output_free,
-			  g_recompute, 1};
+			  g_recompute, 1, NULL};
 	adg_op_options rebuilt = {.output = &orr};
 	int r = g_op_with(g, &c0, 1, &rebuilt);
 	cr_assert_eq(r, ckpt_r_label(branches));

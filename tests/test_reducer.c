@@ -411,8 +411,9 @@ CHECKED_TEST(reducer, one_participant_applies_as_a_plain_hook_does)
 	model_open(&plain, 1);
 	struct plain pl = {&plain, plain.w};
 	for (int k = 0; k < ROUNDS; k++) {
-		adg_backward_options o = {
-			.on_ready = plain_hook, .ctx = &pl, .leaves_only = 1};
+		adg_backward_options o = {.on_ready = plain_hook,
+					  .on_ready_ctx = &pl,
+					  .leaves_only = 1};
 		scalar root = build(&plain, 0, k, NO_FAIL);
 		adg_grads *g;
 		cr_assert_eq(adg_backward_with(reg, root.node, scalar_box(1.0),
@@ -894,7 +895,8 @@ CHECKED_TEST(reducer, bad_calls_change_nothing)
 	cr_assert_eq(adg_reducer_hook(NULL, 0, &bo), ADG_EINVAL);
 	cr_assert_eq(adg_reducer_hook(r, 2, &bo), ADG_EINVAL);
 	cr_assert_eq(adg_reducer_hook(r, 0, NULL), ADG_EINVAL);
-	cr_assert(bo.on_ready == NULL && bo.ctx == NULL && !bo.leaves_only);
+	cr_assert(bo.on_ready == NULL && bo.on_ready_ctx == NULL &&
+		  !bo.leaves_only);
 	cr_assert_eq(adg_reducer_hook(r, 1, &bo), 0);
 	cr_assert(bo.on_ready != NULL && bo.leaves_only && bo.retain);
 

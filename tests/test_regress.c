@@ -21,7 +21,7 @@ static int output_rebuild(adg_recompute_call *call, void *user)
 /* p = a (a product of one factor) that offers its value as its output. */
 static scalar offering(scalar a)
 {
-	adg_output out = {s_output_new(a.value), s_output_free, NULL, 0};
+	adg_output out = {s_output_new(a.value), s_output_free, NULL, 0, NULL};
 	adg_op_options opt = {.output = &out};
 	adg_step st = {.backward = prod_backward,
 		       .release = prod_release,
@@ -44,7 +44,7 @@ static int want_backward(adg_step_call *call, void *user)
 static int child_of(scalar p, bool rebuild, adg_node **out)
 {
 	static const uint32_t slot0 = 0;
-	adg_output o = {NULL, s_output_free, output_rebuild, 0};
+	adg_output o = {NULL, s_output_free, output_rebuild, 0, NULL};
 	adg_op_options opt = {.want_parents = &slot0, .n_want_parents = 1};
 	adg_step st = {.backward = want_backward,
 		       .release = prod_release,
@@ -58,7 +58,7 @@ static int child_of(scalar p, bool rebuild, adg_node **out)
 	if (rc != 0) {
 		prod_release(st.user);
 		if (o.value != NULL)
-			s_output_free(o.value);
+			s_output_free(o.value, NULL);
 	}
 	return rc;
 }
@@ -273,7 +273,8 @@ static void step_drops_root(size_t n, bool offers)
 		       .release = self_drop_release,
 		       .user = &d};
 	if (offers) {
-		adg_output out = {s_output_new(2), s_output_free, NULL, 0};
+		adg_output out = {s_output_new(2), s_output_free, NULL, 0,
+				  NULL};
 		adg_op_options opt = {.output = &out, .want_self = 1};
 		cr_assert_eq(adg_op_with(reg, parents, n, &st, &opt, &root), 0);
 	} else {
@@ -381,13 +382,13 @@ static struct rebuilt rebuilt_graph(adg_recompute_fn rebuild, adg_step mst,
 {
 	static const uint32_t slot0 = 0;
 	struct rebuilt g = {.a = s_leaf(reg, 3)};
-	adg_output bo = {s_output_new(3), s_output_free, NULL, 0};
+	adg_output bo = {s_output_new(3), s_output_free, NULL, 0, NULL};
 	adg_op_options bopt = {.output = &bo};
 	adg_step bst = {.backward = prod_backward,
 			.release = prod_release,
 			.user = prod_step_new(&g.a, 1)};
 	cr_assert_eq(adg_op_with(reg, &g.a.node, 1, &bst, &bopt, &g.b), 0);
-	adg_output mo = {s_output_new(3), s_output_free, rebuild, 1};
+	adg_output mo = {s_output_new(3), s_output_free, rebuild, 1, NULL};
 	adg_op_options mopt = {.output = &mo};
 	cr_assert_eq(adg_op_with(reg, &g.b, 1, &mst, &mopt, &g.m), 0);
 	adg_op_options copt = {.want_parents = &slot0, .n_want_parents = 1};

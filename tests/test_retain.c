@@ -328,7 +328,7 @@ CHECKED_TEST(retain, the_ready_hook_fires_once_per_node_each_pass)
 						g.sum.id, g.f.id}};
 				adg_backward_options o = {
 					.on_ready = count_ready,
-					.ctx = &c,
+					.on_ready_ctx = &c,
 					.leaves_only = leaves_only,
 					.executor =
 						executor_of(&r, (enum mode)m),

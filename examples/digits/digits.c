@@ -421,8 +421,9 @@ static int worker_init(void *ctx, size_t index)
 	if (tr->run.mode == MODE_SYNC)
 		rc = adg_reducer_hook(tr->run.reducer, index, &w->backward);
 	else
-		w->backward = (adg_backward_options){
-			.on_ready = apply_sgd, .ctx = w, .leaves_only = 1};
+		w->backward = (adg_backward_options){.on_ready = apply_sgd,
+						     .on_ready_ctx = w,
+						     .leaves_only = 1};
 	for (int i = 0; i < N_PARAMS && rc == 0; i++) {
 		const struct param *p = &tr->model->params[i];
 		w->weights[i] =

@@ -560,7 +560,7 @@ static int worker_init(void *ctx, size_t index)
 		return adg_reducer_hook(tr->run.reducer, index, &w->backward);
 	}
 	w->backward = (adg_backward_options){
-		.on_ready = hogwild_ready, .ctx = w, .leaves_only = 1};
+		.on_ready = hogwild_ready, .on_ready_ctx = w, .leaves_only = 1};
 	for (int i = 0; i < N_PARAMS; i++) {
 		const struct tensor *v = tr->model->params[i].value;
 		w->weights[i] = tensor_new(v->rows, v->cols);

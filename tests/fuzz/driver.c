@@ -291,8 +291,9 @@ static struct output *output_new(struct fuzz *f, uint64_t id, uint64_t value)
 }
 
 /* adg_output's free. */
-static void output_free(void *value)
+static void output_free(void *value, void *ctx)
 {
+	(void)ctx;
 	struct output *o = value;
 	struct fuzz *f = o->f;
 	BUMP(f->callbacks);
@@ -309,7 +310,7 @@ static void output_discard(struct output *o)
 {
 	o->f->out_frees[o->id]--;
 	o->f->frees--;
-	output_free(o);
+	output_free(o, NULL);
 }
 
 /* Every node's output against the model: whether it is alive, and how
@@ -1249,7 +1250,7 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 		adg_backward_options o = {.executor = exec, .retain = retain};
 		if (hook != NULL) {
 			o.on_ready = on_ready;
-			o.ctx = f;
+			o.on_ready_ctx = f;
 			o.leaves_only = hook->leaves_only;
 		}
 		rc = adg_backward_with(f->reg, f->h[i].node, box(f, seed),

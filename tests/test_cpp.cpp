@@ -1,0 +1,839 @@
+/* adg.hpp's ownership and errors: every lambda and every gradient value is
+ * destroyed exactly once, whatever fails (a step or an add that throws, a
+ * backward refused), whatever is moved; gradients are those of the C API.
+ * A plain main() rather than Criterion, so that the ThreadSanitizer build
+ * (where Criterion cannot start, tests/tsan-runner/) runs the same file.
+ * Prints "cpp: N passed, M failed" (and Criterion's summary line, see
+ * main); exits non-zero on a failure. */
+#include <adg.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace
+{
+
+/* ------------------------------------------------------------- harness */
+
+struct check_failed {
+	std::string what;
+};
+
+#define EXPECT(cond)                                                           \
+	do {                                                                   \
+		if (!(cond))                                                   \
+			throw check_failed{std::string(__FILE__ ":") +         \
+					   std::to_string(__LINE__) + ": " +   \
+					   #cond};                             \
+	} while (0)
+
+/* Runs statement, which must throw an X; binds it to e for the checks. */
+#define EXPECT_THROWS(X, statement, checks)                                    \
+	do {                                                                   \
+		bool thrown_ = false;                                          \
+		try {                                                          \
+			statement;                                             \
+		} catch (const X &e) {                                         \
+			thrown_ = true;                                        \
+			checks;                                                \
+		}                                                              \
+		EXPECT(thrown_ && "threw " #X);                                \
+	} while (0)
+
+struct test_case {
+	const char *name;
+	void (*run)();
+};
+
+std::vector<test_case> &all_tests()
+{
+	static std::vector<test_case> tests;
+	return tests;
+}
+
+struct registrar {
+	registrar(const char *name, void (*run)())
+	{
+		all_tests().push_back({name, run});
+	}
+};
+
+#define TEST(name)                                                             \
+	void name();                                                           \
+	const registrar name##_registrar(#name, name);                         \
+	void name()
+
+/* A step's capture that counts its live copies: a closure libadg keeps is
+ * one, destroyed once, when the step goes. */
+struct probe {
+	static std::atomic<long> live;
+	probe() noexcept
+	{
+		live++;
+	}
+	probe(const probe &) noexcept
+	{
+		live++;
+	}
+	probe(probe &&) noexcept
+	{
+		live++;
+	}
+	probe &operator=(const probe &) = default;
+	~probe()
+	{
+		live--;
+	}
+};
+std::atomic<long> probe::live{0};
+
+struct add_failed {
+};
+
+/* A gradient value that counts its live instances and whose += throws on
+ * demand. */
+struct tracked {
+	static std::atomic<long> live;
+	static std::atomic<bool> add_throws;
+	double v;
+
+	tracked(double x) noexcept : v(x)
+	{
+		live++;
+	}
+	tracked(const tracked &o) noexcept : v(o.v)
+	{
+		live++;
+	}
+	tracked(tracked &&o) noexcept : v(o.v)
+	{
+		live++;
+	}
+	tracked &operator=(const tracked &) = default;
+	~tracked()
+	{
+		live--;
+	}
+	tracked &operator+=(const tracked &o)
+	{
+		if (add_throws)
+			throw add_failed{};
+		v += o.v;
+		return *this;
+	}
+};
+std::atomic<long> tracked::live{0};
+std::atomic<bool> tracked::add_throws{false};
+
+struct boom {
+	int value;
+};
+
+template <class X> void self_move(X &x)
+{
+	X &alias = x; /* hides the self-move from -Wself-move */
+	x = std::move(alias);
+}
+
+/* ------------------------------------------------------ graphs to run */
+
+/* The same graph in C++ and in C: x, y, z leaves;
+ *   p = x * y, q = p + x, r = q * q, s = r * z, t = s + p;
+ * its gradients are folded in several places (x, p, q twice). */
+const double xv = 2.0, yv = -3.0, zv = 0.5;
+
+template <class T>
+adg::node mul(adg::registry &reg, const adg::node &a, double av,
+	      const adg::node &b, double bv, const char *name = "mul")
+{
+	return adg::op(
+		reg, {a, b},
+		[av, bv, p = probe()](adg::step_call<T> &c) {
+			(void)p;
+			T g = c.grad_or(T(0.0));
+			c.give(0, T(g * bv));
+			c.give(1, T(g * av));
+		},
+		name);
+}
+
+double value_of(double d)
+{
+	return d;
+}
+double value_of(const tracked &t)
+{
+	return t.v;
+}
+tracked operator*(const tracked &t, double d)
+{
+	return tracked(t.v * d);
+}
+
+template <class T>
+adg::node add(adg::registry &reg, const adg::node &a, const adg::node &b)
+{
+	return adg::op(
+		reg, {a, b},
+		[p = probe()](adg::step_call<T> &c) {
+			(void)p;
+			std::unique_ptr<T> g = c.take_grad();
+			T zero(0.0);
+			c.give(0, g ? *g : zero);
+			c.give(1, g ? *g : zero);
+		},
+		"add");
+}
+
+struct leaves {
+	adg::node x, y, z;
+	explicit leaves(adg::registry &reg)
+	    : x(adg::leaf(reg)), y(adg::leaf(reg)), z(adg::leaf(reg))
+	{
+	}
+};
+
+template <class T> adg::node build(adg::registry &reg, const leaves &l)
+{
+	adg::node p = mul<T>(reg, l.x, xv, l.y, yv);
+	double pv = xv * yv;
+	adg::node q = add<T>(reg, p, l.x);
+	double qv = pv + xv;
+	adg::node r = mul<T>(reg, q, qv, q, qv);
+	adg::node s = mul<T>(reg, r, qv * qv, l.z, zv);
+	return add<T>(reg, s, p); /* p, q, r, s go: t keeps what it needs */
+}
+
+/* The C API's version, on boxed doubles. */
+void *box(double v)
+{
+	return new double(v);
+}
+
+int c_add(void **sum, void *value, void *)
+{
+	*static_cast<double *>(*sum) += *static_cast<double *>(value);
+	delete static_cast<double *>(value);
+	return 0;
+}
+
+void c_free(void *value, void *)
+{
+	delete static_cast<double *>(value);
+}
+
+struct c_pair {
+	double a, b;
+};
+
+int c_mul_step(adg_step_call *call, void *user)
+{
+	const c_pair *ab = static_cast<const c_pair *>(user);
+	double g = call->grad ? *static_cast<double *>(call->grad) : 0;
+	int rc = adg_step_give(call, 0, box(g * ab->b));
+	return rc != 0 ? rc : adg_step_give(call, 1, box(g * ab->a));
+}
+
+int c_add_step(adg_step_call *call, void *)
+{
+	double g = call->grad ? *static_cast<double *>(call->grad) : 0;
+	int rc = adg_step_give(call, 0, box(g));
+	return rc != 0 ? rc : adg_step_give(call, 1, box(g));
+}
+
+void c_release(void *user)
+{
+	delete static_cast<c_pair *>(user);
+}
+
+adg_node *c_op(adg_registry *reg, adg_node *a, adg_node *b, c_pair *ab)
+{
+	adg_node *parents[2] = {a, b}, *out = nullptr;
+	adg_step step{};
+	step.backward = ab ? c_mul_step : c_add_step;
+	step.release = ab ? c_release : nullptr;
+	step.user = ab;
+	if (adg_op(reg, parents, 2, &step, &out) != 0)
+		std::abort();
+	return out;
+}
+
+/* x, y, z's gradients through the C API, no executor. */
+std::vector<double> c_gradients()
+{
+	adg_registry *reg = nullptr;
+	adg_node *x, *y, *z;
+	if (adg_registry_new(nullptr, &reg) != 0 || adg_leaf(reg, &x) != 0 ||
+	    adg_leaf(reg, &y) != 0 || adg_leaf(reg, &z) != 0)
+		std::abort();
+	double pv = xv * yv, qv = pv + xv;
+	adg_node *p = c_op(reg, x, y, new c_pair{xv, yv});
+	adg_node *q = c_op(reg, p, x, nullptr);
+	adg_node *r = c_op(reg, q, q, new c_pair{qv, qv});
+	adg_node *s = c_op(reg, r, z, new c_pair{qv * qv, zv});
+	adg_node *t = c_op(reg, s, p, nullptr);
+	adg_grad_ops ops{c_add, c_free, nullptr};
+	adg_grads *grads = nullptr;
+	if (adg_backward(reg, t, box(1.0), &ops, &grads) != 0)
+		std::abort();
+	std::vector<double> out;
+	for (adg_node *leaf : {x, y, z}) {
+		void *g = nullptr;
+		if (adg_grads_get_node(grads, leaf, &g) != 0)
+			std::abort();
+		out.push_back(*static_cast<double *>(g));
+	}
+	adg_grads_free(grads);
+	for (adg_node *n : {t, s, r, q, p, x, y, z})
+		adg_node_unref(n);
+	if (adg_registry_free(reg) != 0)
+		std::abort();
+	return out;
+}
+
+/* The same in C++, on an executor or none. */
+template <class T = double>
+std::vector<double> cpp_gradients(const adg::backward_options &options = {})
+{
+	adg::registry reg;
+	leaves l(reg);
+	adg::node t = build<T>(reg, l);
+	adg::gradients<T> g = adg::backward(t, T(1.0), options);
+	return {value_of(g.get(l.x)), value_of(g.get(l.y)),
+		value_of(g.get(l.z))};
+}
+
+bool same_bits(const std::vector<double> &a, const std::vector<double> &b)
+{
+	return a.size() == b.size() &&
+	       std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+/* A thread pool of the test's own, for adg::executor: jobs queue up and
+ * run on its threads; the destructor runs what is left, then joins. */
+class job_queue
+{
+public:
+	explicit job_queue(unsigned n)
+	{
+		for (unsigned i = 0; i < n; i++)
+			threads_.emplace_back([this] { work(); });
+	}
+	~job_queue()
+	{
+		{
+			std::lock_guard<std::mutex> lock(mutex_);
+			stopping_ = true;
+		}
+		wake_.notify_all();
+		for (std::thread &t : threads_)
+			t.join();
+	}
+	void post(std::function<void()> job)
+	{
+		{
+			std::lock_guard<std::mutex> lock(mutex_);
+			jobs_.push_back(std::move(job));
+			posted_++;
+		}
+		wake_.notify_one();
+	}
+	unsigned long posted()
+	{
+		std::lock_guard<std::mutex> lock(mutex_);
+		return posted_;
+	}
+
+private:
+	void work()
+	{
+		std::unique_lock<std::mutex> lock(mutex_);
+		for (;;) {
+			wake_.wait(lock, [this] {
+				return stopping_ || !jobs_.empty();
+			});
+			if (jobs_.empty())
+				return; /* stopping, nothing left */
+			std::function<void()> job = std::move(jobs_.front());
+			jobs_.pop_front();
+			lock.unlock();
+			job();
+			lock.lock();
+		}
+	}
+	std::mutex mutex_;
+	std::condition_variable wake_;
+	std::deque<std::function<void()>> jobs_;
+	std::vector<std::thread> threads_;
+	bool stopping_ = false;
+	unsigned long posted_ = 0;
+};
+
+/* ---------------------------------------------------------------- tests */
+
+TEST(gradients_equal_the_c_apis)
+{
+	std::vector<double> want = c_gradients();
+	EXPECT(same_bits(cpp_gradients(), want));
+	EXPECT(same_bits(cpp_gradients<tracked>(), want));
+	for (unsigned n : {1u, 2u, 4u}) {
+		adg::pool workers(n);
+		adg::backward_options o;
+		o.executor = workers;
+		EXPECT(same_bits(cpp_gradients(o), want));
+	}
+}
+
+/* y = sum of n products w_i * x_i: n branches at once, for executors. */
+std::vector<double> wide_gradients(const adg::backward_options &options = {})
+{
+	const std::size_t n = 16;
+	adg::registry reg;
+	std::vector<adg::node> w, terms;
+	for (std::size_t i = 0; i < n; i++) {
+		w.push_back(adg::leaf(reg));
+		adg::node x = adg::leaf(reg);
+		double xi = static_cast<double>(i);
+		terms.push_back(mul<double>(reg, w[i], 0.25 * xi, x, 1.0 + xi));
+	}
+	adg::node y = adg::op(
+		reg, terms,
+		[p = probe()](adg::step_call<double> &c) {
+			(void)p;
+			for (std::size_t i = 0; i < c.n_parents(); i++)
+				c.give(i, *c.grad() * static_cast<double>(i));
+		},
+		"weighted sum");
+	terms.clear();
+	adg::gradients<double> g = adg::backward(y, 1.0, options);
+	std::vector<double> out;
+	for (const adg::node &wi : w)
+		out.push_back(g.get(wi));
+	return out;
+}
+
+TEST(executors_from_callables)
+{
+	std::vector<double> want = wide_gradients();
+	EXPECT(want[3] == 3 * 4.0);
+	job_queue queue(3);
+	adg::executor by_job([&](adg::job j) { queue.post(j); }, 3);
+	adg::backward_options o;
+	o.executor = by_job;
+	EXPECT(same_bits(wide_gradients(o), want));
+	EXPECT(queue.posted() > 0);
+
+	adg::executor by_fn(
+		[&](void (*fn)(void *), void *arg) {
+			queue.post([fn, arg] { fn(arg); });
+		},
+		2);
+	o.executor = by_fn;
+	unsigned long before = queue.posted();
+	EXPECT(same_bits(wide_gradients(o), want));
+	EXPECT(queue.posted() > before);
+
+	/* A submit that refuses every job: the calling thread does it all. */
+	adg::executor refusing([](adg::job) { throw std::runtime_error("no"); },
+			       2);
+	o.executor = refusing;
+	EXPECT(same_bits(wide_gradients(o), want));
+
+	adg::pool workers(4);
+	o.executor = workers;
+	EXPECT(same_bits(wide_gradients(o), want));
+}
+
+TEST(closures_are_released_once_each)
+{
+	adg::registry reg;
+	leaves l(reg);
+	adg::node t = build<double>(reg, l);
+	EXPECT(probe::live == 5); /* one per step, held by libadg */
+	EXPECT(reg.stats().live_steps == 5);
+	adg::gradients<double> g = adg::backward(t, 1.0);
+	EXPECT(probe::live == 0); /* consumed: released as they ran */
+	EXPECT(reg.stats().live_steps == 0);
+	EXPECT(g.size() == 3);
+}
+
+TEST(an_unrun_graph_releases_its_closures)
+{
+	adg::registry reg;
+	{
+		leaves l(reg);
+		adg::node t = build<double>(reg, l);
+		EXPECT(probe::live == 5);
+	}
+	EXPECT(probe::live == 0);
+	EXPECT(reg.stats().live_nodes == 0);
+}
+
+TEST(a_throwing_step_is_rethrown_as_thrown)
+{
+	for (unsigned n_workers : {0u, 2u}) {
+		adg::registry reg;
+		adg::pool workers(2);
+		leaves l(reg);
+		adg::node p = mul<tracked>(reg, l.x, xv, l.y, yv);
+		adg::node bad = adg::op(
+			reg, {p, l.z},
+			[pr = probe()](adg::step_call<tracked> &) {
+				throw boom{42};
+			},
+			"thrower");
+		adg::node t = mul<tracked>(reg, bad, 1.0, l.z, zv);
+		adg_failure why{};
+		adg::backward_options o;
+		if (n_workers > 0)
+			o.executor = workers;
+		o.failure = &why;
+		EXPECT_THROWS(boom, adg::backward(t, tracked(1.0), o),
+			      EXPECT(e.value == 42));
+		EXPECT(why.site == ADG_FAILED_STEP);
+		EXPECT(why.node_id == bad.id());
+		EXPECT(std::strcmp(why.name, "thrower") == 0);
+		EXPECT(why.code == adg::step_threw);
+		EXPECT(probe::live == 0);   /* run or not, all released */
+		EXPECT(tracked::live == 0); /* the seed, the gradients */
+		/* Consumed: a second backward is refused. */
+		EXPECT_THROWS(adg::error, adg::backward(t, tracked(1.0)),
+			      EXPECT(e.code().value() == ADG_ECONSUMED));
+		EXPECT(tracked::live == 0);
+	}
+}
+
+TEST(an_adg_error_in_a_step_keeps_its_code)
+{
+	adg::registry reg;
+	leaves l(reg);
+	adg::node y = adg::op(reg, {l.x, l.y}, [](adg::step_call<double> &c) {
+		c.give(7, 1.0); /* no slot 7: ADG_EINVAL, value freed */
+	});
+	adg_failure why{};
+	adg::backward_options o;
+	o.failure = &why;
+	EXPECT_THROWS(adg::error, adg::backward(y, 1.0, o),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT(why.site == ADG_FAILED_STEP && why.code == ADG_EINVAL);
+}
+
+TEST(a_throwing_add_is_rethrown)
+{
+	for (unsigned n_workers : {0u, 2u}) {
+		adg::registry reg;
+		adg::pool workers(2);
+		adg::node x = adg::leaf(reg);
+		adg::node y = mul<tracked>(reg, x, xv, x, xv); /* x twice */
+		adg::backward_options o;
+		if (n_workers > 0)
+			o.executor = workers;
+		tracked::add_throws = true;
+		EXPECT_THROWS(add_failed, adg::backward(y, tracked(1.0), o), );
+		tracked::add_throws = false;
+		EXPECT(probe::live == 0);
+		EXPECT(tracked::live == 0);
+	}
+}
+
+TEST(a_failed_backward_leaks_nothing)
+{
+	adg::registry reg;
+	leaves l(reg);
+	adg::node t = build<tracked>(reg, l);
+	adg::gradients<tracked> g = adg::backward(t, tracked(1.0));
+	EXPECT_THROWS(adg::error, adg::backward(t, tracked(1.0)),
+		      EXPECT(e.code().value() == ADG_ECONSUMED));
+	EXPECT(tracked::live == 3); /* the three gradients, seed freed */
+	EXPECT_THROWS(adg::error, adg::backward(adg::node(), tracked(1.0)),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT(tracked::live == 3);
+}
+
+TEST(a_step_rethrows_what_its_nested_backward_threw)
+{
+	adg::registry reg;
+	adg::node a = adg::leaf(reg);
+	adg::node inner = adg::op(
+		reg, {a}, [](adg::step_call<double> &) { throw boom{7}; });
+	adg::node b = adg::leaf(reg);
+	/* The outer step keeps the inner root: released with the step. */
+	adg::node outer = adg::op(
+		reg, {b}, [inner, p = probe()](adg::step_call<double> &) {
+			(void)p;
+			adg::backward(inner, 1.0);
+		});
+	inner.reset();
+	EXPECT_THROWS(boom, adg::backward(outer, 1.0), EXPECT(e.value == 7));
+	EXPECT(probe::live == 0);
+}
+
+TEST(the_gradient_type_is_the_registrys)
+{
+	adg::registry reg;
+	adg::node x = adg::leaf(reg);
+	adg::node y = mul<double>(reg, x, 2.0, x, 2.0);
+	/* An int seed would be freed as a double: refused, nothing made. */
+	EXPECT_THROWS(adg::error, adg::backward(y, 1),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT_THROWS(adg::error, mul<float>(reg, x, 1.0, x, 1.0),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT(probe::live == 1); /* y's; the float step's lambda is gone */
+	EXPECT(adg::backward(y, 1.0).get(x) == 4.0); /* 2 * 2 */
+	EXPECT(probe::live == 0);
+}
+
+TEST(a_refused_op_keeps_nothing)
+{
+	adg::registry reg, other;
+	adg::node x = adg::leaf(reg), stranger = adg::leaf(other);
+	EXPECT_THROWS(adg::error, mul<double>(reg, x, 1.0, stranger, 1.0),
+		      EXPECT(e.code().value() == ADG_EFOREIGN));
+	EXPECT_THROWS(adg::error, mul<double>(reg, x, 1.0, adg::node(), 1.0),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	adg::registry gone;
+	adg::registry taken(std::move(gone));
+	EXPECT_THROWS(adg::error, mul<double>(gone, x, 1.0, x, 1.0),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT(probe::live == 0); /* each closure went with its op */
+	EXPECT(reg.stats().live_steps == 0);
+}
+
+TEST(node_handles_move_and_copy)
+{
+	adg::registry reg;
+	adg::node x = adg::leaf(reg);
+	std::uint64_t id = x.id();
+
+	adg::node moved(std::move(x));
+	EXPECT(!x && moved && moved.id() == id);
+
+	adg::node y1 = mul<double>(reg, moved, 1.0, moved, 1.0);
+	adg::node y2 = mul<double>(reg, moved, 2.0, moved, 2.0);
+	std::uint64_t id2 = y2.id();
+	EXPECT(probe::live == 2);
+	y1 = std::move(y2); /* over a live handle: y1's node goes */
+	EXPECT(probe::live == 1 && !y2 && y1.id() == id2);
+	self_move(y1);
+	EXPECT(probe::live == 1 && y1 && y1.id() == id2);
+
+	adg::node copy = y1; /* a second reference */
+	y1.reset();
+	EXPECT(probe::live == 1);
+	adg::node other = mul<double>(reg, moved, 3.0, moved, 3.0);
+	other = copy; /* copy-assigned over a live handle */
+	EXPECT(probe::live == 1 && other.id() == id2);
+	const adg::node &same = other;
+	other = same; /* self-copy */
+	EXPECT(other.id() == id2);
+	copy.reset();
+	EXPECT(adg::backward(other, 1.0).get(moved) == 4.0); /* y2: 2 * 2 */
+	EXPECT(probe::live == 0);
+
+	adg_node *raw = moved.release(); /* to the C API and back */
+	EXPECT(!moved && adg_node_unref(raw) == 0);
+	other.reset();
+	EXPECT(reg.stats().live_nodes == 0);
+}
+
+TEST(registry_gradients_pool_and_executor_handles_move)
+{
+	adg::registry first;
+	adg::registry reg(std::move(first));
+	EXPECT(!first && reg && first.raw() == nullptr);
+	adg::registry spare;
+	spare = std::move(reg); /* over a live registry: the old one goes */
+	self_move(spare);
+	EXPECT(spare && !reg);
+	reg = std::move(spare);
+
+	adg::pool pool1(2);
+	adg::pool pool2(std::move(pool1));
+	EXPECT(pool1.c_executor() == nullptr && pool2.c_executor() != nullptr);
+	adg::pool pool3(1);
+	pool3 = std::move(pool2); /* over a live pool: stopped and freed */
+	self_move(pool3);
+	adg::executor exec1([](adg::job j) { j(); }, 0);
+	adg::executor exec2(std::move(exec1));
+	EXPECT(exec1.c_executor() == nullptr);
+	self_move(exec2);
+	EXPECT(exec2.c_executor() != nullptr);
+
+	leaves l(reg);
+	adg::backward_options o;
+	o.executor = pool3;
+	adg::gradients<tracked> g1 =
+		adg::backward(build<tracked>(reg, l), tracked(1.0), o);
+	o.executor = exec2;
+	adg::gradients<tracked> g2 =
+		adg::backward(build<tracked>(reg, l), tracked(1.0), o);
+	EXPECT(tracked::live == 6);
+	adg::gradients<tracked> g3(std::move(g1));
+	EXPECT(g1.raw() == nullptr && g3.size() == 3);
+	g3 = std::move(g2); /* over a live container: its values go */
+	EXPECT(tracked::live == 3);
+	self_move(g3);
+	EXPECT(tracked::live == 3 && g3.get(l.x).v == g3.get(l.x.id()).v);
+	tracked dx = g3.take(l.x); /* moved out */
+	EXPECT(g3.size() == 2 && g3.find(l.x) == nullptr);
+	EXPECT_THROWS(adg::error, g3.get(l.x),
+		      EXPECT(e.code().value() == ADG_ENOTFOUND));
+	EXPECT(tracked::live == 3 && dx.v == c_gradients()[0]);
+}
+
+TEST(a_node_dropped_before_the_backward)
+{
+	adg::registry reg;
+	adg::node a = adg::leaf(reg), b = adg::leaf(reg), c = adg::leaf(reg);
+	adg::node ab = mul<double>(reg, a, 3.0, b, 4.0);
+	adg::node y = mul<double>(reg, ab, 12.0, c, 5.0);
+	ab.reset(); /* y still needs its step */
+	a.reset();  /* a leaf: y keeps its id, and the gradient comes */
+	EXPECT(probe::live == 2);
+	adg::gradients<double> g = adg::backward(y, 1.0);
+	EXPECT(g.get(b) == 15.0 && g.get(c) == 12.0 && g.size() == 3);
+	EXPECT(probe::live == 0);
+}
+
+TEST(the_registry_is_freed_last)
+{
+	adg::registry reg;
+	adg::gradients<tracked> g;
+	std::uint64_t x_id;
+	{
+		leaves l(reg);
+		x_id = l.x.id();
+		g = adg::backward(build<tracked>(reg, l), tracked(1.0));
+		/* Nodes alive: close refuses, the registry stays usable. */
+		EXPECT_THROWS(adg::error, reg.close(),
+			      EXPECT(e.code().value() == ADG_EBUSY));
+		EXPECT(reg && adg::leaf(reg));
+	}
+	reg.close(); /* every node gone */
+	EXPECT(!reg);
+	/* A container may outlive its registry. */
+	EXPECT(g.get(x_id).v == c_gradients()[0] && tracked::live == 3);
+}
+
+TEST(retained_passes_keep_the_closures)
+{
+	adg::registry reg;
+	leaves l(reg);
+	adg::node t = build<double>(reg, l);
+	adg::backward_options keep;
+	keep.retain = true;
+	std::vector<double> want = c_gradients();
+	for (int pass = 0; pass < 2; pass++) {
+		adg::gradients<double> g = adg::backward(t, 1.0, keep);
+		EXPECT(g.get(l.x) == want[0] && probe::live == 5);
+	}
+	EXPECT(adg::backward(t, 1.0).get(l.z) == want[2]);
+	EXPECT(probe::live == 0);
+}
+
+TEST(c_code_runs_cpp_steps_with_the_registrys_ops)
+{
+	/* grad_ops<double> on the registry: a backward of C code, passed
+	 * NULL ops, folds and frees the doubles of C++ steps. */
+	adg_grad_ops ops = adg::grad_ops<double>();
+	adg_registry_options options{};
+	options.grad_ops = &ops;
+	adg::registry reg(options);
+	adg::pool workers(2, reg.allocator()); /* the registry's memory */
+	leaves l(reg);
+	adg::node t = build<double>(reg, l);
+	adg_backward_options o{};
+	o.executor = workers.c_executor();
+	adg_grads *grads = nullptr;
+	EXPECT(adg_backward_with(reg.raw(), t.raw(), new double(1.0), nullptr,
+				 &o, &grads) == 0);
+	void *dz = nullptr;
+	EXPECT(adg_grads_get_node(grads, l.z.raw(), &dz) == 0);
+	EXPECT(*static_cast<double *>(dz) == c_gradients()[2]);
+	adg_grads_free(grads);
+	EXPECT(probe::live == 0);
+}
+
+TEST(generic_lambdas_name_their_type)
+{
+	adg::registry reg;
+	adg::node x = adg::leaf(reg);
+	adg::node y = adg::op<double>(reg, {x, x}, [](auto &c) {
+		for (std::size_t i = 0; i < c.n_parents(); i++)
+			c.give(i, *c.grad() * 3.0);
+	});
+	EXPECT(adg::backward(y, 2.0).get(x) == 12.0);
+}
+
+TEST(errors_name_their_codes)
+{
+	adg::error err(ADG_ENOMEM, "here");
+	EXPECT(err.code().category() == adg::category());
+	EXPECT(std::strcmp(adg::category().name(), "adg") == 0);
+	EXPECT(err.code().message() == adg_strerror(ADG_ENOMEM));
+	EXPECT(std::string(err.what()).find("here") != std::string::npos);
+	EXPECT(err.failure().code == ADG_ENOMEM);
+	EXPECT(adg::category().message(adg::step_threw) != "unknown error");
+	adg::check(0);
+	EXPECT_THROWS(adg::error, adg::check(ADG_EBUSY),
+		      EXPECT(e.code().value() == ADG_EBUSY));
+	adg_grad_ops ops = adg::grad_ops<double>();
+	void *sum = new double(1.0);
+	EXPECT(ops.add(&sum, new double(2.0), nullptr) == 0);
+	EXPECT(*static_cast<double *>(sum) == 3.0);
+	ops.free(sum, nullptr);
+}
+
+} // namespace
+
+int main()
+{
+	int passed = 0, failed = 0;
+	for (const test_case &t : all_tests()) {
+		probe::live = 0;
+		tracked::live = 0;
+		std::string why;
+		try {
+			t.run();
+			if (probe::live != 0 || tracked::live != 0)
+				why = "left " + std::to_string(probe::live) +
+				      " closures, " +
+				      std::to_string(tracked::live) +
+				      " gradient values";
+		} catch (const check_failed &f) {
+			why = f.what;
+		} catch (const std::exception &e) {
+			why = std::string("threw: ") + e.what();
+		} catch (...) {
+			why = "threw something else";
+		}
+		if (why.empty()) {
+			std::printf("ok %s\n", t.name);
+			passed++;
+		} else {
+			std::printf("FAILED %s: %s\n", t.name, why.c_str());
+			failed++;
+		}
+	}
+	std::printf("cpp: %d passed, %d failed\n", passed, failed);
+	/* Criterion's summary line too: scripts/valgrind.sh runs every
+	 * tests/test_* binary and wants it, and scripts/test.sh then counts
+	 * the test cases rather than one test. */
+	std::printf(
+		"[====] Synthesis: Tested: %d | Passing: %d | Failing: %d | "
+		"Crashing: 0\n",
+		passed + failed, passed, failed);
+	return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,261 @@
+/* Who owns what (adg.h, the conventions' table), row by row, on success
+ * and on each error; and the calls that spare a trainer boilerplate: the
+ * registry's default gradient ops, gradients by handle, the registry's
+ * allocator for a pool, an output's free with its context. */
+#include "fixture.h"
+
+#include <sched.h>
+#include <stdlib.h>
+
+FIXTURE_SUITE(ownership, .timeout = 60);
+
+static void open_with_ops(void)
+{
+	adg_registry_options o = {.grad_ops = &scalar_ops};
+	fixture_open(&o);
+}
+
+/* Tests that open registries of their own, or none. */
+TestSuite(ownership_own, .timeout = 60);
+
+/* A registry whose backward passes need no ops. */
+TestSuite(default_ops, .init = open_with_ops, .timeout = 60);
+
+CHECKED_TEST(default_ops, a_backward_without_ops_uses_the_registrys)
+{
+	scalar a = s_leaf(reg, 3), b = s_leaf(reg, 4), y = s_mul(reg, a, b);
+	adg_grads *g;
+	cr_assert_eq(adg_backward(reg, y.node, scalar_box(1), NULL, &g), 0);
+	void *da, *db;
+	cr_assert_eq(adg_grads_get_node(g, a.node, &da), 0);
+	cr_assert_eq(adg_grads_take_node(g, b.node, &db), 0);
+	cr_assert_eq(*(double *)da, 4);
+	cr_assert_eq(*(double *)db, 3);
+	scalar_ops.free(db, NULL);
+	cr_assert_eq(adg_grads_take_node(g, b.node, &db), ADG_ENOTFOUND);
+	cr_assert_null(db);
+	cr_assert_eq(adg_grads_free(g), 0);
+	/* And on error the seed goes with the registry's free. */
+	long before = atomic_load(&scalar_values_live);
+	cr_assert_eq(adg_backward(reg, y.node, scalar_box(1), NULL, &g),
+		     ADG_ECONSUMED);
+	cr_assert_eq(atomic_load(&scalar_values_live), before);
+	s_drop(y);
+	s_drop(a);
+	s_drop(b);
+}
+
+CHECKED_TEST(ownership, without_ops_anywhere_the_seed_stays_the_callers)
+{
+	scalar a = s_leaf(reg, 3), y = s_mul(reg, a, a);
+	adg_grads *g;
+	double *seed = scalar_box(1);
+	cr_assert_eq(adg_backward(reg, y.node, seed, NULL, &g), ADG_EINVAL);
+	cr_assert_null(g);
+	cr_assert_eq(atomic_load(&scalar_values_live), 1);
+	/* Still a registry with no ops: the same seed, with ops now. */
+	cr_assert_eq(adg_backward(reg, y.node, seed, &scalar_ops, &g), 0);
+	cr_assert_eq(adg_grads_free(g), 0);
+	s_drop(y);
+	s_drop(a);
+}
+
+Test(ownership_own, registry_ops_must_be_whole)
+{
+	adg_grad_ops half = {.add = scalar_ops.add};
+	adg_registry_options o = {.grad_ops = &half};
+	adg_registry *r = (adg_registry *)&r;
+	cr_assert_eq(adg_registry_new(&o, &r), ADG_EINVAL);
+	cr_assert_null(r);
+	half = (adg_grad_ops){.free = scalar_ops.free};
+	cr_assert_eq(adg_registry_new(&o, &r), ADG_EINVAL);
+}
+
+CHECKED_TEST(ownership, grads_by_handle_refuse_bad_input)
+{
+	scalar a = s_leaf(reg, 3), y = s_mul(reg, a, a);
+	adg_grads *g;
+	cr_assert_eq(adg_backward(reg, y.node, scalar_box(1), &scalar_ops, &g),
+		     0);
+	void *v = &v;
+	cr_assert_eq(adg_grads_get_node(g, NULL, &v), ADG_EINVAL);
+	cr_assert_null(v);
+	v = &v;
+	cr_assert_eq(adg_grads_take_node(g, NULL, &v), ADG_EINVAL);
+	cr_assert_null(v);
+	cr_assert_eq(adg_grads_get_node(NULL, a.node, &v), ADG_EINVAL);
+	cr_assert_eq(adg_grads_get_node(g, a.node, NULL), ADG_EINVAL);
+	/* y's own gradient is freed once its step has run. */
+	cr_assert_eq(adg_grads_get_node(g, y.node, &v), ADG_ENOTFOUND);
+	cr_assert_eq(adg_grads_get_node(g, a.node, &v), 0);
+	cr_assert_eq(*(double *)v, 6);
+	cr_assert_eq(adg_grads_free(g), 0);
+	s_drop(y);
+	s_drop(a);
+}
+
+/* ------------------------------------------------- the parts of a node */
+
+struct owned_user {
+	atomic_int releases;
+};
+
+static void owned_release(void *user)
+{
+	atomic_fetch_add(&((struct owned_user *)user)->releases, 1);
+}
+
+static int noop_backward(adg_step_call *call, void *user)
+{
+	(void)call;
+	(void)user;
+	return 0;
+}
+
+/* adg_op: on error there is no node, and the step's user is still the
+ * caller's (release never runs); on success release runs once. */
+CHECKED_TEST(ownership, a_step_user_is_handed_over_with_the_node)
+{
+	adg_registry *other;
+	cr_assert_eq(adg_registry_new(NULL, &other), 0);
+	adg_node *a, *foreign, *y = (adg_node *)&y;
+	cr_assert_eq(adg_leaf(reg, &a), 0);
+	cr_assert_eq(adg_leaf(other, &foreign), 0);
+	struct owned_user u = {0};
+	adg_step step = {.backward = noop_backward,
+			 .release = owned_release,
+			 .user = &u};
+	adg_node *mixed[2] = {a, foreign};
+	cr_assert_eq(adg_op(reg, mixed, 2, &step, &y), ADG_EFOREIGN);
+	cr_assert_null(y);
+	cr_assert_eq(adg_op(reg, &a, 0, &step, &y), ADG_EINVAL);
+	cr_assert_eq(adg_op(reg, NULL, 1, &step, &y), ADG_EINVAL);
+	cr_assert_eq(atomic_load(&u.releases), 0, "still the caller's");
+	cr_assert_eq(adg_op(reg, &a, 1, &step, &y), 0);
+	cr_assert_eq(adg_node_unref(y), 0);
+	cr_assert_eq(atomic_load(&u.releases), 1, "released once, by libadg");
+	adg_node_unref(a);
+	adg_node_unref(foreign);
+	cr_assert_eq(adg_registry_free(other), 0);
+}
+
+struct freed {
+	atomic_int count;
+	void *last_ctx;
+};
+
+static void counted_free(void *value, void *ctx)
+{
+	struct freed *f = ctx;
+	atomic_fetch_add(&f->count, 1);
+	f->last_ctx = ctx;
+	free(value);
+}
+
+/* adg_op_with: on error the offered output is still the caller's; on
+ * success libadg frees it, once, passing the output's ctx. */
+CHECKED_TEST(ownership, an_offered_output_is_handed_over_with_the_node)
+{
+	adg_node *a, *y = NULL;
+	cr_assert_eq(adg_leaf(reg, &a), 0);
+	struct freed f = {0};
+	adg_output out = {.value = malloc(8), .free = counted_free, .ctx = &f};
+	const uint32_t bad_want = 5;
+	adg_op_options opt = {
+		.output = &out, .want_parents = &bad_want, .n_want_parents = 1};
+	struct owned_user u = {0};
+	adg_step step = {.backward = noop_backward,
+			 .release = owned_release,
+			 .user = &u};
+	cr_assert_eq(adg_op_with(reg, &a, 1, &step, &opt, &y), ADG_EINVAL);
+	cr_assert_null(y);
+	cr_assert_eq(atomic_load(&f.count), 0, "still the caller's");
+	cr_assert_eq(atomic_load(&u.releases), 0);
+	opt.n_want_parents = 0;
+	cr_assert_eq(adg_op_with(reg, &a, 1, &step, &opt, &y), 0);
+	cr_assert_eq(adg_node_unref(y), 0);
+	cr_assert_eq(atomic_load(&f.count), 1);
+	cr_assert_eq(f.last_ctx, &f, "free gets the output's ctx");
+	cr_assert_eq(atomic_load(&u.releases), 1);
+	adg_node_unref(a);
+}
+
+/* ------------------------------------------------------------- a pool */
+
+static void count_job(void *arg)
+{
+	atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+/* Holds a pool thread until *arg is set. */
+static void gate_job(void *arg)
+{
+	while (!atomic_load((atomic_bool *)arg))
+		sched_yield();
+}
+
+/* A pool on the registry's allocator: every byte comes back, its job
+ * queue's growth included. */
+Test(ownership_own, a_pool_on_the_registrys_allocator)
+{
+	failing_alloc fa = {0};
+	adg_registry_options ro = {.allocator = failing_allocator(&fa)};
+	adg_registry *r;
+	cr_assert_eq(adg_registry_new(&ro, &r), 0);
+	adg_pool_options o = {.n_threads = 2};
+	cr_assert_eq(adg_registry_allocator(r, &o.allocator), 0);
+	cr_assert_eq(o.allocator.ctx, &fa);
+	long before = atomic_load(&fa.live_bytes);
+	adg_pool *pool;
+	cr_assert_eq(adg_pool_new_with(&o, &pool), 0);
+	cr_assert_gt(atomic_load(&fa.live_bytes), before);
+	adg_executor ex;
+	cr_assert_eq(adg_pool_executor(pool, &ex), 0);
+	/* Both threads held: the 100 jobs queue up, and the ring grows from
+	 * 16 to 128 entries. */
+	atomic_bool open = false;
+	atomic_int ran = 0;
+	cr_assert_eq(ex.submit(gate_job, &open, ex.ctx), 0);
+	cr_assert_eq(ex.submit(gate_job, &open, ex.ctx), 0);
+	long one_ring = atomic_load(&fa.live_bytes);
+	for (int i = 0; i < 100; i++)
+		cr_assert_eq(ex.submit(count_job, &ran, ex.ctx), 0);
+	cr_assert_gt(atomic_load(&fa.live_bytes), one_ring, "grown");
+	atomic_store(&open, true);
+	cr_assert_eq(adg_pool_free(pool), 0);
+	cr_assert_eq(atomic_load(&ran), 100);
+	cr_assert_eq(atomic_load(&fa.live_bytes), before);
+	cr_assert_eq(adg_registry_free(r), 0);
+	cr_assert_eq(atomic_load(&fa.live_bytes), 0);
+}
+
+Test(ownership_own, pool_and_allocator_bad_input)
+{
+	adg_pool *pool = (adg_pool *)&pool;
+	adg_pool_options o = {.n_threads = 1};
+	cr_assert_eq(adg_pool_new_with(NULL, &pool), ADG_EINVAL);
+	cr_assert_null(pool);
+	cr_assert_eq(adg_pool_new_with(&o, NULL), ADG_EINVAL);
+	o.n_threads = 0;
+	cr_assert_eq(adg_pool_new_with(&o, &pool), ADG_EINVAL);
+	o.n_threads = ADG_EXECUTOR_MAX_WORKERS + 1;
+	cr_assert_eq(adg_pool_new_with(&o, &pool), ADG_EINVAL);
+	failing_alloc fa = {0};
+	o = (adg_pool_options){.n_threads = 1,
+			       .allocator = failing_allocator(&fa)};
+	o.allocator.free = NULL;
+	cr_assert_eq(adg_pool_new_with(&o, &pool), ADG_EINVAL);
+	o.allocator = failing_allocator(&fa);
+	atomic_store(&fa.fail_in, 1);
+	cr_assert_eq(adg_pool_new_with(&o, &pool), ADG_ENOMEM);
+	cr_assert_null(pool);
+	cr_assert_eq(atomic_load(&fa.live_bytes), 0);
+	adg_allocator a;
+	cr_assert_eq(adg_registry_allocator(NULL, &a), ADG_EINVAL);
+	adg_registry *r;
+	cr_assert_eq(adg_registry_new(NULL, &r), 0);
+	cr_assert_eq(adg_registry_allocator(r, NULL), ADG_EINVAL);
+	cr_assert_eq(adg_registry_allocator(r, &a), 0);
+	cr_assert_not_null(a.alloc, "malloc's when none was given");
+	cr_assert_eq(adg_registry_free(r), 0);
+}
