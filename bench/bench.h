@@ -134,6 +134,9 @@ typedef struct bench_counts {
 	uint64_t build_ns; /* time spent registering */
 	uint64_t backward_ns;
 	double loss_first, loss_last; /* trainer */
+	/* When its loop began, just before its first unit of work: the run's
+	 * interval starts at the first thread's (measure.c). 0: not set. */
+	uint64_t start_ns;
 } bench_counts;
 
 typedef struct bench_workload {
@@ -212,6 +215,27 @@ bench_wide *bench_wide_open(const bench_params *p, int max_workers, long *spin,
 double bench_wide_run(bench_wide *w, int workers, bool work, bool retain,
 		      int ms, int *steps);
 void bench_wide_close(bench_wide *w);
+
+/* The big workload (big.c): one graph of n nodes over one leaf, a chain
+ * (branches 1) or `branches` chains joined at a root, on one thread. */
+typedef struct bench_big_result {
+	double cold_ns_node; /* registering, on memory never used before */
+	double ns_node;	     /* registering, warm: median of the passes */
+	double ns_step;	     /* backward and the root's unref, warm */
+	double rss_node;     /* resident growth per live node, cold; -1:
+				unreadable */
+	int passes;	     /* warm passes */
+	long copies;	     /* cold graphs, held together */
+} bench_big_result;
+
+/* Builds copies of the graph (enough for 10^5 nodes) on fresh memory,
+ * timed and with the resident memory read before and after, runs their
+ * backwards, then builds and runs one graph at a time for ms (at least
+ * three times). 0, or -1 when a registration or backward failed or a
+ * gradient came out wrong; then it leaves what it built to the process's
+ * end (measure.c runs it in a process of its own). */
+int bench_big_run(const bench_impl *impl, long n, int branches, int ms,
+		  bench_big_result *out);
 
 /* For callgrind: build or run backward over `iterations` chains, each in
  * a function of its own that --toggle-collect can name. */

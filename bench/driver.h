@@ -41,6 +41,10 @@ struct options {
 	const char *count_child; /* internal: the process callgrind runs */
 	/* The wide check's worker counts, 1 first (--wide-workers). */
 	int wide_workers[WIDE_MAX_COUNTS], n_wide_workers;
+	/* The big check's largest graph (--big-max); its default depends
+	 * on whether --workloads was given. */
+	long big_max;
+	bool workloads_named;
 };
 
 /* What one cell measured, run by run. It comes back from the cell's child
@@ -76,6 +80,23 @@ struct wide {
 	double spin_ns;		    /* their time alone */
 };
 
+/* The big check: graphs of 10^3, 10^4, ... nodes up to --big-max, each
+ * as a chain and as BIG_BRANCHES chains joined at a root, for adg and
+ * floor, each in a process of its own (bench_big_run). */
+#define BIG_SMALLEST  1000L
+#define BIG_LARGEST   10000000L /* 10^7: some 2 GB for adg */
+#define BIG_MAX_SIZES 5		/* 10^3 ... 10^7 */
+#define BIG_BRANCHES  64
+enum big_shape { BIG_CHAIN, BIG_CHAINS, BIG_SHAPES };
+
+struct big {
+	int n_sizes; /* 0 when it did not run */
+	long sizes[BIG_MAX_SIZES];
+	/* by shape, implementation (seed's unused) and size */
+	bench_big_result res[BIG_SHAPES][N_IMPLS][BIG_MAX_SIZES];
+	bool ok[BIG_SHAPES][N_IMPLS][BIG_MAX_SIZES];
+};
+
 /* Everything a sweep measured. A one-thread figure not measured is NAN. */
 struct results {
 	struct cell *cells; /* in the order they ran */
@@ -90,6 +111,7 @@ struct results {
 	long ckpt_peak[2];
 	/* The wide check; n_modes 0 when it did not run. */
 	struct wide wide;
+	struct big big;
 	int cores; /* cores this process may run on */
 };
 
@@ -131,6 +153,15 @@ double wide_kind_ratio(const struct results *r, enum wide_kind kind,
 		       enum wide_kind base_kind, int workers);
 /* "sequential", "1 worker", "2 workers", ... */
 void wide_mode(char *buf, size_t size, int workers);
+/* The big check's figures for (shape, impl, size index), or NULL when
+ * not measured or failed. */
+const bench_big_result *big_result(const struct results *r,
+				   enum big_shape shape, enum impl_id impl,
+				   int size);
+/* "chain", "64 chains" */
+const char *big_shape_name(enum big_shape shape);
+/* "10^3", ...; any other size as a number */
+void big_size(char *buf, size_t size, long n);
 
 /* report.c */
 void human(char *buf, size_t size, double v);

@@ -1,12 +1,18 @@
 /*
  * adg-bench's measurements: the sweep's cells, then the one-thread checks
- * (idle graphs, the hook's overlap, checkpointing), into struct results.
+ * (big graphs, idle graphs, the hook's overlap, checkpointing, wide), into
+ * struct results.
  *
  * Each cell (workload, threads, implementation) runs in a child process of
  * its own, so that its peak RSS is its own and no cell inherits another's
  * heap; within it, each of --runs runs opens a fresh registry. A run's
  * threads start together at a barrier and stop when the main thread, after
- * --ms, raises a flag; the run lasts until the last of them has stopped.
+ * --ms, raises a flag. The run's interval is read off the workers' own
+ * clocks, from the first one's start (just before its first unit of
+ * work) to the last one's stop: with many more threads than cores, the
+ * main thread may leave the barrier long after the workers did, and an
+ * interval on its clock would leave out their early work while counting
+ * it (128 threads on 2 cores read up to 6 x one thread that way).
  */
 #define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "driver.h"
@@ -30,7 +36,7 @@ struct worker {
 	pthread_barrier_t *start;
 	const atomic_int *stop;
 	bench_counts counts;
-	uint64_t end_ns;
+	uint64_t end_ns; /* its own clock, after its loop */
 };
 
 static void *worker_main(void *arg)
@@ -38,8 +44,12 @@ static void *worker_main(void *arg)
 	struct worker *w = arg;
 	w->impl->thread_begin(w->reg);
 	pthread_barrier_wait(w->start);
+	uint64_t start = bench_now_ns();
 	w->wl->thread(w->shared, w->index, w->stop, &w->counts);
 	w->end_ns = bench_now_ns();
+	/* A workload that sets no start of its own starts here. */
+	if (w->counts.start_ns == 0)
+		w->counts.start_ns = start;
 	w->impl->thread_end(w->reg);
 	return NULL;
 }
@@ -63,23 +73,29 @@ static void run_once(const struct options *o, const bench_impl *impl,
 	pthread_t *tid = calloc(threads, sizeof *tid);
 	pthread_barrier_init(&start, NULL, (unsigned)threads + 1);
 	for (int i = 0; i < threads; i++) {
-		w[i] = (struct worker){impl,   wl,    reg, shared, i,
-				       &start, &stop, {0}, 0};
+		w[i] = (struct worker){.impl = impl,
+				       .wl = wl,
+				       .reg = reg,
+				       .shared = shared,
+				       .index = i,
+				       .start = &start,
+				       .stop = &stop};
 		if (pthread_create(&tid[i], NULL, worker_main, &w[i]) != 0) {
 			perror("pthread_create");
 			exit(1);
 		}
 	}
 	pthread_barrier_wait(&start);
-	uint64_t t0 = bench_now_ns();
 	sleep_ms(o->ms);
 	atomic_store(&stop, 1);
-	uint64_t end = t0;
+	uint64_t t0 = UINT64_MAX, end = 0;
 	bench_counts sum = {0};
 	double loss_first = 0, loss_last = 0;
 	int with_loss = 0;
 	for (int i = 0; i < threads; i++) {
 		pthread_join(tid[i], NULL);
+		if (w[i].counts.start_ns < t0)
+			t0 = w[i].counts.start_ns;
 		if (w[i].end_ns > end)
 			end = w[i].end_ns;
 		sum.nodes += w[i].counts.nodes;
@@ -110,8 +126,12 @@ static void run_once(const struct options *o, const bench_impl *impl,
 	free(tid);
 }
 
-/* Runs a cell in a child process; its results come back through a pipe. */
-static bool run_cell(const struct options *o, struct cell *c)
+/* Runs body(o, data) in a child process, so that what it allocates and
+ * its peak RSS are its own; data (size bytes, no pointers) comes back
+ * through a pipe. False when the child failed: body returned false, or
+ * the process died. */
+static bool in_child(const struct options *o, void *data, size_t size,
+		     bool (*body)(const struct options *o, void *data))
 {
 	int fd[2];
 	if (pipe(fd) != 0)
@@ -122,28 +142,42 @@ static bool run_cell(const struct options *o, struct cell *c)
 		return false;
 	if (pid == 0) {
 		close(fd[0]);
-		for (int r = 0; r < c->runs; r++)
-			run_once(o, impls[c->impl],
-				 &bench_workloads[c->workload], c->threads, c,
-				 r);
-		struct rusage ru;
-		getrusage(RUSAGE_SELF, &ru);
-		c->peak_rss_kb = ru.ru_maxrss;
-		c->ok = true;
-		ssize_t n = write(fd[1], c, sizeof *c);
-		_exit(n == (ssize_t)sizeof *c ? 0 : 1);
+		if (!body(o, data))
+			_exit(1);
+		ssize_t n = write(fd[1], data, size);
+		_exit(n == (ssize_t)size ? 0 : 1);
 	}
 	close(fd[1]);
-	struct cell got;
-	ssize_t n = read(fd[0], &got, sizeof got);
+	void *got = malloc(size);
+	ssize_t n = got != NULL ? read(fd[0], got, size) : -1;
 	close(fd[0]);
 	int status;
 	waitpid(pid, &status, 0);
-	if (n != (ssize_t)sizeof got || !WIFEXITED(status) ||
-	    WEXITSTATUS(status) != 0)
-		return false;
-	*c = got;
+	bool ok = n == (ssize_t)size && WIFEXITED(status) &&
+		  WEXITSTATUS(status) == 0;
+	if (ok)
+		memcpy(data, got, size);
+	free(got);
+	return ok;
+}
+
+static bool cell_body(const struct options *o, void *data)
+{
+	struct cell *c = data;
+	for (int r = 0; r < c->runs; r++)
+		run_once(o, impls[c->impl], &bench_workloads[c->workload],
+			 c->threads, c, r);
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	c->peak_rss_kb = ru.ru_maxrss;
+	c->ok = true;
 	return true;
+}
+
+/* Runs a cell in a child process of its own. */
+static bool run_cell(const struct options *o, struct cell *c)
+{
+	return in_child(o, c, sizeof *c, cell_body);
 }
 
 /* The cells the options ask for, workload by workload, then thread count,
@@ -225,6 +259,61 @@ static void checkpoint_check(const struct options *o, struct results *r)
 		r->ckpt_peak[1]);
 }
 
+/* One graph of the big check, in a child process of its own. */
+struct big_job {
+	enum impl_id impl;
+	long n;
+	int branches;
+	bench_big_result res;
+};
+
+static bool big_body(const struct options *o, void *data)
+{
+	struct big_job *j = data;
+	return bench_big_run(impls[j->impl], j->n, j->branches, o->ms,
+			     &j->res) == 0;
+}
+
+/* One graph of the big check, into r->big, with its progress line. */
+static void big_one(const struct options *o, struct big *b, enum big_shape sh,
+		    enum impl_id im, int k)
+{
+	struct big_job j = {.impl = im,
+			    .n = b->sizes[k],
+			    .branches = sh == BIG_CHAIN ? 1 : BIG_BRANCHES};
+	bool ok = in_child(o, &j, sizeof j, big_body);
+	b->ok[sh][im][k] = ok;
+	b->res[sh][im][k] = j.res;
+	char n[16];
+	big_size(n, sizeof n, b->sizes[k]);
+	if (ok)
+		fprintf(stderr,
+			"big %s %s %s: %.1f ns per node (cold %.1f), %.1f ns "
+			"per step, %.0f B per node\n",
+			big_shape_name(sh), n, impls[im]->name, j.res.ns_node,
+			j.res.cold_ns_node, j.res.ns_step, j.res.rss_node);
+	else
+		fprintf(stderr, "big %s %s %s: FAILED\n", big_shape_name(sh), n,
+			impls[im]->name);
+}
+
+/* The big workload: sizes up, each shape, adg then floor (seed's locator
+ * maps are not what it measures). */
+static void big_check(const struct options *o, struct results *r)
+{
+	struct big *b = &r->big;
+	for (long n = BIG_SMALLEST;
+	     n <= o->big_max && b->n_sizes < BIG_MAX_SIZES; n *= 10)
+		b->sizes[b->n_sizes++] = n;
+	for (int k = 0; k < b->n_sizes; k++)
+		for (int sh = 0; sh < BIG_SHAPES; sh++) {
+			if (o->impl_on[IMPL_ADG])
+				big_one(o, b, sh, IMPL_ADG, k);
+			if (o->impl_on[IMPL_FLOOR])
+				big_one(o, b, sh, IMPL_FLOOR, k);
+		}
+}
+
 int available_cores(void)
 {
 	cpu_set_t set;
@@ -291,6 +380,12 @@ void measure(const struct options *o, struct results *r)
 		r->idle_ratio[i] = r->idle_ns[i][0] = r->idle_ns[i][1] = NAN;
 	r->cores = available_cores();
 	sweep(o, r);
+	/* Right after the sweep, before the checks that allocate in this
+	 * process: big's children start with this process's heap, and a
+	 * graph built into memory an earlier check freed would grow the
+	 * resident set by less than it costs. */
+	if (o->workload_on[workload_index("big")])
+		big_check(o, r);
 	if (o->idle)
 		idle_check(o, r);
 	if (o->impl_on[IMPL_ADG] &&

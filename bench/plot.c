@@ -1,6 +1,7 @@
 /*
  * adg-bench's plot: throughput against threads, one panel per workload and
- * one line per implementation, drawn by gnuplot into throughput.png.
+ * one line per implementation, drawn by gnuplot into throughput.png; and
+ * a panel for the big check, ns against the graph's size.
  *
  * The data files and plot.gp stay in the results folder beside the PNG,
  * so that the plot can be redrawn or restyled without running the sweep
@@ -32,10 +33,59 @@ static bool write_points(const struct options *o, const struct results *r,
 	return points > 0;
 }
 
+/* The big check's panel: ns per node and per step against the graph's
+ * nodes, adg and floor, the chain solid and 64 chains dashed, from
+ * big.dat (NaN: not measured). */
+static void plot_big(FILE *gp, const struct results *r, const char *dir)
+{
+	static const enum impl_id which[2] = {IMPL_ADG, IMPL_FLOOR};
+	char dat[1200];
+	snprintf(dat, sizeof dat, "%s/big.dat", dir);
+	FILE *d = fopen(dat, "w");
+	if (d == NULL)
+		return;
+	fprintf(d, "# nodes, then per graph (chain, 64 chains) and impl (adg, "
+		   "floor): ns per node, ns per step\n");
+	for (int k = 0; k < r->big.n_sizes; k++) {
+		fprintf(d, "%ld", r->big.sizes[k]);
+		for (int sh = 0; sh < BIG_SHAPES; sh++)
+			for (int i = 0; i < 2; i++) {
+				const bench_big_result *b =
+					big_result(r, sh, which[i], k);
+				fprintf(d, " %.2f %.2f", b ? b->ns_node : NAN,
+					b ? b->ns_step : NAN);
+			}
+		fprintf(d, "\n");
+	}
+	fclose(d);
+	fprintf(gp, "set title 'big (1 thread)'\nset logscale x 10\n"
+		    "set format x '10^{%%L}'\nset xlabel 'nodes in the graph'\n"
+		    "set ylabel 'ns per node or step'\nset autoscale xfix\n"
+		    "set offsets graph 0.05, graph 0.05, 0, 0\n"
+		    "set key top left font ',9' samplen 2\nplot ");
+	for (int sh = 0; sh < BIG_SHAPES; sh++)
+		for (int i = 0; i < 2; i++)
+			for (int step = 0; step < 2; step++) {
+				/* 64 chains: the backward only, dashed */
+				if (sh == BIG_CHAINS && !step)
+					continue;
+				fprintf(gp,
+					"%s'%s' using 1:%d with linespoints "
+					"lw 2 lc %d dt %d title '%s %s%s'",
+					sh || i || step ? ", " : "", dat,
+					2 + 4 * sh + 2 * i + step,
+					2 * i + step + 1, sh ? 2 : 1,
+					impls[which[i]]->name,
+					step ? "backward" : "register",
+					sh ? ", 64 chains" : "");
+			}
+	fprintf(gp, "\n");
+}
+
 void plot(const struct options *o, const struct results *r, const char *dir)
 {
-	/* Sweep workloads only: the others have no threads axis. */
-	int shown = 0;
+	/* Sweep workloads, and big: the others have no axis to plot on. */
+	int shown = r->big.n_sizes > 0;
 	for (int w = 0; w < bench_n_workloads; w++)
 		shown += o->workload_on[w] && !bench_workloads[w].check_only;
 	if (shown == 0)
@@ -80,6 +130,8 @@ void plot(const struct options *o, const struct results *r, const char *dir)
 		}
 		fprintf(gp, any ? "\n" : "0 notitle\n");
 	}
+	if (r->big.n_sizes > 0)
+		plot_big(gp, r, dir);
 	fprintf(gp, "unset multiplot\n");
 	fclose(gp);
 	char cmd[1300];

@@ -206,6 +206,104 @@ static void print_wide(FILE *f, const struct results *r)
 	fprintf(f, "\n");
 }
 
+/* The big check's shape, in the words every report uses. */
+static void big_about(FILE *f, const struct results *r, const char *sep)
+{
+	char most[16];
+	big_size(most, sizeof most, r->big.sizes[r->big.n_sizes - 1]);
+	fprintf(f,
+		"adg and floor, 1 thread, each graph in a process of its "
+		"own;%sone graph of N nodes (10^3 to %s) over one leaf: a "
+		"chain, or %d chains joined at a root;%sregister: ns per node, "
+		"the median of the builds after the cold ones (cold: the "
+		"first, on memory never used before, enough graphs for 10^5 "
+		"nodes);%sbackward: ns per step of the "
+		"backward and the root's unref, the same passes;%sRSS: "
+		"resident growth per live node over the cold graphs",
+		sep, most, BIG_BRANCHES, sep, sep, sep);
+}
+
+/* One size's figures of the big table, as text: per implementation (adg,
+ * floor) warm and cold ns per node, ns per step, bytes per node. */
+struct big_row {
+	char n[16], reg[2][16], cold[2][16], step[2][16], bytes[2][16];
+};
+
+static struct big_row big_row(const struct results *r, enum big_shape sh, int k)
+{
+	static const enum impl_id which[2] = {IMPL_ADG, IMPL_FLOOR};
+	struct big_row c;
+	big_size(c.n, sizeof c.n, r->big.sizes[k]);
+	for (int i = 0; i < 2; i++) {
+		const bench_big_result *b = big_result(r, sh, which[i], k);
+		ns(c.reg[i], sizeof c.reg[i], b ? b->ns_node : NAN);
+		ns(c.cold[i], sizeof c.cold[i], b ? b->cold_ns_node : NAN);
+		ns(c.step[i], sizeof c.step[i], b ? b->ns_step : NAN);
+		if (b && b->rss_node >= 0)
+			snprintf(c.bytes[i], sizeof c.bytes[i], "%.0f",
+				 b->rss_node);
+		else
+			snprintf(c.bytes[i], sizeof c.bytes[i], "-");
+	}
+	return c;
+}
+
+/* ns per backward step at size k over at the smallest; NAN when either
+ * is missing. */
+static double big_growth(const struct results *r, enum big_shape sh,
+			 enum impl_id impl, int k)
+{
+	const bench_big_result *a = big_result(r, sh, impl, k);
+	const bench_big_result *b = big_result(r, sh, impl, 0);
+	return a && b ? a->ns_step / b->ns_step : NAN;
+}
+
+/* "Backward ns per step, 10^6 nodes over 10^3: chain adg 1.10 x, ...":
+ * for 10^6, and for the largest size when it is another. */
+static void big_growth_lines(FILE *f, const struct results *r,
+			     const char *indent)
+{
+	const struct big *b = &r->big;
+	char lo[16], hi[16], q[4][16];
+	big_size(lo, sizeof lo, b->sizes[0]);
+	for (int k = 1; k < b->n_sizes; k++) {
+		if (b->sizes[k] != 1000000 && k != b->n_sizes - 1)
+			continue;
+		big_size(hi, sizeof hi, b->sizes[k]);
+		for (int sh = 0; sh < BIG_SHAPES; sh++) {
+			ratio_of(q[2 * sh], sizeof q[0],
+				 big_growth(r, sh, IMPL_ADG, k));
+			ratio_of(q[2 * sh + 1], sizeof q[0],
+				 big_growth(r, sh, IMPL_FLOOR, k));
+		}
+		fprintf(f,
+			"%sBackward ns per step, %s nodes over %s: %s adg %s "
+			"x, floor %s x; %s adg %s x, floor %s x.\n",
+			indent, hi, lo, big_shape_name(BIG_CHAIN), q[0], q[1],
+			big_shape_name(BIG_CHAINS), q[2], q[3]);
+	}
+}
+
+static void print_big(FILE *f, const struct results *r)
+{
+	fprintf(f, "\nbig: ");
+	big_about(f, r, "\n  ");
+	fprintf(f, ":\n  %-9s %5s | %9s %8s %9s %7s | %9s %8s %9s %7s\n",
+		"graph", "N", "adg reg", "cold", "backward", "B/node",
+		"floor reg", "cold", "backward", "B/node");
+	for (int sh = 0; sh < BIG_SHAPES; sh++)
+		for (int k = 0; k < r->big.n_sizes; k++) {
+			struct big_row c = big_row(r, sh, k);
+			fprintf(f,
+				"  %-9s %5s | %9s %8s %9s %7s | %9s %8s %9s "
+				"%7s\n",
+				big_shape_name(sh), c.n, c.reg[0], c.cold[0],
+				c.step[0], c.bytes[0], c.reg[1], c.cold[1],
+				c.step[1], c.bytes[1]);
+		}
+	big_growth_lines(f, r, "  ");
+}
+
 void print_report(const struct options *o, const struct results *r)
 {
 	print_table(stdout, r);
@@ -232,6 +330,8 @@ void print_report(const struct options *o, const struct results *r)
 				       impls[i]->name, r->idle_ns[i][0],
 				       r->idle_ns[i][1], r->idle_ratio[i]);
 	}
+	if (r->big.n_sizes > 0)
+		print_big(stdout, r);
 	if (r->wide.n_modes > 0)
 		print_wide(stdout, r);
 	print_targets(stdout, r, o->p.idle_graphs);
@@ -309,6 +409,52 @@ static void write_json_wide(FILE *f, const struct results *r)
 	fprintf(f, "\n  ]}");
 }
 
+/* "big": a graph per entry: shape, nodes, and per implementation its
+ * figures (null where not measured or failed). */
+static void write_json_big(FILE *f, const struct results *r)
+{
+	const struct big *b = &r->big;
+	static const enum impl_id which[2] = {IMPL_ADG, IMPL_FLOOR};
+	fprintf(f, ",\n  \"big\": {\"branches\": %d, \"graphs\": [",
+		BIG_BRANCHES);
+	bool first = true;
+	for (int sh = 0; sh < BIG_SHAPES; sh++)
+		for (int k = 0; k < b->n_sizes; k++) {
+			fprintf(f, "%s\n    {\"graph\": \"%s\", \"nodes\": %ld",
+				first ? "" : ",", big_shape_name(sh),
+				b->sizes[k]);
+			first = false;
+			for (int i = 0; i < 2; i++) {
+				const bench_big_result *x =
+					big_result(r, sh, which[i], k);
+				fprintf(f, ", \"%s\": ", impls[which[i]]->name);
+				if (x == NULL) {
+					fprintf(f, "null");
+					continue;
+				}
+				fprintf(f,
+					"{\"register_ns_per_node\": %.2f, "
+					"\"register_cold_ns_per_node\": %.2f, "
+					"\"backward_ns_per_step\": %.2f, "
+					"\"backward_vs_smallest\": ",
+					x->ns_node, x->cold_ns_node,
+					x->ns_step);
+				json_number(f, 3,
+					    big_growth(r, sh, which[i], k));
+				fprintf(f, ", \"rss_bytes_per_node\": ");
+				json_number(f, 1,
+					    x->rss_node >= 0 ? x->rss_node
+							     : NAN);
+				fprintf(f,
+					", \"passes\": %d, \"cold_graphs\": "
+					"%ld}",
+					x->passes, x->copies);
+			}
+			fprintf(f, "}");
+		}
+	fprintf(f, "\n  ]}");
+}
+
 static void write_json(FILE *f, const struct options *o,
 		       const struct results *r)
 {
@@ -357,6 +503,8 @@ static void write_json(FILE *f, const struct options *o,
 			",\n  \"overlap\": {\"early_fraction\": %.4f, "
 			"\"mean_steps_left\": %.4f}",
 			r->overlap, r->remaining);
+	if (r->big.n_sizes > 0)
+		write_json_big(f, r);
 	if (r->wide.n_modes > 0)
 		write_json_wide(f, r);
 	fprintf(f, "\n}\n");
@@ -389,6 +537,58 @@ static void write_markdown_wide(FILE *f, const struct results *r)
 	fprintf(f, "\nWide: ");
 	wide_cost(f, r, " ");
 	fprintf(f, ".\n");
+}
+
+/* The big check as a table: a row per shape and size. */
+static void write_markdown_big(FILE *f, const struct results *r)
+{
+	fprintf(f, "\n**big** (ns per node, per step; bytes per node): ");
+	big_about(f, r, " ");
+	fprintf(f, ".\n\n| graph | N | adg register ns/node | cold "
+		   "| adg backward ns/step | adg RSS B/node "
+		   "| floor register ns/node | cold | floor backward ns/step "
+		   "| floor RSS B/node |\n"
+		   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+	for (int sh = 0; sh < BIG_SHAPES; sh++)
+		for (int k = 0; k < r->big.n_sizes; k++) {
+			struct big_row c = big_row(r, sh, k);
+			fprintf(f,
+				"| %s | %s | %s | %s | %s | %s | %s | %s | %s "
+				"| %s |\n",
+				big_shape_name(sh), c.n, c.reg[0], c.cold[0],
+				c.step[0], c.bytes[0], c.reg[1], c.cold[1],
+				c.step[1], c.bytes[1]);
+		}
+	fprintf(f, "\n");
+	big_growth_lines(f, r, "");
+}
+
+/* big.csv: a row per shape, size and implementation measured. */
+static void write_big_csv(FILE *f, const struct options *o,
+			  const struct results *r)
+{
+	(void)o;
+	const struct big *b = &r->big;
+	fprintf(f, "graph,nodes,impl,register_ns_per_node,"
+		   "register_cold_ns_per_node,backward_ns_per_step,"
+		   "backward_vs_smallest,rss_bytes_per_node,passes,"
+		   "cold_graphs\n");
+	for (int sh = 0; sh < BIG_SHAPES; sh++)
+		for (int k = 0; k < b->n_sizes; k++)
+			for (enum impl_id i = 0; i < N_IMPLS; i++) {
+				const bench_big_result *x =
+					big_result(r, sh, i, k);
+				if (x == NULL)
+					continue;
+				fprintf(f,
+					"%s,%ld,%s,%.2f,%.2f,%.2f,%.3f,%.1f,%d,"
+					"%ld\n",
+					big_shape_name(sh), b->sizes[k],
+					impls[i]->name, x->ns_node,
+					x->cold_ns_node, x->ns_step,
+					big_growth(r, sh, i, k), x->rss_node,
+					x->passes, x->copies);
+			}
 }
 
 /* wide.csv: a row per mode and kind of step. workers 0 is sequential. */
@@ -493,6 +693,8 @@ static void write_markdown(FILE *f, const struct options *o,
 			"`BALANCED` %.2fM nodes/s, at most %ld.\n",
 			CKPT_CHAIN, r->ckpt_rate[0] / 1e6, r->ckpt_peak[0],
 			r->ckpt_rate[1] / 1e6, r->ckpt_peak[1]);
+	if (r->big.n_sizes > 0)
+		write_markdown_big(f, r);
 	if (r->wide.n_modes > 0)
 		write_markdown_wide(f, r);
 	fprintf(f, "\n```");
@@ -503,6 +705,11 @@ static void write_markdown(FILE *f, const struct options *o,
 static bool wide_ran(const struct results *r)
 {
 	return r->wide.n_modes > 0;
+}
+
+static bool big_ran(const struct results *r)
+{
+	return r->big.n_sizes > 0;
 }
 
 /* The results folder's files, in the order they are written; a file that
@@ -518,6 +725,7 @@ static const struct {
 	{"summary.md", write_markdown, NULL},
 	{"table.txt", write_table, NULL},
 	{"wide.csv", write_wide_csv, wide_ran},
+	{"big.csv", write_big_csv, big_ran},
 };
 
 int write_results(const struct options *o, const struct results *r, char *dir,
@@ -547,7 +755,9 @@ int write_results(const struct options *o, const struct results *r, char *dir,
 		files[i].write(f, o, r);
 		fclose(f);
 	}
-	printf("\nresults: %s/{bench.csv,bench.json,table.txt,summary.md%s}\n",
-	       dir, wide_ran(r) ? ",wide.csv" : "");
+	printf("\nresults: "
+	       "%s/{bench.csv,bench.json,table.txt,summary.md%s%s}\n",
+	       dir, wide_ran(r) ? ",wide.csv" : "",
+	       big_ran(r) ? ",big.csv" : "");
 	return 0;
 }

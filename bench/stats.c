@@ -136,3 +136,34 @@ void wide_mode(char *buf, size_t size, int workers)
 		snprintf(buf, size, "%d worker%s", workers,
 			 workers == 1 ? "" : "s");
 }
+
+const bench_big_result *big_result(const struct results *r,
+				   enum big_shape shape, enum impl_id impl,
+				   int size)
+{
+	const struct big *b = &r->big;
+	return size >= 0 && size < b->n_sizes && b->ok[shape][impl][size]
+		       ? &b->res[shape][impl][size]
+		       : NULL;
+}
+
+_Static_assert(BIG_BRANCHES == 64, "big_shape_name names 64 chains");
+
+const char *big_shape_name(enum big_shape shape)
+{
+	return shape == BIG_CHAIN ? "chain" : "64 chains";
+}
+
+void big_size(char *buf, size_t size, long n)
+{
+	int e = 0;
+	long m = n;
+	while (m >= 10 && m % 10 == 0) {
+		m /= 10;
+		e++;
+	}
+	if (m == 1 && e > 0)
+		snprintf(buf, size, "10^%d", e);
+	else
+		snprintf(buf, size, "%ld", n);
+}

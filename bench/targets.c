@@ -134,8 +134,11 @@ static void describe(char *what, size_t size, const struct target *t,
 		 t->base == IMPL_ADG ? base : impls[t->base]->name);
 }
 
-static void target_line(FILE *f, const struct results *r,
-			const struct target *t, int idle_graphs)
+enum verdict { HELD, MISSED, NOT_APPLICABLE };
+
+/* Prints row t's line; returns its verdict. */
+static enum verdict target_line(FILE *f, const struct results *r,
+				const struct target *t, int idle_graphs)
 {
 	double a = figure_of(r, t, IMPL_ADG, t->threads);
 	/* A retained backward's base is the consuming one, same mode. */
@@ -200,11 +203,97 @@ static void target_line(FILE *f, const struct results *r,
 	else
 		fprintf(f, "  %-8s %s: %s\n", verdict, shown,
 			have ? fig : "not measured in this run");
+	return !have || !applies ? NOT_APPLICABLE : holds ? HELD : MISSED;
+}
+
+/* The plausibility check. T threads on C cores do at most min(T, C)
+ * times the work of one thread alone on a core, whatever the code; a
+ * cell above that was timed wrong, not run fast. The base is the fastest
+ * of the 1-thread cell's runs, not its median: on a shared machine,
+ * another process's load takes half of a lone thread's time, but less of
+ * a process with 128 threads (the scheduler shares by thread), so a
+ * 1-thread median sunk by load makes honest cells look too fast (merge,
+ * floor, 4 threads on 2 cores: 2.37 x the 1-thread median, 1.71 x its
+ * fastest run, in one sweep here). The margin covers a fastest run that
+ * was still slowed: on this machine, quiet, no cell came within it (0.99
+ * of the bound at most), while the main thread's clock put 128 threads
+ * at up to 2.6 times the bound. Under a load of some 20 other processes
+ * a cell can pass it even so: that run's figures are not the machine's. */
+#define PLAUSIBLE_NOISE 0.15
+
+/* A cell's median over min(T, cores) x the fastest 1-thread run of the
+ * same workload and implementation; NAN without that cell. */
+static double plausibility(const struct results *r, const struct cell *c,
+			   double *one)
+{
+	const struct cell *base = find_cell(r, c->workload, c->impl, 1);
+	*one = base ? vmax(base->rate, base->runs) : NAN;
+	int most = c->threads < r->cores ? c->threads : r->cores;
+	return median(c->rate, c->runs) / (most * *one);
+}
+
+/* Checks every cell of more than one thread: the line misses when any
+ * is implausible, and each such cell gets an IMPLAUSIBLE line of its
+ * own. Returns the verdict. */
+static enum verdict plausibility_lines(FILE *f, const struct results *r)
+{
+	const struct cell *worst = NULL;
+	double most = NAN, one;
+	int bad = 0;
+	for (const struct cell *c = next_ok(r, NULL); c; c = next_ok(r, c)) {
+		double q = plausibility(r, c, &one);
+		if (c->threads == 1 || isnan(q))
+			continue;
+		if (worst == NULL || q > most) {
+			worst = c;
+			most = q;
+		}
+		bad += q > 1 + PLAUSIBLE_NOISE;
+	}
+	char what[96];
+	snprintf(what, sizeof what,
+		 "every cell, T threads <= %g x min(T, cores) x fastest "
+		 "1-thread run",
+		 1 + PLAUSIBLE_NOISE);
+	if (worst == NULL) {
+		fprintf(f, "  %-8s %s: not measured in this run\n", "n/a",
+			what);
+		return NOT_APPLICABLE;
+	}
+	fprintf(f, "  %-8s %s: highest %.2f x (%s, %d threads, %s)",
+		bad ? "MISSED" : "holds", what, most,
+		bench_workloads[worst->workload].name, worst->threads,
+		impls[worst->impl]->name);
+	if (bad)
+		fprintf(f, ", %d implausible", bad);
+	fprintf(f, "\n");
+	for (const struct cell *c = next_ok(r, NULL); c; c = next_ok(r, c)) {
+		double q = plausibility(r, c, &one);
+		if (c->threads == 1 || isnan(q) || q <= 1 + PLAUSIBLE_NOISE)
+			continue;
+		const bench_workload *wl = &bench_workloads[c->workload];
+		double m = median(c->rate, c->runs);
+		char rate[32], base[32];
+		human(rate, sizeof rate, m);
+		human(base, sizeof base, one);
+		fprintf(f,
+			"  IMPLAUSIBLE: %s, %d threads, %s: %s %s/s is %.2f x "
+			"its fastest 1-thread run (%s), more than %g x min(%d, "
+			"%d core%s)\n",
+			wl->name, c->threads, impls[c->impl]->name, rate,
+			wl->unit, m / one, base, 1 + PLAUSIBLE_NOISE,
+			c->threads, r->cores, plural(r->cores));
+	}
+	return bad ? MISSED : HELD;
 }
 
 void print_targets(FILE *f, const struct results *r, int idle_graphs)
 {
 	fprintf(f, "\nTargets:\n");
+	int count[3] = {0}; /* by enum verdict */
 	for (size_t i = 0; i < sizeof targets / sizeof targets[0]; i++)
-		target_line(f, r, &targets[i], idle_graphs);
+		count[target_line(f, r, &targets[i], idle_graphs)]++;
+	count[plausibility_lines(f, r)]++;
+	fprintf(f, "  %d held, %d missed, %d n/a\n", count[HELD], count[MISSED],
+		count[NOT_APPLICABLE]);
 }
