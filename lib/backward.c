@@ -41,18 +41,6 @@ static void seq_fire_parents(struct adg_run *run, size_t pos)
 	}
 }
 
-/* I7: with a hook, a successful run delivered every contribution. For the
- * assertions only. */
-static bool seq_all_delivered(const struct adg_run *run)
-{
-	if (run->retained)
-		return true; /* its counts are the table's */
-	for (size_t i = 0; i < run->len; i++)
-		if (run->tape->sorted[i]->tape_pending != 0)
-			return false;
-	return true;
-}
-
 /*
  * Runs the taken tape on this thread, deepest first. The root runs first,
  * with the seed, which is final from the start. A step starts only if no
@@ -66,12 +54,20 @@ static int seq_run(struct adg_run *run, void *seed)
 {
 	struct adg_run_thread th;
 	adg_run_thread_init(&th, run, 0, NULL, NULL);
+	struct adg_tape *t = run->tape;
+	if (t->window_len != 0)
+		adg_grad_table_attach_window(run->grads, t->window,
+					     t->window_lo, t->window_len);
 	struct adg_node **sorted = run->tape->sorted;
 	const size_t len = run->len;
 	void *grad = seed;
 	adg_run_root_ready(run, &grad);
 	for (size_t i = 0; i < len; i++) {
 		if (adg_likely(!adg_run_stopped(run, i))) {
+			/* I7: with a hook, every contribution came. */
+			ADG_ASSERT(run->first.code != 0 ||
+				   run->on_ready == NULL || run->retained ||
+				   sorted[i]->tape_pending == 0);
 			if (i > 0)
 				grad = adg_grad_table_take(run->grads,
 							   sorted[i]->id);
@@ -86,9 +82,20 @@ static int seq_run(struct adg_run *run, void *seed)
 		} else if (!run->retained) {
 			adg_node_release_step(run->shard, sorted[i]);
 		}
+		/* Let go of it now, in the cache still: nothing after reads
+		 * it (adg_run_let_go). */
+		if (!run->retained)
+			adg_run_let_go(run, i);
 	}
-	ADG_ASSERT(run->first.code != 0 || run->on_ready == NULL ||
-		   seq_all_delivered(run));
+	/* The leaves' gradients (and any other id's left in the window) move
+	 * to the table's entries, and the window is the tape's again, its
+	 * slots NULL. They were sized for the leaves: this only allocates
+	 * for ids a step registered that are no parent of its. */
+	if (t->window_len != 0 &&
+	    adg_grad_table_detach_window(run->grads) != 0) {
+		adg_failure f = {.code = ADG_ENOMEM};
+		adg_run_fail(run, UINT64_MAX - 1, &f);
+	}
 	return adg_run_end(run);
 }
 

@@ -22,6 +22,15 @@ struct adg_grad_table *adg_grad_table_of(const adg_grads *grads)
 	return caa_container_of(grads, struct adg_grad_table, as_grads);
 }
 
+/* id's slot in the attached window, or NULL when id is not in one. */
+static inline void **grad_table_window_slot(const struct adg_grad_table *g,
+					    uint64_t id)
+{
+	/* Unsigned: an id below window_lo wraps above window_len. */
+	uint64_t i = id - g->window_lo;
+	return adg_likely(i < g->window_len) ? &g->window[i] : NULL;
+}
+
 static size_t grad_table_home(const struct adg_grad_table *g, uint64_t id)
 {
 	/* Fibonacci hashing: consecutive ids spread over the table. */
@@ -93,6 +102,11 @@ int adg_grads_get(const adg_grads *grads, uint64_t id, void **value)
 	const struct adg_grad_table *g = adg_grad_table_of(grads);
 	if (g == NULL || value == NULL || id == 0)
 		return ADG_EINVAL;
+	void **slot = grad_table_window_slot(g, id);
+	if (slot != NULL) {
+		*value = *slot;
+		return *value != NULL ? 0 : ADG_ENOTFOUND;
+	}
 	size_t i = grad_table_find(g, id);
 	if (g->entries[i].id == 0)
 		return ADG_ENOTFOUND;
@@ -137,6 +151,13 @@ int adg_grads_take(adg_grads *grads, uint64_t id, void **value)
 
 void *adg_grad_table_take(struct adg_grad_table *g, uint64_t id)
 {
+	void **slot = grad_table_window_slot(g, id);
+	if (slot != NULL) {
+		void *value = *slot;
+		*slot = NULL;
+		g->count -= value != NULL;
+		return value;
+	}
 	size_t i = grad_table_find(g, id);
 	if (g->entries[i].id == 0)
 		return NULL;
@@ -145,9 +166,27 @@ void *adg_grad_table_take(struct adg_grad_table *g, uint64_t id)
 	return value;
 }
 
+/* Adds value into *slot, a window slot: the entries' insert, in place. */
+static int grad_table_window_insert(struct adg_grad_table *g, void **slot,
+				    void *value)
+{
+	if (*slot == NULL) {
+		*slot = value;
+		g->count++;
+		return 0;
+	}
+	/* add owns value from here on, whatever it returns. */
+	int rc = g->ops.add(slot, value, g->ops.ctx);
+	g->count -= *slot == NULL; /* nothing is held any more */
+	return adg_callback_result(rc);
+}
+
 int adg_grad_table_insert(struct adg_grad_table *g, uint64_t id, void *value)
 {
 	const adg_grad_ops *ops = &g->ops;
+	void **slot = grad_table_window_slot(g, id);
+	if (slot != NULL)
+		return grad_table_window_insert(g, slot, value);
 	size_t i = grad_table_find(g, id);
 	if (g->entries[i].id != 0) {
 		/* add owns value from here on, whatever it returns. */
@@ -232,8 +271,43 @@ int adg_grads_free(adg_grads *grads)
 	return 0;
 }
 
+void adg_grad_table_attach_window(struct adg_grad_table *g, void **window,
+				  uint64_t lo, size_t len)
+{
+	g->window = window;
+	g->window_lo = lo;
+	g->window_len = len;
+}
+
+int adg_grad_table_detach_window(struct adg_grad_table *g)
+{
+	void **window = g->window;
+	size_t len = g->window_len;
+	int rc = 0;
+	/* The entries route by id again before anything moves. */
+	g->window_len = 0;
+	g->window = NULL;
+	for (size_t i = 0; i < len; i++) {
+		if (window[i] == NULL)
+			continue;
+		void *value = window[i];
+		window[i] = NULL;
+		g->count--;
+		/* A new id for the entries: no add, only growth can fail,
+		 * and then value was freed. */
+		int moved = adg_grad_table_insert(g, g->window_lo + i, value);
+		rc = rc != 0 ? rc : moved;
+	}
+	return rc;
+}
+
 void adg_grad_table_free(struct adg_grad_table *g)
 {
+	for (size_t i = 0; i < g->window_len; i++) {
+		if (g->window[i] != NULL)
+			g->ops.free(g->window[i], g->ops.ctx);
+		g->window[i] = NULL;
+	}
 	for (size_t i = 0; i < g->cap; i++)
 		if (g->entries[i].id != 0)
 			g->ops.free(g->entries[i].value, g->ops.ctx);

@@ -707,7 +707,15 @@ struct adg_grad_table {
 	struct adg_grad_entry *entries;
 	size_t cap;	    /* a power of two */
 	unsigned int shift; /* 64 - log2(cap) */
-	size_t count;
+	size_t count;	    /* held, in entries and window */
+	/* While a backward on one thread runs: the gradients of ids window_lo
+	 * to window_lo + window_len - 1 live here instead, indexed by id, so
+	 * that a tape whose ids are dense (a graph recorded by one thread)
+	 * reads and writes them in memory order, with no hashing. The memory
+	 * is the tape's scratch; NULL: none. */
+	void **window;
+	uint64_t window_lo;
+	size_t window_len;
 };
 
 /* A table sized for about `expected` gradients, allocated with registry's
@@ -727,8 +735,19 @@ int adg_grad_table_insert(struct adg_grad_table *g, uint64_t id, void *value);
  * is never NULL). */
 void *adg_grad_table_take(struct adg_grad_table *g, uint64_t id);
 
-/* Frees every value held (ops->free) and the table. */
+/* Frees every value held (ops->free) and the table; an attached window's
+ * values too, leaving its slots NULL. */
 void adg_grad_table_free(struct adg_grad_table *g);
+
+/* Routes ids lo to lo + len - 1 to window (len slots, all NULL) until
+ * adg_grad_table_detach_window. */
+void adg_grad_table_attach_window(struct adg_grad_table *g, void **window,
+				  uint64_t lo, size_t len);
+
+/* Moves what the window holds into the table's own entries, leaving the
+ * window's slots NULL for its next use. Returns 0, or ADG_ENOMEM when the
+ * entries could not grow for them: then what could not move was freed. */
+int adg_grad_table_detach_window(struct adg_grad_table *g);
 
 /* --------------------------------------------------------------- teardown */
 

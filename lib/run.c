@@ -295,24 +295,35 @@ void adg_run_step_failed(struct adg_run_thread *th, size_t pos,
 
 /* ------------------------------------------------------------ end of run */
 
+void adg_run_let_go(struct adg_run *run, size_t pos)
+{
+	struct adg_node *n = run->tape->sorted[pos];
+	ADG_ASSERT(!run->retained && pos == run->let_go);
+	/* I8: once its step has run, with no failure so far, every request
+	 * for its output was served (its children's steps and its own have
+	 * run) and the output is gone. What a failure left goes now,
+	 * exactly once. */
+	if (n->ckpt != NULL) {
+		ADG_ASSERT(run->first.code != 0 ||
+			   (n->ckpt->pending == 0 && n->ckpt->value == NULL));
+		adg_ckpt_drop(n);
+	}
+	/* tape_links counts the references n's tape children hold on it:
+	 * they have all run (they are deeper), and every parent slot of a
+	 * taken node names a leaf (uncounted) or another taken node, so one
+	 * subtraction lets go of what the tape held of n. No later step
+	 * reads n: its parents are shallower, and so is what a recompute
+	 * reads. */
+	adg_node_release_many(run->shard, n, n->tape_links);
+	run->let_go++;
+}
+
 int adg_run_end(struct adg_run *run)
 {
 	int rc = run->first.code;
 	if (run->retained)
 		return rc; /* the graph is as it was: nothing to let go */
-	for (size_t i = 0; i < run->len; i++) {
-		struct adg_node *n = run->tape->sorted[i];
-		/* I8: a successful run served every request. What a failure
-		 * left of the outputs goes now, exactly once. */
-		if (n->ckpt != NULL) {
-			ADG_ASSERT(rc != 0 || (n->ckpt->pending == 0 &&
-					       n->ckpt->value == NULL));
-			adg_ckpt_drop(n);
-		}
-		/* Every parent slot of a taken node names a leaf (uncounted)
-		 * or another taken node: one subtraction per node lets go of
-		 * all the references the tape held on each other. */
-		adg_node_release_many(run->shard, n, n->tape_links);
-	}
+	while (run->let_go < run->len)
+		adg_run_let_go(run, run->let_go);
 	return rc;
 }

@@ -58,6 +58,9 @@ struct adg_run {
 	 * step, and what it was. */
 	atomic_uint_fast64_t first_key;
 	adg_failure first;
+	/* A consuming run: the positions below it were let go of
+	 * (adg_run_let_go). */
+	size_t let_go;
 	pthread_mutex_t fail_lock; /* with workers: around first's writes */
 };
 
@@ -156,6 +159,15 @@ void adg_run_step_failed(struct adg_run_thread *th, size_t pos,
 			 adg_failure_site site, int rc);
 
 /*
+ * What a run touches after calling out to user code (a step, a release, a
+ * recompute, a hook, ops) stays alive whatever that code does: each
+ * non-root tape node is held by its tape children's references until it
+ * has run and is let go of (adg_run_let_go; nothing reads it after), the
+ * root by the backward's own reference (backward_run), the records by the
+ * tape (only this backward owns a consumed node's record), the scratch by
+ * this run (a nested backward finds the shard's tape taken and uses its
+ * own), and the table by this run (no step sees it outside its call).
+ *
  * The step protocol, every mode's: runs the step at position pos of th's
  * run with grad, its gradient, final (the step's now, or freed here), with
  * on_step around it; serves its checkpoint requests; frees what the step
@@ -203,10 +215,16 @@ static inline int adg_run_step(struct adg_run_thread *th, size_t pos,
 	return rc;
 }
 
+/* A consuming run lets go of the node at pos, the next not let go of,
+ * once its step has run or been skipped: its checkpointing record, and
+ * the references its tape children held on it (freeing it if nothing
+ * else holds it). On one thread each node goes as the loop passes it,
+ * while it is still in the cache; with workers, at the end. */
+void adg_run_let_go(struct adg_run *run, size_t pos);
+
 /* The end of every run, once no step runs any more: a consuming run lets
- * go of its checkpointing records and of the references its tape's nodes
- * held on each other (freeing what nothing else holds). Returns the
- * run's result, first.code. */
+ * go of what is left (adg_run_let_go). Returns the run's result,
+ * first.code. */
 int adg_run_end(struct adg_run *run);
 
 /* parallel.c: runs the taken tape on the calling thread and the

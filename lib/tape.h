@@ -46,7 +46,9 @@ struct adg_par_arrays {
 struct adg_tape {
 	struct adg_node **walked; /* in walk order */
 	struct adg_node **sorted; /* deepest first, walk order within a depth */
-	size_t *per_depth;	  /* counting-sort buckets */
+	/* The walk met the nodes deepest first: sorted is walked. */
+	bool walked_in_order;
+	size_t *per_depth; /* counting-sort buckets */
 	size_t nodes_cap;
 	size_t depth_cap;
 	/* With a ready hook or an executor: open addressing by id, a power
@@ -64,6 +66,12 @@ struct adg_tape {
 	 * adg_step_out), as many as the most parents a tape node has. */
 	void **marks;
 	size_t marks_cap;
+	/* On one thread: the gradient window (tape_reserve_window), slots
+	 * all NULL between runs, and the span this tape uses of it. */
+	void **window;
+	size_t window_cap;
+	uint64_t window_lo;
+	size_t window_len;
 	/* With an executor's workers: the block behind par, in bytes, and
 	 * the edges it was carved for. */
 	void *par_block;

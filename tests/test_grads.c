@@ -121,3 +121,115 @@ CHECKED_TEST(grads, step_may_take_its_gradient)
 	adg_node_unref(y);
 	s_drop(leaf);
 }
+
+/* ---------------------------------------------------------------- window */
+
+/* On one thread, a tape whose ids are dense keeps its gradients in a
+ * window indexed by id (lib/grads.c): a step sees it as the container, by
+ * id, and what it holds at the end moves to the container's entries. */
+FIXTURE_SUITE(window);
+
+struct aside {
+	uint64_t other; /* an id that is no parent, inside the tape's span */
+	int get_rc;
+	size_t count;
+};
+
+/* Passes its gradient on, and gives one to `other` too, then reads it back
+ * through the container the step sees. */
+static int aside_backward(adg_step_call *call, void *user)
+{
+	struct aside *a = user;
+	int rc = s_pass_on(call);
+	if (rc == 0)
+		rc = adg_grads_register(call->grads, a->other, scalar_box(7));
+	void *v;
+	a->get_rc = adg_grads_get(call->grads, a->other, &v);
+	adg_grads_count(call->grads, &a->count);
+	return rc;
+}
+
+CHECKED_TEST(window, ids_inside_the_span_that_are_no_parent)
+{
+	scalar w = s_leaf(reg, 2);
+	scalar x = s_mul(reg, w, w);
+	scalar mid = s_leaf(reg, 0); /* its id lies between x's and y's */
+	struct aside a = {.other = mid.id};
+	adg_node *y;
+	adg_step st = {.backward = aside_backward, .user = &a};
+	cr_assert_eq(adg_op(reg, &x.node, 1, &st, &y), 0);
+	adg_grads *g;
+	cr_assert_eq(adg_backward(reg, y, scalar_box(1), &scalar_ops, &g), 0);
+	cr_assert_eq(a.get_rc, 0, "the step sees what it registered");
+	cr_assert_eq(a.count, 2, "x's gradient and mid's");
+	cr_assert_eq(s_grad(g, mid), 7);
+	cr_assert_eq(s_grad(g, w), 4); /* d(w*w)/dw at 2 */
+	size_t n;
+	cr_assert_eq(adg_grads_count(g, &n), 0);
+	cr_assert_eq(n, 2);
+	cr_assert_eq(adg_grads_free(g), 0);
+	adg_node_unref(y);
+	s_drop(x);
+	s_drop(mid);
+	s_drop(w);
+}
+
+static int failing_after_giving(adg_step_call *call, void *user)
+{
+	(void)user;
+	int rc = s_pass_on(call);
+	return rc != 0 ? rc : ADG_EUSER - 1;
+}
+
+/* A failed backward leaves the window empty for the next one on this
+ * thread: the next gradients are right and nothing is freed twice. */
+CHECKED_TEST(window, a_failed_backward_leaves_it_empty)
+{
+	for (int round = 0; round < 3; round++) {
+		scalar w = s_leaf(reg, 3);
+		scalar x = s_mul(reg, w, w);
+		scalar z = s_mul(reg, x, w);
+		adg_node *y;
+		adg_step st = {.backward = failing_after_giving};
+		cr_assert_eq(adg_op(reg, &z.node, 1, &st, &y), 0);
+		adg_grads *g;
+		cr_assert_eq(
+			adg_backward(reg, y, scalar_box(1), &scalar_ops, &g),
+			ADG_EUSER - 1);
+		adg_node_unref(y);
+		s_drop(z);
+		s_drop(x);
+		cr_assert_eq(atomic_load(&scalar_values_live), 0);
+		/* Again, on the same thread's tape: w^3 at 3. */
+		x = s_mul(reg, w, w);
+		z = s_mul(reg, x, w);
+		cr_assert_eq(s_backward(reg, z, &g), 0);
+		cr_assert_eq(s_grad(g, w), 27);
+		cr_assert_eq(adg_grads_free(g), 0);
+		s_drop(z);
+		s_drop(x);
+		s_drop(w);
+	}
+}
+
+/* Ids far apart (other work made ids in between): no window, the same
+ * gradients. */
+CHECKED_TEST(window, sparse_ids_go_to_the_entries)
+{
+	scalar w = s_leaf(reg, 2);
+	scalar y = w;
+	for (int i = 0; i < 4; i++) {
+		for (int k = 0; k < 100; k++)
+			s_drop(s_leaf(reg, 0)); /* ids used up */
+		scalar next = s_mul(reg, y, w);
+		if (i > 0)
+			s_drop(y);
+		y = next;
+	}
+	adg_grads *g;
+	cr_assert_eq(s_backward(reg, y, &g), 0);
+	cr_assert_eq(s_grad(g, w), 5 * 16); /* d(w^5)/dw at 2 */
+	cr_assert_eq(adg_grads_free(g), 0);
+	s_drop(y);
+	s_drop(w);
+}
