@@ -163,7 +163,9 @@ static uint32_t step_out_claim(struct adg_step_out *o, uint64_t id, void *value)
 /* An add into id's gradient failed on one thread with an executor: the
  * failure is the backward's, keyed as with workers, just after id's last
  * contributor on the tape, so that the first failure is the same with
- * workers or without. Only on failure: a scan of the tape's end. */
+ * workers or without. Only on failure: a scan of the tape's end, which
+ * stops at the running step at the latest (it names id), so it never
+ * reads a node the loop has let go of. */
 static void step_out_add_failed(struct adg_step_out *o, uint32_t slot, int rc)
 {
 	struct adg_run *run = o->run;
