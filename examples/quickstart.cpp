@@ -16,5 +16,4 @@ int main()
 	});
 	adg::gradients<double> g = adg::backward(y, 1.0);
 	std::printf("dy/da = %g, dy/db = %g\n", g.get(a), g.get(b)); /* 4, 3 */
-	return 0;
 }
