@@ -110,17 +110,9 @@ static int backward_of_leaf(struct adg_run *run, uint64_t id, void *seed)
 	}
 	/* A new table with room: holding seed cannot fail. */
 	adg_grad_table_insert(run->grads, id, seed);
-	if (run->on_ready != NULL) {
-		void *grad = adg_grad_table_take(run->grads, id);
-		rc = adg_callback_result(
-			run->on_ready(id, &grad, run->ready_ctx));
-		if (grad != NULL)
-			adg_grad_table_insert(run->grads, id, grad);
-		if (rc != 0)
-			run->first = adg_run_failure_at(ADG_FAILED_ON_READY, rc,
-							NULL, id);
-	}
-	return rc;
+	/* Its gradient is final at once: the hook's, as a tape's are, the
+	 * failure keyed before any step. */
+	return run->on_ready != NULL ? seq_fire(run, NULL, id, 0) : 0;
 }
 
 int adg_backward(adg_registry *registry, adg_node *root, void *seed,

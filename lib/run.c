@@ -39,7 +39,6 @@ void adg_run_thread_init(struct adg_run_thread *th, struct adg_run *run,
 		.out =
 			{
 				.as_grads = {.accept = step_out_accept},
-				.run = run,
 				.slots = t->marks,
 			},
 	};
@@ -95,6 +94,12 @@ void adg_run_root_ready(struct adg_run *run, void **grad)
 }
 
 /* ----------------------------------------------------------- step output */
+
+/* The run whose thread o is part of. */
+static inline struct adg_run *step_out_run(const struct adg_step_out *o)
+{
+	return caa_container_of(o, struct adg_run_thread, out)->run;
+}
 
 /* The output of the step th runs now: reset when the step gives its first
  * gradient, so that a step that gives none costs nothing here. */
@@ -168,7 +173,7 @@ static uint32_t step_out_claim(struct adg_step_out *o, uint64_t id, void *value)
  * reads a node the loop has let go of. */
 static void step_out_add_failed(struct adg_step_out *o, uint32_t slot, int rc)
 {
-	struct adg_run *run = o->run;
+	struct adg_run *run = step_out_run(o);
 	uint64_t id = adg_node_parent_ids(o->node)[slot];
 	for (size_t p = run->len; p-- > 0;) {
 		const struct adg_node *n = run->tape->sorted[p];
@@ -191,7 +196,7 @@ static void step_out_add_failed(struct adg_step_out *o, uint32_t slot, int rc)
  * does not grow. */
 static int step_out_deliver(struct adg_step_out *o, uint32_t k, void *value)
 {
-	struct adg_run *run = o->run;
+	struct adg_run *run = step_out_run(o);
 	if (run->mode == ADG_RUN_PARALLEL)
 		return 0;
 	int rc = adg_grad_table_insert(run->grads,
@@ -213,7 +218,8 @@ static int step_out_accept(struct adg_grads *to, uint64_t id, void *value)
 	if (k == NO_SLOT) {
 		/* Not a parent, or its slots are all taken: adding here
 		 * would fold in another order than the sequential backward. */
-		o->run->ops->free(value, o->run->ops->ctx);
+		const adg_grad_ops *ops = step_out_run(o)->ops;
+		ops->free(value, ops->ctx);
 		return ADG_EINVAL;
 	}
 	return step_out_deliver(o, k, value);

@@ -73,7 +73,6 @@ struct adg_run {
  * once a gradient came out of slot order (marked). */
 struct adg_step_out {
 	struct adg_grads as_grads; /* call->grads alone and with workers */
-	struct adg_run *run;
 	const struct adg_node *node;
 	void **slots;
 	uint32_t filled;
