@@ -20,14 +20,31 @@ if [ "${1:-}" = --check ]; then
 	exit 0
 fi
 header=${1:-include/adg.h}
-cpp_header=$(dirname "$header")/adg.hpp
-awk '
+# What both headers' pages share: a comment's text, and the page laid out
+# from the introduction (intro) and the sections' bodies.
+common='
 function flush_comment(   t) {
 	t = comment
 	gsub(/^\/\* ?/, "", t); gsub(/ ?\*\/$/, "", t)
 	gsub(/\n \* ?/, "\n", t); gsub(/\n \*$/, "", t)
 	return t
 }
+function print_page(title, note,   i) {
+	print title
+	print ""
+	print note
+	print ""
+	print intro
+	print ""
+	for (i = 0; i <= nsec; i++) {
+		if (body[i] == "") continue
+		if (i > 0) { print "## " sections[i]; print "" }
+		printf "%s", body[i]
+	}
+}
+'
+cpp_header=$(dirname "$header")/adg.hpp
+awk "$common"'
 function last_ident(t,   n, w) {
 	n = split(t, w, /[^A-Za-z0-9_]+/)
 	while (n > 0 && w[n] == "") n--
@@ -93,18 +110,7 @@ function emit(   d) {
 	pending = ""; in_decl = 0; decl = ""
 }
 END {
-	print "# libadg API reference"
-	print ""
-	print "Generated from `include/adg.h` by `scripts/gen-api.sh`; do not edit."
-	print "The header is the reference; this page is the same text, laid out."
-	print ""
-	print intro
-	print ""
-	for (i = 0; i <= nsec; i++) {
-		if (body[i] == "") continue
-		if (i > 0) { print "## " sections[i]; print "" }
-		printf "%s", body[i]
-	}
+	print_page("# libadg API reference", "Generated from `include/adg.h` by `scripts/gen-api.sh`; do not edit.\nThe header is the reference; this page is the same text, laid out.")
 }' "$header"
 [ -f "$cpp_header" ] || exit 0
 
@@ -112,13 +118,7 @@ END {
 # at namespace scope, each comment, then the declarations after it up to a
 # blank line, private sections and bodies left out. Classes and functions
 # are declared there and defined below, so nothing else needs parsing.
-awk '
-function flush_comment(   t) {
-	t = comment
-	gsub(/^\/\* ?/, "", t); gsub(/ ?\*\/$/, "", t)
-	gsub(/\n \* ?/, "\n", t); gsub(/\n \*$/, "", t)
-	return t
-}
+awk "$common"'
 function name_of(d,   t) {
 	t = d
 	sub(/^template <[^>]*>[ \n]*/, "", t)
@@ -185,15 +185,5 @@ in_comment {
 /^$/ { if (pending != "") { body[nsec] = body[nsec] pending "\n\n"; pending = "" } next }
 { decl = $0; depth = braces($0) }
 END {
-	print "# C++ layer: `include/adg.hpp`"
-	print ""
-	print "Generated from `include/adg.hpp` by `scripts/gen-api.sh`; do not edit."
-	print ""
-	print intro
-	print ""
-	for (i = 0; i <= nsec; i++) {
-		if (body[i] == "") continue
-		if (i > 0) { print "## " sections[i]; print "" }
-		printf "%s", body[i]
-	}
+	print_page("# C++ layer: `include/adg.hpp`", "Generated from `include/adg.hpp` by `scripts/gen-api.sh`; do not edit.")
 }' "$cpp_header"
