@@ -404,9 +404,17 @@ typedef struct adg_grad_ops {
  * The caller holds a reference to root when it calls; the backward holds
  * its own until it returns, so a step (or another thread) may drop the
  * caller's meanwhile. Takes every step reachable from root through
- * unconsumed steps, once each, and runs them deepest first on this thread
- * (or on an executor's workers: adg_backward_with), with no lock held;
- * they are consumed (adg_backward_with can retain them). On success *out
+ * unconsumed steps, once each (the tape), and runs them in tape order on
+ * this thread (or on an executor's workers: adg_backward_with), with no
+ * lock held; they are consumed (adg_backward_with can retain them). Tape
+ * order: a step comes after every step that names its node as a parent,
+ * as soon as the last of those has come, and of the steps ready, the one
+ * readied last (a node's parents are readied in slot order, so the last
+ * slot's branch runs first: for a graph recorded left to right, the
+ * reverse of the order it was made in, which is memory order). It depends
+ * on the graph's shape and its parent slots' order alone, never on
+ * timing, so gradients sum in the same order on every run. On success
+ * *out
  * is a new container holding the gradients of the leaves reached (a
  * non-leaf node's gradient is freed once its step has run); the caller
  * frees it with adg_grads_free. A root that is a leaf gives a container
@@ -504,7 +512,7 @@ typedef struct adg_backward_options {
 	void *on_ready_ctx;    /* passed to on_ready */
 	/* Nonzero: call on_ready for leaves only (a trainer's parameters). */
 	int leaves_only;
-	/* NULL: every step runs on the calling thread, deepest first. Set:
+	/* NULL: every step runs on the calling thread, in tape order. Set:
 	 * a step runs as soon as every step that names its node as a parent
 	 * has run, on the calling thread or a worker of the executor
 	 * (copied), so that independent branches run at once. Steps (and
@@ -521,8 +529,8 @@ typedef struct adg_backward_options {
 	 *
 	 * Determinism: each gradient is folded in one fixed order, whatever
 	 * the number of workers and the timing: by the position of the
-	 * contributing step on the tape (deepest first, the order the
-	 * sequential backward runs them in), then by parent slot, a parent's
+	 * contributing step on the tape (the order the sequential backward
+	 * runs them in), then by parent slot, a parent's
 	 * slots taken in the order of its registrations. So ops->add sees
 	 * the same operands in the same order with any number of workers as
 	 * without an executor, and the gradients are bitwise identical. A

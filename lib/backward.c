@@ -1,7 +1,7 @@
 /*
  * Backward: the entry point, which builds a run (run.h), takes its tape
  * (tape.c) and hands it to a runner; and the runner of the sequential and
- * alone modes, which runs the steps deepest first on the calling thread.
+ * alone modes, which runs the steps in tape order on the calling thread.
  * With workers, parallel.c runs it.
  */
 #include "run.h"
@@ -42,7 +42,7 @@ static void seq_fire_parents(struct adg_run *run, size_t pos)
 }
 
 /*
- * Runs the taken tape on this thread, deepest first. The root runs first,
+ * Runs the taken tape on this thread, in tape order. The root runs first,
  * with the seed, which is final from the start. A step starts only if no
  * failure is keyed at or before it: without an executor every failure
  * stops all that follows; alone, an add error is keyed after the add's

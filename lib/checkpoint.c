@@ -190,8 +190,9 @@ void adg_ckpt_plan(struct adg_node **tape, size_t len)
 		for (uint32_t k = 0; k < c->n_want_parents; k++)
 			request(n->parents[c->want_parents[k]]);
 	}
-	/* Then what recomputing needs, deepest first: every request on a
-	 * node comes from it or from deeper nodes, so its count is complete
+	/* Then what recomputing needs, in tape order: every request on a
+	 * node comes from it or from its descendants, earlier on the tape
+	 * (each node comes after its children), so its count is complete
 	 * when its turn comes. A node rebuilt once needs each parent once. */
 	for (size_t i = 0; i < len; i++) {
 		struct adg_node *n = tape[i];

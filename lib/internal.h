@@ -202,8 +202,10 @@ struct adg_node {
 	 * slots name this node. The backward drops them in one go. */
 	uint32_t tape_links;
 	union {
-		/* While on a tape run on one thread with a ready hook: those
-		 * of tape_links whose steps have not run yet. */
+		/* While a tape is taken, under the lock: those of tape_links
+		 * not yet placed in the tape's order (tape.c tape_order).
+		 * While it runs on one thread with a ready hook: those whose
+		 * steps have not run yet. */
 		uint32_t tape_pending;
 		/* While on a tape run with an executor: the node's position
 		 * (the scheduler keeps the counts). */

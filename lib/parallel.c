@@ -143,17 +143,16 @@ static size_t par_carve(void *block, struct adg_par_arrays *a, size_t len,
 }
 
 bool adg_par_reserve(struct adg_registry *r, struct adg_tape *t, size_t len,
-		     size_t edges, size_t leaf_slots, uint32_t n_slots)
+		     size_t edges, size_t leaves, uint32_t n_slots)
 {
 	/* Indices are 32 bits, NONE excluded: 2^32 edges would be 64 GiB of
 	 * parent arrays. */
-	if (edges >= NONE || len + leaf_slots >= NONE)
+	if (edges >= NONE || len + leaves >= NONE)
 		return false;
 	/* The allocator promises malloc's alignment, not a cache line's:
 	 * the queues start at the first line inside, up to a line in. */
-	size_t bytes =
-		par_carve(NULL, &t->par, len, edges, leaf_slots, n_slots) +
-		ADG_CACHELINE;
+	size_t bytes = par_carve(NULL, &t->par, len, edges, leaves, n_slots) +
+		       ADG_CACHELINE;
 	if (bytes > t->par_cap) {
 		size_t cap = bytes;
 		void *block = adg_alloc(r, cap);
@@ -167,7 +166,7 @@ bool adg_par_reserve(struct adg_registry *r, struct adg_tape *t, size_t len,
 	t->par_edges = edges;
 	void *aligned =
 		(void *)adg_round_up((uintptr_t)t->par_block, ADG_CACHELINE);
-	par_carve(aligned, &t->par, len, edges, leaf_slots, n_slots);
+	par_carve(aligned, &t->par, len, edges, leaves, n_slots);
 	return true;
 }
 
@@ -184,8 +183,8 @@ static void par_count_up(_Atomic uint32_t *pending)
 /* Numbers positions and edges, finds each edge's target and each target's
  * last contributor, sets the counts and builds each target's incoming list
  * in order: one pass, from the end of the tape, where a node's parents
- * (shallower, so later) are numbered before it and its children (earlier)
- * come after. The table is sized for the tape's leaf slots, and its nodes
+ * (later on the tape) are numbered before it and its children (earlier)
+ * come after. The table is sized for the tape's leaves, and its nodes
  * too when retained: a retained backward keeps a node's position there,
  * not in the node, which other retained passes may be running over (I14).
  * Returns the number of leaves. */

@@ -317,11 +317,11 @@ void adg_run_let_go(struct adg_run *run, size_t pos)
 		adg_ckpt_drop(n);
 	}
 	/* tape_links counts the references n's tape children hold on it:
-	 * they have all run (they are deeper), and every parent slot of a
-	 * taken node names a leaf (uncounted) or another taken node, so one
-	 * subtraction lets go of what the tape held of n. No later step
-	 * reads n: its parents are shallower, and so is what a recompute
-	 * reads. */
+	 * they have all run (they come before it on the tape), and every
+	 * parent slot of a taken node names a leaf (uncounted) or another
+	 * taken node, so one subtraction lets go of what the tape held of n.
+	 * No later step reads n: a later step is none of n's descendants,
+	 * so neither its parents nor what its recompute reads are n. */
 	adg_node_release_many(run->shard, n, n->tape_links);
 	run->let_go++;
 }

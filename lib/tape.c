@@ -27,8 +27,6 @@ void adg_tape_free(struct adg_registry *r, struct adg_tape *t)
 		adg_free(r, t->walked, t->nodes_cap * sizeof *t->walked);
 		adg_free(r, t->sorted, t->nodes_cap * sizeof *t->sorted);
 	}
-	if (t->depth_cap != 0)
-		adg_free(r, t->per_depth, t->depth_cap * sizeof *t->per_depth);
 	if (t->keys_cap != 0)
 		adg_free(r, t->keys, t->keys_cap * sizeof *t->keys);
 	if (t->outputs_cap != 0)
@@ -53,8 +51,9 @@ static void *tape_regrow(struct adg_registry *r, void *old, size_t old_bytes,
 	return fresh;
 }
 
-/* Grows the node arrays to hold n; the first `kept` walked ones stay. All
- * or nothing. Out of line: the walk checks the capacity once per node. */
+/* Grows the node arrays to hold n; the first `kept` of each stay (the
+ * walk's nodes, and its stack in sorted). All or nothing. Out of line:
+ * the walk checks the capacity once per node. */
 __attribute__((noinline)) static bool tape_grow_nodes(struct adg_registry *r,
 						      struct adg_tape *t,
 						      size_t n, size_t kept)
@@ -62,19 +61,21 @@ __attribute__((noinline)) static bool tape_grow_nodes(struct adg_registry *r,
 	size_t cap = t->nodes_cap ? t->nodes_cap : 64;
 	while (cap < n)
 		cap *= 2;
+	/* Both allocated before either old one goes: all or nothing. */
 	struct adg_node **walked = adg_alloc(r, cap * sizeof *walked);
-	if (walked == NULL)
-		return false;
-	struct adg_node **sorted =
-		tape_regrow(r, t->sorted, t->nodes_cap * sizeof *sorted,
-			    cap * sizeof *sorted);
-	if (sorted == NULL) {
-		adg_free(r, walked, cap * sizeof *walked);
+	struct adg_node **sorted = adg_alloc(r, cap * sizeof *sorted);
+	if (walked == NULL || sorted == NULL) {
+		if (walked != NULL)
+			adg_free(r, walked, cap * sizeof *walked);
+		if (sorted != NULL)
+			adg_free(r, sorted, cap * sizeof *sorted);
 		return false;
 	}
-	if (t->walked != NULL) {
+	if (t->nodes_cap != 0) {
 		memcpy(walked, t->walked, kept * sizeof *walked);
+		memcpy(sorted, t->sorted, kept * sizeof *sorted);
 		adg_free(r, t->walked, t->nodes_cap * sizeof *walked);
+		adg_free(r, t->sorted, t->nodes_cap * sizeof *sorted);
 	}
 	t->walked = walked;
 	t->sorted = sorted;
@@ -86,20 +87,6 @@ static inline bool tape_reserve_nodes(struct adg_registry *r,
 				      struct adg_tape *t, size_t n, size_t kept)
 {
 	return adg_likely(n <= t->nodes_cap) || tape_grow_nodes(r, t, n, kept);
-}
-
-static bool tape_reserve_depths(struct adg_registry *r, struct adg_tape *t,
-				size_t n)
-{
-	if (n <= t->depth_cap)
-		return true;
-	size_t *d = tape_regrow(r, t->per_depth, t->depth_cap * sizeof *d,
-				n * sizeof *d);
-	if (d == NULL)
-		return false;
-	t->per_depth = d;
-	t->depth_cap = n;
-	return true;
 }
 
 /* Grows a scratch array of pointers (the recompute outputs, a step's
@@ -198,36 +185,54 @@ struct tape_needs {
 
 /* With an executor: the table and the scheduler's arrays. */
 static bool tape_reserve_parallel(struct adg_registry *r, struct adg_tape *t,
-				  size_t len, size_t leaf_slots, size_t keys,
+				  size_t len, size_t leaves, size_t keys,
 				  uint32_t workers)
 {
 	size_t edges = 0;
 	for (size_t i = 0; i < len; i++)
 		edges += t->walked[i]->n_parents;
 	return tape_reserve_keys(r, t, keys) &&
-	       adg_par_reserve(r, t, len, edges, leaf_slots, workers);
+	       adg_par_reserve(r, t, len, edges, leaves, workers);
+}
+
+/* Leaf ids the walk saw last, for counting the tape's leaves: a leaf is
+ * counted again only when another took its entry, so the count bounds the
+ * distinct leaves from above, as a reservation must, while a parameter
+ * that every node of a graph multiplies by counts once, not once per node
+ * (a table sized per slot would be cleared, and paged in, for nothing). */
+struct tape_leaf_filter {
+	uint64_t recent[64];
+	size_t count;
+};
+
+static inline void tape_count_leaf(struct tape_leaf_filter *f, uint64_t id)
+{
+	/* Fibonacci hashing to 6 bits: consecutive ids spread. */
+	size_t i = (size_t)((id * UINT64_C(0x9e3779b97f4a7c15)) >> 58);
+	if (f->recent[i] != id) {
+		f->recent[i] = id;
+		f->count++;
+	}
 }
 
 /* Walks from root, in graph g (locked), through unconsumed steps, marking
  * each VISITING once and counting in tape_links the tape's slots that name
- * it. Fills t->walked, *len, and *leaf_slots (parent slots that name
- * leaves: a bound on the leaf gradients to come), and reserves every
- * scratch array the backward will use, so that running it never
- * allocates. A consuming walk is refused where a retained pass runs
- * (I14). On error every mark is undone. */
+ * it (and in tape_pending, for tape_order). Fills t->walked, *len, and
+ * *leaves (at least the distinct leaves its slots name: a bound on the
+ * leaf gradients to come), and reserves every scratch array the backward
+ * will use, so that running it never allocates. A consuming walk is
+ * refused where a retained pass runs (I14). On error every mark is
+ * undone. */
 static int tape_walk(struct adg_tape *t, struct adg_graph *g,
 		     struct adg_node *root, struct tape_needs needs,
-		     size_t *len, size_t *leaf_slots)
+		     size_t *len, size_t *leaves)
 {
 	struct adg_registry *r = root->registry;
-	size_t n = 0, leaves = 0;
+	size_t n = 0;
+	struct tape_leaf_filter leaf_ids = {0};
 	uint32_t most_parents = 0;
 	/* The tape's ids span, for the gradient window. */
 	uint64_t lo = UINT64_MAX, hi = 0;
-	/* Whether the walk met the nodes deepest first already (a chain,
-	 * chains of one length): then the sort has nothing to do. */
-	uint32_t last_depth = root->depth;
-	bool in_order = true;
 	int rc = 0;
 	/* A consuming walk refuses a node that a retained pass runs over
 	 * (I14): a mask, so that the check costs no branch of its own. */
@@ -239,9 +244,17 @@ static int tape_walk(struct adg_tape *t, struct adg_graph *g,
 		return ADG_ENOMEM;
 	adg_node_set_state(root, ADG_NODE_VISITING);
 	root->tape_links = 0;
+	root->tape_pending = 0;
 	t->walked[n++] = root;
-	for (size_t i = 0; i < n && rc == 0; i++) {
-		struct adg_node *node = t->walked[i];
+	/* Depth first, the nodes met waiting in sorted (free until
+	 * tape_order fills it; each is pushed once, so it holds at most n):
+	 * a branch is walked to its end before the next, in memory order
+	 * where a graph made by one thread lies, where breadth first would
+	 * step through k chains joined at a root all at once. */
+	size_t waiting = 0;
+	t->sorted[waiting++] = root;
+	while (waiting > 0 && rc == 0) {
+		struct adg_node *node = t->sorted[--waiting];
 		if (node->n_parents > most_parents)
 			most_parents = node->n_parents;
 		lo = node->id < lo ? node->id : lo;
@@ -249,7 +262,9 @@ static int tape_walk(struct adg_tape *t, struct adg_graph *g,
 		for (uint32_t k = 0; k < node->n_parents; k++) {
 			struct adg_node *p = node->parents[k];
 			if (p == NULL) {
-				leaves++; /* a leaf: nothing to take */
+				/* A leaf: nothing to take. */
+				tape_count_leaf(&leaf_ids,
+						adg_node_parent_ids(node)[k]);
 				continue;
 			}
 			/* An unconsumed parent is in its child's graph, g. One
@@ -265,6 +280,7 @@ static int tape_walk(struct adg_tape *t, struct adg_graph *g,
 			}
 			if (p->state == ADG_NODE_VISITING) {
 				p->tape_links++;
+				p->tape_pending++;
 				continue;
 			}
 			if (!tape_reserve_nodes(r, t, n + 1, n)) {
@@ -273,16 +289,15 @@ static int tape_walk(struct adg_tape *t, struct adg_graph *g,
 			}
 			adg_node_set_state(p, ADG_NODE_VISITING);
 			p->tape_links = 1;
-			in_order = in_order && p->depth <= last_depth;
-			last_depth = p->depth;
+			p->tape_pending = 1;
 			t->walked[n++] = p;
+			t->sorted[waiting++] = p;
 		}
 	}
 	/* A retained backward's table keys the tape's nodes too. */
-	size_t keys = leaves + (needs.retained ? n : 0);
+	size_t keys = leaf_ids.count + (needs.retained ? n : 0);
 	if (rc == 0 &&
-	    (!tape_reserve_depths(r, t, (size_t)root->depth + 1) ||
-	     (needs.counting && !tape_reserve_keys(r, t, keys)) ||
+	    ((needs.counting && !tape_reserve_keys(r, t, keys)) ||
 	     (needs.checkpoints &&
 	      !tape_reserve_pointers(
 		      r, &t->outputs, &t->outputs_cap,
@@ -292,7 +307,8 @@ static int tape_walk(struct adg_tape *t, struct adg_graph *g,
 						    most_parents)) ||
 	     (needs.marks && !tape_reserve_window(r, t, lo, hi, n)) ||
 	     (needs.workers != 0 &&
-	      !tape_reserve_parallel(r, t, n, leaves, keys, needs.workers))))
+	      !tape_reserve_parallel(r, t, n, leaf_ids.count, keys,
+				     needs.workers))))
 		rc = ADG_ENOMEM;
 	if (rc != 0) {
 		for (size_t i = 0; i < n; i++)
@@ -300,44 +316,62 @@ static int tape_walk(struct adg_tape *t, struct adg_graph *g,
 		return rc;
 	}
 	t->outputs_stride = most_parents;
-	t->walked_in_order = in_order;
 	*len = n;
-	*leaf_slots = leaves;
+	*leaves = leaf_ids.count;
 	return 0;
 }
 
-/* Orders the walked nodes deepest first: a counting sort on depth, stable,
- * so the order depends only on the graph's shape, never on timing or
- * addresses, and gradients sum in the same order on every run. A child is
- * deeper than each of its parents, so every step runs after all of its
- * node's children have added to its gradient. */
-static void tape_sort_by_depth(struct adg_tape *t, size_t n, uint32_t max_depth)
+/*
+ * The tape's order, into t->sorted, and each node taken (consumed, out of
+ * g) or, in a retained run, marked as run over: under g's lock, in one pass
+ * over the nodes, which the walk left with tape_pending counting the
+ * tape's slots that name each.
+ *
+ * A node comes after every tape node that names it as a parent (its
+ * children), so its gradient is complete when its step runs: a node is
+ * placed once its last child is, and the placed nodes wait on a stack.
+ * Last in, first out, the order follows one branch down to where it meets
+ * another before it turns to the next: k chains joined at a root run chain
+ * after chain, each in the order its nodes were made, in reverse (memory
+ * order, where a graph made by one thread lies), where an order by depth
+ * would step through all k at once. Stable: the order depends on the
+ * graph's shape and its parent slots' order alone, never on timing or
+ * addresses, so gradients sum in the same order on every run.
+ *
+ * The walk's array is the stack (each node is pushed once, when placed,
+ * and the walk's order is not read again).
+ */
+static void tape_order(struct adg_tape *t, struct adg_graph *g, size_t len,
+		       bool retained)
 {
-	size_t *bucket = t->per_depth;
+	struct adg_node **stack = t->walked;
+	size_t depth = 0, placed = 0;
 
-	if (t->walked_in_order) {
-		/* The stable sort of an order already deepest first is that
-		 * order: the arrays trade places, and no node is read again
-		 * (at a million nodes, two passes over memory saved). */
-		struct adg_node **walked = t->walked;
-		t->walked = t->sorted;
-		t->sorted = walked;
-		return;
+	stack[depth++] = t->walked[0]; /* the root: named by no tape node */
+	while (depth > 0) {
+		struct adg_node *n = stack[--depth];
+		t->sorted[placed++] = n;
+		if (retained) {
+			/* Run over, not taken: the node stays in the graph,
+			 * held by its children as before, and no consuming
+			 * walk takes it until adg_tape_release_retained. */
+			n->retained_runs++;
+			adg_node_set_state(n, ADG_NODE_LIVE);
+		} else {
+			/* Consumed: it holds its parents' references until
+			 * the run lets go of it (adg_run_let_go). */
+			adg_node_set_state(n, ADG_NODE_CONSUMED);
+			adg_graph_detach_locked(g, n);
+		}
+		for (uint32_t k = 0; k < n->n_parents; k++) {
+			struct adg_node *p = n->parents[k];
+			if (p != NULL && --p->tape_pending == 0)
+				stack[depth++] = p;
+		}
 	}
-
-	for (size_t d = 0; d <= max_depth; d++)
-		bucket[d] = 0;
-	for (size_t i = 0; i < n; i++)
-		bucket[max_depth - t->walked[i]->depth]++;
-	size_t start = 0;
-	for (size_t d = 0; d <= max_depth; d++) {
-		size_t count = bucket[d];
-		bucket[d] = start;
-		start += count;
-	}
-	for (size_t i = 0; i < n; i++)
-		t->sorted[bucket[max_depth - t->walked[i]->depth]++] =
-			t->walked[i];
+	/* I7: the counts add up, so every walked node was placed once. */
+	ADG_ASSERT(placed == len);
+	(void)len;
 }
 
 /* I7: each tape node's tape_links counts the tape's parent slots that name
@@ -372,39 +406,21 @@ int adg_tape_take(struct adg_run *run, struct adg_node *root)
 	struct adg_graph *g = adg_graph_lock_of(root);
 	if (g == NULL)
 		return ADG_ECONSUMED;
-	size_t leaf_slots, len = 0;
-	int rc = tape_walk(t, g, root, needs, &len, &leaf_slots);
+	size_t leaves, len = 0;
+	int rc = tape_walk(t, g, root, needs, &len, &leaves);
 	if (rc != 0)
 		goto out_unlock; /* the walk undid its marks */
 	ADG_ASSERT(tape_links_add_up(t, len));
 	/* With workers, or with a window for the tape's nodes, only the
 	 * leaves' gradients land in the table's entries. */
-	rc = adg_grad_table_new(
-		r, run->ops,
-		workers || t->window_len != 0 ? leaf_slots : len + leaf_slots,
-		&run->grads);
+	rc = adg_grad_table_new(r, run->ops,
+				workers || t->window_len != 0 ? leaves
+							      : len + leaves,
+				&run->grads);
 	if (rc != 0)
 		goto out_unmark;
-	if (run->retained) {
-		/* Run over, not taken: the nodes stay in the graph, held by
-		 * their children as before, and no consuming walk takes them
-		 * until adg_tape_release_retained. */
-		for (size_t i = 0; i < len; i++) {
-			struct adg_node *n = t->walked[i];
-			n->retained_runs++;
-			adg_node_set_state(n, ADG_NODE_LIVE);
-		}
-	} else {
-		/* Consumed: the tape's nodes hold their parents' references
-		 * until the run lets go of each (adg_run_let_go). */
-		for (size_t i = 0; i < len; i++) {
-			struct adg_node *n = t->walked[i];
-			adg_node_set_state(n, ADG_NODE_CONSUMED);
-			adg_graph_detach_locked(g, n);
-		}
-	}
+	tape_order(t, g, len, run->retained);
 	adg_graph_unlock(run->shard, g);
-	tape_sort_by_depth(t, len, root->depth);
 	if (needs.counting)
 		tape_count_pending(t, len, run->retained);
 	/* A retained backward counts no request: it frees no output. */

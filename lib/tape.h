@@ -1,8 +1,8 @@
 /*
  * A backward's tape (tape.c): the steps reachable from its root, taken
- * from the root's graph under its lock and ordered deepest first, and the
- * scratch arrays a thread's backward passes reuse (kept on its shard).
- * The runners (run.h) read it.
+ * from the root's graph under its lock and ordered each after its
+ * children, and the scratch arrays a thread's backward passes reuse (kept
+ * on its shard). The runners (run.h) read it.
  */
 #ifndef ADG_TAPE_H
 #define ADG_TAPE_H
@@ -44,13 +44,10 @@ struct adg_par_arrays {
 /* Scratch arrays, reused by a thread's backward passes. All from the
  * registry's allocator. */
 struct adg_tape {
-	struct adg_node **walked; /* in walk order */
-	struct adg_node **sorted; /* deepest first, walk order within a depth */
-	/* The walk met the nodes deepest first: sorted is walked. */
-	bool walked_in_order;
-	size_t *per_depth; /* counting-sort buckets */
+	/* In walk order; then tape_order's stack; then free for a run. */
+	struct adg_node **walked;
+	struct adg_node **sorted; /* the tape: each node after its children */
 	size_t nodes_cap;
-	size_t depth_cap;
 	/* With a ready hook or an executor: open addressing by id, a power
 	 * of two. */
 	struct adg_tape_key *keys;
@@ -100,10 +97,10 @@ int adg_tape_take(struct adg_run *run, struct adg_node *root);
 void adg_tape_release_retained(struct adg_run *run);
 
 /* parallel.c: reserves the scheduler's arrays for a tape of len nodes,
- * edges parent slots (leaf_slots of them naming leaves) and n_slots
+ * edges parent slots (naming at most `leaves` distinct leaves) and n_slots
  * workers. All or nothing; false on failure or when an index would not
  * fit in 32 bits. */
 bool adg_par_reserve(struct adg_registry *r, struct adg_tape *t, size_t len,
-		     size_t edges, size_t leaf_slots, uint32_t n_slots);
+		     size_t edges, size_t leaves, uint32_t n_slots);
 
 #endif /* ADG_TAPE_H */

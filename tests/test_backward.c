@@ -302,7 +302,8 @@ CHECKED_TEST(backward, positive_step_result_is_ecallback)
 	run_failing_chain(3, ADG_ECALLBACK);
 }
 
-/* Steps run deepest first: the order is fixed by shape, not timing. */
+/* Steps run each after its children (n[0] after n[3] and n[1]), the last
+ * readied first: the order is fixed by shape, not timing. */
 static int order_log[8];
 static atomic_int order_len;
 
@@ -315,7 +316,7 @@ static int logging_backward(adg_step_call *call, void *user)
 	return 0;
 }
 
-CHECKED_TEST(backward, steps_run_deepest_first)
+CHECKED_TEST(backward, steps_run_after_their_children)
 {
 	scalar a = s_leaf(reg, 1);
 	adg_node *n[4];

@@ -288,22 +288,18 @@ static int g_op(struct graph *g, const int *parents, int n)
 }
 
 /* The model of the tape: fills pos[label] with the position of each step
- * reachable from the root (-1 for the others): deepest first (a leaf is at
- * depth 0, an op one deeper than its deepest parent), and at one depth in
- * walk order, breadth first from the root through parent slots in order,
- * each node where the walk first meets it. */
+ * reachable from the root (-1 for the others): the walk, breadth first
+ * from the root through parent slots in order, counts each node's links
+ * (the slots of reachable steps that name it); then from the root, each
+ * node is placed once its last link is met, the placed waiting on a
+ * stack, last in, first out, a node's parents pushed in slot order. */
 static void g_tape(const struct graph *g, int *pos)
 {
-	int *depth = calloc(g->n, sizeof *depth);
+	int *links = calloc(g->n, sizeof *links);
 	int *walk = malloc(g->n * sizeof *walk);
-	cr_assert(depth && walk);
-	/* a node's parents are made before it */
-	for (int i = 0; i < g->n; i++) {
+	cr_assert(links && walk);
+	for (int i = 0; i < g->n; i++)
 		pos[i] = -1;
-		for (int k = 0; k < g->n_parents[i]; k++)
-			if (depth[g->parents[i][k]] + 1 > depth[i])
-				depth[i] = depth[g->parents[i][k]] + 1;
-	}
 	int n = 0;
 	walk[n++] = g->root;
 	pos[g->root] = 0; /* seen */
@@ -311,18 +307,29 @@ static void g_tape(const struct graph *g, int *pos)
 		int i = walk[w];
 		for (int k = 0; k < g->n_parents[i]; k++) {
 			int p = g->parents[i][k];
-			if (!g->leaf[p] && pos[p] < 0) {
+			if (g->leaf[p])
+				continue;
+			links[p]++;
+			if (pos[p] < 0) {
 				pos[p] = 0;
 				walk[n++] = p;
 			}
 		}
 	}
-	int at = 0;
-	for (int d = depth[g->root]; d > 0; d--)
-		for (int w = 0; w < n; w++)
-			if (depth[walk[w]] == d)
-				pos[walk[w]] = at++;
-	free(depth);
+	/* The walk's array is the stack: each node is pushed once. */
+	int depth = 0, at = 0;
+	walk[depth++] = g->root;
+	while (depth > 0) {
+		int i = walk[--depth];
+		pos[i] = at++;
+		for (int k = 0; k < g->n_parents[i]; k++) {
+			int p = g->parents[i][k];
+			if (!g->leaf[p] && --links[p] == 0)
+				walk[depth++] = p;
+		}
+	}
+	cr_assert_eq(at, n);
+	free(links);
 	free(walk);
 }
 
@@ -1142,37 +1149,37 @@ static void run_two_chains(const struct two_chains *c, const char *what)
 }
 
 /* Two steps in different branches fail; the result is the code of the one
- * earlier on the tape (deeper first; at one depth, in walk order: breadth
- * first from the root, through parent slots in order), whichever failed
- * first in time, for any number of workers. */
+ * earlier on the tape (each node after its children; of two branches, the
+ * last parent slot's first, whole), whichever failed first in time, for
+ * any number of workers. */
 CHECKED_TEST(parallel, failing_steps_give_the_code_first_in_tape_order)
 {
 	const int E1 = ADG_EUSER - 1, E2 = ADG_EUSER - 2;
-	/* A_100 is deeper than B_10, the top of B that runs right away. */
-	struct two_chains deep_a = {300, 10, false, 100, E1, 10, E2, E1, true};
-	run_two_chains(&deep_a, "deeper first");
-	deep_a.b_first = true;
-	run_two_chains(&deep_a, "deeper first, B in slot 0");
-	struct two_chains deep_a2 = {300, 10, false, 100, E2, 10, E1, E2, true};
-	run_two_chains(&deep_a2, "deeper first, codes swapped");
-	/* Same depth, same chain lengths: the root's slot 0 comes first. */
-	struct two_chains even = {30, 30, false, 15, E1, 15, E2, E1, true};
-	run_two_chains(&even, "same depth, A in slot 0");
+	/* B in the root's last slot: all of B runs before A's top, so B_10
+	 * comes first, though A_100 is deeper. */
+	struct two_chains b_last = {300, 10, false, 100, E1, 10, E2, E2, false};
+	run_two_chains(&b_last, "B in the last slot");
+	struct two_chains b_last2 = {300, 10, false, 100,  E2,
+				     10,  E1, E1,    false};
+	run_two_chains(&b_last2, "B in the last slot, codes swapped");
+	/* A in the last slot: A_100 comes first, though B_10 is the top of
+	 * B, ready from the start. */
+	struct two_chains a_last = {300, 10, true, 100, E1, 10, E2, E1, true};
+	run_two_chains(&a_last, "A in the last slot");
+	/* Chains of one length: the slot decides alone. */
+	struct two_chains even = {30, 30, false, 15, E1, 15, E2, E2, false};
+	run_two_chains(&even, "same length, B in the last slot");
 	even.b_first = true;
-	even.want = E2;
-	even.a_first_on_tape = false;
-	run_two_chains(&even, "same depth, B in slot 0");
-	/* Same depth, A longer: the walk reaches B_10 eleven levels from the
-	 * root, A_10 thirty-one: B_10 is first although A is in slot 0. */
-	struct two_chains walk = {40, 20, false, 10, E1, 10, E2, E2, false};
-	run_two_chains(&walk, "same depth, walk order");
+	even.want = E1;
+	even.a_first_on_tape = true;
+	run_two_chains(&even, "same length, A in the last slot");
 }
 
 /* A positive code from a step is ADG_ECALLBACK, with workers too. */
 CHECKED_TEST(parallel, positive_step_result_is_ecallback)
 {
 	struct two_chains c = {
-		20, 20, false, 5, 7, 3, ADG_EUSER - 1, ADG_ECALLBACK, true};
+		20, 20, true, 5, 7, 3, ADG_EUSER - 1, ADG_ECALLBACK, true};
 	run_two_chains(&c, "positive code");
 }
 
@@ -1383,7 +1390,8 @@ static uint64_t twice_for_one_slot(const adg_executor *ex, bool x_first,
 		probe->other_id = id_of(q);
 	adg_node *x = const_op(&p, 1, 2, 3, probe, seen);
 	adg_node *y = const_op(&p, 1, 5, 0, NULL, NULL);
-	adg_node *top[2] = {x_first ? x : y, x_first ? y : x};
+	/* The root's last slot's branch comes first on the tape. */
+	adg_node *top[2] = {x_first ? y : x, x_first ? x : y};
 	adg_node *root = const_op(top, 2, 1, 0, NULL, NULL);
 	adg_backward_options o = {.executor = ex};
 	adg_grads *out;
@@ -1474,14 +1482,15 @@ CHECKED_TEST(parallel, step_view_folds_a_repeated_parent_per_slot)
 			workers_open(&w, worker_counts[c]);
 			ex = &w.ex;
 		}
-		/* root = op(Y, Z): Y = op(p) gives 5, then Z = op(p, p)
-		 * gives 2 for slot 0 and 1 for slot 1. */
+		/* root = op(Z, Y), whose last slot comes first on the
+		 * tape: Y = op(p) gives 5, then Z = op(p, p) gives 2 for
+		 * slot 0 and 1 for slot 1. */
 		adg_node *p;
 		cr_assert_eq(adg_leaf(reg, &p), 0);
 		adg_node *y = const_op(&p, 1, 5, 0, NULL, NULL);
 		adg_node *pp[2] = {p, p};
 		adg_node *z = const_op(pp, 2, 2, 0, NULL, NULL);
-		adg_node *top[2] = {y, z};
+		adg_node *top[2] = {z, y};
 		adg_node *root = const_op(top, 2, 1, 0, NULL, NULL);
 		adg_backward_options o = {.executor = ex};
 		adg_grads *out;
@@ -1953,9 +1962,10 @@ static bool stress_round(struct stress *s, int kind, int i)
 		     stress_check(&g, out, s->want[2]);
 		break;
 	default: { /* failing, in two branches at once */
+		/* A in the root's last slot: first on the tape. */
 		const struct two_chains c = {12,
 					     4,
-					     false,
+					     true,
 					     6,
 					     ADG_EUSER - 1,
 					     4,

@@ -199,11 +199,11 @@ static scalar build(struct model *m, int p, int k, enum fail fail)
 		s_drop(root);
 		root = f;
 	} else if (fail == FAIL_LATE) {
-		/* Depth 1, as the steps that name w0 and w3: it runs after
-		 * every step that names w1 and w2. */
+		/* In the root's first slot, the last on the tape: it runs
+		 * after every step that names w1 and w2. */
 		scalar x = s_leaf(reg, 1.0);
 		scalar f = op1(m, x, fail_backward);
-		scalar s = s_add(reg, root, f);
+		scalar s = s_add(reg, f, root);
 		s_drop(x), s_drop(f), s_drop(root);
 		root = s;
 	}
@@ -544,8 +544,8 @@ CHECKED_TEST(reducer, failed_backward_abandons_the_round_for_everyone)
 CHECKED_TEST(reducer, late_failure_keeps_the_applies_made_and_stops_the_rest)
 {
 	/* Round 1: participants 0 and 2 give all they have first; then 1's
-	 * backward gives w1 and w2 (their steps are deeper than the failing
-	 * one), which completes and applies them, and fails. */
+	 * backward gives w1 and w2 (their steps come before the failing one
+	 * on the tape), which completes and applies them, and fails. */
 	struct model m;
 	model_open(&m, 3);
 	m.rounds = 3;

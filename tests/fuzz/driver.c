@@ -331,9 +331,8 @@ static void check_outputs(const struct fuzz *f)
 /* --------------------------------------------------------------- steps */
 
 /* The step of id is called, in a backward without an executor: the one
- * before it has returned. Steps run once each, in tape order (deepest
- * first, libadg's walk order within a depth: model.h), and none after one
- * failed. */
+ * before it has returned. Steps run once each, in tape order (model.h),
+ * and none after one failed. */
 static void step_begin(struct fuzz *f, uint64_t id)
 {
 	struct model_backward *e = &f->expect;

@@ -898,8 +898,8 @@ def par_wide_tree_hook(s):
 @scenario
 def par_fail_branches(s):
     # Failing steps in several branches at different depths: the result is
-    # the deepest one's, the first on the tape, however the branches run;
-    # then two at one depth, where the walk order decides.
+    # the one first on the tape's (model.c: the last slot's branch first,
+    # each node after its children), however the branches run.
     leaves(s, 4)
     for k, w in enumerate((SEQUENTIAL,) + EXECUTORS):
         root, names = wide_tree(s, f"w{w}", fail={(1, 3), (4, 1), (6, 3)})

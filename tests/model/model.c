@@ -385,13 +385,17 @@ static void take_outputs(struct model *m, struct model_backward *b)
 }
 
 /* The tape's order (model.h): the walk first, breadth first from the root
- * through parent slots in order, each non-leaf node where it is first
- * reached; then a stable sort, deepest first. */
+ * through parent slots in order, to find the tape and count each node's
+ * links (the tape's slots that name it); then from the root, each node
+ * placed once its last link is met, the placed waiting on a stack: last
+ * in, first out, a node's parents pushed in slot order. */
 static void order_tape(const struct model *m, uint64_t root,
 		       struct model_backward *out)
 {
 	bool seen[MODEL_MAX_NODES + 1] = {0};
-	size_t n = 0;
+	unsigned links[MODEL_MAX_NODES + 1] = {0};
+	uint64_t stack[MODEL_MAX_NODES];
+	size_t n = 0, depth = 0, placed = 0;
 
 	out->tape[n++] = root;
 	seen[root] = true;
@@ -399,24 +403,28 @@ static void order_tape(const struct model *m, uint64_t root,
 		const struct model_node *c = &m->node[out->tape[i]];
 		for (size_t k = 0; k < c->n_parents; k++) {
 			uint64_t p = c->parents[k];
-			if (m->node[p].leaf || seen[p])
+			if (m->node[p].leaf)
+				continue;
+			links[p]++;
+			if (seen[p])
 				continue;
 			MODEL_CHECK(out->on_tape[p]);
 			seen[p] = true;
 			out->tape[n++] = p;
 		}
 	}
-	/* Insertion sort: stable, and the tape is at most a few hundred
-	 * nodes. */
-	for (size_t i = 1; i < n; i++) {
-		uint64_t id = out->tape[i];
-		size_t j = i;
-		for (; j > 0 &&
-		       m->node[out->tape[j - 1]].depth < m->node[id].depth;
-		     j--)
-			out->tape[j] = out->tape[j - 1];
-		out->tape[j] = id;
+	stack[depth++] = root;
+	while (depth > 0) {
+		uint64_t id = stack[--depth];
+		const struct model_node *c = &m->node[id];
+		out->tape[placed++] = id;
+		for (size_t k = 0; k < c->n_parents; k++) {
+			uint64_t p = c->parents[k];
+			if (!m->node[p].leaf && --links[p] == 0)
+				stack[depth++] = p;
+		}
 	}
+	MODEL_CHECK(placed == n);
 	out->n_tape = n;
 	for (size_t i = 0; i < n; i++)
 		out->pos[out->tape[i]] = i;

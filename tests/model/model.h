@@ -112,10 +112,10 @@ struct model_backward {
 	int rc;
 	/* The non-leaf nodes the backward takes (with a nonzero rc: none). */
 	bool on_tape[MODEL_MAX_NODES + 1];
-	/* The tape in the order the sequential backward runs it: deepest
-	 * first, and within a depth in libadg's walk order (breadth first
-	 * from the root, parent slots in order, each node where it is first
-	 * reached), so that it depends on the graph's shape alone. An
+	/* The tape in the order the sequential backward runs it: each node
+	 * after its children, placed once its last child is, the placed
+	 * taken last in, first out, parents pushed in slot order (model.c),
+	 * so that it depends on the graph's shape alone. An
 	 * executor's backward reports the failure that comes first in this
 	 * order. pos: each tape node's index in tape. */
 	uint64_t tape[MODEL_MAX_NODES];
