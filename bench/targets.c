@@ -24,6 +24,12 @@ enum figure {
 	WIDE_RATE,   /* ~1 us steps per second */
 	WIDE_NS,     /* ns per empty step */
 	WIDE_RETAIN, /* ns per empty step retained; its base, consumed */
+	/* The big check, adg's, whose "threads" are a graph's size as a
+	 * power of ten (BIG_EXP_NONE: none): */
+	BIG_STEP,  /* ns per backward step, a chain; its base, at a size */
+	BIG_STEPS, /* the same, 64 chains */
+	BIG_COLD,  /* ns per node registered cold; its base, warm */
+	BIG_RSS,   /* resident bytes per live node; its base, 1 byte */
 };
 
 enum direction { AT_LEAST, AT_MOST };
@@ -59,8 +65,41 @@ static const struct target targets[] = {
 	{"wide",          WIDE_RATE,   2, IMPL_ADG,     1, AT_LEAST, 1.7, 2},
 	{"wide",          WIDE_NS,     1, IMPL_ADG,     0, AT_MOST,  1.1, 0},
 	{"wide",          WIDE_RETAIN, 0, IMPL_ADG,     0, AT_MOST,  1.2, 0},
+	{"big",           BIG_STEP,    6, IMPL_ADG,     3, AT_MOST,  1.5, 0},
+	{"big",           BIG_STEP,    7, IMPL_ADG,     3, AT_MOST,  2,   0},
+	{"big",           BIG_STEPS,   6, IMPL_ADG,     3, AT_MOST,  1.5, 0},
+	{"big",           BIG_STEPS,   7, IMPL_ADG,     3, AT_MOST,  2,   0},
+	{"big",           BIG_COLD,    7, IMPL_ADG,     3, AT_MOST,  2,   0},
+	{"big",           BIG_RSS,     6, IMPL_ADG,     0, AT_MOST,  100, 0},
 };
 /* clang-format on */
+
+/* The big check's figures of a graph of 10^exp nodes (exp 0: the unit);
+ * NAN when it was not measured. base: the row's base figure. */
+static double big_figure(const struct results *r, enum figure figure, int exp,
+			 bool base)
+{
+	if (figure == BIG_RSS && base)
+		return 1; /* bytes */
+	long n = 1;
+	for (int e = 0; e < exp; e++)
+		n *= 10;
+	int k = 0;
+	while (k < r->big.n_sizes && r->big.sizes[k] != n)
+		k++;
+	const bench_big_result *b = big_result(
+		r, figure == BIG_STEPS ? BIG_CHAINS : BIG_CHAIN, IMPL_ADG, k);
+	if (b == NULL)
+		return NAN;
+	switch (figure) {
+	case BIG_COLD:
+		return base ? b->ns_node : b->cold_ns_node;
+	case BIG_RSS:
+		return b->rss_node >= 0 ? b->rss_node : NAN;
+	default:
+		return b->ns_step;
+	}
+}
 
 /* impl's figure at threads for row t; NAN when it was not measured. */
 static double figure_of(const struct results *r, const struct target *t,
@@ -69,6 +108,11 @@ static double figure_of(const struct results *r, const struct target *t,
 	int w = t->workload ? workload_index(t->workload) : -1;
 	const struct cell *c;
 	switch (t->figure) {
+	case BIG_STEP:
+	case BIG_STEPS:
+	case BIG_COLD:
+	case BIG_RSS:
+		return big_figure(r, t->figure, threads, false);
 	case RATE:
 		return rate_of(r, w, impl, threads);
 	case NS_NODE:
@@ -111,6 +155,31 @@ static void describe(char *what, size_t size, const struct target *t,
 			 t->workload, mode, op, t->threshold);
 		return;
 	}
+	if (t->figure == BIG_STEP || t->figure == BIG_STEPS) {
+		snprintf(what, size,
+			 "%s, %s: backward ns per step at 10^%d %s %g x at "
+			 "10^%d",
+			 t->workload,
+			 big_shape_name(t->figure == BIG_STEPS ? BIG_CHAINS
+							       : BIG_CHAIN),
+			 t->threads, op, t->threshold, t->base_threads);
+		return;
+	}
+	if (t->figure == BIG_COLD) {
+		snprintf(what, size,
+			 "%s, chain: ns per node registered cold at 10^%d %s "
+			 "%g x warm at 10^%d",
+			 t->workload, t->threads, op, t->threshold,
+			 t->base_threads);
+		return;
+	}
+	if (t->figure == BIG_RSS) {
+		snprintf(what, size,
+			 "%s, chain: resident bytes per live node at 10^%d %s "
+			 "%g",
+			 t->workload, t->threads, op, t->threshold);
+		return;
+	}
 	if (t->figure == WIDE_RATE || t->figure == WIDE_NS) {
 		char mode[32], base[32];
 		wide_mode(mode, sizeof mode, t->threads);
@@ -145,6 +214,8 @@ static enum verdict target_line(FILE *f, const struct results *r,
 	double b = t->figure == IDLE ? 1
 		   : t->figure == WIDE_RETAIN
 			   ? wide_ns(r, WIDE_EMPTY, t->base_threads)
+		   : t->figure >= BIG_STEP
+			   ? big_figure(r, t->figure, t->base_threads, true)
 			   : figure_of(r, t, t->base, t->base_threads);
 	bool have = !isnan(a) && !isnan(b);
 	bool applies = r->cores >= t->cores;
@@ -179,8 +250,14 @@ static enum verdict target_line(FILE *f, const struct results *r,
 	case NS_NODE:
 	case WIDE_NS:
 	case WIDE_RETAIN:
+	case BIG_STEP:
+	case BIG_STEPS:
+	case BIG_COLD:
 		snprintf(fig, sizeof fig, "%.1f ns vs %.1f ns: %.2f x", a, b,
 			 q);
+		break;
+	case BIG_RSS:
+		snprintf(fig, sizeof fig, "%.0f bytes", a);
 		break;
 	case IDLE:
 		snprintf(fig, sizeof fig, "adg %.2f x (seed %.2f x)", a,
