@@ -41,7 +41,7 @@ static size_t ckpt_size(size_t n_want_parents)
  * lock is held: its count reaches zero once, and nothing refills it. */
 static void drop_value(struct adg_node *n, struct adg_drops *drops)
 {
-	struct adg_ckpt *c = adg_node_ckpt(n);
+	struct adg_ckpt *c = n->ckpt;
 	if (c->value == NULL)
 		return;
 	if (drops == NULL) {
@@ -58,7 +58,7 @@ static void drop_value(struct adg_node *n, struct adg_drops *drops)
 void adg_ckpt_free_drops(struct adg_drops *drops)
 {
 	while (drops->head != NULL) {
-		struct adg_ckpt *c = adg_node_ckpt(drops->head);
+		struct adg_ckpt *c = drops->head->ckpt;
 		void *value = c->dropped;
 		drops->head = c->drop_next;
 		c->dropped = NULL;
@@ -66,7 +66,7 @@ void adg_ckpt_free_drops(struct adg_drops *drops)
 	}
 }
 
-/* Whether n offers an output. Not its record: the caller holds n, but a
+/* Whether n offers an output. Not n->ckpt: the caller holds n, but a
  * backward on another thread may be consuming n and freeing its record;
  * the flag never changes, so the answer does not depend on timing. */
 static bool offers(const struct adg_node *n)
@@ -112,7 +112,7 @@ int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
 		c->want_parents[i] = o->want_parents[i];
 	c->value = out ? out->value : NULL;
 	c->memory_bound = out && out->memory_bound;
-	adg_node_ext(node)->ckpt = c;
+	node->ckpt = c;
 	node->offers_output = out != NULL;
 	/* Relaxed: a hint that backward passes read to skip the work when no
 	 * node has a record; a node with one is published to them by the
@@ -125,7 +125,7 @@ int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
 
 void adg_ckpt_commit(struct adg_node *node)
 {
-	struct adg_ckpt *c = adg_node_ckpt(node);
+	struct adg_ckpt *c = node->ckpt;
 	/* The strategy, once the op is in: balanced drops at once what it can
 	 * rebuild cheaply. */
 	if (c->memory_bound && c->recompute != NULL &&
@@ -135,7 +135,7 @@ void adg_ckpt_commit(struct adg_node *node)
 
 static void request(struct adg_node *n)
 {
-	adg_node_ckpt(n)->pending++;
+	n->ckpt->pending++;
 }
 
 /* One request on n served: the output goes with the last. A node planned
@@ -145,7 +145,7 @@ static void request(struct adg_node *n)
 static void serve_one(struct adg_node *n, struct adg_node **unbuilt,
 		      struct adg_drops *drops)
 {
-	struct adg_ckpt *c = adg_node_ckpt(n);
+	struct adg_ckpt *c = n->ckpt;
 	ADG_ASSERT(c->pending > 0); /* I8: every serve had its request */
 	if (--c->pending != 0)
 		return;
@@ -167,7 +167,7 @@ static void serve(struct adg_node *n, struct adg_drops *drops)
 	serve_one(n, &unbuilt, drops);
 	while (unbuilt != NULL) {
 		struct adg_node *u = unbuilt;
-		unbuilt = adg_node_ckpt(u)->unbuilt_next;
+		unbuilt = u->ckpt->unbuilt_next;
 		for (uint32_t k = 0; k < u->n_parents; k++)
 			if (u->parents[k] != NULL)
 				serve_one(u->parents[k], &unbuilt, drops);
@@ -181,7 +181,7 @@ void adg_ckpt_plan(struct adg_node **tape, size_t len)
 	 * a leaf, and the walk took every non-leaf parent. */
 	for (size_t i = 0; i < len; i++) {
 		struct adg_node *n = tape[i];
-		struct adg_ckpt *c = adg_node_ckpt(n);
+		struct adg_ckpt *c = n->ckpt;
 		if (c == NULL)
 			continue;
 
@@ -196,7 +196,7 @@ void adg_ckpt_plan(struct adg_node **tape, size_t len)
 	 * when its turn comes. A node rebuilt once needs each parent once. */
 	for (size_t i = 0; i < len; i++) {
 		struct adg_node *n = tape[i];
-		struct adg_ckpt *c = adg_node_ckpt(n);
+		struct adg_ckpt *c = n->ckpt;
 		if (c == NULL || c->pending == 0 || c->value != NULL)
 			continue;
 		c->rebuild_planned = true;
@@ -206,7 +206,7 @@ void adg_ckpt_plan(struct adg_node **tape, size_t len)
 	}
 	/* What nothing asks for goes now, not at the end. */
 	for (size_t i = 0; i < len; i++) {
-		struct adg_ckpt *c = adg_node_ckpt(tape[i]);
+		struct adg_ckpt *c = tape[i]->ckpt;
 		if (c != NULL && c->pending == 0)
 			drop_value(tape[i], NULL);
 	}
@@ -214,7 +214,7 @@ void adg_ckpt_plan(struct adg_node **tape, size_t len)
 
 void adg_ckpt_served(struct adg_node *n, struct adg_drops *drops)
 {
-	struct adg_ckpt *c = adg_node_ckpt(n);
+	struct adg_ckpt *c = n->ckpt;
 	if (c->want_self)
 		serve(n, drops);
 	for (uint32_t k = 0; k < c->n_want_parents; k++)
@@ -223,9 +223,9 @@ void adg_ckpt_served(struct adg_node *n, struct adg_drops *drops)
 
 void adg_ckpt_drop(struct adg_node *n)
 {
-	struct adg_ckpt *c = adg_node_ckpt(n);
+	struct adg_ckpt *c = n->ckpt;
 	drop_value(n, NULL);
-	adg_node_ext(n)->ckpt = NULL;
+	n->ckpt = NULL;
 	adg_free(n->registry, c, ckpt_size(c->n_want_parents));
 }
 
@@ -234,7 +234,7 @@ void adg_ckpt_drop(struct adg_node *n)
  * the records it reads; the load costs it nothing more. */
 static void *held(const struct adg_node *n)
 {
-	return __atomic_load_n(&adg_node_ckpt(n)->value, __ATOMIC_ACQUIRE);
+	return __atomic_load_n(&n->ckpt->value, __ATOMIC_ACQUIRE);
 }
 
 /* A retained pass's rebuilt output: published unless another pass
@@ -244,9 +244,8 @@ static void *held(const struct adg_node *n)
 static void *publish(struct adg_node *n, void *output)
 {
 	void *none = NULL;
-	if (!__atomic_compare_exchange_n(&adg_node_ckpt(n)->value, &none,
-					 output, false, __ATOMIC_ACQ_REL,
-					 __ATOMIC_ACQUIRE))
+	if (!__atomic_compare_exchange_n(&n->ckpt->value, &none, output, false,
+					 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
 		return output;
 	return NULL;
 }
@@ -267,12 +266,13 @@ static int recompute(struct adg_backward_context *ctx, struct adg_node *n,
 		.parent_outputs = outputs,
 		.output = NULL,
 	};
-	struct adg_ckpt *c = adg_node_ckpt(n);
-	int rc = adg_callback_result(c->recompute(&call, n->user));
+	int rc = adg_callback_result(n->ckpt->recompute(&call, n->step.user));
 	if (rc == 0 && call.output == NULL)
-		rc = ADG_ECALLBACK;	    /* said yes, gave nothing */
-	if (rc != 0 && call.output != NULL) /* set before failing: ours too */
-		c->free(call.output, c->free_ctx);
+		rc = ADG_ECALLBACK; /* said yes, gave nothing */
+	if (rc != 0 && call.output != NULL)
+		n->ckpt->free(
+			call.output,
+			n->ckpt->free_ctx); /* set before failing: ours too */
 	*output = rc == 0 ? call.output : NULL;
 	return rc;
 }
@@ -295,7 +295,7 @@ static struct adg_node *next_rebuild(struct adg_backward_context *ctx,
 			(*top)--;
 			continue;
 		}
-		if (adg_node_ckpt(n)->recompute == NULL) {
+		if (n->ckpt->recompute == NULL) {
 			*rc = ADG_EUNAVAILABLE; /* a count went wrong */
 			return NULL;
 		}
@@ -321,7 +321,7 @@ static struct adg_node *next_rebuild(struct adg_backward_context *ctx,
  * drop_value). */
 static void *keep(struct adg_node *n, void *output, struct adg_drops *drops)
 {
-	struct adg_ckpt *c = adg_node_ckpt(n);
+	struct adg_ckpt *c = n->ckpt;
 	if (held(n) != NULL || c->pending == 0)
 		return output;
 	c->value = output;
@@ -351,9 +351,8 @@ static int materialise(struct adg_backward_context *ctx,
 		 * held, for the passes after it. */
 		void *surplus = ctx->retained ? publish(n, output)
 					      : keep(n, output, NULL);
-		struct adg_ckpt *c = adg_node_ckpt(n);
 		if (surplus != NULL)
-			c->free(surplus, c->free_ctx);
+			n->ckpt->free(surplus, n->ckpt->free_ctx);
 	}
 	return rc;
 }
@@ -398,9 +397,8 @@ static void free_unlocked(struct adg_backward_context *ctx, struct adg_node *n,
 	if (surplus == NULL && drops->head == NULL)
 		return;
 	pthread_mutex_unlock(ctx->serialize);
-	struct adg_ckpt *c = adg_node_ckpt(n);
 	if (surplus != NULL)
-		c->free(surplus, c->free_ctx);
+		n->ckpt->free(surplus, n->ckpt->free_ctx);
 	adg_ckpt_free_drops(drops);
 	pthread_mutex_lock(ctx->serialize);
 }
@@ -428,7 +426,7 @@ static int materialise_shared(struct adg_backward_context *ctx,
 		struct adg_node *n = next_rebuild(ctx, target, &top, &rc);
 		if (n == NULL)
 			break;
-		struct adg_ckpt *c = adg_node_ckpt(n);
+		struct adg_ckpt *c = n->ckpt;
 		/* The claim names the run (its lock's address): retained
 		 * passes share records, so a claim of another pass is not one
 		 * this run's sleepers would be woken for; its output is then
@@ -491,7 +489,7 @@ int adg_output_get(adg_step_call *call, uint64_t id, void **value)
 		return ADG_EINVAL;
 	struct adg_backward_context *ctx = call->context;
 	struct adg_node *n = ctx->node, *target = NULL;
-	struct adg_ckpt *c = adg_node_ckpt(n);
+	struct adg_ckpt *c = n->ckpt;
 	if (c == NULL)
 		return ADG_EINVAL;
 	if (c->want_self && id == n->id)

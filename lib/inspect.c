@@ -92,7 +92,7 @@ static int take_snapshot(adg_node *node, struct snapshot *s)
 		s->ops[i++] = (adg_graph_node){
 			.graph_id = s->graph_id,
 			.id = m->id,
-			.name = adg_node_name(m),
+			.name = m->step.name,
 			.depth = m->depth,
 			.n_parents = m->n_parents,
 			.parent_ids = &s->parent_ids[slot],

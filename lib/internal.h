@@ -195,13 +195,9 @@ struct adg_node {
 	uint8_t state;
 	/* The node offers a forward output (adg_op_with). Set before the node
 	 * is published and never changed, so any holder may read it, while
-	 * the checkpointing record (adg_node_ckpt) belongs to the node's
-	 * owner and goes when a backward has run the step. */
+	 * the checkpointing record (ckpt) belongs to the node's owner and
+	 * goes when a backward has run the step. */
 	bool offers_output;
-	/* The node has a struct adg_node_ext after its parent ids: its step
-	 * has a release or a name, or adg_op_with made it. Set at creation,
-	 * never changed. */
-	bool extended;
 	/* While on a tape being taken or run: how many of the tape's parent
 	 * slots name this node. The backward drops them in one go. */
 	uint32_t tape_links;
@@ -222,27 +218,15 @@ struct adg_node {
 	 * retained passes may be running over the node, so theirs read none
 	 * of them once the lock is released. */
 	uint32_t retained_runs;
-	/* The step's backward and user (adg_step); NULL for a leaf. Its
-	 * release and name are in the extension. */
-	adg_backward_fn backward;
-	void *user;
-	/* n_parents pointers, then n_parents ids (see adg_node_parent_ids),
-	 * then, if extended, a struct adg_node_ext.
+	/* The node's checkpointing record (adg_op_with), or NULL. */
+	struct adg_ckpt *ckpt;
+	adg_step step;
+	/* n_parents pointers, then n_parents ids (see adg_node_parent_ids).
 	 * A leaf parent's pointer is NULL: children never touch a leaf after
 	 * creating it, so a parameter shared by every thread is a cache line
 	 * nobody writes, and its handle may go while children still use its
 	 * id. */
 	struct adg_node *parents[];
-};
-
-/* What only some nodes carry, after their parent ids, so that the node of
- * a step with neither a release nor a name, made without checkpointing,
- * goes without: a product's node is 120 bytes, not 144. */
-struct adg_node_ext {
-	adg_release_fn release; /* the step's, or NULL */
-	const char *name;	/* the step's, or NULL */
-	/* The node's checkpointing record (adg_op_with), or NULL. */
-	struct adg_ckpt *ckpt;
 };
 
 /* The graph node n is in, read without following it: for comparing with a
@@ -400,8 +384,7 @@ enum adg_counter {
 };
 
 /* Nodes with fewer parents than this are kept for reuse by the thread that
- * freed them, up to ADG_NODE_CACHE_MAX of each size (by parents, and with
- * or without an extension). */
+ * freed them, up to ADG_NODE_CACHE_MAX of each size. */
 #define ADG_NODE_CACHE_CLASSES 4
 #define ADG_NODE_CACHE_MAX     512
 
@@ -425,8 +408,8 @@ struct adg_shard {
 
 	/* The owning thread's caches, which spare the allocator (and glibc's
 	 * small per-thread bins) the churn of a training loop. */
-	struct adg_node *node_cache[2][ADG_NODE_CACHE_CLASSES];
-	uint32_t node_cached[2][ADG_NODE_CACHE_CLASSES];
+	struct adg_node *node_cache[ADG_NODE_CACHE_CLASSES];
+	uint32_t node_cached[ADG_NODE_CACHE_CLASSES];
 	/* Retired graphs, ready for reuse by this thread (see struct
 	 * adg_graph). */
 	struct adg_graph *graph_pool;
@@ -608,32 +591,10 @@ static inline void adg_free(struct adg_registry *r, void *p, size_t size)
 	r->allocator.free(p, size, r->allocator.ctx);
 }
 
-static inline size_t adg_node_size(size_t n_parents, bool extended)
+static inline size_t adg_node_size(size_t n_parents)
 {
 	return sizeof(struct adg_node) +
-	       n_parents * (sizeof(struct adg_node *) + sizeof(uint64_t)) +
-	       (extended ? sizeof(struct adg_node_ext) : 0);
-}
-
-/* n's extension, or NULL when it has none. */
-static inline struct adg_node_ext *adg_node_ext(const struct adg_node *n)
-{
-	return n->extended ? (struct adg_node_ext *)((char *)n +
-						     adg_node_size(n->n_parents,
-								   false))
-			   : NULL;
-}
-
-/* n's checkpointing record, or NULL. */
-static inline struct adg_ckpt *adg_node_ckpt(const struct adg_node *n)
-{
-	return n->extended ? adg_node_ext(n)->ckpt : NULL;
-}
-
-/* n's step's name, or NULL. */
-static inline const char *adg_node_name(const struct adg_node *n)
-{
-	return n->extended ? adg_node_ext(n)->name : NULL;
+	       n_parents * (sizeof(struct adg_node *) + sizeof(uint64_t));
 }
 
 /* ---------------------------------------------------------- checkpointing */

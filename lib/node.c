@@ -16,26 +16,22 @@
 /* Node memory: the shard's cache first, then the allocator. Cached nodes
  * came from this registry's allocator; adg_node_free_cache returns them. */
 static struct adg_node *node_alloc(struct adg_shard *shard,
-				   struct adg_registry *r, uint32_t n_parents,
-				   bool extended)
+				   struct adg_registry *r, uint32_t n_parents)
 {
 	if (n_parents < ADG_NODE_CACHE_CLASSES) {
-		struct adg_node **cache =
-			&shard->node_cache[extended][n_parents];
-		struct adg_node *n = *cache;
+		struct adg_node *n = shard->node_cache[n_parents];
 		if (n != NULL) {
-			*cache = n->next_doomed;
-			shard->node_cached[extended][n_parents]--;
+			shard->node_cache[n_parents] = n->next_doomed;
+			shard->node_cached[n_parents]--;
 			return n;
 		}
 	}
-	return adg_alloc(r, adg_node_size(n_parents, extended));
+	return adg_alloc(r, adg_node_size(n_parents));
 }
 
 static void node_dealloc(struct adg_shard *shard, struct adg_node *n)
 {
 	uint32_t k = n->n_parents;
-	bool x = n->extended;
 #ifdef ADG_ASSERTIONS
 	/* The last drop may skip the subtraction (put_refs): zero the count,
 	 * so that a drop of a freed, cached node trips I5. */
@@ -43,44 +39,41 @@ static void node_dealloc(struct adg_shard *shard, struct adg_node *n)
 #endif
 	/* The fallback shard is shared by threads: it keeps nothing. */
 	if (k < ADG_NODE_CACHE_CLASSES && !shard->shared &&
-	    shard->node_cached[x][k] < ADG_NODE_CACHE_MAX) {
-		n->next_doomed = shard->node_cache[x][k];
-		shard->node_cache[x][k] = n;
-		shard->node_cached[x][k]++;
+	    shard->node_cached[k] < ADG_NODE_CACHE_MAX) {
+		n->next_doomed = shard->node_cache[k];
+		shard->node_cache[k] = n;
+		shard->node_cached[k]++;
 		return;
 	}
-	adg_free(n->registry, n, adg_node_size(k, x));
+	adg_free(n->registry, n, adg_node_size(k));
 }
 
 void adg_node_free_cache(struct adg_shard *shard)
 {
-	for (int x = 0; x < 2; x++) {
-		for (uint32_t k = 0; k < ADG_NODE_CACHE_CLASSES; k++) {
-			struct adg_node *n = shard->node_cache[x][k];
-			while (n != NULL) {
-				struct adg_node *next = n->next_doomed;
-				adg_free(n->registry, n, adg_node_size(k, x));
-				n = next;
-			}
-			shard->node_cache[x][k] = NULL;
-			shard->node_cached[x][k] = 0;
+	for (uint32_t k = 0; k < ADG_NODE_CACHE_CLASSES; k++) {
+		struct adg_node *n = shard->node_cache[k];
+		while (n != NULL) {
+			struct adg_node *next = n->next_doomed;
+			adg_free(n->registry, n, adg_node_size(k));
+			n = next;
 		}
+		shard->node_cache[k] = NULL;
+		shard->node_cached[k] = 0;
 	}
 }
 
 /* Inlined: on adg_op's path, the stores that op_new overwrites go. */
 static inline __attribute__((always_inline)) struct adg_node *
 node_new(struct adg_shard *shard, struct adg_registry *r, uint32_t n_parents,
-	 bool extended, int *rc)
+	 int *rc)
 {
-	struct adg_node *n = node_alloc(shard, r, n_parents, extended);
+	struct adg_node *n = node_alloc(shard, r, n_parents);
 	if (n == NULL) {
 		*rc = ADG_ENOMEM;
 		return NULL;
 	}
 	n->registry = r;
 	n->n_parents = n_parents;
-	n->extended = extended;
 	*rc = adg_next_id(shard, &n->id);
 	if (*rc != 0) {
 		node_dealloc(shard, n);
@@ -93,6 +86,7 @@ node_new(struct adg_shard *shard, struct adg_registry *r, uint32_t n_parents,
 	n->offers_output = false;
 	n->tape_links = 0;
 	n->retained_runs = 0;
+	n->ckpt = NULL;
 	return n;
 }
 
@@ -106,11 +100,10 @@ int adg_leaf(adg_registry *registry, adg_node **out)
 	if (shard == NULL)
 		return ADG_ENOMEM;
 	int rc;
-	struct adg_node *n = node_new(shard, registry, 0, false, &rc);
+	struct adg_node *n = node_new(shard, registry, 0, &rc);
 	if (n == NULL)
 		return rc;
-	n->backward = NULL;
-	n->user = NULL;
+	n->step = (adg_step){0};
 	adg_count(shard, ADG_C_LEAVES_MADE, 1);
 	*out = n;
 	return 0;
@@ -140,21 +133,13 @@ static int op_new(adg_registry *registry, adg_node *const *parents,
 	if (shard == NULL)
 		return ADG_ENOMEM;
 	int rc;
-	/* What a step of neither release nor name, made by adg_op, needs
-	 * not: an extension. */
-	bool extended =
-		step->release != NULL || step->name != NULL || options != NULL;
 	struct adg_node *n =
-		node_new(shard, registry, (uint32_t)n_parents, extended, &rc);
+		node_new(shard, registry, (uint32_t)n_parents, &rc);
 	if (n == NULL)
 		return rc;
 	n->depth = depth + 1;
 	n->state = ADG_NODE_LIVE; /* I1: before it is published */
-	n->backward = step->backward;
-	n->user = step->user;
-	if (extended)
-		*adg_node_ext(n) = (struct adg_node_ext){
-			.release = step->release, .name = step->name};
+	n->step = *step;
 	if (options != NULL) {
 		rc = adg_ckpt_attach(n, parents, options);
 		if (rc != 0)
@@ -176,7 +161,7 @@ static int op_new(adg_registry *registry, adg_node *const *parents,
 	rc = adg_graph_place(shard, n);
 	if (rc != 0)
 		goto out_put_parents;
-	if (adg_node_ckpt(n) != NULL)
+	if (n->ckpt != NULL)
 		adg_ckpt_commit(n);
 	adg_count(shard, ADG_C_OPS_MADE, 1);
 	*out = n;
@@ -189,9 +174,8 @@ out_put_parents:
 		if (n->parents[i] != NULL)
 			atomic_fetch_sub_explicit(&n->parents[i]->refs, 1,
 						  memory_order_relaxed);
-	if (adg_node_ckpt(n) != NULL) {
-		/* the caller keeps what it offered */
-		adg_node_ckpt(n)->value = NULL;
+	if (n->ckpt != NULL) {
+		n->ckpt->value = NULL; /* the caller keeps what it offered */
 		adg_ckpt_drop(n);
 	}
 out_dealloc:
@@ -236,9 +220,8 @@ int adg_node_id(const adg_node *node, uint64_t *id)
 
 void adg_node_release_step(struct adg_shard *shard, struct adg_node *node)
 {
-	struct adg_node_ext *ext = adg_node_ext(node);
-	if (ext != NULL && ext->release != NULL)
-		ext->release(node->user);
+	if (node->step.release != NULL)
+		node->step.release(node->step.user);
 	adg_count(shard, ADG_C_STEPS_RELEASED, 1);
 }
 
@@ -336,7 +319,7 @@ static void node_free(struct adg_shard *shard, struct adg_node *node)
 	 * the backward that took it. */
 	if (node->state == ADG_NODE_LIVE)
 		adg_node_release_step(shard, node);
-	if (adg_node_ckpt(node) != NULL)
+	if (node->ckpt != NULL)
 		adg_ckpt_drop(node); /* a LIVE node's kept output goes */
 	adg_count(shard, ADG_C_NODES_FREED, 1);
 	node_dealloc(shard, node);

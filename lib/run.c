@@ -260,14 +260,14 @@ int adg_step_give(adg_step_call *call, size_t slot, void *value)
 int adg_run_step_hooked(const struct adg_run *run, struct adg_node *n,
 			adg_step_call *call, adg_failure_site *site)
 {
-	adg_step_event event = {.node_id = n->id, .name = adg_node_name(n)};
+	adg_step_event event = {.node_id = n->id, .name = n->step.name};
 	int rc = adg_callback_result(run->on_step(&event, run->step_ctx));
 	if (rc != 0) {
 		*site = ADG_FAILED_ON_STEP;
 		return rc;
 	}
 	uint64_t start = adg_now_ns();
-	int step_rc = adg_callback_result(n->backward(call, n->user));
+	int step_rc = adg_callback_result(n->step.backward(call, n->step.user));
 	event.after = 1;
 	event.duration_ns = adg_now_ns() - start;
 	event.result = step_rc;
@@ -311,10 +311,9 @@ void adg_run_let_go(struct adg_run *run, size_t pos)
 	 * for its output was served (its children's steps and its own have
 	 * run) and the output is gone. What a failure left goes now,
 	 * exactly once. */
-	struct adg_ckpt *c = adg_node_ckpt(n);
-	if (c != NULL) {
+	if (n->ckpt != NULL) {
 		ADG_ASSERT(run->first.code != 0 ||
-			   (c->pending == 0 && c->value == NULL));
+			   (n->ckpt->pending == 0 && n->ckpt->value == NULL));
 		adg_ckpt_drop(n);
 	}
 	/* tape_links counts the references n's tape children hold on it:

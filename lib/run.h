@@ -136,7 +136,7 @@ static inline adg_failure adg_run_failure_at(adg_failure_site site, int code,
 	return (adg_failure){.code = code,
 			     .site = site,
 			     .node_id = id,
-			     .name = n != NULL ? adg_node_name(n) : NULL};
+			     .name = n != NULL ? n->step.name : NULL};
 }
 
 /* on_ready for the root, before any step: on failure records it (key 0)
@@ -200,9 +200,10 @@ static inline int adg_run_step(struct adg_run_thread *th, size_t pos,
 	};
 	adg_failure_site site = ADG_FAILED_STEP;
 	int rc = adg_likely(run->on_step == NULL)
-			 ? adg_callback_result(n->backward(&call, n->user))
+			 ? adg_callback_result(
+				   n->step.backward(&call, n->step.user))
 			 : adg_run_step_hooked(run, n, &call, &site);
-	if (adg_node_ckpt(n) != NULL && !run->retained)
+	if (n->ckpt != NULL && !run->retained)
 		adg_run_serve(th, n);
 	if (call.grad != NULL)
 		run->ops->free(call.grad, run->ops->ctx);
