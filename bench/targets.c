@@ -70,7 +70,7 @@ static const struct target targets[] = {
 	{"big",           BIG_STEPS,   6, IMPL_ADG,     3, AT_MOST,  1.5, 0},
 	{"big",           BIG_STEPS,   7, IMPL_ADG,     3, AT_MOST,  2,   0},
 	{"big",           BIG_COLD,    7, IMPL_ADG,     3, AT_MOST,  2,   0},
-	{"big",           BIG_RSS,     6, IMPL_ADG,     0, AT_MOST,  100, 0},
+	{"big",           BIG_RSS,     5, IMPL_ADG,     0, AT_MOST,  100, 0},
 };
 /* clang-format on */
 
