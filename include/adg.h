@@ -414,8 +414,7 @@ typedef struct adg_grad_ops {
  * reverse of the order it was made in, which is memory order). It depends
  * on the graph's shape and its parent slots' order alone, never on
  * timing, so gradients sum in the same order on every run. On success
- * *out
- * is a new container holding the gradients of the leaves reached (a
+ * *out is a new container holding the gradients of the leaves reached (a
  * non-leaf node's gradient is freed once its step has run); the caller
  * frees it with adg_grads_free. A root that is a leaf gives a container
  * holding just seed. ops is copied.
@@ -530,10 +529,10 @@ typedef struct adg_backward_options {
 	 * Determinism: each gradient is folded in one fixed order, whatever
 	 * the number of workers and the timing: by the position of the
 	 * contributing step on the tape (the order the sequential backward
-	 * runs them in), then by parent slot, a parent's
-	 * slots taken in the order of its registrations. So ops->add sees
-	 * the same operands in the same order with any number of workers as
-	 * without an executor, and the gradients are bitwise identical. A
+	 * runs them in), then by parent slot, a parent's slots taken in the
+	 * order of its registrations. So ops->add sees the same operands in
+	 * the same order with any number of workers as without an executor,
+	 * and the gradients are bitwise identical. A
 	 * node's contributions are folded once its last one has arrived, on
 	 * the thread that delivered it.
 	 *

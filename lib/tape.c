@@ -345,11 +345,11 @@ static void tape_order(struct adg_tape *t, struct adg_graph *g, size_t len,
 		       bool retained)
 {
 	struct adg_node **stack = t->walked;
-	size_t depth = 0, placed = 0;
+	size_t top = 0, placed = 0;
 
-	stack[depth++] = t->walked[0]; /* the root: named by no tape node */
-	while (depth > 0) {
-		struct adg_node *n = stack[--depth];
+	stack[top++] = t->walked[0]; /* the root: named by no tape node */
+	while (top > 0) {
+		struct adg_node *n = stack[--top];
 		t->sorted[placed++] = n;
 		if (retained) {
 			/* Run over, not taken: the node stays in the graph,
@@ -366,7 +366,7 @@ static void tape_order(struct adg_tape *t, struct adg_graph *g, size_t len,
 		for (uint32_t k = 0; k < n->n_parents; k++) {
 			struct adg_node *p = n->parents[k];
 			if (p != NULL && --p->tape_pending == 0)
-				stack[depth++] = p;
+				stack[top++] = p;
 		}
 	}
 	/* I7: the counts add up, so every walked node was placed once. */

@@ -317,15 +317,15 @@ static void g_tape(const struct graph *g, int *pos)
 		}
 	}
 	/* The walk's array is the stack: each node is pushed once. */
-	int depth = 0, at = 0;
-	walk[depth++] = g->root;
-	while (depth > 0) {
-		int i = walk[--depth];
+	int top = 0, at = 0;
+	walk[top++] = g->root;
+	while (top > 0) {
+		int i = walk[--top];
 		pos[i] = at++;
 		for (int k = 0; k < g->n_parents[i]; k++) {
 			int p = g->parents[i][k];
 			if (!g->leaf[p] && --links[p] == 0)
-				walk[depth++] = p;
+				walk[top++] = p;
 		}
 	}
 	cr_assert_eq(at, n);
@@ -1159,9 +1159,8 @@ CHECKED_TEST(parallel, failing_steps_give_the_code_first_in_tape_order)
 	 * comes first, though A_100 is deeper. */
 	struct two_chains b_last = {300, 10, false, 100, E1, 10, E2, E2, false};
 	run_two_chains(&b_last, "B in the last slot");
-	struct two_chains b_last2 = {300, 10, false, 100,  E2,
-				     10,  E1, E1,    false};
-	run_two_chains(&b_last2, "B in the last slot, codes swapped");
+	struct two_chains swap = {300, 10, false, 100, E2, 10, E1, E1, false};
+	run_two_chains(&swap, "B in the last slot, codes swapped");
 	/* A in the last slot: A_100 comes first, though B_10 is the top of
 	 * B, ready from the start. */
 	struct two_chains a_last = {300, 10, true, 100, E1, 10, E2, E1, true};

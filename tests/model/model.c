@@ -395,7 +395,7 @@ static void order_tape(const struct model *m, uint64_t root,
 	bool seen[MODEL_MAX_NODES + 1] = {0};
 	unsigned links[MODEL_MAX_NODES + 1] = {0};
 	uint64_t stack[MODEL_MAX_NODES];
-	size_t n = 0, depth = 0, placed = 0;
+	size_t n = 0, top = 0, placed = 0;
 
 	out->tape[n++] = root;
 	seen[root] = true;
@@ -413,15 +413,15 @@ static void order_tape(const struct model *m, uint64_t root,
 			out->tape[n++] = p;
 		}
 	}
-	stack[depth++] = root;
-	while (depth > 0) {
-		uint64_t id = stack[--depth];
+	stack[top++] = root;
+	while (top > 0) {
+		uint64_t id = stack[--top];
 		const struct model_node *c = &m->node[id];
 		out->tape[placed++] = id;
 		for (size_t k = 0; k < c->n_parents; k++) {
 			uint64_t p = c->parents[k];
 			if (!m->node[p].leaf && --links[p] == 0)
-				stack[depth++] = p;
+				stack[top++] = p;
 		}
 	}
 	MODEL_CHECK(placed == n);
