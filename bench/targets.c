@@ -25,7 +25,8 @@ enum figure {
 	WIDE_NS,     /* ns per empty step */
 	WIDE_RETAIN, /* ns per empty step retained; its base, consumed */
 	/* The big check, adg's, whose "threads" are a graph's size as a
-	 * power of ten (BIG_EXP_NONE: none): */
+	 * power of ten (the resident bytes' base: 0, the unit). Last, so
+	 * that target_line tells them apart with >= BIG_STEP. */
 	BIG_STEP,  /* ns per backward step, a chain; its base, at a size */
 	BIG_STEPS, /* the same, 64 chains */
 	BIG_COLD,  /* ns per node registered cold; its base, warm */

@@ -371,7 +371,6 @@ static void tape_order(struct adg_tape *t, struct adg_graph *g, size_t len,
 	}
 	/* I7: the counts add up, so every walked node was placed once. */
 	ADG_ASSERT(placed == len);
-	(void)len;
 }
 
 /* I7: each tape node's tape_links counts the tape's parent slots that name

@@ -46,7 +46,8 @@ struct adg_par_arrays {
 struct adg_tape {
 	/* In walk order; then tape_order's stack; then free for a run. */
 	struct adg_node **walked;
-	struct adg_node **sorted; /* the tape: each node after its children */
+	/* The walk's stack; then the tape, each node after its children. */
+	struct adg_node **sorted;
 	size_t nodes_cap;
 	/* With a ready hook or an executor: open addressing by id, a power
 	 * of two. */

@@ -302,8 +302,8 @@ CHECKED_TEST(backward, positive_step_result_is_ecallback)
 	run_failing_chain(3, ADG_ECALLBACK);
 }
 
-/* Steps run each after its children (n[0] after n[3] and n[1]), the last
- * readied first: the order is fixed by shape, not timing. */
+/* Each step runs after its children's (n[0]'s after n[3]'s and n[1]'s),
+ * the last readied first: the order is fixed by shape, not timing. */
 static int order_log[8];
 static atomic_int order_len;
 

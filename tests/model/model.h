@@ -115,9 +115,9 @@ struct model_backward {
 	/* The tape in the order the sequential backward runs it: each node
 	 * after its children, placed once its last child is, the placed
 	 * taken last in, first out, parents pushed in slot order (model.c),
-	 * so that it depends on the graph's shape alone. An
-	 * executor's backward reports the failure that comes first in this
-	 * order. pos: each tape node's index in tape. */
+	 * so that it depends on the graph's shape alone. An executor's
+	 * backward reports the failure that comes first in this order. pos:
+	 * each tape node's index in tape. */
 	uint64_t tape[MODEL_MAX_NODES];
 	size_t n_tape;
 	size_t pos[MODEL_MAX_NODES + 1];
