@@ -29,9 +29,11 @@
  *   | a value from adg_grads_take*       | the caller's | -                  |
  *   | a reducer's given gradient         | see adg_reducer_give             |
  *
- *   (1) unless no grad ops can be found to free it (none passed, none on
- *   the registry): then the caller's. (2) unless grads or call is NULL or
- *   not libadg's. (3) release runs exactly once, when the step goes.
+ *   (1) unless the backward has no free to call it with: ops passed
+ *   without add or free (the registry's grad_ops are not used then), or
+ *   none passed and none on the registry; then the caller's. (2) unless
+ *   grads or call is NULL or not libadg's. (3) release runs exactly
+ *   once, when the step goes.
  * - It may be called from any thread at any time, concurrently with any other
  *   call; handles may move between threads. Threads need no registration.
  * - It never aborts, prints or leaks on bad input.
@@ -220,6 +222,13 @@ typedef struct adg_step_call {
 	 * being run (a gradient that is itself a node: higher order). 0: the
 	 * step is consumed and runs this once. */
 	int retained;
+	/* The backward pass running the step: unique in the registry, never
+	 * 0, the same for every step of the pass on every thread (a nested
+	 * backward is a pass of its own). adg_failure.pass_id names it too,
+	 * so that state a step leaves for its caller (adg.hpp keeps what a
+	 * step threw) is keyed by the pass, never by the node alone, which
+	 * retained passes on several threads run at once. */
+	uint64_t pass_id;
 } adg_step_call;
 
 /* During a step: hands value (non-NULL), the gradient for the parent at
@@ -420,7 +429,9 @@ typedef struct adg_grad_ops {
  * holding just seed. ops is copied.
  * ops NULL: the registry's grad_ops (adg_registry_options).
  * seed is owned by libadg from the call on and freed with the ops' free on
- * error, except when there are no ops, or they lack a callback.
+ * error, except when there are no ops (none passed, none on the registry)
+ * or the ops passed lack a callback (the registry's are not used then):
+ * it stays the caller's (the table above, (1)).
  * Errors: ADG_EINVAL, ADG_EFOREIGN (root of another registry),
  * ADG_ECONSUMED (root's step was consumed), ADG_EUNAVAILABLE (a step the
  * backward needs was consumed, or is being run by a retained backward;
@@ -503,6 +514,10 @@ typedef struct adg_failure {
 	/* node_id's step name (adg_step.name) when node_id has a step, else
 	 * NULL. */
 	const char *name;
+	/* The pass (adg_step_call.pass_id); 0 when the backward stopped
+	 * before it began one (bad input, ADG_ENOMEM for its thread's
+	 * state). */
+	uint64_t pass_id;
 } adg_failure;
 
 /* Zero-initialise, then set what you need. */
@@ -853,8 +868,12 @@ ADG_API int adg_grads_take(adg_grads *grads, uint64_t id, void **value);
 
 /* adg_grads_get and adg_grads_take by handle: node's gradient in one
  * call (a leaf's, typically: a trainer's parameter). The node's id is
- * read from the handle, which the caller holds.
- * Errors: ADG_EINVAL, ADG_ENOTFOUND. */
+ * read from the handle, which the caller holds. The node must be of the
+ * registry whose backward made grads: ids are unique in a registry only,
+ * so another registry's node may share an id with one of grads'.
+ * Errors: ADG_EINVAL (NULL argument, grads a step's view),
+ * ADG_EFOREIGN (node of another registry: nothing read or taken),
+ * ADG_ENOTFOUND. */
 ADG_API int adg_grads_get_node(const adg_grads *grads, const adg_node *node,
 			       void **value);
 ADG_API int adg_grads_take_node(adg_grads *grads, const adg_node *node,

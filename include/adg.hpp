@@ -129,10 +129,11 @@ void check(int rc, const char *context = nullptr);
 
 /* ---------------------------------------------------------------- registry */
 
-/* Owns an adg_registry, and the exceptions steps threw until their backward
- * rethrows them: one that no backward reports (a second step failing at
- * once on an executor, a step run by a backward of C code) stays until the
- * registry goes. */
+/* Owns an adg_registry, and the exceptions steps threw, by pass, until
+ * their backward returns: it rethrows the one it reports and drops the
+ * rest (a second step failing at once on an executor). Those of passes run
+ * by C code (adg_backward_with on steps made here) stay until the registry
+ * goes. */
 class registry
 {
 public:
@@ -454,29 +455,37 @@ struct registry_core {
 	adg_registry *raw = nullptr;
 	std::atomic<const std::type_info *> grad_type{nullptr};
 	std::mutex mutex; /* guards thrown */
-	/* By node id; a multimap, as retained passes may run one step at
-	 * once. What no backward takes (a step that failed after the one
-	 * reported) goes with the registry. */
-	std::unordered_multimap<std::uint64_t, std::exception_ptr> thrown;
+	/* By pass (adg_step_call.pass_id), then node: never by node alone,
+	 * since retained passes on several threads run one step at once and
+	 * each must get back what its own run of the step threw. */
+	using node_exception = std::pair<std::uint64_t, std::exception_ptr>;
+	std::unordered_map<std::uint64_t, std::vector<node_exception>> thrown;
 
-	void keep(std::uint64_t node_id, std::exception_ptr e) noexcept
+	void keep(std::uint64_t pass_id, std::uint64_t node_id,
+		  std::exception_ptr e) noexcept
 	{
 		try {
 			std::lock_guard<std::mutex> lock(mutex);
-			thrown.emplace(node_id, std::move(e));
+			thrown[pass_id].emplace_back(node_id, std::move(e));
 		} catch (...) {
 			/* no memory: the backward throws adg::error */
 		}
 	}
 
-	std::exception_ptr take(std::uint64_t node_id) noexcept
+	/* What node_id's step threw in pass_id (null when nothing); drops
+	 * the rest of the pass's, which no one will ask for. */
+	std::exception_ptr take(std::uint64_t pass_id,
+				std::uint64_t node_id) noexcept
 	{
+		std::exception_ptr e;
 		std::lock_guard<std::mutex> lock(mutex);
-		auto it = thrown.find(node_id);
-		if (it == thrown.end())
-			return nullptr;
-		std::exception_ptr e = std::move(it->second);
-		thrown.erase(it);
+		auto pass = thrown.find(pass_id);
+		if (pass == thrown.end())
+			return e;
+		for (auto &kept : pass->second)
+			if (kept.first == node_id && !e)
+				e = std::move(kept.second);
+		thrown.erase(pass);
 		return e;
 	}
 
@@ -580,16 +589,16 @@ template <class T, class F> struct closure {
 			self->step(c);
 			return 0;
 		} catch (const error &e) {
-			self->core->keep(call->node_id,
+			self->core->keep(call->pass_id, call->node_id,
 					 std::current_exception());
 			int rc = e.code().value();
 			return rc < 0 ? rc : step_threw;
 		} catch (const std::bad_alloc &) {
-			self->core->keep(call->node_id,
+			self->core->keep(call->pass_id, call->node_id,
 					 std::current_exception());
 			return ADG_ENOMEM;
 		} catch (...) {
-			self->core->keep(call->node_id,
+			self->core->keep(call->pass_id, call->node_id,
 					 std::current_exception());
 			return step_threw;
 		}
@@ -754,9 +763,11 @@ template <class Submit> struct submitter {
 [[noreturn]] inline void rethrow(int rc, const adg_failure &failure,
 				 registry_core &core, grad_state &state)
 {
-	std::exception_ptr e;
-	if (failure.site == ADG_FAILED_STEP)
-		e = core.take(failure.node_id);
+	/* Taken whatever the site, so that what the pass's steps threw
+	 * goes with it. */
+	std::exception_ptr e = core.take(failure.pass_id, failure.node_id);
+	if (failure.site != ADG_FAILED_STEP)
+		e = nullptr;
 	bool from_add = failure.site == ADG_FAILED_ADD || rc == add_threw;
 	{
 		std::lock_guard<std::mutex> lock(state.mutex);

@@ -220,6 +220,8 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 		run.shard = adg_shard_get(registry);
 		if (run.shard == NULL)
 			rc = ADG_ENOMEM;
+		else
+			run.pass_id = adg_next_pass_id(run.shard);
 	}
 	if (rc != 0) {
 		if (seed != NULL)
@@ -252,6 +254,7 @@ out:
 		*report = run.first;
 		if (rc != 0 && run.first.code == 0)
 			*report = (adg_failure){.code = rc}; /* nowhere */
+		report->pass_id = run.pass_id;
 	}
 	return rc;
 }

@@ -81,6 +81,7 @@ int adg_grad_table_new(struct adg_registry *registry, const adg_grad_ops *ops,
 		.as_grads = {.accept = grad_table_accept},
 		.ops = *ops,
 		.allocator = registry->allocator,
+		.registry_serial = registry->serial,
 	};
 	/* Keep the load at or under 3/4 without growing mid-backward. */
 	size_t cap = 16;
@@ -229,26 +230,38 @@ int adg_grads_register(adg_grads *grads, uint64_t id, void *value)
 	return grads->accept(grads, id, value);
 }
 
+/* The id under which grads holds node's gradient, after the checks of
+ * adg_grads_get_node: ADG_EINVAL for NULL or a container that is not a
+ * table, ADG_EFOREIGN for a node of another registry (its id may name
+ * another node here). The caller holds node, and so its registry: both
+ * are read without a lock. */
+static int grad_table_node_id(const adg_grads *grads, const adg_node *node,
+			      void **value, uint64_t *id)
+{
+	if (value != NULL)
+		*value = NULL;
+	const struct adg_grad_table *g = adg_grad_table_of(grads);
+	if (g == NULL || node == NULL || value == NULL)
+		return ADG_EINVAL;
+	if (node->registry->serial != g->registry_serial)
+		return ADG_EFOREIGN;
+	*id = node->id;
+	return 0;
+}
+
 int adg_grads_get_node(const adg_grads *grads, const adg_node *node,
 		       void **value)
 {
-	if (node == NULL) {
-		if (value != NULL)
-			*value = NULL;
-		return ADG_EINVAL;
-	}
-	/* The caller holds node: its id is read without a lock. */
-	return adg_grads_get(grads, node->id, value);
+	uint64_t id;
+	int rc = grad_table_node_id(grads, node, value, &id);
+	return rc != 0 ? rc : adg_grads_get(grads, id, value);
 }
 
 int adg_grads_take_node(adg_grads *grads, const adg_node *node, void **value)
 {
-	if (node == NULL) {
-		if (value != NULL)
-			*value = NULL;
-		return ADG_EINVAL;
-	}
-	return adg_grads_take(grads, node->id, value);
+	uint64_t id;
+	int rc = grad_table_node_id(grads, node, value, &id);
+	return rc != 0 ? rc : adg_grads_take(grads, id, value);
 }
 
 int adg_grads_count(const adg_grads *grads, size_t *count)

@@ -404,6 +404,8 @@ struct adg_shard {
 	bool shared;
 	uint64_t next_id;	     /* next id of this thread's batch */
 	uint64_t ids_left;	     /* ids left in the batch */
+	uint64_t next_pass;	     /* next pass id of this thread's batch */
+	uint64_t passes_left;	     /* pass ids left in the batch */
 	struct adg_tape *tape_cache; /* NULL while a backward uses it */
 
 	/* The owning thread's caches, which spare the allocator (and glibc's
@@ -464,6 +466,10 @@ struct adg_thread {
 };
 
 struct adg_registry {
+	/* Unique in the process, never reused: what a gradient table, which
+	 * may outlive its registry, compares a node's registry with (a new
+	 * registry may get a freed one's address). */
+	uint64_t serial;
 	adg_allocator allocator;
 	void *alloc_base; /* what the allocator returned for this struct */
 	uint64_t max_node_id;
@@ -474,8 +480,10 @@ struct adg_registry {
 	/* Set when the first node gets a checkpointing record; until then a
 	 * backward skips the checkpointing passes. Written once. */
 	atomic_bool uses_checkpoints;
-	/* Written once per id batch of any thread. */
+	/* Written once per id batch of any thread, and once per pass id
+	 * batch (adg_next_pass_id): both rare, so they share a line. */
 	_Alignas(ADG_CACHELINE) atomic_uint_fast64_t next_free_id;
+	atomic_uint_fast64_t next_free_pass;
 	/* Written once per shard created (under the threads lock). */
 	_Alignas(ADG_CACHELINE) struct adg_shard *_Atomic shards;
 	/* Counts the frees of threads that have no shard (see shared). */
@@ -568,6 +576,11 @@ static inline void adg_put_id(struct adg_shard *s, uint64_t id)
 	s->next_id = id;
 	s->ids_left++;
 }
+
+/* A new backward pass's id (adg_step_call.pass_id): unique in the
+ * registry, never 0. From this thread's batch, so that a backward writes
+ * no shared line for it; the fallback shard, shared, takes one at a time. */
+uint64_t adg_next_pass_id(struct adg_shard *s);
 
 /* ------------------------------------------------------------------- RCU */
 
@@ -704,8 +717,10 @@ struct adg_grad_entry {
 struct adg_grad_table {
 	struct adg_grads as_grads;
 	adg_grad_ops ops;
-	adg_allocator allocator; /* a copy: the table may outlive the
-				    registry */
+	/* Copies: the table may outlive the registry. The serial is what a
+	 * node's registry is compared with (adg_grads_get_node). */
+	adg_allocator allocator;
+	uint64_t registry_serial;
 	struct adg_grad_entry *entries;
 	size_t cap;	    /* a power of two */
 	unsigned int shift; /* 64 - log2(cap) */

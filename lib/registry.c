@@ -214,6 +214,28 @@ int adg_shard_refill_ids(struct adg_shard *s)
 	return 0;
 }
 
+uint64_t adg_next_pass_id(struct adg_shard *s)
+{
+	struct adg_registry *r = s->registry;
+
+	/* Relaxed, as the ids above: pass ids need only be unique. 2^64
+	 * passes do not run out. */
+	if (adg_unlikely(s->shared))
+		return atomic_fetch_add_explicit(&r->next_free_pass, 1,
+						 memory_order_relaxed);
+	if (adg_unlikely(s->passes_left == 0)) {
+		s->next_pass = atomic_fetch_add_explicit(
+			&r->next_free_pass, ID_BATCH, memory_order_relaxed);
+		s->passes_left = ID_BATCH;
+	}
+	s->passes_left--;
+	return s->next_pass++;
+}
+
+/* Registries made in this process: the source of their serials. Written
+ * once per registry made. */
+static atomic_uint_fast64_t registries_made;
+
 int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 {
 	if (out != NULL)
@@ -242,6 +264,10 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 	if (r == NULL)
 		return ADG_ENOMEM;
 	r->alloc_base = base;
+	/* Relaxed: a serial need only be unique. */
+	r->serial = atomic_fetch_add_explicit(&registries_made, 1,
+					      memory_order_relaxed) +
+		    1;
 	r->allocator = allocator;
 	r->max_node_id = max_node_id;
 	r->checkpointing = options ? options->checkpointing : 0;
@@ -251,6 +277,7 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 	}
 	atomic_init(&r->uses_checkpoints, false);
 	atomic_init(&r->next_free_id, 1);
+	atomic_init(&r->next_free_pass, 1);
 	atomic_init(&r->shards, NULL);
 	r->fallback.shared = true;
 	r->fallback.registry = r;

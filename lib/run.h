@@ -33,6 +33,7 @@ struct adg_par_ticket;
 struct adg_run {
 	struct adg_registry *registry;
 	struct adg_shard *shard; /* the calling thread's */
+	uint64_t pass_id;	 /* adg_step_call.pass_id */
 	struct adg_tape *tape;
 	size_t len; /* of the tape */
 	enum adg_run_mode mode;
@@ -197,6 +198,7 @@ static inline int adg_run_step(struct adg_run_thread *th, size_t pos,
 		.n_parents = n->n_parents,
 		.context = &th->ckpt,
 		.retained = run->retained,
+		.pass_id = run->pass_id,
 	};
 	adg_failure_site site = ADG_FAILED_STEP;
 	int rc = adg_likely(run->on_step == NULL)

@@ -55,6 +55,7 @@ struct check_failed {
 struct test_case {
 	const char *name;
 	void (*run)();
+	bool stress; /* the stress tier's (main's --stress), not the unit's */
 };
 
 std::vector<test_case> &all_tests()
@@ -64,15 +65,21 @@ std::vector<test_case> &all_tests()
 }
 
 struct registrar {
-	registrar(const char *name, void (*run)())
+	registrar(const char *name, void (*run)(), bool stress = false)
 	{
-		all_tests().push_back({name, run});
+		all_tests().push_back({name, run, stress});
 	}
 };
 
 #define TEST(name)                                                             \
 	void name();                                                           \
 	const registrar name##_registrar(#name, name);                         \
+	void name()
+
+/* A concurrency stress test: the stress tier runs it (tests/meson.build). */
+#define STRESS_TEST(name)                                                      \
+	void name();                                                           \
+	const registrar name##_registrar(#name, name, true);                   \
 	void name()
 
 /* A step's capture that counts its live copies: a closure libadg keeps is
@@ -766,6 +773,97 @@ TEST(c_code_runs_cpp_steps_with_the_registrys_ops)
 	EXPECT(probe::live == 0);
 }
 
+/* What a step throws below: the thread whose pass it failed. */
+struct thrown_for {
+	int thread;
+};
+
+/* Retained passes over one graph on several threads at once, each failing
+ * at the same step with an exception of its own (the seed says whose):
+ * each backward rethrows its own, never another thread's (issue 28: kept
+ * exceptions were keyed by node alone). Half the passes run on a shared
+ * pool, where the step runs on a worker. */
+STRESS_TEST(concurrent_retained_passes_rethrow_their_own)
+{
+	constexpr int threads = 3, passes = 1000;
+	adg::registry reg;
+	adg::pool workers(2);
+	adg::node x = adg::leaf(reg);
+	adg::node a = adg::op(
+		reg, {x},
+		[](adg::step_call<double> &c) {
+			std::this_thread::yield(); /* let another pass in */
+			throw thrown_for{static_cast<int>(c.grad_or(-1.0))};
+		},
+		"a");
+	adg::node y = adg::op(
+		reg, {a},
+		[](adg::step_call<double> &c) { c.give(0, c.grad_or(-1.0)); },
+		"y");
+	std::atomic<int> own{0}, others{0}, none{0};
+	std::vector<std::thread> running;
+	for (int t = 0; t < threads; t++)
+		running.emplace_back([&, t] {
+			adg::backward_options o;
+			o.retain = true;
+			for (int pass = 0; pass < passes; pass++) {
+				o.executor =
+					pass % 2 ? adg::executor_ref(workers)
+						 : adg::executor_ref();
+				try {
+					adg::backward(y, static_cast<double>(t),
+						      o);
+					none++;
+				} catch (const thrown_for &e) {
+					(e.thread == t ? own : others)++;
+				} catch (...) {
+					none++;
+				}
+			}
+		});
+	for (std::thread &t : running)
+		t.join();
+	if (others != 0 || none != 0)
+		std::printf("  %d passes rethrew another thread's exception, "
+			    "%d none of theirs\n",
+			    others.load(), none.load());
+	EXPECT(others == 0 && none == 0 && own == threads * passes);
+}
+
+/* An exception that counts its live copies (probe). */
+struct counted_failure {
+	probe alive;
+};
+
+/* Two branches that throw, on an executor: the backward rethrows the first
+ * in tape order, and what the other threw (when it ran) goes when the
+ * backward returns, not with the registry, so a training loop whose
+ * passes fail that way does not pile exceptions up. */
+TEST(unreported_exceptions_go_with_their_backward)
+{
+	adg::registry reg;
+	adg::pool workers(2);
+	adg::backward_options o;
+	o.executor = workers;
+	for (int round = 0; round < 50; round++) {
+		adg::node x = adg::leaf(reg);
+		auto thrower = [](adg::step_call<double> &) {
+			throw counted_failure{};
+		};
+		adg::node a = adg::op(reg, {x}, thrower, "a");
+		adg::node b = adg::op(reg, {x}, thrower, "b");
+		adg::node y = adg::op(
+			reg, {a, b},
+			[](adg::step_call<double> &c) {
+				c.give(0, 1.0);
+				c.give(1, 1.0);
+			},
+			"y");
+		EXPECT_THROWS(counted_failure, adg::backward(y, 1.0, o), );
+		EXPECT(probe::live == 0);
+	}
+}
+
 TEST(generic_lambdas_name_their_type)
 {
 	adg::registry reg;
@@ -798,10 +896,18 @@ TEST(errors_name_their_codes)
 
 } // namespace
 
-int main()
+/* No argument: the unit tier's tests; --stress: the stress tier's. */
+int main(int argc, char **argv)
 {
+	bool stress = argc > 1 && std::strcmp(argv[1], "--stress") == 0;
+	if (argc > 2 || (argc == 2 && !stress)) {
+		std::fprintf(stderr, "usage: %s [--stress]\n", argv[0]);
+		return 2;
+	}
 	int passed = 0, failed = 0;
 	for (const test_case &t : all_tests()) {
+		if (t.stress != stress)
+			continue;
 		probe::live = 0;
 		tracked::live = 0;
 		std::string why;

@@ -266,3 +266,92 @@ CHECKED_TEST(failure, names_the_first_in_tape_order_whatever_the_timing)
 	}
 	cr_assert_eq(adg_pool_free(r.pool), 0);
 }
+
+/* What the steps of one pass saw of it: each step's call->pass_id, by
+ * slot (3: inner's step, in the nested pass), and, for slot 0, the pass of
+ * the backward it runs inside itself (a nested pass, over inner). */
+struct pass_log {
+	_Atomic uint64_t seen[4];
+	_Atomic uint64_t nested_seen;
+	adg_node *inner;
+};
+
+struct pass_step {
+	struct pass_log *log;
+	int slot;
+};
+
+static int logging_backward(adg_step_call *call, void *user)
+{
+	const struct pass_step *p = user;
+	atomic_store(&p->log->seen[p->slot], call->pass_id);
+	if (p->slot == 0 && p->log->inner != NULL) {
+		adg_failure f;
+		adg_backward_options o = {.failure = &f, .retain = 1};
+		adg_grads *g;
+		int rc = adg_backward_with(call->registry, p->log->inner,
+					   scalar_box(1), &scalar_ops, &o, &g);
+		if (rc != 0)
+			return rc;
+		atomic_store(&p->log->nested_seen, f.pass_id);
+		adg_grads_free(g);
+	}
+	return s_pass_on(call);
+}
+
+static adg_node *op_logging(adg_node *const *parents, size_t n,
+			    struct pass_step *p)
+{
+	adg_node *y;
+	adg_step step = {.backward = logging_backward, .user = p};
+	cr_assert_eq(adg_op(reg, parents, n, &step, &y), 0);
+	return y;
+}
+
+/* Every step of a pass sees one pass id, on every thread that runs one;
+ * the report names it; each pass has its own, and so does a pass nested
+ * in a step. */
+CHECKED_TEST(failure, every_step_of_a_pass_sees_its_id)
+{
+	struct runner r = {0};
+	uint64_t before[2] = {0, 0};
+	for (int round = 0; round < 3 * N_MODES; round++) {
+		enum mode m = (enum mode)(round % N_MODES);
+		struct pass_log log = {0};
+		struct pass_step steps[4] = {
+			{&log, 0}, {&log, 1}, {&log, 2}, {&log, 3}};
+		scalar z = s_leaf(reg, 1), x = s_leaf(reg, 1);
+		adg_node *w = op_logging(&z.node, 1, &steps[3]);
+		adg_node *a = op_logging(&x.node, 1, &steps[0]);
+		adg_node *b = op_logging(&x.node, 1, &steps[1]);
+		adg_node *ab[2] = {a, b};
+		adg_node *y = op_logging(ab, 2, &steps[2]);
+		log.inner = w;
+		adg_grads *g;
+		cr_assert_eq(adg_backward_with(reg, y, scalar_box(1),
+					       &scalar_ops, options_in(m, &r),
+					       &g),
+			     0);
+		uint64_t pass = r.report.pass_id;
+		cr_assert_neq(pass, 0, "mode %d", m);
+		for (int i = 0; i < 3; i++)
+			cr_assert_eq(atomic_load(&log.seen[i]), pass,
+				     "mode %d, step %d", m, i);
+		uint64_t nested = atomic_load(&log.nested_seen);
+		cr_assert(nested != 0 && nested != pass, "mode %d", m);
+		cr_assert_eq(atomic_load(&log.seen[3]), nested, "mode %d", m);
+		cr_assert(pass != before[0] && pass != before[1] &&
+				  nested != before[0] && nested != before[1],
+			  "mode %d: a pass id seen in the round before", m);
+		before[0] = pass;
+		before[1] = nested;
+		cr_assert_eq(adg_grads_free(g), 0);
+		adg_node_unref(y);
+		adg_node_unref(a);
+		adg_node_unref(b);
+		adg_node_unref(w);
+		s_drop(x);
+		s_drop(z);
+	}
+	cr_assert_eq(adg_pool_free(r.pool), 0);
+}

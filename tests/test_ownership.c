@@ -94,6 +94,48 @@ CHECKED_TEST(ownership, grads_by_handle_refuse_bad_input)
 	s_drop(a);
 }
 
+/* Ids are unique in a registry only: the first leaves of two registries
+ * are both id 1. By handle, the other's leaf names nothing in the first's
+ * container: not a wrong gradient, not one taken out (issue 28). The
+ * container outlives its registry, and a registry made after it (perhaps
+ * at its address) is foreign to it too. */
+Test(ownership_own, grads_by_handle_refuse_another_registrys_node)
+{
+	adg_registry *first, *other, *later;
+	cr_assert_eq(adg_registry_new(NULL, &first), 0);
+	cr_assert_eq(adg_registry_new(NULL, &other), 0);
+	scalar a = s_leaf(first, 3), b = s_leaf(other, 5);
+	cr_assert_eq(a.id, b.id, "the case needs one id in both");
+	adg_grads *g;
+	cr_assert_eq(
+		adg_backward(first, a.node, scalar_box(3), &scalar_ops, &g), 0);
+	void *v = &v;
+	cr_assert_eq(adg_grads_get_node(g, b.node, &v), ADG_EFOREIGN);
+	cr_assert_null(v);
+	v = &v;
+	cr_assert_eq(adg_grads_take_node(g, b.node, &v), ADG_EFOREIGN);
+	cr_assert_null(v);
+	size_t n;
+	cr_assert_eq(adg_grads_count(g, &n), 0);
+	cr_assert_eq(n, 1, "a foreign node took nothing out");
+	cr_assert_eq(adg_grads_get_node(g, a.node, &v), 0);
+	cr_assert_eq(*(double *)v, 3);
+	s_drop(a);
+	s_drop(b);
+	cr_assert_eq(adg_registry_free(other), 0);
+	cr_assert_eq(adg_registry_free(first), 0); /* g outlives it */
+
+	cr_assert_eq(adg_registry_new(NULL, &later), 0);
+	scalar c = s_leaf(later, 7);
+	cr_assert_eq(c.id, 1);
+	cr_assert_eq(adg_grads_get_node(g, c.node, &v), ADG_EFOREIGN);
+	cr_assert_eq(adg_grads_take_node(g, c.node, &v), ADG_EFOREIGN);
+	s_drop(c);
+	cr_assert_eq(adg_registry_free(later), 0);
+	cr_assert_eq(adg_grads_free(g), 0);
+	cr_assert_eq(atomic_load(&scalar_values_live), 0);
+}
+
 /* ------------------------------------------------- the parts of a node */
 
 struct owned_user {
