@@ -311,7 +311,7 @@ struct rank {
 
 /* The reducer's ops. add folds one thread's gradient into the sum; the
  * reducer hands each value back through release, so add keeps it. */
-static int reducer_add(void **sum, void *value, void *ctx)
+static int reducer_add(void **sum, const void *value, void *ctx)
 {
 	(void)ctx;
 	*(double *)*sum += *(double *)value;

@@ -699,13 +699,15 @@ typedef struct adg_reduction {
 
 typedef struct adg_reducer_ops {
 	/* Folds value into *sum (both non-NULL), on the thread that brought
-	 * the parameter's last contribution. Borrows value: the reducer hands
-	 * each contribution back through release. It may replace *sum with
+	 * the parameter's last contribution. Borrows value (const: unlike
+	 * adg_grad_ops.add, which takes it, so that one function cannot
+	 * serve both): the reducer hands each contribution back through
+	 * release. It may replace *sum with
 	 * another non-NULL value (the one it replaced is then add's to
 	 * dispose of); what *sum holds at the end is released to the
 	 * participant whose contribution the sum started as. Returns 0 or a
 	 * negative code, which abandons the round. Required. */
-	int (*add)(void **sum, void *value, void *ctx);
+	int (*add)(void **sum, const void *value, void *ctx);
 	/* Applies one parameter's reduced gradient (an SGD step), or one
 	 * slice of it (param_slices). Runs at most once per parameter (per
 	 * slice) per round, once in a round not abandoned,

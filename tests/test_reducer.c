@@ -68,10 +68,10 @@ static void value_free(void *value)
 
 /* sum = 0.5 * sum + value: the order of the operands shows. Borrows
  * value. */
-static int mix_add(void **sum, void *value, void *ctx)
+static int mix_add(void **sum, const void *value, void *ctx)
 {
 	(void)ctx;
-	*(double *)*sum = 0.5 * *(double *)*sum + *(double *)value;
+	*(double *)*sum = 0.5 * *(double *)*sum + *(const double *)value;
 	return 0;
 }
 
@@ -629,10 +629,10 @@ struct hand {
 	int order[3], n_order;
 };
 
-static int hand_add(void **sum, void *value, void *ctx)
+static int hand_add(void **sum, const void *value, void *ctx)
 {
 	struct hand *h = ctx;
-	if (*(double *)value == -1.0 || *(double *)*sum == -1.0)
+	if (*(const double *)value == -1.0 || *(double *)*sum == -1.0)
 		return ADG_EUSER - 1; /* a poisoned value */
 	(void)h;
 	return mix_add(sum, value, NULL);
@@ -1203,7 +1203,7 @@ static void slice_range(size_t k, size_t n_slices, size_t *lo, size_t *hi)
 	*hi = (k + 1) * VN / n_slices;
 }
 
-static int vec_add_whole(void **sum, void *value, void *ctx)
+static int vec_add_whole(void **sum, const void *value, void *ctx)
 {
 	(void)ctx;
 	struct vec *s = *sum;

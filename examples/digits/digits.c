@@ -328,7 +328,7 @@ static int apply_sgd(uint64_t id, void **grad, void *ctx)
  * (a gradient of another thread's, which it reads and writes but does not
  * keep); apply takes one SGD step with the sum of all threads'; release
  * gives a gradient back to its thread's pool, on that thread. */
-static int reducer_add(void **sum, void *value, void *ctx)
+static int reducer_add(void **sum, const void *value, void *ctx)
 {
 	(void)ctx;
 	tensor_add(*sum, value);

@@ -428,7 +428,7 @@ static int hogwild_ready(uint64_t id, void **grad, void *ctx)
  * does not keep); apply takes one SGD step with the sum of all threads'
  * gradients, with plain stores (see struct param); release gives a
  * gradient back to its thread's pool, on that thread. */
-static int reducer_add(void **sum, void *value, void *ctx)
+static int reducer_add(void **sum, const void *value, void *ctx)
 {
 	(void)ctx;
 	tensor_add(*sum, value);
