@@ -3,27 +3,22 @@
  *
  * f = sqrt(x) * y + log(y) at x = 0: sqrt's derivative there is 1/(2
  * sqrt(0)) = inf, and inf times the zero gradient that reaches it is NaN.
- * Each step checks the gradients it sends on and notes a NaN where the
- * hook will look: on_step runs on the thread that ran the step, right
- * after it, so a thread-local flag is enough, with or without an
- * executor. The hook then returns an error, which stops the backward
- * there, and the program prints the step's name.
+ * The backward's value check (adg_backward_options.value_check) sees
+ * every gradient a step gives and rejects a NaN: the backward stops at
+ * that step and its report names it, with or without an executor. The
+ * steps themselves know nothing of it, and a backward without the check
+ * pays nothing for it.
  *
  * Usage: anomaly (exits 0 when it found the NaN in "sqrt"). */
 #include <adg.h>
 #include <math.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "boxed.h"
 
-#define ANOMALY (ADG_EUSER - 1)
-
-static _Thread_local bool made_nan;
-
-/* d out / d parent k = slope[k]; the step notes a NaN it sends on. */
+/* d out / d parent k = slope[k]. */
 struct op {
 	size_t n;
 	double slope[2];
@@ -38,8 +33,6 @@ static int backward(adg_step_call *call, void *user)
 		void *d = boxed(v);
 		if (d == NULL)
 			return ADG_ENOMEM;
-		if (isnan(v))
-			made_nan = true;
 		int rc = adg_step_give(call, k, d);
 		if (rc != 0)
 			return rc;
@@ -64,24 +57,11 @@ static adg_node *op(adg_registry *reg, const char *name, adg_node *a, double da,
 	return out;
 }
 
-/* The first step, in the order steps run, that made a NaN. */
-struct anomaly {
-	uint64_t id;
-	char name[32];
-};
-
-static int check(const adg_step_event *e, void *ctx)
+/* Called with each gradient a step gives, on the step's thread. */
+static int reject_nonfinite(const void *value, void *ctx)
 {
-	struct anomaly *a = ctx;
-	if (!e->after) {
-		made_nan = false;
-		return 0;
-	}
-	if (!made_nan)
-		return 0;
-	a->id = e->node_id;
-	snprintf(a->name, sizeof a->name, "%s", e->name ? e->name : "?");
-	return ANOMALY;
+	(void)ctx;
+	return isfinite(*(const double *)value) ? 0 : ADG_EVALUE;
 }
 
 int main(void)
@@ -102,10 +82,10 @@ int main(void)
 	adg_node *f = m && l ? op(reg, "add", m, 1, l, 1) : NULL;
 
 	int rc = f != NULL ? 0 : ADG_ENOMEM;
-	struct anomaly found = {0};
+	adg_failure found = {0};
 	if (rc == 0) {
-		adg_backward_options o = {.on_step = check,
-					  .on_step_ctx = &found};
+		adg_backward_options o = {.value_check = reject_nonfinite,
+					  .failure = &found};
 		adg_grads *grads = NULL;
 		void *seed = boxed(1);
 		rc = seed ? adg_backward_with(reg, f, seed, &boxed_ops, &o,
@@ -114,10 +94,12 @@ int main(void)
 		adg_grads_free(grads);
 	}
 	int status = 1;
-	if (rc == ANOMALY) {
-		printf("anomaly: step %llu (\"%s\") made a NaN gradient\n",
-		       (unsigned long long)found.id, found.name);
-		status = strcmp(found.name, "sqrt") == 0 ? 0 : 1;
+	if (rc == ADG_EVALUE && found.site == ADG_FAILED_CHECK) {
+		printf("anomaly: step %llu (\"%s\") gave a gradient that is "
+		       "not finite\n",
+		       (unsigned long long)found.node_id,
+		       found.name ? found.name : "?");
+		status = found.name && strcmp(found.name, "sqrt") == 0 ? 0 : 1;
 	} else {
 		fprintf(stderr, "anomaly: no NaN found (%s)\n",
 			adg_strerror(rc));

@@ -86,7 +86,12 @@ extern "C" {
 	/* a callback returned a positive value */                             \
 	X(ECALLBACK, -9, "a callback returned a positive value")               \
 	/* out of order: a parameter given twice in a round, say */            \
-	X(ESTATE, -10, "call out of order for the object's state")
+	X(ESTATE, -10, "call out of order for the object's state")             \
+	/* a callback threw an exception (a C++ step, add or hook: adg.hpp     \
+	 * rethrows it; C code that runs such callbacks sees this code) */     \
+	X(ETHREW, -11, "a callback threw an exception")                        \
+	/* a gradient failed the backward's value check (a NaN, say) */        \
+	X(EVALUE, -12, "a gradient value failed the value check")
 
 enum adg_error {
 #define ADG_ERROR_ENUM_(name, value, message) ADG_##name = value,
@@ -504,6 +509,9 @@ typedef enum adg_failure_site {
 	 * only (without one, the add runs inside the registering step,
 	 * which is told). */
 	ADG_FAILED_ADD,
+	/* value_check rejected a gradient node_id's step gave: the step
+	 * that produced it, whatever the step then returned. */
+	ADG_FAILED_CHECK,
 } adg_failure_site;
 
 /* What a backward tells of its result. */
@@ -581,6 +589,18 @@ typedef struct adg_backward_options {
 	 * where it came from, the failure first in tape order (the one whose
 	 * code is returned), with or without an executor. */
 	adg_failure *failure;
+	/* NULL: no check, and no cost. Set: anomaly detection. Called with
+	 * every gradient a step gives with adg_step_give, before libadg takes
+	 * it, on the thread of the step: returns 0 to accept it, or a
+	 * negative code (ADG_EVALUE, say; ADG_ECALLBACK for a positive one)
+	 * to reject it. A rejected value is freed, adg_step_give returns the
+	 * code, and the backward fails at that step (ADG_FAILED_CHECK, naming
+	 * the step that produced the value) whatever the step returns, under
+	 * the first-failure-in-tape-order rule, in every mode, consuming or
+	 * retained. It must be safe to call concurrently with itself when
+	 * there is an executor, and may not call libadg. */
+	int (*value_check)(const void *value, void *ctx);
+	void *value_check_ctx; /* passed to value_check */
 } adg_backward_options;
 
 /* adg_backward with options (NULL: as adg_backward). The counts behind

@@ -48,7 +48,7 @@
  * Exceptions never cross into libadg. Each callback (a step, an add) is a
  * noexcept trampoline that catches, keeps the exception and returns a
  * negative code: std::bad_alloc becomes ADG_ENOMEM, an adg::error its own
- * code, anything else adg::step_threw or adg::add_threw (an executor's
+ * code, anything else ADG_ETHREW (an executor's
  * submit that throws refuses the job instead). The backward then rethrows,
  * rather than reports, the exception that failed it, as thrown, so that
  * catch clauses for the lambda's own types work: the failing step's (the
@@ -103,11 +103,12 @@ struct access;
  * names the codes below. */
 const std::error_category &category() noexcept;
 
-/* What a trampoline returns when a lambda threw something that carries no
- * ADG_E* code: a step, an add (T's +=). In ADG_EUSER's range, so C code
- * that looks at a backward's result sees a code of the caller's. */
-inline constexpr int step_threw = ADG_EUSER - 1;
-inline constexpr int add_threw = ADG_EUSER - 2;
+/* What a trampoline returned, before ADG_ETHREW, when a lambda threw
+ * something that carries no ADG_E* code. Both are ADG_ETHREW now, whose
+ * name and message say a callback threw; backward_options::failure says
+ * which callback. */
+[[deprecated("use ADG_ETHREW")]] inline constexpr int step_threw = ADG_ETHREW;
+[[deprecated("use ADG_ETHREW")]] inline constexpr int add_threw = ADG_ETHREW;
 
 /* Every failure of this layer, and of libadg under it. code().value() is
  * the ADG_E* code; failure() says where a backward failed (site
@@ -274,7 +275,7 @@ node op(registry &reg, const std::vector<node> &parents, F &&step,
 
 /* The adg_grad_ops of gradient type T: add is `*sum += std::move(*value)`,
  * then delete value; free is delete. ctx null: an add that throws returns
- * add_threw (or ADG_ENOMEM) and the exception is dropped. For
+ * ADG_ETHREW (or ADG_ENOMEM) and the exception is dropped. For
  * adg_registry_options.grad_ops, so that C calls passed NULL ops (and a
  * backward of C code) fold and free T too. */
 template <class T> adg_grad_ops grad_ops() noexcept;
@@ -425,19 +426,15 @@ public:
 	}
 	std::string message(int code) const override
 	{
-		if (code == step_threw)
-			return "a step threw an exception";
-		if (code == add_threw)
-			return "a gradient's += threw an exception";
 		return adg_strerror(code);
 	}
 };
 
 inline std::string failure_context(const adg_failure &f)
 {
-	static const char *const sites[] = {"", "step", "on_step", "on_ready",
-					    "add"};
-	if (f.site == ADG_FAILED_NOWHERE || f.site > ADG_FAILED_ADD)
+	static const char *const sites[] = {
+		"", "step", "on_step", "on_ready", "add", "value check of"};
+	if (f.site == ADG_FAILED_NOWHERE || f.site > ADG_FAILED_CHECK)
 		return "backward";
 	std::string s = "backward: ";
 	s += sites[f.site];
@@ -563,7 +560,7 @@ template <class T> struct typed_ops {
 			if (ctx != nullptr)
 				static_cast<grad_state *>(ctx)->keep(
 					std::current_exception());
-			return add_threw;
+			return ADG_ETHREW;
 		}
 	}
 	static void free(void *value, void *ctx) noexcept
@@ -592,7 +589,7 @@ template <class T, class F> struct closure {
 			self->core->keep(call->pass_id, call->node_id,
 					 std::current_exception());
 			int rc = e.code().value();
-			return rc < 0 ? rc : step_threw;
+			return rc < 0 ? rc : ADG_ETHREW;
 		} catch (const std::bad_alloc &) {
 			self->core->keep(call->pass_id, call->node_id,
 					 std::current_exception());
@@ -600,7 +597,7 @@ template <class T, class F> struct closure {
 		} catch (...) {
 			self->core->keep(call->pass_id, call->node_id,
 					 std::current_exception());
-			return step_threw;
+			return ADG_ETHREW;
 		}
 	}
 
@@ -768,7 +765,7 @@ template <class Submit> struct submitter {
 	std::exception_ptr e = core.take(failure.pass_id, failure.node_id);
 	if (failure.site != ADG_FAILED_STEP)
 		e = nullptr;
-	bool from_add = failure.site == ADG_FAILED_ADD || rc == add_threw;
+	bool from_add = failure.site == ADG_FAILED_ADD || rc == ADG_ETHREW;
 	{
 		std::lock_guard<std::mutex> lock(state.mutex);
 		if (state.first && (from_add || !e))

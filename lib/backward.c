@@ -139,6 +139,8 @@ static void backward_run_init(struct adg_run *run, adg_registry *registry,
 	run->leaves_only = options->leaves_only != 0;
 	run->on_step = options->on_step;
 	run->step_ctx = options->on_step_ctx;
+	run->value_check = options->value_check;
+	run->value_check_ctx = options->value_check_ctx;
 	run->retained = options->retain != 0;
 	run->executor = options->executor;
 	if (run->executor != NULL)

@@ -110,6 +110,7 @@ static inline struct adg_step_out *step_out_now(struct adg_step_out *o)
 	if (adg_unlikely(o->node != th->ckpt.node)) {
 		o->node = th->ckpt.node;
 		o->filled = 0;
+		o->rejected = 0;
 		/* With workers the step's edges start empty (NULL); on one
 		 * thread the marks start unread. */
 		o->marked = th->run->mode == ADG_RUN_PARALLEL;
@@ -225,6 +226,18 @@ static int step_out_accept(struct adg_grads *to, uint64_t id, void *value)
 	return step_out_deliver(o, k, value);
 }
 
+/* value_check on a value o's step gives: 0, or the code it was
+ * rejected with, kept for the step's failure (the first, if several). */
+static int step_out_check(struct adg_step_out *o, const struct adg_run *run,
+			  const void *value)
+{
+	int rc = adg_callback_result(
+		run->value_check(value, run->value_check_ctx));
+	if (rc != 0 && o->rejected == 0)
+		o->rejected = rc;
+	return rc;
+}
+
 int adg_step_give(adg_step_call *call, size_t slot, void *value)
 {
 	if (call == NULL || call->context == NULL)
@@ -235,6 +248,13 @@ int adg_step_give(adg_step_call *call, size_t slot, void *value)
 	const adg_grad_ops *ops = th->run->ops;
 	if (value == NULL)
 		return ADG_EINVAL;
+	if (adg_unlikely(th->run->value_check != NULL)) {
+		int rc = step_out_check(o, th->run, value);
+		if (rc != 0) {
+			ops->free(value, ops->ctx);
+			return rc;
+		}
+	}
 	uint32_t k = NO_SLOT;
 	if (slot < o->node->n_parents)
 		/* In order: the slot is the first empty one, and names its

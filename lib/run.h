@@ -47,6 +47,8 @@ struct adg_run {
 	bool leaves_only;
 	adg_step_hook_fn on_step;
 	void *step_ctx;
+	int (*value_check)(const void *value, void *ctx);
+	void *value_check_ctx;
 	const adg_executor *executor;
 	/* With workers: the jobs' handle, allocated before the tape is
 	 * taken so that running never allocates. */
@@ -78,6 +80,9 @@ struct adg_step_out {
 	void **slots;
 	uint32_t filled;
 	bool marked;
+	/* What value_check rejected a gradient of node's with (0: none):
+	 * node's step then fails with it, whatever it returns. */
+	int rejected;
 };
 
 /* One thread's part in a run: what its steps' calls point at. */
@@ -205,6 +210,11 @@ static inline int adg_run_step(struct adg_run_thread *th, size_t pos,
 			 ? adg_callback_result(
 				   n->step.backward(&call, n->step.user))
 			 : adg_run_step_hooked(run, n, &call, &site);
+	if (adg_unlikely(run->value_check != NULL) && th->out.node == n &&
+	    th->out.rejected != 0) {
+		rc = th->out.rejected;
+		site = ADG_FAILED_CHECK;
+	}
 	if (n->ckpt != NULL && !run->retained)
 		adg_run_serve(th, n);
 	if (call.grad != NULL)

@@ -512,7 +512,7 @@ TEST(a_throwing_step_is_rethrown_as_thrown)
 		EXPECT(why.site == ADG_FAILED_STEP);
 		EXPECT(why.node_id == bad.id());
 		EXPECT(std::strcmp(why.name, "thrower") == 0);
-		EXPECT(why.code == adg::step_threw);
+		EXPECT(why.code == ADG_ETHREW);
 		EXPECT(probe::live == 0);   /* run or not, all released */
 		EXPECT(tracked::live == 0); /* the seed, the gradients */
 		/* Consumed: a second backward is refused. */
@@ -883,7 +883,7 @@ TEST(errors_name_their_codes)
 	EXPECT(err.code().message() == adg_strerror(ADG_ENOMEM));
 	EXPECT(std::string(err.what()).find("here") != std::string::npos);
 	EXPECT(err.failure().code == ADG_ENOMEM);
-	EXPECT(adg::category().message(adg::step_threw) != "unknown error");
+	EXPECT(adg::category().message(ADG_ETHREW) != "unknown error");
 	adg::check(0);
 	EXPECT_THROWS(adg::error, adg::check(ADG_EBUSY),
 		      EXPECT(e.code().value() == ADG_EBUSY));

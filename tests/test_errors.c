@@ -21,7 +21,7 @@ Test(errors, strerror_names_every_code)
 	const int codes[] = {ADG_ERROR_MAP(CODE)};
 #undef CODE
 	const size_t n = sizeof codes / sizeof *codes;
-	cr_assert_eq(n, 11, "ADG_OK and the ten error codes");
+	cr_assert_eq(n, 13, "ADG_OK and the twelve error codes");
 	for (size_t i = 0; i < n; i++) {
 		const char *s = adg_strerror(codes[i]);
 		cr_assert_not_null(s);

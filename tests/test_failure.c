@@ -3,6 +3,7 @@
  * first failure in tape order, with an executor too, as the result is. */
 #include "fixture.h"
 
+#include <math.h>
 #include <string.h>
 #include <time.h>
 
@@ -352,6 +353,169 @@ CHECKED_TEST(failure, every_step_of_a_pass_sees_its_id)
 		adg_node_unref(w);
 		s_drop(x);
 		s_drop(z);
+	}
+	cr_assert_eq(adg_pool_free(r.pool), 0);
+}
+
+/* ----------------------------------------------------------- value check */
+
+/* A step that gives `value` to each parent; propagate: it returns what
+ * adg_step_give returned, else 0 whatever happened (a careless step). */
+struct giving_plan {
+	double value;
+	bool propagate;
+};
+
+static int giving_backward(adg_step_call *call, void *user)
+{
+	const struct giving_plan *p = user;
+	int first = 0;
+	for (size_t k = 0; k < call->n_parents; k++) {
+		int rc = adg_step_give(call, k, scalar_box(p->value));
+		first = first != 0 ? first : rc;
+	}
+	return p->propagate ? first : 0;
+}
+
+static adg_node *op_giving(adg_node *const *parents, size_t n,
+			   const struct giving_plan *plan, const char *name)
+{
+	adg_node *y;
+	adg_step step = {.backward = giving_backward,
+			 .user = (void *)plan,
+			 .name = name};
+	cr_assert_eq(adg_op(reg, parents, n, &step, &y), 0);
+	return y;
+}
+
+static int reject_nan(const void *value, void *ctx)
+{
+	atomic_fetch_add((atomic_int *)ctx, 1);
+	double v = *(const double *)value;
+	return v == v ? 0 : ADG_EVALUE;
+}
+
+/* A NaN given by one step: the backward fails at that step, which is
+ * named, whether the step passes give's code on or not, in every mode,
+ * consuming or retained; the value was freed (the fixture counts). */
+CHECKED_TEST(failure, the_value_check_names_the_step_that_gave_a_rejected_value)
+{
+	static const struct giving_plan fine = {1.0, true},
+					careless_nan = {NAN, false},
+					careful_nan = {NAN, true};
+	const struct giving_plan *nans[] = {&careless_nan, &careful_nan};
+	struct runner r = {0};
+	for (int round = 0; round < 2 * 2 * N_MODES; round++) {
+		enum mode m = (enum mode)(round % N_MODES);
+		bool retain = round / N_MODES % 2;
+		const struct giving_plan *nan_plan = nans[round / N_MODES / 2];
+		scalar x = s_leaf(reg, 1);
+		adg_node *a = op_giving(&x.node, 1, nan_plan, "sqrt");
+		adg_node *y = op_giving(&a, 1, &fine, "top");
+		atomic_int checked = 0;
+		adg_backward_options *o = options_in(m, &r);
+		o->value_check = reject_nan;
+		o->value_check_ctx = &checked;
+		o->retain = retain;
+		adg_grads *g;
+		cr_assert_eq(adg_backward_with(reg, y, scalar_box(1),
+					       &scalar_ops, o, &g),
+			     ADG_EVALUE, "mode %d", m);
+		cr_assert_null(g);
+		expect_report(&r.report, ADG_EVALUE, ADG_FAILED_CHECK,
+			      id_of(a), "sqrt", m);
+		cr_assert_eq(atomic_load(&checked), 2, "mode %d", m);
+		if (retain) /* the steps are still there: checked again */
+			cr_assert_eq(adg_backward_with(reg, y, scalar_box(1),
+						       &scalar_ops, o, &g),
+				     ADG_EVALUE);
+		adg_node_unref(y);
+		adg_node_unref(a);
+		s_drop(x);
+	}
+	cr_assert_eq(adg_pool_free(r.pool), 0);
+}
+
+/* Accepting every value changes nothing: the same gradients, every give
+ * checked once. */
+CHECKED_TEST(failure, the_value_check_sees_every_give)
+{
+	static const struct giving_plan one = {1.0, true}, two = {2.0, true};
+	struct runner r = {0};
+	for (enum mode m = 0; m < N_MODES; m++) {
+		scalar x = s_leaf(reg, 3);
+		adg_node *a = op_giving(&x.node, 1, &two, "a");
+		adg_node *ax[2] = {a, x.node};
+		adg_node *y = op_giving(ax, 2, &one, "y");
+		atomic_int checked = 0;
+		adg_backward_options *o = options_in(m, &r);
+		o->value_check = reject_nan;
+		o->value_check_ctx = &checked;
+		adg_grads *g;
+		cr_assert_eq(adg_backward_with(reg, y, scalar_box(1),
+					       &scalar_ops, o, &g),
+			     0);
+		expect_report(&r.report, 0, ADG_FAILED_NOWHERE, 0, NULL, m);
+		cr_assert_eq(atomic_load(&checked), 3, "y's two gives, a's one");
+		cr_assert_eq(s_grad(g, x), 1.0 + 2.0);
+		cr_assert_eq(adg_grads_free(g), 0);
+		adg_node_unref(y);
+		adg_node_unref(a);
+		s_drop(x);
+	}
+	cr_assert_eq(adg_pool_free(r.pool), 0);
+}
+
+/* Two branches give NaNs, the later one on the tape at once, the earlier
+ * after a nap: the report names the first in tape order, the sequential
+ * backward's, every round. */
+static int napping_nan_backward(adg_step_call *call, void *user)
+{
+	if (user != NULL)
+		nanosleep(&(struct timespec){0, 300 * 1000L}, NULL);
+	adg_step_give(call, 0, scalar_box(NAN));
+	return 0;
+}
+
+CHECKED_TEST(failure, the_first_rejected_value_in_tape_order_is_reported)
+{
+	static const struct giving_plan fine = {1.0, true};
+	struct runner r = {0};
+	int first_is_slow = -1;
+	for (int round = 0; round < 40; round++) {
+		enum mode m = round == 0  ? SEQUENTIAL
+			      : round % 2 ? POOL2
+					  : ALONE;
+		scalar x = s_leaf(reg, 1);
+		adg_node *a, *b;
+		adg_step slow = {.backward = napping_nan_backward,
+				 .user = &r,
+				 .name = "slow"},
+			 fast = {.backward = napping_nan_backward,
+				 .name = "fast"};
+		cr_assert_eq(adg_op(reg, &x.node, 1, &slow, &a), 0);
+		cr_assert_eq(adg_op(reg, &x.node, 1, &fast, &b), 0);
+		adg_node *ab[2] = {a, b};
+		adg_node *y = op_giving(ab, 2, &fine, "y");
+		atomic_int checked = 0;
+		adg_backward_options *o = options_in(m, &r);
+		o->value_check = reject_nan;
+		o->value_check_ctx = &checked;
+		adg_grads *g;
+		cr_assert_eq(adg_backward_with(reg, y, scalar_box(1),
+					       &scalar_ops, o, &g),
+			     ADG_EVALUE);
+		int slow_first = r.report.node_id == id_of(a);
+		if (round == 0)
+			first_is_slow = slow_first;
+		cr_assert_eq(slow_first, first_is_slow, "round %d", round);
+		expect_report(&r.report, ADG_EVALUE, ADG_FAILED_CHECK,
+			      id_of(slow_first ? a : b),
+			      slow_first ? "slow" : "fast", m);
+		adg_node_unref(y);
+		adg_node_unref(a);
+		adg_node_unref(b);
+		s_drop(x);
 	}
 	cr_assert_eq(adg_pool_free(r.pool), 0);
 }
