@@ -667,6 +667,25 @@ typedef int (*adg_write_fn)(const char *text, size_t len, void *ctx);
  * adg_graph_visit, and write's code (ADG_ECALLBACK for a positive one). */
 ADG_API int adg_graph_write_dot(adg_node *node, adg_write_fn write, void *ctx);
 
+/* What adg_graph_write_dot_with adds. Zero-initialise, then set what you
+ * need. */
+typedef struct adg_dot_options {
+	/* NULL: a leaf is labelled "leaf <id>". Set: called once for each
+	 * leaf written, with no lock held, on the calling thread; returns the
+	 * leaf's name (a parameter's, "W1"), read before the next call, or
+	 * NULL for the plain label. Children keep only a leaf's id, so the
+	 * names are the caller's to keep: adg.hpp's named leaves, say. */
+	const char *(*leaf_name)(uint64_t id, void *ctx);
+	void *leaf_name_ctx; /* passed to leaf_name */
+} adg_dot_options;
+
+/* adg_graph_write_dot with options (NULL: as adg_graph_write_dot). A named
+ * leaf reads "<name> (leaf <id>)", its name quoted and cut as an op's.
+ * Errors: those of adg_graph_write_dot. */
+ADG_API int adg_graph_write_dot_with(adg_node *node,
+				     const adg_dot_options *options,
+				     adg_write_fn write, void *ctx);
+
 /* ------------------------------------------------------- gradient reducer */
 
 /* Synchronous data parallelism inside one process. T participants (threads)

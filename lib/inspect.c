@@ -190,6 +190,24 @@ static void quoted(char *out, size_t size, const char *name)
 	out[o] = '\0';
 }
 
+static void write_leaf(struct dot *d, unsigned long long id,
+		       const adg_dot_options *options)
+{
+	const char *given =
+		options != NULL && options->leaf_name != NULL
+			? options->leaf_name(id, options->leaf_name_ctx)
+			: NULL;
+	if (given == NULL) {
+		emit(d, "  n%llu [label=\"leaf %llu\", shape=ellipse];\n", id,
+		     id);
+		return;
+	}
+	char name[256];
+	quoted(name, sizeof name, given);
+	emit(d, "  n%llu [label=\"%s (leaf %llu)\", shape=ellipse];\n", id,
+	     name, id);
+}
+
 static int by_id(const void *a, const void *b)
 {
 	uint64_t x = ((const struct other *)a)->id;
@@ -198,8 +216,9 @@ static int by_id(const void *a, const void *b)
 }
 
 /* Declares each parent that is not an op once, in id order: a leaf as an
- * ellipse, a consumed op as a dashed box. */
-static void write_others(struct dot *d, struct snapshot *s)
+ * ellipse, named when the options name it, a consumed op as a dashed box. */
+static void write_others(struct dot *d, struct snapshot *s,
+			 const adg_dot_options *options)
 {
 	size_t n = 0;
 	for (size_t slot = 0; slot < s->n_slots; slot++)
@@ -218,13 +237,17 @@ static void write_others(struct dot *d, struct snapshot *s)
 			     "style=dashed];\n",
 			     id, id);
 		else
-			emit(d,
-			     "  n%llu [label=\"leaf %llu\", shape=ellipse];\n",
-			     id, id);
+			write_leaf(d, id, options);
 	}
 }
 
 int adg_graph_write_dot(adg_node *node, adg_write_fn write, void *ctx)
+{
+	return adg_graph_write_dot_with(node, NULL, write, ctx);
+}
+
+int adg_graph_write_dot_with(adg_node *node, const adg_dot_options *options,
+			     adg_write_fn write, void *ctx)
 {
 	if (node == NULL || write == NULL)
 		return ADG_EINVAL;
@@ -245,7 +268,7 @@ int adg_graph_write_dot(adg_node *node, adg_write_fn write, void *ctx)
 		     (unsigned long long)op->id, (unsigned long long)op->id,
 		     op->name != NULL ? " " : "", name, op->depth);
 	}
-	write_others(&d, &s);
+	write_others(&d, &s, options);
 	for (size_t i = 0; i < s.n_ops; i++)
 		for (size_t k = 0; k < s.ops[i].n_parents; k++)
 			emit(&d, "  n%llu -> n%llu;\n",

@@ -257,6 +257,41 @@ CHECKED_TEST(inspect, dot_cuts_a_long_name_between_characters)
 	s_drop(a);
 }
 
+/* Leaf names for the DOT: W for a, none for b (plain label), quoted
+ * like an op's name. */
+static const char *name_of_a(uint64_t id, void *ctx)
+{
+	const uint64_t *a_id = ctx;
+	return id == *a_id ? "W \"one\"" : NULL;
+}
+
+CHECKED_TEST(inspect, dot_names_leaves_the_options_name)
+{
+	scalar a = s_leaf(reg, 2), b = s_leaf(reg, 3);
+	scalar p = named_op((scalar[]){a, b}, 2, "mul");
+	struct text t = {0};
+	adg_dot_options o = {.leaf_name = name_of_a, .leaf_name_ctx = &a.id};
+	cr_assert_eq(adg_graph_write_dot_with(p.node, &o, append, &t), 0);
+	char want[96];
+	snprintf(want, sizeof want,
+		 "n%llu [label=\"W \\\"one\\\" (leaf %llu)\", shape=ellipse]",
+		 (unsigned long long)a.id, (unsigned long long)a.id);
+	cr_expect_not_null(strstr(t.buf, want), "%s", t.buf);
+	snprintf(want, sizeof want,
+		 "n%llu [label=\"leaf %llu\", shape=ellipse]",
+		 (unsigned long long)b.id, (unsigned long long)b.id);
+	cr_expect_not_null(strstr(t.buf, want), "%s", t.buf);
+	free(t.buf);
+	/* NULL options: as adg_graph_write_dot. */
+	t = (struct text){0};
+	cr_assert_eq(adg_graph_write_dot_with(p.node, NULL, append, &t), 0);
+	cr_expect_null(strstr(t.buf, "W "), "%s", t.buf);
+	free(t.buf);
+	s_drop(p);
+	s_drop(a);
+	s_drop(b);
+}
+
 /* Two graphs merged by a join, a repeated parent, a consumed parent and
  * a name that needs escaping: every op, leaf and consumed op once, an
  * edge per parent slot. */
