@@ -1,0 +1,354 @@
+#!/usr/bin/env bash
+# adg-bench's contention comparison and the two trainers at 1 to 16
+# threads, on a machine that cannot build libadg (no network, no liburcu,
+# ck or OpenBLAS): pack here, run there.
+#
+# pack (on a Debian machine that builds libadg) builds adg-bench,
+# examples/digits and examples/fashion in release mode in build-many/, and
+# packs into .many/many.tar.gz (gzip; about 42 MiB) the binaries, the
+# shared libraries they load that are not glibc's (libadg, liburcu-bp,
+# OpenBLAS, libgfortran, ...: every one ldd names), glibc's own libraries
+# and loader apart (a fallback, below), and the data: .cache/digits and
+# .cache/fashion as the trainers read them. .many/MANIFEST says what is
+# in it and from which commit. Installs missing build tools and fetches
+# missing data first (scripts/deps.sh, scripts/fetch-*.sh).
+#
+# run reads .many/ alone: unpacks it into a temporary folder and runs, with
+# OPENBLAS_NUM_THREADS=1 and OMP_NUM_THREADS=1 (the T threads are the
+# parallelism), the stages below. They share --budget seconds (default
+# 400: with the unpacking, under 7 minutes in all; about 3 expected on 16
+# cores), each stage under a cap that keeps a share for those after it:
+#   bench    adg-bench: disjoint, shared-params, merge, lookup and trainer
+#            for adg, seed and floor at each thread count (--runs runs of
+#            --ms ms per cell), and wide on the same counts of workers
+#   digits   Hogwild at B = 1 (its default mode) and sync (the gradient
+#            reducer) at B = 16, --digits-epochs epochs
+#   fashion  sync (its default mode, the reducer) at B = 64 and 16, and
+#            Hogwild at B = 64, --epochs epochs
+# It prints one Markdown table (a row per figure, a column per thread
+# count) and writes the raw output of each stage, the table and the
+# figures as CSV (results.csv) into $OUT, or results/many-cores/ when OUT
+# is not set. The binaries run on the machine's glibc when it is recent
+# enough (--loader auto tries), else on the packed glibc through its
+# loader. Exit status 1 when a stage failed or ran out of time (the table
+# is printed anyway).
+# Usage: many-cores.sh pack
+#        many-cores.sh run [--threads LIST] [--ms N] [--runs N]
+#                          [--epochs E] [--digits-epochs E]
+#                          [--loader auto|system|bundled] [--budget S]
+#        (defaults: 1,2,4,8,16; 100; 5; 5; 30; auto; 400)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+pack=.many
+tarball=$pack/many.tar.gz
+# glibc's libraries and loader, as ldd names them: the target machine has
+# its own.
+glibc_re='^(ld-linux.*|lib(c|m|mvec|pthread|dl|rt|resolv|util|anl|nsl|BrokenLocale|thread_db|nss_[a-z0-9]+|c_malloc_debug))[.]so'
+
+usage() {
+	echo "usage: $0 pack" >&2
+	echo "       $0 run [--threads LIST] [--ms N] [--runs N] [--epochs E]" \
+		"[--digits-epochs E] [--loader auto|system|bundled] [--budget S]" >&2
+	exit 2
+}
+
+do_pack() {
+	scripts/deps.sh fashion # meson, liburcu, ck, OpenBLAS
+	local digits fashion dir=build-many stage name path
+	digits=$(scripts/fetch-digits.sh)
+	fashion=$(scripts/fetch-fashion.sh)
+	if [ ! -f "$dir/build.ninja" ]; then
+		meson setup "$dir" --buildtype=release -Dtests=disabled \
+			-Dmpi=disabled >/dev/null
+	fi
+	local bins=(bench/adg-bench examples/digits/digits
+		examples/fashion/fashion)
+	ninja -C "$dir" "${bins[@]}" >/dev/null
+	stage=$(mktemp -d)
+	# shellcheck disable=SC2064 # $stage is set now, for good
+	trap "rm -rf '$stage'" EXIT
+	mkdir -p "$stage/bin" "$stage/lib" "$stage/glibc" \
+		"$stage/data/digits" "$stage/data/fashion"
+	for b in "${bins[@]}"; do
+		cp "$dir/$b" "$stage/bin/"
+	done
+	# Every library the binaries load (ldd follows them through each
+	# other), by the name they ask for; the loader by its own name.
+	local libs
+	libs=$(cd "$dir" && ldd "${bins[@]}")
+	if grep -q 'not found' <<<"$libs"; then
+		grep 'not found' <<<"$libs" >&2
+		echo "many-cores: a library above is missing here" >&2
+		exit 1
+	fi
+	while read -r name path; do
+		if [[ $name =~ $glibc_re ]]; then
+			cp -L "$path" "$stage/glibc/$name"
+		else
+			cp -L "$path" "$stage/lib/$name"
+		fi
+	done < <(awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }
+		$1 ~ /^\/.*ld-linux/ { n = $1; sub(/.*\//, "", n); print n, $1 }' \
+		<<<"$libs" | sort -u)
+	cp "$digits" "$stage/data/digits/"
+	# The trainer reads the four IDX files whole (it checks their sizes):
+	# all of them, gzip makes them 31 MB.
+	cp "$fashion"/*-ubyte "$stage/data/fashion/"
+	{
+		echo "libadg many-cores pack, $(date -u '+%Y-%m-%d %H:%M UTC')"
+		echo "commit: $(git describe --always --dirty 2>/dev/null || echo unknown)"
+		echo "built on: $(uname -srm), $(getconf GNU_LIBC_VERSION)"
+		if command -v objdump >/dev/null; then
+			echo "needs: $(cd "$stage" && objdump -T bin/* lib/* 2>/dev/null |
+				grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1) (system glibc," \
+				"else the packed one in glibc/)"
+		fi
+		echo "files (bytes):"
+		(cd "$stage" && find . -type f ! -name MANIFEST -printf '  %p %s\n' | sort)
+	} >"$stage/MANIFEST"
+	rm -rf "$pack"
+	mkdir -p "$pack"
+	tar -C "$stage" -cf - . | gzip -9 >"$tarball.part"
+	mv "$tarball.part" "$tarball"
+	cp "$stage/MANIFEST" "$pack/"
+	cat "$pack/MANIFEST"
+	echo "packed: $(du -sh "$pack" | cut -f1) in $pack/ (carry it; then" \
+		"scripts/many-cores.sh run)"
+}
+
+# The table: rows of results.csv (what,unit,threads,value) in the order
+# they came, a column per thread count of $1, and the last against the
+# first (for ns per step, the first against the last: a speedup either
+# way).
+table() {
+	awk -F, -v list="$1" '
+	function fmt(v, unit) {
+		if (v == "") return "-"
+		if (v !~ /^[0-9.]+$/) return v
+		if (unit == "samples/s") return sprintf("%.0f", v)
+		if (unit ~ /%/ || unit ~ /^ns/) return sprintf(unit ~ /%/ ? "%.2f" : "%.1f", v)
+		if (v >= 1e9) return sprintf("%.2fG", v / 1e9)
+		if (v >= 1e6) return sprintf("%.2fM", v / 1e6)
+		if (v >= 1e3) return sprintf("%.1fk", v / 1e3)
+		return sprintf("%.0f", v)
+	}
+	BEGIN {
+		n = split(list, t, ",")
+		head = "| figure | unit |"; rule = "|---|---|"
+		for (i = 1; i <= n; i++) { head = head " T=" t[i] " |"; rule = rule "---:|" }
+		print head " T=" t[n] " vs T=" t[1] " |"
+		print rule "---:|"
+	}
+	{
+		k = $1 SUBSEP $2
+		if (!(k in seen)) { seen[k] = 1; what[++rows] = $1; unit[rows] = $2 }
+		v[k, $3] = $4
+	}
+	END {
+		for (r = 1; r <= rows; r++) {
+			k = what[r] SUBSEP unit[r]; line = "| " what[r] " | " unit[r] " |"
+			for (i = 1; i <= n; i++) line = line " " fmt(v[k, t[i]], unit[r]) " |"
+			a = v[k, t[1]]; b = v[k, t[n]]; x = "-"
+			if (unit[r] !~ /%/ && a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && a > 0 && b > 0)
+				x = sprintf("%.2f x", unit[r] ~ /^ns/ ? a / b : b / a)
+			print line " " x " |"
+		}
+	}' "$2"
+}
+
+do_run() {
+	local threads=1,2,4,8,16 ms=100 runs=5 epochs=5 digits_epochs=30
+	local loader=auto budget=400
+	while [ $# -gt 0 ]; do
+		case $1 in
+		--threads | --ms | --runs | --epochs | --digits-epochs | --loader | \
+			--budget)
+			[ $# -ge 2 ] || usage
+			case $1 in
+			--threads) threads=$2 ;;
+			--ms) ms=$2 ;;
+			--runs) runs=$2 ;;
+			--epochs) epochs=$2 ;;
+			--digits-epochs) digits_epochs=$2 ;;
+			--loader) loader=$2 ;;
+			--budget) budget=$2 ;;
+			esac
+			shift 2
+			;;
+		*) usage ;;
+		esac
+	done
+	[[ $threads =~ ^[0-9]+(,[0-9]+)*$ ]] || usage
+	[[ $budget =~ ^[0-9]+$ ]] || usage
+	case $loader in auto | system | bundled) ;; *) usage ;; esac
+	if [ ! -f "$tarball" ]; then
+		echo "many-cores: no $tarball: run scripts/many-cores.sh pack" \
+			"on a machine that builds libadg, and carry $pack/" >&2
+		exit 1
+	fi
+	local start=$SECONDS out=${OUT:-results/many-cores} root
+	mkdir -p "$out"
+	root=$(mktemp -d)
+	# shellcheck disable=SC2064 # $root is set now, for good
+	trap "rm -rf '$root'" EXIT
+	tar -C "$root" -xzf "$tarball"
+	local cores
+	cores=$(nproc) # before OMP_NUM_THREADS, which nproc obeys
+	export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+
+	# How the binaries start: on this machine's glibc, with the packed
+	# libraries first; or on the packed glibc, through its loader. Only
+	# the binaries see LD_LIBRARY_PATH, not the tools run here.
+	local launch system=(env "LD_LIBRARY_PATH=$root/lib")
+	local bundled=(env "LD_LIBRARY_PATH=$root/lib"
+		"$root/glibc/ld-linux-x86-64.so.2" --library-path "$root/lib:$root/glibc")
+	starts() { # every binary starts and says its usage
+		local b
+		for b in adg-bench digits fashion; do
+			"${launch[@]}" "$root/bin/$b" --help >/dev/null 2>>"$out/start.txt" ||
+				return 1
+		done
+	}
+	: >"$out/start.txt"
+	case $loader in
+	auto | system) launch=("${system[@]}") ;;
+	bundled) launch=("${bundled[@]}") ;;
+	esac
+	if ! starts; then
+		if [ "$loader" != auto ]; then
+			cat "$out/start.txt" >&2
+			echo "many-cores: the binaries do not start (--loader $loader)" >&2
+			exit 1
+		fi
+		loader=bundled
+		launch=("${bundled[@]}")
+		if ! starts; then
+			cat "$out/start.txt" >&2
+			echo "many-cores: the binaries start on neither glibc" >&2
+			exit 1
+		fi
+	elif [ "$loader" = auto ]; then
+		loader=system
+	fi
+	local cpu
+	cpu=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo 2>/dev/null || true)
+	{
+		echo "machine: ${cpu:-unknown CPU}, $cores cores online," \
+			"$(uname -srm), $(getconf GNU_LIBC_VERSION 2>/dev/null || echo 'glibc ?')"
+		echo "glibc used: $loader"
+		cat "$root/MANIFEST"
+		echo "libraries as loaded:"
+		for b in adg-bench digits fashion; do
+			echo "  $b:"
+			"${launch[0]}" LD_TRACE_LOADED_OBJECTS=1 "${launch[@]:1}" \
+				"$root/bin/$b" | sed 's/^[[:space:]]*/    /'
+		done
+	} >"$out/machine.txt"
+	# Any library but glibc's taken from outside the pack means that the
+	# pack misses it: here it would hide, there it would fail.
+	local outside
+	outside=$(awk -v root="$root" -v re="$glibc_re" '
+		$2 == "=>" && $1 !~ re && index($3, root) != 1 { print $1 " => " $3 }' \
+		"$out/machine.txt" | sort -u)
+	if [ -n "$outside" ]; then
+		echo "many-cores: loaded from outside the pack:" >&2
+		echo "$outside" >&2
+	fi
+	head -2 "$out/machine.txt" >&2
+
+	local csv=$out/results.csv failed=() stages=()
+	: >"$csv"
+	# The stages share --budget seconds: each may run for what is left but
+	# the shares of the stages after it (the bench 60 s, each digits run
+	# 10, each fashion run 50 or 60: some twice what they should take on
+	# 16 cores at the defaults), so a quick stage leaves its time to the
+	# next, and a slow one cannot take a later one's.
+	local kept=240 # the shares, all together
+	stage() { # name, its share, command...: runs it, logs to name.txt
+		local name=$1 cap t0=$SECONDS rc=0
+		kept=$((kept - $2))
+		cap=$((budget - (SECONDS - start) - kept))
+		[ $cap -ge 10 ] || cap=10
+		shift 2
+		echo "many-cores: $name (at most $cap s) ..." >&2
+		timeout -k 5 "$cap" "$@" >"$out/$name.txt" 2>&1 || rc=$?
+		stages+=("$name $((SECONDS - t0)) s")
+		if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+			failed+=("$name: out of time after $cap s")
+		elif [ $rc -ne 0 ]; then
+			failed+=("$name: exit status $rc (see $out/$name.txt)")
+		fi
+	}
+
+	stage bench 60 "${launch[@]}" "$root/bin/adg-bench" \
+		--workloads=disjoint,shared-params,merge,lookup,trainer,wide \
+		--threads="$threads" --wide-workers="$threads" --runs="$runs" \
+		--ms="$ms" --no-idle --no-checkpoint --no-plot --out="$out/bench"
+	# Its progress lines: a cell's rate (M, k as the bench writes them),
+	# then wide's ns per step for each count of workers.
+	awk '
+	function num(s, m) {
+		m = s ~ /G$/ ? 1e9 : s ~ /M$/ ? 1e6 : s ~ /k$/ ? 1e3 : 1
+		if (m > 1) s = substr(s, 1, length(s) - 1)
+		return s ~ /^[0-9.]+$/ ? sprintf("%.0f", s * m) : s
+	}
+	/^\[[0-9]+\/[0-9]+\] / {
+		t = $3; sub(/threads=/, "", t); impl = $4; sub(/:$/, "", impl)
+		print "bench " $2 " " impl "," $6 "," t "," num($5)
+	}
+	/^wide [0-9]+ workers?: / {
+		print "bench wide ~1 us steps adg (workers)," "ns/step," $2 "," $4
+		print "bench wide empty steps adg (workers)," "ns/step," $2 "," $10
+	}' "$out/bench.txt" >>"$csv"
+
+	local spec program mode batch e name share data
+	for spec in "digits hogwild 1 $digits_epochs" "digits sync 16 $digits_epochs" \
+		"fashion sync 64 $epochs" "fashion sync 16 $epochs" \
+		"fashion hogwild 64 $epochs"; do
+		read -r program mode batch e <<<"$spec"
+		name=$program-$mode-b$batch
+		if [ "$program" = digits ]; then
+			share=10 data=$root/data/digits/digits.csv
+		else
+			share=50 data=$root/data/fashion
+		fi
+		[ "$name" != fashion-sync-b16 ] || share=60
+		stage "$name" $share "${launch[@]}" "$root/bin/$program" \
+			--threads "$threads" --mode "$mode" --batch "$batch" \
+			--epochs "$e" --csv "$out/$name.csv" "$data"
+		# Its "result" lines, one per thread count that finished.
+		awk -v what="$program $mode B=$batch E=$e" '/^result / {
+			for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+			print what ",samples/s," f["threads"] "," f["samples_per_s"]
+			print what ",test accuracy %," f["threads"] "," f["test_accuracy"]
+		}' "$out/$name.txt" >>"$csv"
+	done
+
+	table "$threads" "$csv" >"$out/table.md"
+	echo
+	head -1 "$out/machine.txt"
+	echo "glibc: $loader; adg-bench $runs runs of $ms ms per cell; stages:" \
+		"$(printf '%s, ' "${stages[@]}")$((SECONDS - start)) s in all"
+	echo
+	cat "$out/table.md"
+	echo
+	echo "Last column: the rate at the last thread count over the first's" \
+		"(ns per step: the first's over the last's)."
+	echo "raw output, CSV and this table: $out/"
+	if [ ${#failed[@]} -gt 0 ]; then
+		printf 'FAILED: %s\n' "${failed[@]}"
+		exit 1
+	fi
+}
+
+case ${1:-} in
+pack)
+	[ $# -eq 1 ] || usage
+	do_pack
+	;;
+run)
+	shift
+	do_run "$@"
+	;;
+*) usage ;;
+esac
