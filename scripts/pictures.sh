@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Draws the README's pictures of examples/trace.c's graph and of its
+# Draws docs/guide.md's pictures of examples/trace.c's graph and of its
 # threaded backward: the graph with Graphviz (dot -Tpng, the DOT that
 # adg_graph_write_dot wrote), the trace-event file as a timeline with
 # gnuplot (a row per thread, a bar per step). Writes docs/images/graph.png,
