@@ -4,7 +4,7 @@
  *
  * Every ratio compares medians measured in the same run on the same
  * machine, never figures from another run. The formats are read by people
- * and scripts, and README.md quotes summary.md: change a column or a key
+ * and scripts, and docs/bench.md quotes summary.md: change a column or a key
  * only on purpose.
  */
 #include "driver.h"

@@ -7,7 +7,7 @@
  * threshold x base (AT_MOST). A row whose cells were not run, or failed,
  * reads n/a, and so does a row that needs more cores than the process may
  * run on. Each line's text is made from its row, so a threshold is
- * written once, here; README.md quotes the lines.
+ * written once, here; docs/bench.md quotes the lines.
  */
 #include "driver.h"
 
