@@ -320,6 +320,11 @@ ADG_API int adg_node_id(const adg_node *node, uint64_t *id);
  * Errors: ADG_EINVAL (NULL argument). */
 ADG_API int adg_node_graph_id(const adg_node *node, uint64_t *graph_id);
 
+/* Fills *registry with the registry node belongs to: what a layer that
+ * adopts a C handle checks it against (adg.hpp's node::adopt).
+ * Errors: ADG_EINVAL (NULL argument). */
+ADG_API int adg_node_registry(const adg_node *node, adg_registry **registry);
+
 /* ---------------------------------------------------------- checkpointing */
 
 /* What a recompute callback receives: the outputs of the node's parents,

@@ -30,7 +30,9 @@
  *   another, destroying it drops one. It also remembers its registry, so
  *   that backward(y, seed) needs nothing else. It holds no reference to the
  *   registry: the registry must outlive its nodes (declare it first), since
- *   a count on the registry would be a cache line every thread writes.
+ *   a count on the registry would be a cache line every thread writes; a
+ *   registry destroyed under live nodes terminates the program, loudly,
+ *   rather than leak. adg::node_ref borrows a node without a count.
  * - A step's lambda, and what it captures (forward values, node handles),
  *   is libadg's once op returns: it lives in the step's user pointer and is
  *   destroyed exactly once, through adg_step.release, when the step goes.
@@ -74,11 +76,16 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
+#include <ostream>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <type_traits>
@@ -112,16 +119,25 @@ const std::error_category &category() noexcept;
 
 /* Every failure of this layer, and of libadg under it. code().value() is
  * the ADG_E* code; failure() says where a backward failed (site
- * ADG_FAILED_NOWHERE elsewhere). */
+ * ADG_FAILED_NOWHERE elsewhere). what() is the context, then the code's
+ * message: "backward: step 'mul' of node 7: step_call::give: slot 0 given
+ * twice: invalid argument". */
 class error : public std::system_error
 {
 public:
 	explicit error(int code, const char *context = nullptr);
+	error(int code, const std::string &context);
 	error(int code, const adg_failure &failure);
+	/* inner, raised inside a backward that failed at failure: the same
+	 * code, its context after the failure's. */
+	error(const error &inner, const adg_failure &failure);
 	const adg_failure &failure() const noexcept;
+	/* The context alone, without the code's message. */
+	const std::string &context() const noexcept;
 
 private:
 	adg_failure failure_{};
+	std::string context_;
 };
 
 /* Throws adg::error(rc) unless rc is 0: for the C calls this layer does not
@@ -145,10 +161,14 @@ public:
 	registry &operator=(registry &&other) noexcept;
 	registry(const registry &) = delete;
 	registry &operator=(const registry &) = delete;
-	/* Frees the registry. If nodes are still alive (ADG_EBUSY: a node
-	 * handle outlived its registry) it is left allocated instead, a leak
-	 * LeakSanitizer reports, rather than freed under them: a destructor
-	 * can neither throw nor wait. close() says so. */
+	/* Frees the registry. Nodes still alive (a node handle outlived its
+	 * registry: a class that declares a node member before its registry
+	 * member, say) are a bug this destructor cannot recover from: it can
+	 * neither free the registry under them, nor throw, nor wait, and a
+	 * registry left allocated would leak one per such object. So it says
+	 * so on stderr and calls std::terminate, as std::thread's destructor
+	 * does for a thread still joinable. Declare the registry first, or
+	 * close() it while its nodes are gone. */
 	~registry();
 
 	/* Frees the registry now. Throws adg::error(ADG_EBUSY), the handle
@@ -160,6 +180,8 @@ public:
 	/* The registry's allocator (adg_registry_allocator), for a pool's
 	 * memory, say. */
 	adg_allocator allocator() const;
+	/* The name leaf(reg, name) gave leaf id; empty when none. */
+	std::string leaf_name(std::uint64_t id) const;
 	/* The C handle, for calls this layer does not wrap; null if empty. */
 	adg_registry *raw() const noexcept;
 	explicit operator bool() const noexcept;
@@ -194,6 +216,40 @@ public:
 	void reset() noexcept;
 	explicit operator bool() const noexcept;
 
+	/* A handle for raw, a node of reg's from C code, taking over the
+	 * caller's reference (what it would have dropped with
+	 * adg_node_unref). Throws adg::error: ADG_EINVAL for null,
+	 * ADG_EFOREIGN for a node of another registry (the reference stays
+	 * the caller's). */
+	static node adopt(registry &reg, adg_node *raw);
+	/* The same with a reference of its own (adg_node_ref): the caller
+	 * keeps theirs. */
+	static node borrow(registry &reg, adg_node *raw);
+
+private:
+	friend struct detail::access;
+	adg_node *raw_ = nullptr;
+	detail::registry_core *core_ = nullptr;
+};
+
+/* A node borrowed, not counted (cppzmq's socket_ref): from a node, which
+ * must outlive it, or from a C handle the caller holds a reference to.
+ * What takes a node to read it (backward, visit, write_dot, parent) takes
+ * one. get() makes a counted handle of it. */
+class node_ref
+{
+public:
+	node_ref(const node &n) noexcept;
+	/* raw, of reg's: throws ADG_EINVAL for null, ADG_EFOREIGN for a node
+	 * of another registry. */
+	node_ref(registry &reg, adg_node *raw);
+
+	std::uint64_t id() const;
+	adg_node *raw() const noexcept;
+	/* A counted handle to the node (adg_node_ref). */
+	node get() const;
+	explicit operator bool() const noexcept;
+
 private:
 	friend struct detail::access;
 	adg_node *raw_ = nullptr;
@@ -205,6 +261,7 @@ class parent
 {
 public:
 	parent(const node &n) noexcept;
+	parent(node_ref n) noexcept;
 
 private:
 	friend struct detail::access;
@@ -212,8 +269,10 @@ private:
 };
 
 /* A new leaf of reg (adg_leaf): a parameter, an input that wants a
- * gradient. */
-node leaf(registry &reg);
+ * gradient. name (copied), when given, is what write_dot labels it with
+ * ("W1"); names stay with the registry until it goes, so name the
+ * parameters, not every input. */
+node leaf(registry &reg, const char *name = nullptr);
 
 /* ------------------------------------------------------------------- steps */
 
@@ -232,10 +291,18 @@ public:
 	std::unique_ptr<T> take_grad() noexcept;
 
 	/* Hands the gradient for the parent at slot (op's order) to the
-	 * backward (adg_step_give). Throws adg::error on a bad slot, a slot
-	 * given twice or an add's failure: the value is gone either way. */
+	 * backward (adg_step_give). Throws adg::error on a bad slot ("slot 3
+	 * out of range (2 parents)"), a slot given twice ("slot 0 given
+	 * twice"), a value the backward's value check rejected, or an add's
+	 * failure: the value is gone either way. */
 	void give(std::size_t slot, T value);
 	void give(std::size_t slot, std::unique_ptr<T> value);
+
+	/* The forward output of this node or of a parent (id: node_id() or
+	 * parent_id(slot)) that op_with's checkpoint asked for, as V,
+	 * rebuilt first if it has to be (adg_output_get); borrowed until the
+	 * step returns. Throws what the rebuild threw, or adg::error. */
+	template <class V> const V &output(std::uint64_t id) const;
 
 	std::size_t n_parents() const noexcept;
 	std::uint64_t parent_id(std::size_t slot) const noexcept;
@@ -272,6 +339,54 @@ node op(registry &reg, const std::vector<node> &parents, F &&step,
 template <class T, class F>
 node op(registry &reg, const std::vector<node> &parents, F &&step,
 	const char *name = nullptr);
+
+/* ---------------------------------------------------------- checkpointing */
+
+/* What a rebuild receives (adg_recompute_call): its parents' outputs. */
+class recompute_call
+{
+public:
+	explicit recompute_call(adg_recompute_call *call) noexcept;
+	/* The output of the parent at slot, as U, the type its op_with
+	 * offered; throws adg::error(ADG_EINVAL) for a leaf's (it has none:
+	 * capture what the rebuild needs of leaves). */
+	template <class U> const U &parent(std::size_t slot) const;
+	std::size_t n_parents() const noexcept;
+	std::uint64_t node_id() const noexcept;
+	adg_recompute_call *raw() const noexcept;
+
+private:
+	adg_recompute_call *call_;
+};
+
+/* What op_with registers beside a step (adg_op_with): the forward output
+ * the op offers its children's steps, a V, kept or rebuilt; and the
+ * outputs its own step will ask for with step_call::output. */
+template <class V> struct checkpoint {
+	using value_type = V;
+	/* The output as computed; empty: only recompute can make it. */
+	std::optional<V> value;
+	/* Builds it again from the parents' outputs; empty: it cannot be
+	 * rebuilt. Neither value nor recompute: the op offers no output. It
+	 * runs during a backward, on the thread of the step that asked, and
+	 * may throw: the step's output() rethrows it. */
+	std::function<V(const recompute_call &)> recompute;
+	/* Cheap to rebuild: the balanced strategy drops value at once. */
+	bool memory_bound = false;
+	/* The step asks for its own output, and for its parents' at these
+	 * slots (each must offer one). */
+	bool want_self = false;
+	std::vector<std::uint32_t> want_parents;
+};
+
+/* op with a checkpoint: see op and adg_op_with. Throws what adg_op_with
+ * fails with (ADG_EINVAL for a malformed checkpoint). */
+template <class F, class V>
+node op_with(registry &reg, std::initializer_list<parent> parents, F &&step,
+	     checkpoint<V> ckpt, const char *name = nullptr);
+template <class F, class V>
+node op_with(registry &reg, const std::vector<node> &parents, F &&step,
+	     checkpoint<V> ckpt, const char *name = nullptr);
 
 /* The adg_grad_ops of gradient type T: add is `*sum += std::move(*value)`,
  * then delete value; free is delete. ctx null: an add that throws returns
@@ -355,7 +470,26 @@ private:
 
 /* --------------------------------------------------------------- backward */
 
-/* adg_backward_options, the parts this layer passes on. */
+/* A gradient a hook sees, borrowed for the hook's call. */
+class grad_ref
+{
+public:
+	/* The gradient as T, the backward's gradient type; null when there
+	 * is none. Throws adg::error(ADG_EINVAL) for another T. */
+	template <class T> T *as() const;
+	explicit operator bool() const noexcept;
+	/* The C value: a T * of the backward's T. */
+	void *raw() const noexcept;
+
+private:
+	friend struct detail::access;
+	void *value_ = nullptr;
+	const std::type_info *type_ = nullptr;
+};
+
+/* adg_backward_options, as this layer passes them on. A hook that throws
+ * stops the backward where it ran (adg_failure's site), and the backward
+ * rethrows what it threw. */
 struct backward_options {
 	/* Steps run on the calling thread and this executor's workers. */
 	executor_ref executor;
@@ -364,6 +498,21 @@ struct backward_options {
 	/* When set, filled on every return: the result and where it came
 	 * from. */
 	adg_failure *failure = nullptr;
+	/* Called once for each node whose gradient is final (adg_ready_fn):
+	 * its id and its gradient, which the hook may read and change in
+	 * place. With an executor it runs on the worker that finished the
+	 * gradient, concurrently with other calls. */
+	std::function<void(std::uint64_t id, grad_ref grad)> on_ready;
+	/* on_ready for leaves only: a trainer's parameters. */
+	bool leaves_only = false;
+	/* Called before and after each step, on the thread that runs it
+	 * (adg_step_event). */
+	std::function<void(const adg_step_event &event)> on_step;
+	/* Anomaly detection (adg_backward_options.value_check): sees every
+	 * gradient a step gives, on the step's thread; false rejects it, and
+	 * the backward fails at that step with ADG_EVALUE (site
+	 * ADG_FAILED_CHECK, naming the step). Empty: no check, no cost. */
+	std::function<bool(grad_ref grad)> value_check;
 };
 
 template <class T> class gradients;
@@ -375,8 +524,21 @@ template <class T> class gradients;
  * is not the registry's. Write the seed as a T: backward(y, 1.0) for
  * double, not backward(y, 1). */
 template <class T>
-gradients<T> backward(const node &root, T seed,
+gradients<T> backward(node_ref root, T seed,
 		      const backward_options &options = {});
+
+/* ---------------------------------------------------------- seeing a graph */
+
+/* Calls f(const adg_graph_node &) for each op of the graph n is in, as
+ * adg_graph_visit does; what f throws stops the visit and is rethrown. */
+template <class F> void visit(node_ref n, F &&f);
+
+/* Writes the graph n is in to out as Graphviz DOT (adg_graph_write_dot),
+ * its leaves labelled with the names leaf(reg, name) gave them. Throws
+ * adg::error, or std::ios_base::failure when out is set to throw. */
+void write_dot(node_ref n, std::ostream &out);
+/* The same DOT, as a string. */
+std::string dot(node_ref n);
 
 /* -------------------------------------------------------------- gradients */
 
@@ -393,17 +555,21 @@ public:
 	~gradients();
 
 	/* The gradient of n (or of the node with that id), borrowed; throws
-	 * adg::error(ADG_ENOTFOUND) when there is none. */
-	const T &get(const node &n) const;
-	T &get(const node &n);
+	 * adg::error: ADG_ENOTFOUND when there is none, ADG_EFOREIGN for a
+	 * node of another registry. */
+	const T &get(node_ref n) const;
+	T &get(node_ref n);
 	const T &get(std::uint64_t id) const;
 	/* The same, null when there is none. */
-	const T *find(const node &n) const noexcept;
+	const T *find(node_ref n) const noexcept;
 	/* Moves the gradient out of the container; throws ADG_ENOTFOUND. */
-	T take(const node &n);
+	T take(node_ref n);
 	/* How many gradients the container holds. */
 	std::size_t size() const;
 	adg_grads *raw() const noexcept;
+	/* Owns raw, a container of T values made by C code (adg_backward with
+	 * grad_ops<T>(), say): freed with it. */
+	static gradients adopt(adg_grads *raw) noexcept;
 
 private:
 	friend struct detail::access;
@@ -432,16 +598,23 @@ public:
 
 inline std::string failure_context(const adg_failure &f)
 {
-	static const char *const sites[] = {
-		"", "step", "on_step", "on_ready", "add", "value check of"};
-	if (f.site == ADG_FAILED_NOWHERE || f.site > ADG_FAILED_CHECK)
-		return "backward";
-	std::string s = "backward: ";
-	s += sites[f.site];
+	std::string where = "node " + std::to_string(f.node_id);
 	if (f.name != nullptr)
-		s += std::string(" '") + f.name + "'";
-	s += " of node " + std::to_string(f.node_id);
-	return s;
+		where = std::string("step '") + f.name + "' of " + where;
+	switch (f.site) {
+	case ADG_FAILED_STEP:
+		return "backward: " + where;
+	case ADG_FAILED_ON_STEP:
+		return "backward: on_step around " + where;
+	case ADG_FAILED_ON_READY:
+		return "backward: on_ready for " + where;
+	case ADG_FAILED_ADD:
+		return "backward: add into " + where;
+	case ADG_FAILED_CHECK:
+		return "backward: value check of a gradient " + where + " gave";
+	default:
+		return "backward";
+	}
 }
 
 /* What a registry handle owns besides the C registry: where trampolines
@@ -451,7 +624,11 @@ inline std::string failure_context(const adg_failure &f)
 struct registry_core {
 	adg_registry *raw = nullptr;
 	std::atomic<const std::type_info *> grad_type{nullptr};
-	std::mutex mutex; /* guards thrown */
+	std::mutex mutex; /* guards thrown and leaf_names */
+	/* leaf(reg, name)'s names, by id: parameters', kept until the
+	 * registry goes (children keep only a leaf's id, so the DOT asks for
+	 * names here). */
+	std::unordered_map<std::uint64_t, std::string> leaf_names;
 	/* By pass (adg_step_call.pass_id), then node: never by node alone,
 	 * since retained passes on several threads run one step at once and
 	 * each must get back what its own run of the step threw. */
@@ -522,9 +699,20 @@ struct access {
 	{
 		return n.core_;
 	}
+	static registry_core *core(const node_ref &n) noexcept
+	{
+		return n.core_;
+	}
 	static adg_node *raw(const parent &p) noexcept
 	{
 		return p.raw_;
+	}
+	static grad_ref ref(void *value, const std::type_info *type) noexcept
+	{
+		grad_ref g;
+		g.value_ = value;
+		g.type_ = type;
+		return g;
 	}
 	static node adopt(adg_node *raw, registry_core *core) noexcept
 	{
@@ -544,6 +732,23 @@ struct access {
 	}
 };
 
+/* The code a trampoline returns for the exception being handled: an
+ * adg::error's own (when negative), ADG_ENOMEM for std::bad_alloc,
+ * ADG_ETHREW for anything else. Only inside a catch block. */
+inline int thrown_code() noexcept
+{
+	try {
+		throw;
+	} catch (const error &e) {
+		int rc = e.code().value();
+		return rc < 0 ? rc : ADG_ETHREW;
+	} catch (const std::bad_alloc &) {
+		return ADG_ENOMEM;
+	} catch (...) {
+		return ADG_ETHREW;
+	}
+}
+
 template <class T> struct typed_ops {
 	static int add(void **sum, void *value, void *ctx) noexcept
 	{
@@ -551,16 +756,11 @@ template <class T> struct typed_ops {
 		try {
 			*static_cast<T *>(*sum) += std::move(*v);
 			return 0;
-		} catch (const std::bad_alloc &) {
-			if (ctx != nullptr)
-				static_cast<grad_state *>(ctx)->keep(
-					std::current_exception());
-			return ADG_ENOMEM;
 		} catch (...) {
 			if (ctx != nullptr)
 				static_cast<grad_state *>(ctx)->keep(
 					std::current_exception());
-			return ADG_ETHREW;
+			return thrown_code();
 		}
 	}
 	static void free(void *value, void *ctx) noexcept
@@ -585,25 +785,52 @@ template <class T, class F> struct closure {
 				      "throws to fail");
 			self->step(c);
 			return 0;
-		} catch (const error &e) {
-			self->core->keep(call->pass_id, call->node_id,
-					 std::current_exception());
-			int rc = e.code().value();
-			return rc < 0 ? rc : ADG_ETHREW;
-		} catch (const std::bad_alloc &) {
-			self->core->keep(call->pass_id, call->node_id,
-					 std::current_exception());
-			return ADG_ENOMEM;
 		} catch (...) {
 			self->core->keep(call->pass_id, call->node_id,
 					 std::current_exception());
-			return ADG_ETHREW;
+			return thrown_code();
 		}
 	}
 
 	static void release(void *user) noexcept
 	{
 		delete static_cast<closure *>(user);
+	}
+};
+
+/* What a rebuild threw, on the thread whose step_call::output ran it: a
+ * recompute callback reports a code only. */
+inline thread_local std::exception_ptr rebuild_thrown;
+
+/* A step with a checkpoint: the rebuild of its output lives beside it, as
+ * adg_recompute_fn is given the step's user pointer (the base's). */
+template <class T, class F, class V> struct ckpt_closure : closure<T, F> {
+	std::function<V(const recompute_call &)> rebuild;
+
+	static ckpt_closure *of(void *user) noexcept
+	{
+		return static_cast<ckpt_closure *>(
+			static_cast<closure<T, F> *>(user));
+	}
+	static int recompute(adg_recompute_call *call, void *user) noexcept
+	{
+		try {
+			call->output =
+				new V(of(user)->rebuild(recompute_call(call)));
+			return 0;
+		} catch (...) {
+			rebuild_thrown = std::current_exception();
+			return thrown_code();
+		}
+	}
+	static void release(void *user) noexcept
+	{
+		delete of(user);
+	}
+	static void free_output(void *value, void *ctx) noexcept
+	{
+		(void)ctx;
+		delete static_cast<V *>(value);
 	}
 };
 
@@ -684,26 +911,63 @@ private:
 	std::size_t n_;
 };
 
-template <class T, class F>
+/* op's checkpoint when it has none. */
+struct no_checkpoint {
+};
+
+/* Registers a step, and with op_with its checkpoint. */
+template <class T, class F, class C>
 node make_typed_op(registry &reg, const parent_list &parents, F &&step,
-		   const char *name)
+		   const char *name, C *ckpt)
 {
 	registry_core *core = access::core(reg);
 	if (core == nullptr)
 		throw error(ADG_EINVAL, "op: an empty registry");
 	core->check_type<T>();
-	using step_closure = closure<T, std::decay_t<F>>;
-	auto owned = std::unique_ptr<step_closure>(
-		new step_closure{std::forward<F>(step), core});
+	using base = closure<T, std::decay_t<F>>;
 	adg_step s{};
-	s.backward = &step_closure::run;
-	s.release = &step_closure::release;
-	s.user = owned.get();
+	s.backward = &base::run;
 	s.name = name;
 	adg_node *out = nullptr;
-	check(adg_op(core->raw, parents.data(), parents.size(), &s, &out),
-	      "op");
-	owned.release(); /* libadg's: release() deletes it */
+	if constexpr (std::is_same_v<C, no_checkpoint>) {
+		(void)ckpt;
+		auto owned = std::unique_ptr<base>(
+			new base{std::forward<F>(step), core});
+		s.release = &base::release;
+		s.user = owned.get();
+		check(adg_op(core->raw, parents.data(), parents.size(), &s,
+			     &out),
+		      "op");
+		owned.release(); /* libadg's: release() deletes it */
+	} else {
+		using V = typename C::value_type;
+		using full = ckpt_closure<T, std::decay_t<F>, V>;
+		auto owned = std::unique_ptr<full>(
+			new full{{std::forward<F>(step), core},
+				 std::move(ckpt->recompute)});
+		s.release = &full::release;
+		s.user = static_cast<base *>(owned.get());
+		std::unique_ptr<V> value;
+		if (ckpt->value)
+			value = std::make_unique<V>(std::move(*ckpt->value));
+		adg_output output{};
+		output.value = value.get();
+		output.free = &full::free_output;
+		if (owned->rebuild)
+			output.recompute = &full::recompute;
+		output.memory_bound = ckpt->memory_bound;
+		adg_op_options o{};
+		if (value || owned->rebuild)
+			o.output = &output;
+		o.want_self = ckpt->want_self;
+		o.want_parents = ckpt->want_parents.data();
+		o.n_want_parents = ckpt->want_parents.size();
+		check(adg_op_with(core->raw, parents.data(), parents.size(), &s,
+				  &o, &out),
+		      "op_with");
+		value.release(); /* libadg's: output.free deletes it */
+		owned.release();
+	}
 	return access::adopt(out, core);
 }
 
@@ -711,9 +975,9 @@ node make_typed_op(registry &reg, const parent_list &parents, F &&step,
 struct deduced {
 };
 
-template <class T, class F>
+template <class T, class F, class C = no_checkpoint>
 node make_op(registry &reg, const parent_list &parents, F &&step,
-	     const char *name)
+	     const char *name, C *ckpt = nullptr)
 {
 	if constexpr (std::is_same_v<T, deduced>) {
 		using traits = step_type_of<F>;
@@ -722,12 +986,13 @@ node make_op(registry &reg, const parent_list &parents, F &&step,
 			      "(for a generic lambda, write adg::op<T>)");
 		if constexpr (traits::known)
 			return make_typed_op<typename traits::type>(
-				reg, parents, std::forward<F>(step), name);
+				reg, parents, std::forward<F>(step), name,
+				ckpt);
 		else
 			return node();
 	} else {
 		return make_typed_op<T>(reg, parents, std::forward<F>(step),
-					name);
+					name, ckpt);
 	}
 }
 
@@ -754,26 +1019,144 @@ template <class Submit> struct submitter {
 	}
 };
 
+/* One backward call's hooks (backward_options) and what they threw, by
+ * site and node, so that the one the failure names is rethrown. Lives on
+ * the backward's stack: every hook has returned when it returns. */
+struct pass_state {
+	struct kept {
+		adg_failure_site site;
+		std::uint64_t node_id;
+		std::exception_ptr thrown;
+	};
+
+	const backward_options &options;
+	const std::type_info &type; /* the backward's T, for grad_ref */
+	std::mutex mutex;	    /* guards thrown */
+	std::vector<kept> thrown;
+
+	void keep(adg_failure_site site, std::uint64_t node_id,
+		  std::exception_ptr e) noexcept
+	{
+		try {
+			std::lock_guard<std::mutex> lock(mutex);
+			thrown.push_back({site, node_id, std::move(e)});
+		} catch (...) {
+			/* no memory: the backward throws adg::error */
+		}
+	}
+
+	/* What the hook at site threw for node_id (a value check is not
+	 * told the node: its first); null when nothing. */
+	std::exception_ptr take(adg_failure_site site, std::uint64_t node_id)
+	{
+		std::lock_guard<std::mutex> lock(mutex);
+		for (kept &k : thrown)
+			if (k.site == site &&
+			    (site == ADG_FAILED_CHECK || k.node_id == node_id))
+				return k.thrown;
+		return nullptr;
+	}
+
+	grad_ref ref(const void *value) const noexcept
+	{
+		return access::ref(const_cast<void *>(value), &type);
+	}
+
+	static int ready(std::uint64_t id, void **grad, void *ctx) noexcept
+	{
+		auto *self = static_cast<pass_state *>(ctx);
+		try {
+			self->options.on_ready(id, self->ref(*grad));
+			return 0;
+		} catch (...) {
+			self->keep(ADG_FAILED_ON_READY, id,
+				   std::current_exception());
+			return thrown_code();
+		}
+	}
+
+	static int step(const adg_step_event *event, void *ctx) noexcept
+	{
+		auto *self = static_cast<pass_state *>(ctx);
+		try {
+			self->options.on_step(*event);
+			return 0;
+		} catch (...) {
+			self->keep(ADG_FAILED_ON_STEP, event->node_id,
+				   std::current_exception());
+			return thrown_code();
+		}
+	}
+
+	static int check(const void *value, void *ctx) noexcept
+	{
+		auto *self = static_cast<pass_state *>(ctx);
+		try {
+			return self->options.value_check(self->ref(value))
+				       ? 0
+				       : ADG_EVALUE;
+		} catch (...) {
+			self->keep(ADG_FAILED_CHECK, 0,
+				   std::current_exception());
+			return thrown_code();
+		}
+	}
+
+	/* The C options: this pass's hooks, where set. */
+	adg_backward_options c_options(adg_failure *failure) noexcept
+	{
+		adg_backward_options o{};
+		o.executor = options.executor.get();
+		o.retain = options.retain ? 1 : 0;
+		o.failure = failure;
+		o.leaves_only = options.leaves_only ? 1 : 0;
+		if (options.on_ready) {
+			o.on_ready = &ready;
+			o.on_ready_ctx = this;
+		}
+		if (options.on_step) {
+			o.on_step = &step;
+			o.on_step_ctx = this;
+		}
+		if (options.value_check) {
+			o.value_check = &check;
+			o.value_check_ctx = this;
+		}
+		return o;
+	}
+};
+
 /* Rethrows what failed a backward: an add's exception when the failure is
- * an add's (or a step's give that an add failed), else the failing step's,
- * else adg::error. */
+ * an add's (or a step's give that an add failed), else what the step or
+ * hook the failure names threw, else adg::error. An adg::error thrown in
+ * the backward is rethrown with the failure added: its code, and a
+ * message that names the step. */
 [[noreturn]] inline void rethrow(int rc, const adg_failure &failure,
-				 registry_core &core, grad_state &state)
+				 registry_core &core, grad_state &state,
+				 pass_state &pass)
 {
 	/* Taken whatever the site, so that what the pass's steps threw
 	 * goes with it. */
 	std::exception_ptr e = core.take(failure.pass_id, failure.node_id);
 	if (failure.site != ADG_FAILED_STEP)
 		e = nullptr;
+	if (failure.site == ADG_FAILED_ON_STEP ||
+	    failure.site == ADG_FAILED_ON_READY ||
+	    failure.site == ADG_FAILED_CHECK)
+		e = pass.take(failure.site, failure.node_id);
 	bool from_add = failure.site == ADG_FAILED_ADD || rc == ADG_ETHREW;
 	{
 		std::lock_guard<std::mutex> lock(state.mutex);
 		if (state.first && (from_add || !e))
 			e = state.first;
 	}
-	if (e)
+	if (!e)
+		throw error(rc, failure);
+	try {
 		std::rethrow_exception(e);
-	throw error(rc, failure);
+	} catch (const error &inner) {
+		throw error(inner, failure);
+	}
 }
 
 } // namespace detail
@@ -785,21 +1168,39 @@ inline const std::error_category &category() noexcept
 }
 
 inline error::error(int rc, const char *context)
-    : std::system_error(rc, category(), context ? context : "adg")
+    : error(rc, std::string(context ? context : "adg"))
+{
+}
+
+inline error::error(int rc, const std::string &context)
+    : std::system_error(rc, category(), context), context_(context)
 {
 	failure_.code = rc;
 }
 
 inline error::error(int rc, const adg_failure &where)
-    : std::system_error(rc, category(), detail::failure_context(where)),
-      failure_(where)
+    : error(rc, detail::failure_context(where))
 {
+	failure_ = where;
 	failure_.code = rc;
+}
+
+inline error::error(const error &inner, const adg_failure &where)
+    : error(inner.code().value(),
+	    detail::failure_context(where) + ": " + inner.context())
+{
+	failure_ = where;
+	failure_.code = inner.code().value();
 }
 
 inline const adg_failure &error::failure() const noexcept
 {
 	return failure_;
+}
+
+inline const std::string &error::context() const noexcept
+{
+	return context_;
 }
 
 inline void check(int rc, const char *context)
@@ -838,10 +1239,17 @@ inline registry &registry::operator=(registry &&other) noexcept
 
 inline registry::~registry()
 {
-	if (core_ != nullptr && adg_registry_free(core_->raw) == 0)
-		delete core_;
-	/* else nodes outlived it: both are left to them (~registry's
-	 * comment) */
+	if (core_ == nullptr)
+		return;
+	if (adg_registry_free(core_->raw) != 0) {
+		std::fputs(
+			"adg::registry destroyed while nodes of it are "
+			"alive: a node handle outlived its registry (declare "
+			"the registry before its nodes)\n",
+			stderr);
+		std::terminate();
+	}
+	delete core_;
 }
 
 inline void registry::close()
@@ -865,6 +1273,15 @@ inline adg_allocator registry::allocator() const
 	adg_allocator a{};
 	check(adg_registry_allocator(raw(), &a), "adg_registry_allocator");
 	return a;
+}
+
+inline std::string registry::leaf_name(std::uint64_t id) const
+{
+	if (core_ == nullptr)
+		return std::string();
+	std::lock_guard<std::mutex> lock(core_->mutex);
+	auto it = core_->leaf_names.find(id);
+	return it != core_->leaf_names.end() ? it->second : std::string();
 }
 
 inline adg_registry *registry::raw() const noexcept
@@ -954,12 +1371,86 @@ inline parent::parent(const node &n) noexcept : raw_(n.raw())
 {
 }
 
-inline node leaf(registry &reg)
+inline parent::parent(node_ref n) noexcept : raw_(n.raw())
+{
+}
+
+namespace detail
+{
+/* reg's core, after checking that raw is one of reg's nodes. */
+inline registry_core *core_of(registry &reg, adg_node *raw, const char *what)
+{
+	adg_registry *owner = nullptr;
+	if (raw == nullptr || adg_node_registry(raw, &owner) != 0)
+		throw error(ADG_EINVAL, std::string(what) + ": a null node");
+	if (owner != reg.raw())
+		throw error(ADG_EFOREIGN,
+			    std::string(what) + ": a node of another registry");
+	return access::core(reg);
+}
+} // namespace detail
+
+inline node node::adopt(registry &reg, adg_node *raw)
+{
+	return detail::access::adopt(raw,
+				     detail::core_of(reg, raw, "node::adopt"));
+}
+
+inline node node::borrow(registry &reg, adg_node *raw)
+{
+	detail::registry_core *core = detail::core_of(reg, raw, "node::borrow");
+	adg_node_ref(raw); /* fails only on NULL */
+	return detail::access::adopt(raw, core);
+}
+
+inline node_ref::node_ref(const node &n) noexcept
+    : raw_(n.raw()), core_(detail::access::core(n))
+{
+}
+
+inline node_ref::node_ref(registry &reg, adg_node *raw)
+    : raw_(raw), core_(detail::core_of(reg, raw, "node_ref"))
+{
+}
+
+inline std::uint64_t node_ref::id() const
+{
+	std::uint64_t value = 0;
+	check(adg_node_id(raw_, &value), "adg_node_id");
+	return value;
+}
+
+inline adg_node *node_ref::raw() const noexcept
+{
+	return raw_;
+}
+
+inline node node_ref::get() const
+{
+	if (raw_ == nullptr)
+		throw error(ADG_EINVAL, "node_ref::get: an empty reference");
+	adg_node_ref(raw_);
+	return detail::access::adopt(raw_, core_);
+}
+
+inline node_ref::operator bool() const noexcept
+{
+	return raw_ != nullptr;
+}
+
+inline node leaf(registry &reg, const char *name)
 {
 	detail::registry_core *core = detail::access::core(reg);
+	if (core == nullptr)
+		throw error(ADG_EINVAL, "leaf: an empty registry");
 	adg_node *out = nullptr;
 	check(adg_leaf(reg.raw(), &out), "adg_leaf");
-	return detail::access::adopt(out, core);
+	node n = detail::access::adopt(out, core);
+	if (name != nullptr) {
+		std::lock_guard<std::mutex> lock(core->mutex);
+		core->leaf_names[n.id()] = name;
+	}
+	return n;
 }
 
 /* steps */
@@ -995,7 +1486,18 @@ template <class T>
 void step_call<T>::give(std::size_t slot, std::unique_ptr<T> value)
 {
 	/* adg_step_give owns the value from the call on, failing or not */
-	check(adg_step_give(call_, slot, value.release()), "adg_step_give");
+	int rc = adg_step_give(call_, slot, value.release());
+	if (rc == 0)
+		return;
+	std::string what = "step_call::give: slot " + std::to_string(slot);
+	if (rc == ADG_EINVAL && slot >= call_->n_parents)
+		what += " out of range (" + std::to_string(call_->n_parents) +
+			" parents)";
+	else if (rc == ADG_EINVAL) /* the value is never null here */
+		what += " given twice";
+	else if (rc == ADG_EVALUE)
+		what += ": the value check rejected the gradient";
+	throw error(rc, what);
 }
 
 template <class T> std::size_t step_call<T>::n_parents() const noexcept
@@ -1157,7 +1659,7 @@ inline const adg_executor *executor_ref::get() const noexcept
 /* backward */
 
 template <class T>
-gradients<T> backward(const node &root, T seed, const backward_options &options)
+gradients<T> backward(node_ref root, T seed, const backward_options &options)
 {
 	detail::registry_core *core = detail::access::core(root);
 	if (core == nullptr)
@@ -1166,19 +1668,195 @@ gradients<T> backward(const node &root, T seed, const backward_options &options)
 	auto state = std::make_unique<detail::grad_state>();
 	adg_grad_ops ops = grad_ops<T>();
 	ops.ctx = state.get();
+	detail::pass_state pass{options, typeid(T), {}, {}};
 	adg_failure failure{};
-	adg_backward_options o{};
-	o.executor = options.executor.get();
-	o.retain = options.retain ? 1 : 0;
-	o.failure = &failure;
+	adg_backward_options o = pass.c_options(&failure);
 	adg_grads *out = nullptr;
 	T *s = new T(std::move(seed)); /* libadg's from the call on */
 	int rc = adg_backward_with(core->raw, root.raw(), s, &ops, &o, &out);
 	if (options.failure != nullptr)
 		*options.failure = failure;
 	if (rc != 0)
-		detail::rethrow(rc, failure, *core, *state);
+		detail::rethrow(rc, failure, *core, *state, pass);
 	return detail::access::adopt<T>(out, std::move(state));
+}
+
+/* seeing a graph */
+
+namespace detail
+{
+template <class F> struct visit_state {
+	F &f;
+	std::exception_ptr thrown;
+
+	static int call(const adg_graph_node *n, void *ctx) noexcept
+	{
+		auto *self = static_cast<visit_state *>(ctx);
+		try {
+			self->f(*n);
+			return 0;
+		} catch (...) {
+			self->thrown = std::current_exception();
+			return thrown_code();
+		}
+	}
+};
+
+struct dot_state {
+	std::ostream &out;
+	registry_core *core;
+	std::string name; /* the last leaf name handed out */
+	std::exception_ptr thrown;
+
+	static int write(const char *text, std::size_t len, void *ctx) noexcept
+	{
+		auto *self = static_cast<dot_state *>(ctx);
+		try {
+			self->out.write(text,
+					static_cast<std::streamsize>(len));
+			return self->out ? 0 : ADG_ECALLBACK;
+		} catch (...) {
+			self->thrown = std::current_exception();
+			return thrown_code();
+		}
+	}
+
+	/* A copy, held until the next call: another thread may name a leaf
+	 * meanwhile, and the map may move its strings. */
+	static const char *leaf_name(std::uint64_t id, void *ctx) noexcept
+	{
+		auto *self = static_cast<dot_state *>(ctx);
+		try {
+			std::lock_guard<std::mutex> lock(self->core->mutex);
+			auto it = self->core->leaf_names.find(id);
+			if (it == self->core->leaf_names.end())
+				return nullptr;
+			self->name = it->second;
+			return self->name.c_str();
+		} catch (...) {
+			return nullptr; /* no memory: the plain label */
+		}
+	}
+};
+} // namespace detail
+
+template <class F> void visit(node_ref n, F &&f)
+{
+	detail::visit_state<F> state{f, nullptr};
+	int rc =
+		adg_graph_visit(n.raw(), &detail::visit_state<F>::call, &state);
+	if (state.thrown)
+		std::rethrow_exception(state.thrown);
+	check(rc, "adg_graph_visit");
+}
+
+inline void write_dot(node_ref n, std::ostream &out)
+{
+	detail::dot_state state{out, detail::access::core(n), {}, nullptr};
+	adg_dot_options o{};
+	if (state.core != nullptr) {
+		o.leaf_name = &detail::dot_state::leaf_name;
+		o.leaf_name_ctx = &state;
+	}
+	int rc = adg_graph_write_dot_with(n.raw(), &o,
+					  &detail::dot_state::write, &state);
+	if (state.thrown)
+		std::rethrow_exception(state.thrown);
+	check(rc, "adg_graph_write_dot");
+}
+
+inline std::string dot(node_ref n)
+{
+	std::ostringstream out;
+	write_dot(n, out);
+	return out.str();
+}
+
+/* checkpointing */
+
+inline recompute_call::recompute_call(adg_recompute_call *call) noexcept
+    : call_(call)
+{
+}
+
+template <class U> const U &recompute_call::parent(std::size_t slot) const
+{
+	if (slot >= call_->n_parents || call_->parent_outputs[slot] == nullptr)
+		throw error(ADG_EINVAL, "recompute_call::parent: slot " +
+						std::to_string(slot) +
+						" has no output (a leaf?)");
+	return *static_cast<const U *>(call_->parent_outputs[slot]);
+}
+
+inline std::size_t recompute_call::n_parents() const noexcept
+{
+	return call_->n_parents;
+}
+
+inline std::uint64_t recompute_call::node_id() const noexcept
+{
+	return call_->node_id;
+}
+
+inline adg_recompute_call *recompute_call::raw() const noexcept
+{
+	return call_;
+}
+
+template <class T>
+template <class V>
+const V &step_call<T>::output(std::uint64_t id) const
+{
+	detail::rebuild_thrown = nullptr;
+	void *value = nullptr;
+	int rc = adg_output_get(call_, id, &value);
+	if (rc != 0) {
+		std::exception_ptr e =
+			std::exchange(detail::rebuild_thrown, nullptr);
+		if (e)
+			std::rethrow_exception(e);
+		throw error(rc,
+			    "step_call::output: node " + std::to_string(id));
+	}
+	return *static_cast<const V *>(value);
+}
+
+template <class F, class V>
+node op_with(registry &reg, std::initializer_list<parent> parents, F &&step,
+	     checkpoint<V> ckpt, const char *name)
+{
+	return detail::make_op<detail::deduced>(
+		reg, detail::parent_list(parents), std::forward<F>(step), name,
+		&ckpt);
+}
+
+template <class F, class V>
+node op_with(registry &reg, const std::vector<node> &parents, F &&step,
+	     checkpoint<V> ckpt, const char *name)
+{
+	return detail::make_op<detail::deduced>(
+		reg, detail::parent_list(parents), std::forward<F>(step), name,
+		&ckpt);
+}
+
+/* hooks */
+
+template <class T> T *grad_ref::as() const
+{
+	if (type_ == nullptr || *type_ != typeid(T))
+		throw error(ADG_EINVAL,
+			    "grad_ref::as: not the backward's gradient type");
+	return static_cast<T *>(value_);
+}
+
+inline grad_ref::operator bool() const noexcept
+{
+	return value_ != nullptr;
+}
+
+inline void *grad_ref::raw() const noexcept
+{
+	return value_;
 }
 
 /* gradients */
@@ -1207,14 +1885,14 @@ template <class T> gradients<T>::~gradients()
 	adg_grads_free(raw_); /* before state_, the ops' ctx */
 }
 
-template <class T> const T &gradients<T>::get(const node &n) const
+template <class T> const T &gradients<T>::get(node_ref n) const
 {
 	void *value = nullptr;
 	check(adg_grads_get_node(raw_, n.raw(), &value), "adg_grads_get_node");
 	return *static_cast<const T *>(value);
 }
 
-template <class T> T &gradients<T>::get(const node &n)
+template <class T> T &gradients<T>::get(node_ref n)
 {
 	void *value = nullptr;
 	check(adg_grads_get_node(raw_, n.raw(), &value), "adg_grads_get_node");
@@ -1228,7 +1906,7 @@ template <class T> const T &gradients<T>::get(std::uint64_t id) const
 	return *static_cast<const T *>(value);
 }
 
-template <class T> const T *gradients<T>::find(const node &n) const noexcept
+template <class T> const T *gradients<T>::find(node_ref n) const noexcept
 {
 	void *value = nullptr;
 	if (adg_grads_get_node(raw_, n.raw(), &value) != 0)
@@ -1236,7 +1914,7 @@ template <class T> const T *gradients<T>::find(const node &n) const noexcept
 	return static_cast<const T *>(value);
 }
 
-template <class T> T gradients<T>::take(const node &n)
+template <class T> T gradients<T>::take(node_ref n)
 {
 	void *value = nullptr;
 	check(adg_grads_take_node(raw_, n.raw(), &value),
@@ -1255,6 +1933,11 @@ template <class T> std::size_t gradients<T>::size() const
 template <class T> adg_grads *gradients<T>::raw() const noexcept
 {
 	return raw_;
+}
+
+template <class T> gradients<T> gradients<T>::adopt(adg_grads *raw) noexcept
+{
+	return detail::access::adopt<T>(raw, nullptr);
 }
 
 } // namespace adg

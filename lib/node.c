@@ -218,6 +218,15 @@ int adg_node_id(const adg_node *node, uint64_t *id)
 	return 0;
 }
 
+int adg_node_registry(const adg_node *node, adg_registry **registry)
+{
+	if (node == NULL || registry == NULL)
+		return ADG_EINVAL;
+	/* Set before the node is published and never changed. */
+	*registry = node->registry;
+	return 0;
+}
+
 void adg_node_release_step(struct adg_shard *shard, struct adg_node *node)
 {
 	if (node->step.release != NULL)

@@ -8,18 +8,24 @@
 #include <adg.hpp>
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <fcntl.h>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <string>
+#include <sys/wait.h>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 namespace
@@ -862,6 +868,258 @@ TEST(unreported_exceptions_go_with_their_backward)
 		EXPECT_THROWS(counted_failure, adg::backward(y, 1.0, o), );
 		EXPECT(probe::live == 0);
 	}
+}
+
+/* A misused give says what was wrong, and the backward's error names the
+ * step it happened in (site, node, name), code kept. */
+TEST(errors_say_what_and_where)
+{
+	adg::registry reg;
+	adg::node x = adg::leaf(reg);
+	adg::node twice = adg::op(
+		reg, {x},
+		[](adg::step_call<double> &c) {
+			c.give(0, 1.0);
+			c.give(0, 2.0);
+		},
+		"twice");
+	adg_failure why{};
+	adg::backward_options o;
+	o.failure = &why;
+	EXPECT_THROWS(adg::error, adg::backward(twice, 1.0, o), {
+		std::string what = e.what();
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(e.failure().site == ADG_FAILED_STEP);
+		EXPECT(e.failure().node_id == why.node_id);
+		EXPECT(std::strcmp(e.failure().name, "twice") == 0);
+		EXPECT(what.find("step 'twice' of node") != std::string::npos);
+		EXPECT(what.find("slot 0 given twice") != std::string::npos);
+	});
+	adg::node far = adg::op(
+		reg, {x}, [](adg::step_call<double> &c) { c.give(3, 1.0); },
+		"far");
+	EXPECT_THROWS(adg::error, adg::backward(far, 1.0), {
+		EXPECT(std::string(e.what()).find(
+			       "slot 3 out of range (1 parents)") !=
+		       std::string::npos);
+	});
+	/* What no exception explains names the step too. */
+	EXPECT_THROWS(adg::error, adg::backward(far, 1.0),
+		      { EXPECT(e.code().value() == ADG_ECONSUMED); });
+}
+
+/* Hooks as callables: on_ready sees gradients (typed through grad_ref),
+ * leaves only when asked; on_step sees both sides of every step; what a
+ * hook throws is rethrown, as thrown. */
+TEST(hooks_are_callables)
+{
+	for (unsigned n_workers : {0u, 2u}) {
+		adg::registry reg;
+		adg::pool workers(2);
+		leaves l(reg);
+		adg::node t = build<double>(reg, l);
+		std::vector<double> want = c_gradients();
+		std::mutex seen_lock;
+		std::vector<std::uint64_t> ready_ids;
+		std::atomic<int> before{0}, after{0};
+		adg::backward_options o;
+		if (n_workers > 0)
+			o.executor = workers;
+		o.retain = true;
+		o.leaves_only = true;
+		o.on_ready = [&](std::uint64_t id, adg::grad_ref g) {
+			std::lock_guard<std::mutex> lock(seen_lock);
+			ready_ids.push_back(id);
+			if (id == l.z.id())
+				*g.as<double>() *= 2; /* in place */
+			EXPECT_THROWS(adg::error, g.as<float>(), );
+		};
+		o.on_step = [&](const adg_step_event &e) {
+			(e.after ? after : before)++;
+		};
+		adg::gradients<double> g = adg::backward(t, 1.0, o);
+		EXPECT(ready_ids.size() == 3); /* x, y, z: leaves only */
+		EXPECT(before == 5 && after == 5);
+		EXPECT(g.get(l.x) == want[0] && g.get(l.z) == 2 * want[2]);
+		o.on_step = [&](const adg_step_event &e) {
+			if (e.after && e.name != nullptr &&
+			    std::strcmp(e.name, "add") == 0)
+				throw boom{7};
+		};
+		adg_failure why{};
+		o.failure = &why;
+		EXPECT_THROWS(boom, adg::backward(t, 1.0, o),
+			      EXPECT(e.value == 7));
+		EXPECT(why.site == ADG_FAILED_ON_STEP);
+	}
+}
+
+/* The value check names the step that gave a NaN, in every mode; a check
+ * that throws is rethrown. */
+TEST(the_value_check_names_the_producing_step)
+{
+	for (unsigned n_workers : {0u, 2u}) {
+		adg::registry reg;
+		adg::pool workers(2);
+		adg::node x = adg::leaf(reg, "x");
+		adg::node root = adg::op(
+			reg, {x},
+			[](adg::step_call<double> &c) {
+				c.give(0, std::nan(""));
+			},
+			"sqrt");
+		adg::backward_options o;
+		if (n_workers > 0)
+			o.executor = workers;
+		o.retain = true;
+		o.value_check = [](adg::grad_ref g) {
+			return !std::isnan(*g.as<double>());
+		};
+		EXPECT_THROWS(adg::error, adg::backward(root, 1.0, o), {
+			EXPECT(e.code().value() == ADG_EVALUE);
+			EXPECT(e.failure().site == ADG_FAILED_CHECK);
+			EXPECT(std::strcmp(e.failure().name, "sqrt") == 0);
+			EXPECT(std::string(e.what()).find("'sqrt'") !=
+			       std::string::npos);
+		});
+		o.value_check = [](adg::grad_ref) -> bool { throw boom{3}; };
+		EXPECT_THROWS(boom, adg::backward(root, 1.0, o),
+			      EXPECT(e.value == 3));
+	}
+}
+
+/* Handles from C: adopt takes the caller's reference, borrow one of its
+ * own; node_ref counts none; another registry's node is refused. */
+TEST(c_handles_are_adopted_borrowed_and_referenced)
+{
+	adg::registry reg, other;
+	adg_node *raw = nullptr;
+	EXPECT(adg_leaf(reg.raw(), &raw) == 0);
+	adg::node borrowed = adg::node::borrow(reg, raw);
+	adg::node adopted = adg::node::adopt(reg, raw); /* ours now */
+	adg::node_ref ref(reg, raw);
+	EXPECT(ref.id() == adopted.id() && borrowed.raw() == raw);
+	adg::node root = adg::op(
+		reg, {ref}, [](adg::step_call<double> &c) { c.give(0, 4.0); });
+	adg::gradients<double> g = adg::backward(adg::node_ref(root), 1.0);
+	EXPECT(g.get(ref) == 4.0 && g.get(borrowed) == 4.0);
+	adg::node foreign = adg::leaf(other);
+	EXPECT_THROWS(adg::error, adg::node::adopt(reg, foreign.raw()),
+		      EXPECT(e.code().value() == ADG_EFOREIGN));
+	EXPECT_THROWS(adg::error, adg::node_ref(reg, foreign.raw()),
+		      EXPECT(e.code().value() == ADG_EFOREIGN));
+	EXPECT_THROWS(adg::error, adg::node::borrow(reg, nullptr),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT_THROWS(adg::error, g.get(foreign),
+		      EXPECT(e.code().value() == ADG_EFOREIGN));
+	/* A C container, adopted: freed with its handle. */
+	adg_grad_ops ops = adg::grad_ops<double>();
+	adg::node y = adg::op(reg, {adopted}, [](adg::step_call<double> &c) {
+		c.give(0, 2.0);
+	});
+	adg_grads *c_grads = nullptr;
+	EXPECT(adg_backward(reg.raw(), y.raw(), new double(1.0), &ops,
+			    &c_grads) == 0);
+	adg::gradients<double> owned = adg::gradients<double>::adopt(c_grads);
+	EXPECT(owned.get(adopted) == 2.0);
+}
+
+/* Named leaves in the DOT, visit as a callable, and what it throws. */
+TEST(graphs_are_seen_with_named_leaves)
+{
+	adg::registry reg;
+	adg::node w = adg::leaf(reg, "W1"), b = adg::leaf(reg);
+	adg::node y = mul<double>(reg, w, 1.0, b, 2.0, "mul");
+	EXPECT(reg.leaf_name(w.id()) == "W1" && reg.leaf_name(b.id()).empty());
+	std::string text = adg::dot(y);
+	EXPECT(text.find("W1 (leaf " + std::to_string(w.id()) + ")") !=
+	       std::string::npos);
+	EXPECT(text.find("\"leaf " + std::to_string(b.id()) + "\"") !=
+	       std::string::npos);
+	std::ostringstream out;
+	adg::write_dot(y, out);
+	EXPECT(out.str() == text);
+	int ops = 0;
+	adg::visit(y, [&](const adg_graph_node &n) {
+		ops++;
+		EXPECT(std::strcmp(n.name, "mul") == 0);
+	});
+	EXPECT(ops == 1);
+	EXPECT_THROWS(
+		boom,
+		adg::visit(y, [](const adg_graph_node &) { throw boom{1}; }),
+		EXPECT(e.value == 1));
+	adg::backward(y, 1.0);
+}
+
+/* op_with: a kept output read by the step, a rebuilt one, and a rebuild
+ * that throws, rethrown from the backward as thrown. */
+TEST(checkpointed_outputs_are_typed)
+{
+	adg::registry reg;
+	adg::node x = adg::leaf(reg);
+	/* h = x * 3 offers its output, rebuilt from nothing (a leaf
+	 * parent: the closure keeps x's value). */
+	adg::checkpoint<double> h_out;
+	h_out.recompute = [](const adg::recompute_call &) { return 6.0; };
+	adg::node h = adg::op_with(
+		reg, {x},
+		[](adg::step_call<double> &c) {
+			c.give(0, 3.0 * c.grad_or(0.0));
+		},
+		h_out, "h");
+	/* y = h * h asks for h's output. */
+	adg::checkpoint<double> y_wants;
+	y_wants.want_parents = {0};
+	adg::node y = adg::op_with(
+		reg, {h},
+		[](adg::step_call<double> &c) {
+			double hv = c.output<double>(c.parent_id(0));
+			c.give(0, 2 * hv);
+		},
+		y_wants, "square");
+	adg::gradients<double> g = adg::backward(y, 1.0);
+	EXPECT(g.get(x) == 2 * 6.0 * 3.0);
+
+	adg::checkpoint<double> bad;
+	bad.recompute = [](const adg::recompute_call &) -> double {
+		throw boom{9};
+	};
+	adg::node h2 = adg::op_with(
+		reg, {x}, [](adg::step_call<double> &c) { c.give(0, 3.0); },
+		bad, "h2");
+	adg::node y2 = adg::op_with(
+		reg, {h2},
+		[](adg::step_call<double> &c) {
+			c.give(0, c.output<double>(c.parent_id(0)));
+		},
+		y_wants, "reads h2");
+	EXPECT_THROWS(boom, adg::backward(y2, 1.0), EXPECT(e.value == 9));
+}
+
+/* A registry destroyed under live nodes says so and terminates (as
+ * std::thread does): checked in a child process. */
+TEST(a_registry_outlived_by_its_nodes_is_loud)
+{
+	std::fflush(stdout);
+	pid_t child = fork();
+	EXPECT(child >= 0);
+	if (child == 0) {
+		int null = open("/dev/null", O_WRONLY);
+		dup2(null, 2); /* the message is not this test's output */
+		struct holder {
+			adg::node n; /* declared first: destroyed last */
+			adg::registry reg;
+		};
+		{
+			holder h;
+			h.n = adg::leaf(h.reg);
+		}
+		_exit(0); /* not reached */
+	}
+	int status = 0;
+	EXPECT(waitpid(child, &status, 0) == child);
+	EXPECT(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
 }
 
 TEST(generic_lambdas_name_their_type)
