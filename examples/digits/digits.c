@@ -20,6 +20,7 @@
  * Usage: digits [options] DATA.csv (--help lists them). Exit status 0;
  * 1 on an error or a missed --min-test-accuracy; 2 on bad usage; 77 when
  * the data is missing and --skip-if-missing is given. */
+#include "runner.h"
 #include "tensor.h"
 #include "train.h"
 

@@ -26,6 +26,7 @@
  * lists the options). Exit status 0; 1 on an error or a missed check; 2
  * on bad usage; 77 when the data is missing and --skip-if-missing is
  * given. */
+#include "runner.h"
 #include "tensor.h"
 #include "train.h"
 
