@@ -30,7 +30,6 @@
 #include <cblas.h>
 #include <errno.h>
 #include <getopt.h>
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -418,17 +417,8 @@ int main(int argc, char **argv)
 	if (!failed && export_only)
 		failed = write_setup(&o, &m, &data) != 0;
 	FILE *csv = NULL;
-	if (!failed && !export_only && o.csv != NULL) {
-		csv = fopen(o.csv, "w");
-		if (csv == NULL) {
-			fprintf(stderr, "%s: %s\n", o.csv, strerror(errno));
-			failed = 1;
-		} else {
-			fprintf(csv, "threads,batch,epoch,seconds,loss,"
-				     "train_accuracy,test_accuracy,"
-				     "samples_per_s\n");
-		}
-	}
+	if (!failed && !export_only && o.csv != NULL)
+		failed = (csv = runner_csv(o.csv)) == NULL;
 	for (int r = 0; r < o.n_runs && !failed && !export_only; r++) {
 		struct outcome out = {0, 0};
 		failed = run(&o, &m, &data, o.threads[r], csv, &out);
@@ -445,21 +435,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "%s: write failed\n", o.csv);
 		failed = 1;
 	}
-	/* Every step's graph is gone: only the parameters' leaves live. */
-	struct adg_stats st;
-	if (m.registry != NULL && adg_stats(m.registry, &st) == 0 &&
-	    (st.live_nodes != N_PARAMS || st.live_graphs != 0)) {
-		fprintf(stderr,
-			"%" PRIu64 " live nodes, %" PRIu64
-			" live graphs at the end\n",
-			st.live_nodes, st.live_graphs);
+	if (model_free(&m) != 0)
 		failed = 1;
-	}
-	rc = model_free(&m);
-	if (rc != 0) {
-		fprintf(stderr, "adg_registry_free: %s\n", adg_strerror(rc));
-		failed = 1;
-	}
 	dataset_free(&data.train);
 	dataset_free(&data.test);
 	return failed;

@@ -4,6 +4,7 @@
 
 #include "sync.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -47,6 +48,20 @@ int model_new(struct model *m, const struct param_shape *shapes, int n_params)
 
 int model_free(struct model *m)
 {
+	int failed = 0;
+	/* Every step's graph is gone: only the parameters' leaves live. */
+	uint64_t leaves = 0;
+	for (int i = 0; i < m->n_params; i++)
+		leaves += m->params[i].leaf != NULL;
+	struct adg_stats st;
+	if (m->registry != NULL && adg_stats(m->registry, &st) == 0 &&
+	    (st.live_nodes != leaves || st.live_graphs != 0)) {
+		fprintf(stderr,
+			"%" PRIu64 " live nodes, %" PRIu64
+			" live graphs at the end\n",
+			st.live_nodes, st.live_graphs);
+		failed = 1;
+	}
 	int rc = 0;
 	for (int i = 0; i < m->n_params; i++) {
 		int r = m->params[i].leaf != NULL
@@ -56,7 +71,12 @@ int model_free(struct model *m)
 		free(m->params[i].value);
 	}
 	int r = adg_registry_free(m->registry);
-	return rc != 0 ? rc : r;
+	rc = rc != 0 ? rc : r;
+	if (rc != 0) {
+		fprintf(stderr, "adg_registry_free: %s\n", adg_strerror(rc));
+		failed = 1;
+	}
+	return failed;
 }
 
 void model_init(struct model *m, uint64_t seed)
@@ -394,6 +414,17 @@ static int evaluate(const struct runner *r, double *loss,
 		rc = r->ops->evaluate(r->model, r->test, &unused,
 				      test_accuracy);
 	return rc;
+}
+
+FILE *runner_csv(const char *path)
+{
+	FILE *csv = fopen(path, "w");
+	if (csv == NULL)
+		fprintf(stderr, "%s: %s\n", path, strerror(errno));
+	else
+		fprintf(csv, "threads,batch,epoch,seconds,loss,train_accuracy,"
+			     "test_accuracy,samples_per_s\n");
+	return csv;
 }
 
 int runner_run(struct runner *r, FILE *csv, struct outcome *outcome)

@@ -71,7 +71,9 @@ size_t param_elements(const struct param *p);
  * way. */
 int model_new(struct model *m, const struct param_shape *shapes, int n_params);
 
-/* Drops the leaves and frees the registry; returns the first error. */
+/* Checks that only the parameters' leaves live (every step's graph is
+ * gone), drops them and frees the registry. Returns 0, or 1 on a failure
+ * (printed). */
 int model_free(struct model *m);
 
 /* He initialisation: weights ~ N(0, 2 / fan-in) (a weight's columns are
@@ -150,6 +152,10 @@ struct outcome {
 	double accuracy; /* the last epoch's test accuracy, % */
 	uint64_t hash;	 /* model_hash of the final weights */
 };
+
+/* Opens path for runner_run's figures and writes the header of their
+ * columns; NULL on an error (printed). */
+FILE *runner_csv(const char *path);
 
 /* Starts the workers' threads (in sync, with a reducer of the model's
  * parameters), runs the epochs (each with a fresh order and its learning
