@@ -117,9 +117,9 @@ struct worker {
 	struct recorder rec;
 	struct tensor_pool pool;
 	adg_grad_ops ops; /* gradients from pool */
-	/* The hook that takes each parameter's gradient: Hogwild's, which
-	 * applies it; sync's participant's, which hands it to the reducer
-	 * (participant index: worker index). */
+	/* What takes each parameter's gradient from the backward: Hogwild's
+	 * ready hook, which applies it, or in sync the reducer's hook of
+	 * participant index, which hands it to the reducer. */
 	adg_backward_options hogwild;
 	struct sync_participant part;
 	/* What the forward reads: sync, the shared values; hogwild, this

@@ -2,9 +2,9 @@
  * (adg_reducer), whatever its gradients are: the reducer of a model's
  * parameters, what each participant (a thread with its share of every
  * batch) holds, and the backward it runs in a round. The trainers of
- * examples/digits and examples/fashion use it with tensors as gradients,
- * examples/mpi_data_parallel.c with boxed doubles: it needs neither BLAS
- * nor the tensor layer.
+ * examples/digits and examples/fashion use it through runner.c, with
+ * tensors as gradients; examples/mpi_data_parallel.c directly, with boxed
+ * doubles. It needs neither BLAS nor the tensor layer.
  *
  * A round, on each participant's thread:
  *
