@@ -8,7 +8,10 @@
  * ranks). Each rank runs T worker threads (--threads T, default 2) that
  * split its shard the same way. Per step, each thread builds one graph for
  * its share's squared error and runs backward with an adg_reducer's hook;
- * the reducer sums each parameter's T gradients in thread order.
+ * the reducer sums each parameter's T gradients in thread order. The
+ * reducer's set-up and each thread's part in it come from
+ * examples/tensor/sync.c, which the trainers of examples/digits and
+ * examples/fashion share.
  *
  * Buckets. The reducer's apply callback does not update the parameter: it
  * writes the rank's sum into the send buffer of the parameter's bucket and
@@ -78,6 +81,7 @@
 #include <string.h>
 
 #include "boxed.h"
+#include "sync.h" /* examples/tensor: the reducer glue the trainers share */
 
 #define IN	      4
 #define HIDDEN	      8
@@ -348,9 +352,8 @@ static void reducer_release(void *value, size_t participant, void *ctx)
 
 struct worker {
 	struct rank *s;
-	int index; /* the reducer's participant */
+	struct sync_participant part; /* index: its share of the samples */
 	pthread_t thread;
-	adg_backward_options backward;
 };
 
 /* One step of a worker: the forward and backward of its share. The
@@ -361,15 +364,13 @@ static int worker_step(struct worker *wk)
 	int stride = s->world * s->threads, count = SAMPLES / stride;
 	adg_node *loss;
 	int rc = build_loss(s->reg, s->param, s->w,
-			    s->rank + s->world * wk->index, count, stride,
-			    SAMPLES / s->world, &loss);
+			    s->rank + s->world * (int)wk->part.index, count,
+			    stride, SAMPLES / s->world, &loss);
 	if (rc != 0)
 		return rc;
-	adg_grads *grads = NULL;
-	rc = adg_backward_with(s->reg, loss, boxed(1.0), &boxed_ops,
-			       &wk->backward, &grads);
+	rc = backward_hooked(s->reg, loss, boxed(1.0), &boxed_ops,
+			     &wk->part.backward);
 	adg_node_unref(loss);
-	adg_grads_free(grads); /* empty: every leaf is a parameter */
 	return rc;
 }
 
@@ -389,7 +390,7 @@ static void *worker_main(void *arg)
 			break;
 		/* Returns once every parameter of the step is reduced and
 		 * handed to its bucket (or the round is abandoned). */
-		int rc = adg_reducer_end(s->reducer, (size_t)wk->index,
+		int rc = adg_reducer_end(wk->part.reducer, wk->part.index,
 					 worker_step(wk));
 		pthread_mutex_lock(&s->lock);
 		if (rc != 0 && s->rc == 0)
@@ -567,17 +568,14 @@ static int rank_init(struct rank *s)
 		rc = adg_leaf(s->reg, &s->param[i]);
 	for (int i = 0; i < PARAMS && rc == 0; i++)
 		rc = adg_node_id(s->param[i], &s->param_id[i]);
-	adg_reducer_options ro = {
-		.n_participants = (size_t)s->threads,
-		.param_ids = s->param_id,
-		.n_params = PARAMS,
-		.ops = {.add = reducer_add,
-			.apply = reducer_apply,
-			.release = reducer_release,
-			.ctx = s},
-	};
+	/* Every parameter is one scalar: none is cut into slices. */
+	adg_reducer_ops ops = {.add = reducer_add,
+			       .apply = reducer_apply,
+			       .release = reducer_release,
+			       .ctx = s};
 	if (rc == 0)
-		rc = adg_reducer_new(&ro, &s->reducer);
+		rc = sync_reducer_new(&ops, (size_t)s->threads, s->param_id,
+				      NULL, PARAMS, 0, &s->reducer);
 	return rc;
 }
 
@@ -644,8 +642,8 @@ int main(int argc, char **argv)
 		rc = full_batch_step(s.reg, s.param, reference);
 	for (int t = 0; t < s.threads && rc == 0; t++) {
 		struct worker *wk = &workers[t];
-		*wk = (struct worker){.s = &s, .index = t};
-		rc = adg_reducer_hook(s.reducer, (size_t)t, &wk->backward);
+		*wk = (struct worker){.s = &s};
+		rc = sync_participant_init(&wk->part, s.reducer, (size_t)t);
 		if (rc == 0 &&
 		    pthread_create(&wk->thread, NULL, worker_main, wk) != 0)
 			rc = ADG_ENOMEM;

@@ -13,6 +13,8 @@
  *   runs the backward of its share, and hands each parameter's gradient
  *   from the hook to a gradient reducer (adg_reducer), which sums the
  *   threads' gradients in thread order and applies one SGD step.
+ * Both run on examples/tensor/runner.c, which the Fashion-MNIST trainer
+ * shares: this file holds the model's layers, the data and the options.
  * Prints a line per epoch; --csv writes the same figures, and
  * scripts/digits.sh draws them. --export writes what bench/compare/ needs
  * to train the same model in PyTorch.
@@ -20,6 +22,7 @@
  * Usage: digits [options] DATA.csv (--help lists them). Exit status 0;
  * 1 on an error or a missed --min-test-accuracy; 2 on bad usage; 77 when
  * the data is missing and --skip-if-missing is given. */
+#include "runner.h"
 #include "tensor.h"
 #include "train.h"
 
@@ -27,9 +30,6 @@
 #include <cblas.h>
 #include <errno.h>
 #include <getopt.h>
-#include <inttypes.h>
-#include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,12 +42,7 @@
 
 /* ---------------------------------------------------------------- data */
 
-struct dataset {
-	int n;
-	float *x; /* n x PIXELS, scaled to 0..1 */
-	int *y;	  /* n labels, 0..9 */
-};
-
+/* Pixels scaled to 0..1, labels 0..9. */
 struct digits {
 	struct dataset train, test;
 };
@@ -55,15 +50,10 @@ struct digits {
 static int dataset_alloc(struct dataset *d, int n)
 {
 	d->n = 0;
+	d->features = PIXELS;
 	d->x = malloc((size_t)n * PIXELS * sizeof *d->x);
 	d->y = malloc((size_t)n * sizeof *d->y);
 	return d->x != NULL && d->y != NULL ? 0 : -1;
-}
-
-static void dataset_free(struct dataset *d)
-{
-	free(d->x);
-	free(d->y);
 }
 
 /* Reads the csv: 64 pixels and a label a line. Row i goes to the test
@@ -132,123 +122,50 @@ static int load_digits(const char *path, struct digits *out)
 
 /* ---------------------------------------------------------------- model */
 
-/* A parameter shared by every thread. Hogwild: threads read and write
- * its values without a lock, each element with relaxed atomic loads and
- * stores (_Atomic float), so that concurrent updates may be lost, as
- * Hogwild allows, but never make a data race, which C does not allow.
- * Relaxed is enough: a parameter publishes nothing else, and a thread
- * needs no particular other thread's update to be correct. Sync: the
- * reducer orders every access (one thread applies a round's update after
- * every thread's last read in that round, and adg_reducer_end returns
- * after it), so the same relaxed accesses are enough there too. */
-struct param {
-	const char *name;
-	int rows, cols;
-	_Atomic float *value;
-	adg_node *leaf; /* one leaf for all threads: it couples no graphs */
-	uint64_t id;
-};
+/* w1 (64 x 64), b1, w2 (10 x 64), b2: model_new (runner.h) makes them. */
+static const struct param_shape shapes[N_PARAMS] = {{"w1", HIDDEN, PIXELS},
+						    {"b1", 1, HIDDEN},
+						    {"w2", CLASSES, HIDDEN},
+						    {"b2", 1, CLASSES}};
 
-struct model {
-	adg_registry *registry;
-	struct param params[N_PARAMS]; /* w1 (64 x 64), b1, w2 (10 x 64), b2 */
-};
-
-static int model_new(struct model *m)
+/* Records the model's forward pass on the batch x, to the batch's mean
+ * cross-entropy (struct train_ops). */
+static int forward(struct recorder *rec, struct var x, const int *labels,
+		   const struct var *p, struct var *loss)
 {
-	static const struct {
-		const char *name;
-		int rows, cols;
-	} shapes[N_PARAMS] = {{"w1", HIDDEN, PIXELS},
-			      {"b1", 1, HIDDEN},
-			      {"w2", CLASSES, HIDDEN},
-			      {"b2", 1, CLASSES}};
-	memset(m, 0, sizeof *m);
-	int rc = adg_registry_new(NULL, &m->registry);
-	for (int i = 0; i < N_PARAMS && rc == 0; i++) {
-		struct param *p = &m->params[i];
-		p->name = shapes[i].name;
-		p->rows = shapes[i].rows;
-		p->cols = shapes[i].cols;
-		p->value = calloc((size_t)p->rows * p->cols, sizeof *p->value);
-		rc = p->value == NULL ? ADG_ENOMEM
-				      : adg_leaf(m->registry, &p->leaf);
-		if (rc == 0)
-			rc = adg_node_id(p->leaf, &p->id);
-	}
+	struct var z1, h1, a1, z2, logits;
+	int correct; /* evaluate counts them */
+	int rc = op_matmul_nt(rec, x, p[0], &z1);
+	if (rc == 0)
+		rc = op_add_bias(rec, z1, p[1], &h1);
+	if (rc == 0)
+		rc = op_relu(rec, h1, &a1);
+	if (rc == 0)
+		rc = op_matmul_nt(rec, a1, p[2], &z2);
+	if (rc == 0)
+		rc = op_add_bias(rec, z2, p[3], &logits);
+	if (rc == 0)
+		rc = op_softmax_xent(rec, logits, labels, loss, &correct);
 	return rc;
-}
-
-/* Drops the leaves and frees the registry; returns the first error. */
-static int model_free(struct model *m)
-{
-	int rc = 0;
-	for (int i = 0; i < N_PARAMS; i++) {
-		int r = m->params[i].leaf != NULL
-				? adg_node_unref(m->params[i].leaf)
-				: 0;
-		rc = rc != 0 ? rc : r;
-		free(m->params[i].value);
-	}
-	int r = adg_registry_free(m->registry);
-	return rc != 0 ? rc : r;
-}
-
-/* He initialisation: weights ~ N(0, 2 / fan-in), biases 0. Runs while no
- * worker does (before the first epoch), but stores as the workers load. */
-static void model_init(struct model *m, uint64_t seed)
-{
-	uint64_t state = seed;
-	for (int i = 0; i < N_PARAMS; i++) {
-		struct param *p = &m->params[i];
-		double scale = p->rows > 1 ? sqrt(2.0 / p->cols) : 0;
-		for (int k = 0; k < p->rows * p->cols; k++)
-			atomic_store_explicit(&p->value[k],
-					      (float)(scale * normal(&state)),
-					      memory_order_relaxed);
-	}
-}
-
-/* Copies a parameter into t (a plain tensor that BLAS may read) with
- * relaxed loads: element by element, so the copy may mix two threads'
- * updates, which Hogwild accepts. */
-static void snapshot(const struct param *p, struct tensor *t)
-{
-	_Atomic float *value = p->value;
-	float *copy = t->data;
-	for (int k = 0, n = p->rows * p->cols; k < n; k++)
-		copy[k] = atomic_load_explicit(&value[k], memory_order_relaxed);
 }
 
 /* Mean loss and accuracy (%) of the model on d, without a graph. */
 static int evaluate(const struct model *m, const struct dataset *d,
 		    double *loss, double *accuracy)
 {
-	struct tensor *w[N_PARAMS] = {0}, *x, *h, *a, *z, *logits, *probs;
+	struct tensor *x, *h, *a, *z, *logits, *probs;
 	int rc = 0, correct = 0;
 	struct tensor **all[] = {&x, &h, &a, &z, &logits, &probs};
 	const int cols[] = {PIXELS, HIDDEN, HIDDEN, CLASSES, CLASSES, CLASSES};
 	const size_t n_all = sizeof all / sizeof *all;
 	for (size_t i = 0; i < n_all; i++) {
-		*all[i] = malloc(sizeof(struct tensor) +
-				 (size_t)d->n * cols[i] * sizeof(float));
+		*all[i] = tensor_new(d->n, cols[i]);
 		if (*all[i] == NULL)
 			rc = ADG_ENOMEM;
-		else
-			**all[i] =
-				(struct tensor){.rows = d->n, .cols = cols[i]};
 	}
-	for (int i = 0; i < N_PARAMS; i++) {
-		const struct param *p = &m->params[i];
-		w[i] = malloc(sizeof(struct tensor) +
-			      (size_t)p->rows * p->cols * sizeof(float));
-		if (w[i] == NULL) {
-			rc = ADG_ENOMEM;
-			continue;
-		}
-		*w[i] = (struct tensor){.rows = p->rows, .cols = p->cols};
-		snapshot(p, w[i]);
-	}
+	const struct tensor *w[N_PARAMS];
+	for (int i = 0; i < N_PARAMS; i++)
+		w[i] = m->params[i].value;
 	if (rc == 0) {
 		memcpy(x->data, d->x, (size_t)d->n * PIXELS * sizeof(float));
 		matmul_nt(x, w[0], h);
@@ -261,193 +178,7 @@ static int evaluate(const struct model *m, const struct dataset *d,
 	}
 	for (size_t i = 0; i < n_all; i++)
 		free(*all[i]);
-	for (int i = 0; i < N_PARAMS; i++)
-		free(w[i]);
 	return rc;
-}
-
-/* ---------------------------------------------------------- the trainer */
-
-/* A run's state (see struct runner), with the model and the data. */
-struct trainer {
-	struct runner run; /* threads, epochs, this epoch's lr and order */
-	struct model *model;
-	const struct digits *data;
-	struct worker *workers; /* one per thread */
-};
-
-/* A thread's recorder, gradient pool and hooks. */
-struct worker {
-	struct trainer *trainer;
-	struct recorder rec;
-	struct tensor_pool pool;
-	adg_grad_ops ops;
-	adg_backward_options backward;
-	struct tensor *weights[N_PARAMS]; /* this thread's copy, for BLAS */
-};
-
-/* x -= lr * g, element by element, with relaxed loads and stores (see
- * struct param). */
-static void sgd_step(struct param *p, const struct tensor *g, float lr)
-{
-	_Atomic float *value = p->value;
-	const float *d = g->data;
-	for (int k = 0, n = p->rows * p->cols; k < n; k++) {
-		/* A load and a store, not an atomic read-modify-write: in
-		 * Hogwild another thread's update in between is lost, as
-		 * Hogwild allows; in sync no other thread writes meanwhile. */
-		float v = atomic_load_explicit(&value[k], memory_order_relaxed);
-		atomic_store_explicit(&value[k], v - lr * d[k],
-				      memory_order_relaxed);
-	}
-}
-
-/* Hogwild's gradient-ready hook: called for each parameter (leaves only)
- * as soon as its gradient is final, while the backward goes on with
- * earlier layers. Applies SGD to that parameter and gives the gradient
- * back. */
-static int apply_sgd(uint64_t id, void **grad, void *ctx)
-{
-	struct worker *w = ctx;
-	const struct tensor *g = *grad;
-	if (g == NULL)
-		return 0;
-	for (int i = 0; i < N_PARAMS; i++) {
-		struct param *p = &w->trainer->model->params[i];
-		if (p->id == id) {
-			sgd_step(p, g, w->trainer->run.lr);
-			break;
-		}
-	}
-	*grad = NULL; /* taken: back to the pool */
-	pool_put(&w->pool, (struct tensor *)g);
-	return 0;
-}
-
-/* Sync: the reducer's ops. add folds one thread's gradient into the sum
- * (a gradient of another thread's, which it reads and writes but does not
- * keep); apply takes one SGD step with the sum of all threads'; release
- * gives a gradient back to its thread's pool, on that thread. */
-static int reducer_add(void **sum, const void *value, void *ctx)
-{
-	(void)ctx;
-	tensor_add(*sum, value);
-	return 0;
-}
-
-static int reducer_apply(const adg_reduction *r, void *ctx)
-{
-	struct trainer *tr = ctx;
-	if (r->sum != NULL)
-		sgd_step(&tr->model->params[r->param], r->sum, tr->run.lr);
-	return 0;
-}
-
-static void reducer_release(void *value, size_t participant, void *ctx)
-{
-	struct trainer *tr = ctx;
-	pool_put(&tr->workers[participant].pool, value);
-}
-
-/* Records and runs the backward of one step on the training images
- * order[0..n) (struct train_ops). The hook updates or hands on each
- * parameter's gradient. */
-static int train_batch(void *ctx, size_t index, const int *order, int n,
-		       float scale)
-{
-	struct trainer *tr = ctx;
-	struct worker *w = &tr->workers[index];
-	struct recorder *rec = &w->rec;
-	const struct dataset *d = &tr->data->train;
-	struct var x = {arena_tensor(&rec->arena, n, PIXELS), NULL};
-	int *labels = arena_alloc(&rec->arena, (size_t)n * sizeof *labels);
-	if (x.value == NULL || labels == NULL) {
-		recorder_reset(rec); /* nothing recorded: cannot fail */
-		return ADG_ENOMEM;
-	}
-	for (int i = 0; i < n; i++) {
-		memcpy(x.value->data + (size_t)i * PIXELS,
-		       d->x + (size_t)order[i] * PIXELS,
-		       PIXELS * sizeof(float));
-		labels[i] = d->y[order[i]];
-	}
-	struct var p[N_PARAMS];
-	for (int i = 0; i < N_PARAMS; i++) {
-		snapshot(&tr->model->params[i], w->weights[i]);
-		p[i] = (struct var){w->weights[i], tr->model->params[i].leaf};
-	}
-	struct var z1, h1, a1, z2, logits, loss;
-	int correct;
-	int rc = op_matmul_nt(rec, x, p[0], &z1);
-	if (rc == 0)
-		rc = op_add_bias(rec, z1, p[1], &h1);
-	if (rc == 0)
-		rc = op_relu(rec, h1, &a1);
-	if (rc == 0)
-		rc = op_matmul_nt(rec, a1, p[2], &z2);
-	if (rc == 0)
-		rc = op_add_bias(rec, z2, p[3], &logits);
-	if (rc == 0)
-		rc = op_softmax_xent(rec, logits, labels, &loss, &correct);
-	if (rc == 0) {
-		struct tensor *seed = pool_get(&w->pool, 1, 1);
-		adg_grads *grads = NULL;
-		if (seed == NULL) {
-			rc = ADG_ENOMEM;
-		} else {
-			seed->data[0] = scale; /* d step loss / d loss */
-			rc = adg_backward_with(tr->model->registry, loss.node,
-					       seed, &w->ops, &w->backward,
-					       &grads);
-		}
-		/* The hook took every gradient: the container is empty. */
-		if (rc == 0)
-			rc = adg_grads_free(grads);
-	}
-	int reset = recorder_reset(rec);
-	return rc != 0 ? rc : reset;
-}
-
-static int worker_init(void *ctx, size_t index)
-{
-	struct trainer *tr = ctx;
-	struct worker *w = &tr->workers[index];
-	memset(w, 0, sizeof *w);
-	w->trainer = tr;
-	w->rec.registry = tr->model->registry;
-	w->rec.pool = &w->pool;
-	w->ops = tensor_grad_ops(&w->pool);
-	int rc = 0;
-	if (tr->run.mode == MODE_SYNC)
-		rc = adg_reducer_hook(tr->run.reducer, index, &w->backward);
-	else
-		w->backward = (adg_backward_options){.on_ready = apply_sgd,
-						     .on_ready_ctx = w,
-						     .leaves_only = 1};
-	for (int i = 0; i < N_PARAMS && rc == 0; i++) {
-		const struct param *p = &tr->model->params[i];
-		w->weights[i] =
-			malloc(sizeof(struct tensor) +
-			       (size_t)p->rows * p->cols * sizeof(float));
-		if (w->weights[i] == NULL)
-			return ADG_ENOMEM;
-		*w->weights[i] =
-			(struct tensor){.rows = p->rows, .cols = p->cols};
-	}
-	return rc;
-}
-
-/* Frees what the worker holds; returns -1 if a gradient tensor is still
- * out of its pool (a leak of the layer's, or of the reducer's). */
-static int worker_free(void *ctx, size_t index)
-{
-	struct worker *w = &((struct trainer *)ctx)->workers[index];
-	long out = w->pool.outstanding;
-	pool_clear(&w->pool);
-	arena_free(&w->rec.arena);
-	for (int i = 0; i < N_PARAMS; i++)
-		free(w->weights[i]);
-	return out == 0 ? 0 : -1;
 }
 
 /* ----------------------------------------------------------- a run */
@@ -463,98 +194,28 @@ struct options {
 	int skip_if_missing;
 };
 
-/* The final weights' fingerprint (hash_floats over every parameter). */
-static uint64_t weights_hash(void *ctx)
-{
-	const struct model *m = ((struct trainer *)ctx)->model;
-	uint64_t hash = HASH_START;
-	for (int i = 0; i < N_PARAMS; i++) {
-		const struct param *p = &m->params[i];
-		for (int k = 0; k < p->rows * p->cols; k++) {
-			/* No worker runs: relaxed only because _Atomic. */
-			float v = atomic_load_explicit(&p->value[k],
-						       memory_order_relaxed);
-			hash = hash_floats(hash, &v, 1);
-		}
-	}
-	return hash;
-}
-
-/* Sync: a reducer for the model's parameters, in the order of
- * model->params, for n_threads participants. */
-static int reducer_new(struct trainer *tr)
-{
-	uint64_t ids[N_PARAMS];
-	for (int i = 0; i < N_PARAMS; i++)
-		ids[i] = tr->model->params[i].id;
-	adg_reducer_options ro = {
-		.n_participants = (size_t)tr->run.n_threads,
-		.param_ids = ids,
-		.n_params = N_PARAMS,
-		.ops = {.add = reducer_add,
-			.apply = reducer_apply,
-			.release = reducer_release,
-			.ctx = tr},
-	};
-	return adg_reducer_new(&ro, &tr->run.reducer);
-}
-
-/* The loss and accuracy on the training images, and the accuracy on the
- * test images (struct train_ops). */
-static int evaluate_both(void *ctx, double *loss, double *train_accuracy,
-			 double *test_accuracy)
-{
-	const struct trainer *tr = ctx;
-	double unused;
-	int rc = evaluate(tr->model, &tr->data->train, loss, train_accuracy);
-	if (rc == 0)
-		rc = evaluate(tr->model, &tr->data->test, &unused,
-			      test_accuracy);
-	return rc;
-}
-
 /* Trains a fresh model (the same initial weights every run) on n_threads
  * threads; returns 0, or 1 on an error (printed). */
 static int run(const struct options *o, struct model *m,
 	       const struct digits *data, int n_threads, FILE *csv,
 	       struct outcome *outcome)
 {
-	static const struct train_ops ops = {.worker_init = worker_init,
-					     .worker_free = worker_free,
-					     .train_batch = train_batch,
-					     .evaluate = evaluate_both,
-					     .weights_hash = weights_hash};
-	struct trainer tr = {.run = {.ops = &ops,
-				     .mode = o->mode,
-				     .n_threads = n_threads,
-				     .batch = o->batch,
-				     .epochs = o->epochs,
-				     .n_train = data->train.n,
-				     .first_lr = o->lr,
-				     .seed = o->seed},
-			     .model = m,
-			     .data = data};
-	tr.run.ctx = &tr;
-	int failed = 0, rc;
-	tr.workers = calloc((size_t)n_threads, sizeof *tr.workers);
-	if (tr.workers == NULL) {
-		fprintf(stderr, "out of memory\n");
-		return 1;
-	}
-	if (o->mode == MODE_SYNC && (rc = reducer_new(&tr)) != 0) {
-		fprintf(stderr, "adg_reducer_new: %s\n", adg_strerror(rc));
-		failed = 1;
-	}
+	static const struct train_ops ops = {.forward = forward,
+					     .evaluate = evaluate};
+	/* Sync sums every parameter whole: the largest, 64 x 64, is small
+	 * work for one thread. */
+	struct runner r = {.ops = &ops,
+			   .model = m,
+			   .train = &data->train,
+			   .test = &data->test,
+			   .mode = o->mode,
+			   .n_threads = n_threads,
+			   .batch = o->batch,
+			   .epochs = o->epochs,
+			   .first_lr = o->lr,
+			   .seed = o->seed};
 	model_init(m, o->seed);
-	if (!failed)
-		failed = runner_run(&tr.run, csv, outcome);
-	rc = adg_reducer_free(tr.run.reducer);
-	if (rc != 0) {
-		fprintf(stderr, "adg_reducer_free: %s\n", adg_strerror(rc));
-		failed = 1;
-	}
-	free(tr.workers);
-	return failed;
+	return runner_run(&r, csv, outcome);
 }
 
 /* Writes what bench/compare/ needs to train the same model the same way:
@@ -587,15 +248,11 @@ static int write_setup(const struct options *o, struct model *m,
 		data->train.n);
 	for (int e = 0; e < o->epochs; e++)
 		fprintf(f, " %.9g", learning_rate(o->lr, o->epochs, e));
-	/* No worker runs: relaxed loads only because the values are
-	 * _Atomic. */
 	for (int i = 0; i < N_PARAMS; i++) {
 		const struct param *p = &m->params[i];
 		fprintf(f, "\n%s", p->name);
-		for (int k = 0; k < p->rows * p->cols; k++)
-			fprintf(f, " %.9g",
-				atomic_load_explicit(&p->value[k],
-						     memory_order_relaxed));
+		for (size_t k = 0; k < param_elements(p); k++)
+			fprintf(f, " %.9g", p->value->data[k]);
 	}
 	for (int e = 0; e < o->epochs; e++) {
 		shuffle(order, data->train.n, o->seed, e);
@@ -751,7 +408,7 @@ int main(int argc, char **argv)
 
 	struct model m;
 	int failed = 0;
-	rc = model_new(&m);
+	rc = model_new(&m, shapes, N_PARAMS);
 	if (rc != 0) {
 		fprintf(stderr, "model: %s\n", adg_strerror(rc));
 		failed = 1;
@@ -760,17 +417,8 @@ int main(int argc, char **argv)
 	if (!failed && export_only)
 		failed = write_setup(&o, &m, &data) != 0;
 	FILE *csv = NULL;
-	if (!failed && !export_only && o.csv != NULL) {
-		csv = fopen(o.csv, "w");
-		if (csv == NULL) {
-			fprintf(stderr, "%s: %s\n", o.csv, strerror(errno));
-			failed = 1;
-		} else {
-			fprintf(csv, "threads,batch,epoch,seconds,loss,"
-				     "train_accuracy,test_accuracy,"
-				     "samples_per_s\n");
-		}
-	}
+	if (!failed && !export_only && o.csv != NULL)
+		failed = (csv = runner_csv(o.csv)) == NULL;
 	for (int r = 0; r < o.n_runs && !failed && !export_only; r++) {
 		struct outcome out = {0, 0};
 		failed = run(&o, &m, &data, o.threads[r], csv, &out);
@@ -787,21 +435,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "%s: write failed\n", o.csv);
 		failed = 1;
 	}
-	/* Every step's graph is gone: only the parameters' leaves live. */
-	struct adg_stats st;
-	if (m.registry != NULL && adg_stats(m.registry, &st) == 0 &&
-	    (st.live_nodes != N_PARAMS || st.live_graphs != 0)) {
-		fprintf(stderr,
-			"%" PRIu64 " live nodes, %" PRIu64
-			" live graphs at the end\n",
-			st.live_nodes, st.live_graphs);
+	if (model_free(&m) != 0)
 		failed = 1;
-	}
-	rc = model_free(&m);
-	if (rc != 0) {
-		fprintf(stderr, "adg_registry_free: %s\n", adg_strerror(rc));
-		failed = 1;
-	}
 	dataset_free(&data.train);
 	dataset_free(&data.test);
 	return failed;

@@ -19,6 +19,8 @@
  * - hogwild: the threads take whole mini-batches in turn, and each updates
  *   the shared parameters without a lock as soon as each one's gradient is
  *   final, as examples/digits does.
+ * Both run on examples/tensor/runner.c, which the digits trainer shares:
+ * this file holds the model's layers, the data and the options.
  * Prints a line per epoch; --csv writes the same figures, and
  * scripts/fashion.sh draws them.
  *
@@ -26,6 +28,7 @@
  * lists the options). Exit status 0; 1 on an error or a missed check; 2
  * on bad usage; 77 when the data is missing and --skip-if-missing is
  * given. */
+#include "runner.h"
 #include "tensor.h"
 #include "train.h"
 
@@ -34,8 +37,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,21 +54,10 @@
 
 /* ---------------------------------------------------------------- data */
 
-struct dataset {
-	int n;
-	float *x; /* n x PIXELS, scaled to 0..1 */
-	int *y;	  /* n labels, 0..9 */
-};
-
+/* Pixels scaled to 0..1, labels 0..9. */
 struct fashion {
 	struct dataset train, test;
 };
-
-static void dataset_free(struct dataset *d)
-{
-	free(d->x);
-	free(d->y);
-}
 
 /* Reads dir/name, an IDX file of unsigned bytes with n_dims dimensions:
  * count items of item bytes each (28 x 28 for an image, 1 for a label).
@@ -178,6 +168,7 @@ static int load_half(const char *dir, const char *prefix, int count, int keep,
 	}
 	if (rc == 0) {
 		d->n = keep;
+		d->features = PIXELS;
 		d->x = malloc((size_t)keep * PIXELS * sizeof *d->x);
 		d->y = malloc((size_t)keep * sizeof *d->y);
 		if (d->x == NULL || d->y == NULL) {
@@ -210,101 +201,39 @@ static int load_fashion(const char *dir, int train_subset, struct fashion *out)
 
 /* ---------------------------------------------------------------- model */
 
-/* A parameter shared by every thread, as plain floats: how threads may
- * touch them depends on the mode.
- * - sync: the forward and backward passes read value itself (BLAS reads
- *   it, no copy), and the reducer's apply writes it. The reducer orders
- *   them: it applies a parameter's update once every thread has given
- *   its gradient, which each computes after its last read of the
- *   parameter in the batch (tensor.c, matmul_backward), and
- *   adg_reducer_end returns only once every update of the batch is
- *   applied, before the next batch's forward.
- * - hogwild: threads read and write value without a lock, each element
- *   with relaxed atomic loads and stores (GCC's __atomic built-ins on
- *   the plain floats), so that concurrent updates may be lost, as Hogwild
- *   allows, but never make a data race, which C does not allow. Relaxed
- *   is enough: a parameter publishes nothing else. Each thread copies the
- *   values before its forward (BLAS reads the copy).
- * The main thread reads and writes value only between epochs, while no
- * worker runs. */
-struct param {
-	const char *name;
-	struct tensor *value;
-	adg_node *leaf; /* one leaf for all threads: it couples no graphs */
-	uint64_t id;
+/* w1 (256 x 784), b1, w2 (128 x 256), b2, w3 (10 x 128), b3: model_new
+ * (runner.h) makes them. */
+static const struct param_shape shapes[N_PARAMS] = {
+	{"w1", HIDDEN1, PIXELS},  {"b1", 1, HIDDEN1},
+	{"w2", HIDDEN2, HIDDEN1}, {"b2", 1, HIDDEN2},
+	{"w3", CLASSES, HIDDEN2}, {"b3", 1, CLASSES},
 };
 
-struct model {
-	adg_registry *registry;
-	/* w1 (256 x 784), b1, w2 (128 x 256), b2, w3 (10 x 128), b3 */
-	struct param params[N_PARAMS];
-};
-
-static struct tensor *tensor_new(int rows, int cols)
+/* Records the model's forward pass on the batch x, to the batch's mean
+ * cross-entropy (struct train_ops). */
+static int forward(struct recorder *rec, struct var x, const int *labels,
+		   const struct var *p, struct var *loss)
 {
-	struct tensor *t =
-		malloc(sizeof *t + (size_t)rows * cols * sizeof(float));
-	if (t != NULL)
-		*t = (struct tensor){.rows = rows, .cols = cols};
-	return t;
-}
-
-static size_t param_elements(const struct param *p)
-{
-	return (size_t)p->value->rows * (size_t)p->value->cols;
-}
-
-static int model_new(struct model *m)
-{
-	static const struct {
-		const char *name;
-		int rows, cols;
-	} shapes[N_PARAMS] = {
-		{"w1", HIDDEN1, PIXELS},  {"b1", 1, HIDDEN1},
-		{"w2", HIDDEN2, HIDDEN1}, {"b2", 1, HIDDEN2},
-		{"w3", CLASSES, HIDDEN2}, {"b3", 1, CLASSES},
-	};
-	memset(m, 0, sizeof *m);
-	int rc = adg_registry_new(NULL, &m->registry);
-	for (int i = 0; i < N_PARAMS && rc == 0; i++) {
-		struct param *p = &m->params[i];
-		p->name = shapes[i].name;
-		p->value = tensor_new(shapes[i].rows, shapes[i].cols);
-		rc = p->value == NULL ? ADG_ENOMEM
-				      : adg_leaf(m->registry, &p->leaf);
-		if (rc == 0)
-			rc = adg_node_id(p->leaf, &p->id);
-	}
+	struct var z1, h1, a1, z2, h2, a2, z3, logits;
+	int correct; /* evaluate counts them */
+	int rc = op_matmul_nt(rec, x, p[0], &z1);
+	if (rc == 0)
+		rc = op_add_bias(rec, z1, p[1], &h1);
+	if (rc == 0)
+		rc = op_relu(rec, h1, &a1);
+	if (rc == 0)
+		rc = op_matmul_nt(rec, a1, p[2], &z2);
+	if (rc == 0)
+		rc = op_add_bias(rec, z2, p[3], &h2);
+	if (rc == 0)
+		rc = op_relu(rec, h2, &a2);
+	if (rc == 0)
+		rc = op_matmul_nt(rec, a2, p[4], &z3);
+	if (rc == 0)
+		rc = op_add_bias(rec, z3, p[5], &logits);
+	if (rc == 0)
+		rc = op_softmax_xent(rec, logits, labels, loss, &correct);
 	return rc;
-}
-
-/* Drops the leaves and frees the registry; returns the first error. */
-static int model_free(struct model *m)
-{
-	int rc = 0;
-	for (int i = 0; i < N_PARAMS; i++) {
-		int r = m->params[i].leaf != NULL
-				? adg_node_unref(m->params[i].leaf)
-				: 0;
-		rc = rc != 0 ? rc : r;
-		free(m->params[i].value);
-	}
-	int r = adg_registry_free(m->registry);
-	return rc != 0 ? rc : r;
-}
-
-/* He initialisation: weights ~ N(0, 2 / fan-in), biases 0, from a
- * generator seeded by seed. Runs while no worker does. */
-static void model_init(struct model *m, uint64_t seed)
-{
-	uint64_t state = seed;
-	for (int i = 0; i < N_PARAMS; i++) {
-		struct tensor *t = m->params[i].value;
-		double scale = t->rows > 1 ? sqrt(2.0 / t->cols) : 0;
-		for (size_t k = 0, n = param_elements(&m->params[i]); k < n;
-		     k++)
-			t->data[k] = (float)(scale * normal(&state));
-	}
 }
 
 /* Mean loss and accuracy (%) of the model on d, without a graph, a chunk
@@ -354,269 +283,6 @@ static int evaluate(const struct model *m, const struct dataset *d,
 	return rc;
 }
 
-/* ---------------------------------------------------------- the trainer */
-
-/* A run's state (see struct runner), with the model and the data. */
-struct trainer {
-	struct runner run; /* threads, epochs, this epoch's lr and order */
-	struct model *model;
-	const struct fashion *data;
-	struct worker *workers; /* one per thread */
-};
-
-/* A thread's recorder, gradient pool and hooks. */
-struct worker {
-	struct trainer *trainer;
-	struct recorder rec;
-	struct tensor_pool pool;
-	adg_grad_ops ops;
-	adg_backward_options backward;
-	/* What the forward reads: sync, the shared values; hogwild, this
-	 * thread's copy (owned). */
-	struct tensor *weights[N_PARAMS];
-};
-
-/* Hogwild: x -= lr * g with relaxed atomic loads and stores (see struct
- * param): a load and a store, not an atomic read-modify-write, so that
- * another thread's update in between is lost, as Hogwild allows. */
-static void sgd_step_hogwild(struct param *p, const struct tensor *g, float lr)
-{
-	float *value = p->value->data;
-	const float *d = g->data;
-	for (size_t k = 0, n = param_elements(p); k < n; k++) {
-		float v;
-		__atomic_load(&value[k], &v, __ATOMIC_RELAXED);
-		v -= lr * d[k];
-		__atomic_store(&value[k], &v, __ATOMIC_RELAXED);
-	}
-}
-
-/* Hogwild: copies a parameter into this thread's tensor with relaxed
- * loads, element by element, so the copy may mix two threads' updates,
- * which Hogwild accepts. */
-static void snapshot(const struct param *p, struct tensor *t)
-{
-	float *value = p->value->data;
-	for (size_t k = 0, n = param_elements(p); k < n; k++)
-		__atomic_load(&value[k], &t->data[k], __ATOMIC_RELAXED);
-}
-
-/* Hogwild's gradient-ready hook: called for each parameter (leaves only)
- * as soon as its gradient is final, while the backward goes on with
- * earlier layers. Applies SGD to that parameter and gives the gradient
- * back. */
-static int hogwild_ready(uint64_t id, void **grad, void *ctx)
-{
-	struct worker *w = ctx;
-	const struct tensor *g = *grad;
-	if (g == NULL)
-		return 0;
-	for (int i = 0; i < N_PARAMS; i++) {
-		struct param *p = &w->trainer->model->params[i];
-		if (p->id == id) {
-			sgd_step_hogwild(p, g, w->trainer->run.lr);
-			break;
-		}
-	}
-	*grad = NULL; /* taken: back to the pool */
-	pool_put(&w->pool, (struct tensor *)g);
-	return 0;
-}
-
-/* Sync: the reducer's ops. add folds one thread's gradient into the sum
- * (a gradient of another thread's pool, which it reads and writes but
- * does not keep); apply takes one SGD step with the sum of all threads'
- * gradients, with plain stores (see struct param); release gives a
- * gradient back to its thread's pool, on that thread. */
-static int reducer_add(void **sum, const void *value, void *ctx)
-{
-	(void)ctx;
-	tensor_add(*sum, value);
-	return 0;
-}
-
-/* Elements [*lo, *hi) of slice k of n_slices of n elements. */
-static void slice_of(size_t n, size_t k, size_t n_slices, size_t *lo,
-		     size_t *hi)
-{
-	*lo = n * k / n_slices;
-	*hi = n * (k + 1) / n_slices;
-}
-
-/* A large parameter's sum, one slice at a time (reduce-scatter: several
- * threads fold and apply its slices at once). */
-static int reducer_add_slice(void *sum, const void *value, size_t slice,
-			     size_t n_slices, void *ctx)
-{
-	(void)ctx;
-	struct tensor *s = sum;
-	const struct tensor *g = value;
-	size_t lo, hi;
-	slice_of((size_t)s->rows * (size_t)s->cols, slice, n_slices, &lo, &hi);
-	for (size_t k = lo; k < hi; k++)
-		s->data[k] += g->data[k];
-	return 0;
-}
-
-static int reducer_apply(const adg_reduction *r, void *ctx)
-{
-	struct trainer *tr = ctx;
-	const struct tensor *g = r->sum;
-	if (g == NULL)
-		return 0;
-	struct param *p = &tr->model->params[r->param];
-	float *value = p->value->data, lr = tr->run.lr;
-	size_t lo, hi;
-	slice_of(param_elements(p), r->slice, r->n_slices, &lo, &hi);
-	for (size_t k = lo; k < hi; k++)
-		value[k] -= lr * g->data[k];
-	return 0;
-}
-
-static void reducer_release(void *value, size_t participant, void *ctx)
-{
-	struct trainer *tr = ctx;
-	pool_put(&tr->workers[participant].pool, value);
-}
-
-/* Records and runs the backward of one step on the training images
- * order[0..n) (struct train_ops). The hook updates or hands on each
- * parameter's gradient. */
-static int train_batch(void *ctx, size_t index, const int *order, int n,
-		       float scale)
-{
-	struct trainer *tr = ctx;
-	struct worker *w = &tr->workers[index];
-	struct recorder *rec = &w->rec;
-	const struct dataset *d = &tr->data->train;
-	struct var x = {arena_tensor(&rec->arena, n, PIXELS), NULL};
-	int *labels = arena_alloc(&rec->arena, (size_t)n * sizeof *labels);
-	if (x.value == NULL || labels == NULL) {
-		recorder_reset(rec); /* nothing recorded: cannot fail */
-		return ADG_ENOMEM;
-	}
-	for (int i = 0; i < n; i++) {
-		memcpy(x.value->data + (size_t)i * PIXELS,
-		       d->x + (size_t)order[i] * PIXELS,
-		       PIXELS * sizeof(float));
-		labels[i] = d->y[order[i]];
-	}
-	struct var p[N_PARAMS];
-	for (int i = 0; i < N_PARAMS; i++) {
-		if (tr->run.mode == MODE_HOGWILD)
-			snapshot(&tr->model->params[i], w->weights[i]);
-		p[i] = (struct var){w->weights[i], tr->model->params[i].leaf};
-	}
-	struct var z1, h1, a1, z2, h2, a2, z3, logits, loss;
-	int correct;
-	int rc = op_matmul_nt(rec, x, p[0], &z1);
-	if (rc == 0)
-		rc = op_add_bias(rec, z1, p[1], &h1);
-	if (rc == 0)
-		rc = op_relu(rec, h1, &a1);
-	if (rc == 0)
-		rc = op_matmul_nt(rec, a1, p[2], &z2);
-	if (rc == 0)
-		rc = op_add_bias(rec, z2, p[3], &h2);
-	if (rc == 0)
-		rc = op_relu(rec, h2, &a2);
-	if (rc == 0)
-		rc = op_matmul_nt(rec, a2, p[4], &z3);
-	if (rc == 0)
-		rc = op_add_bias(rec, z3, p[5], &logits);
-	if (rc == 0)
-		rc = op_softmax_xent(rec, logits, labels, &loss, &correct);
-	if (rc == 0) {
-		struct tensor *seed = pool_get(&w->pool, 1, 1);
-		adg_grads *grads = NULL;
-		if (seed == NULL) {
-			rc = ADG_ENOMEM;
-		} else {
-			seed->data[0] = scale; /* d step loss / d loss */
-			rc = adg_backward_with(tr->model->registry, loss.node,
-					       seed, &w->ops, &w->backward,
-					       &grads);
-		}
-		/* The hook took every gradient: the container is empty. */
-		if (rc == 0)
-			rc = adg_grads_free(grads);
-	}
-	int reset = recorder_reset(rec);
-	return rc != 0 ? rc : reset;
-}
-
-static int worker_init(void *ctx, size_t index)
-{
-	struct trainer *tr = ctx;
-	struct worker *w = &tr->workers[index];
-	memset(w, 0, sizeof *w);
-	w->trainer = tr;
-	w->rec.registry = tr->model->registry;
-	w->rec.pool = &w->pool;
-	w->ops = tensor_grad_ops(&w->pool);
-	if (tr->run.mode == MODE_SYNC) {
-		for (int i = 0; i < N_PARAMS; i++)
-			w->weights[i] = tr->model->params[i].value;
-		return adg_reducer_hook(tr->run.reducer, index, &w->backward);
-	}
-	w->backward = (adg_backward_options){
-		.on_ready = hogwild_ready, .on_ready_ctx = w, .leaves_only = 1};
-	for (int i = 0; i < N_PARAMS; i++) {
-		const struct tensor *v = tr->model->params[i].value;
-		w->weights[i] = tensor_new(v->rows, v->cols);
-		if (w->weights[i] == NULL)
-			return ADG_ENOMEM;
-	}
-	return 0;
-}
-
-/* Frees what the worker holds; returns -1 if a gradient tensor is still
- * out of its pool (a leak of the layer's, or of the reducer's). */
-static int worker_free(void *ctx, size_t index)
-{
-	struct worker *w = &((struct trainer *)ctx)->workers[index];
-	long out = w->pool.outstanding;
-	pool_clear(&w->pool);
-	arena_free(&w->rec.arena);
-	if (w->trainer->run.mode == MODE_HOGWILD)
-		for (int i = 0; i < N_PARAMS; i++)
-			free(w->weights[i]);
-	return out == 0 ? 0 : -1;
-}
-
-/* Parameters of at least this many elements are summed and updated in
- * one slice per thread, by all of them: the first layer's weights (85%
- * of the model) would otherwise be summed and updated by one thread
- * while the others wait at the barrier. */
-#define SLICED_ELEMENTS 4096
-
-/* Sync: a reducer of the model's parameters (participant t is worker t),
- * its param index that of model->params. */
-static int reducer_new(struct trainer *tr)
-{
-	uint64_t ids[N_PARAMS];
-	size_t slices[N_PARAMS];
-	for (int i = 0; i < N_PARAMS; i++) {
-		const struct param *p = &tr->model->params[i];
-		ids[i] = p->id;
-		slices[i] = param_elements(p) >= SLICED_ELEMENTS
-				    ? (size_t)tr->run.n_threads
-				    : 1;
-	}
-	adg_reducer_options ro = {
-		.n_participants = (size_t)tr->run.n_threads,
-		.param_ids = ids,
-		.n_params = N_PARAMS,
-		.ops = {.add = reducer_add,
-			.apply = reducer_apply,
-			.release = reducer_release,
-			.ctx = tr,
-			.add_slice = reducer_add_slice},
-		.param_slices = slices,
-	};
-	return adg_reducer_new(&ro, &tr->run.reducer);
-}
-
 /* ----------------------------------------------------------- a run */
 
 struct options {
@@ -630,31 +296,11 @@ struct options {
 	int skip_if_missing, same_weights;
 };
 
-/* The weights' fingerprint (hash_floats over every parameter in order;
- * struct train_ops). */
-static uint64_t weights_hash(void *ctx)
-{
-	const struct model *m = ((struct trainer *)ctx)->model;
-	uint64_t hash = HASH_START;
-	for (int i = 0; i < N_PARAMS; i++)
-		hash = hash_floats(hash, m->params[i].value->data,
-				   param_elements(&m->params[i]));
-	return hash;
-}
-
-/* The loss and accuracy on the training images, and the accuracy on the
- * test images (struct train_ops). */
-static int evaluate_both(void *ctx, double *loss, double *train_accuracy,
-			 double *test_accuracy)
-{
-	const struct trainer *tr = ctx;
-	double unused;
-	int rc = evaluate(tr->model, &tr->data->train, loss, train_accuracy);
-	if (rc == 0)
-		rc = evaluate(tr->model, &tr->data->test, &unused,
-			      test_accuracy);
-	return rc;
-}
+/* Parameters of at least this many elements are summed and updated in
+ * one slice per thread, by all of them: the first layer's weights (85%
+ * of the model) would otherwise be summed and updated by one thread
+ * while the others wait at the barrier. */
+#define SLICED_ELEMENTS 4096
 
 /* Trains a fresh model (the same initial weights every run) on n_threads
  * threads; returns 0, or 1 on an error (printed). */
@@ -662,43 +308,22 @@ static int run(const struct options *o, struct model *m,
 	       const struct fashion *data, int n_threads, FILE *csv,
 	       struct outcome *outcome)
 {
-	static const struct train_ops ops = {.worker_init = worker_init,
-					     .worker_free = worker_free,
-					     .train_batch = train_batch,
-					     .evaluate = evaluate_both,
-					     .weights_hash = weights_hash};
-	struct trainer tr = {.run = {.ops = &ops,
-				     .mode = o->mode,
-				     .n_threads = n_threads,
-				     .batch = o->batch,
-				     .epochs = o->epochs,
-				     .n_train = data->train.n,
-				     .first_lr = o->lr,
-				     .seed = o->seed,
-				     .name_mode = 1},
-			     .model = m,
-			     .data = data};
-	tr.run.ctx = &tr;
-	int failed = 0, rc;
-	tr.workers = calloc((size_t)n_threads, sizeof *tr.workers);
-	if (tr.workers == NULL) {
-		fprintf(stderr, "out of memory\n");
-		return 1;
-	}
-	if (o->mode == MODE_SYNC && (rc = reducer_new(&tr)) != 0) {
-		fprintf(stderr, "adg_reducer_new: %s\n", adg_strerror(rc));
-		failed = 1;
-	}
+	static const struct train_ops ops = {.forward = forward,
+					     .evaluate = evaluate};
+	struct runner r = {.ops = &ops,
+			   .model = m,
+			   .train = &data->train,
+			   .test = &data->test,
+			   .mode = o->mode,
+			   .n_threads = n_threads,
+			   .batch = o->batch,
+			   .epochs = o->epochs,
+			   .first_lr = o->lr,
+			   .seed = o->seed,
+			   .name_mode = 1,
+			   .slice_from = SLICED_ELEMENTS};
 	model_init(m, o->seed);
-	if (!failed)
-		failed = runner_run(&tr.run, csv, outcome);
-	rc = adg_reducer_free(tr.run.reducer);
-	if (rc != 0) {
-		fprintf(stderr, "adg_reducer_free: %s\n", adg_strerror(rc));
-		failed = 1;
-	}
-	free(tr.workers);
-	return failed;
+	return runner_run(&r, csv, outcome);
 }
 
 /* Writes what bench/compare/ needs to train the same model the same way
@@ -934,7 +559,7 @@ int main(int argc, char **argv)
 
 	struct model m;
 	int failed = 0;
-	rc = model_new(&m);
+	rc = model_new(&m, shapes, N_PARAMS);
 	if (rc != 0) {
 		fprintf(stderr, "model: %s\n", adg_strerror(rc));
 		failed = 1;
@@ -943,17 +568,8 @@ int main(int argc, char **argv)
 	if (!failed && export_only)
 		failed = write_setup(&o, &m, &data) != 0;
 	FILE *csv = NULL;
-	if (!failed && !export_only && o.csv != NULL) {
-		csv = fopen(o.csv, "w");
-		if (csv == NULL) {
-			fprintf(stderr, "%s: %s\n", o.csv, strerror(errno));
-			failed = 1;
-		} else {
-			fprintf(csv, "threads,batch,epoch,seconds,loss,"
-				     "train_accuracy,test_accuracy,"
-				     "samples_per_s\n");
-		}
-	}
+	if (!failed && !export_only && o.csv != NULL)
+		failed = (csv = runner_csv(o.csv)) == NULL;
 	struct outcome outcomes[MAX_RUNS];
 	for (int r = 0; r < o.n_runs && !failed && !export_only; r++) {
 		struct outcome *out = &outcomes[r];
@@ -983,21 +599,8 @@ int main(int argc, char **argv)
 		fprintf(stderr, "%s: write failed\n", o.csv);
 		failed = 1;
 	}
-	/* Every step's graph is gone: only the parameters' leaves live. */
-	struct adg_stats st;
-	if (m.registry != NULL && adg_stats(m.registry, &st) == 0 &&
-	    (st.live_nodes != N_PARAMS || st.live_graphs != 0)) {
-		fprintf(stderr,
-			"%" PRIu64 " live nodes, %" PRIu64
-			" live graphs at the end\n",
-			st.live_nodes, st.live_graphs);
+	if (model_free(&m) != 0)
 		failed = 1;
-	}
-	rc = model_free(&m);
-	if (rc != 0) {
-		fprintf(stderr, "adg_registry_free: %s\n", adg_strerror(rc));
-		failed = 1;
-	}
 	dataset_free(&data.train);
 	dataset_free(&data.test);
 	return failed;
