@@ -101,8 +101,7 @@ static int keeping_backward(adg_step_call *call, void *user)
 	(void)user;
 	kept = call->grad;
 	call->grad = NULL;
-	return adg_grads_register(call->grads, call->parent_ids[0],
-				  scalar_box(1));
+	return adg_step_give(call, 0, scalar_box(1));
 }
 
 CHECKED_TEST(grads, step_may_take_its_gradient)

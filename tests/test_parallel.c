@@ -389,8 +389,7 @@ static int h_step(adg_step_call *call, void *user)
 		uint64_t c =
 			sp->poison ? POISON
 				   : h * 1000003 + (uint64_t)i * 7 + k + extra;
-		int rc = adg_grads_register(call->grads, call->parent_ids[k],
-					    hv_new(c));
+		int rc = adg_step_give(call, k, hv_new(c));
 		if (rc != 0) {
 			atomic_fetch_add(&g->bad, 1);
 			return rc;
