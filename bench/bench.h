@@ -3,9 +3,10 @@
  * and the workloads that drive them.
  *
  * Every implementation runs the same step code (workloads.c): a step reads
- * its node's gradient and adds to its parents' through the implementation's
- * add_grad. Gradients are doubles everywhere: libadg carries them inside
- * its opaque pointers (impl_adg.c); seed and floor keep them in u64map.
+ * its node's gradient and adds to its parents', by parent slot, through the
+ * implementation's add_grad. Gradients are doubles everywhere: libadg carries
+ * them inside its opaque pointers (impl_adg.c); seed and floor keep them in
+ * u64map.
  */
 #ifndef ADG_BENCH_H
 #define ADG_BENCH_H
@@ -21,7 +22,9 @@ struct bench_impl;
 /* What a step sees when it runs. */
 typedef struct bench_call {
 	const struct bench_impl *impl;
-	void *grads; /* the implementation's gradient container */
+	/* Where add_grad sends a gradient: the gradient container (seed,
+	 * floor), the step's adg_step_call (adg). */
+	void *sink;
 	double grad; /* this node's gradient, 0 when none arrived */
 	const uint64_t *parent_ids;
 	size_t n_parents;
@@ -51,7 +54,8 @@ typedef struct bench_impl {
 	int (*backward)(void *reg, void *root, void **grads);
 	double (*grad)(void *grads, uint64_t id);
 	void (*grads_free)(void *grads);
-	void (*add_grad)(void *grads, uint64_t id, double g);
+	/* Adds g to the gradient of the parent at slot. */
+	void (*add_grad)(const bench_call *call, size_t slot, double g);
 	/* The graph id of node; 0 for none. NULL where there are no graphs. */
 	uint64_t (*graph_id)(void *reg, void *node);
 	/* Called by each worker thread before and after its run. */
@@ -83,8 +87,8 @@ bool u64map_next(const u64map *m, size_t *pos, uint64_t *key, uint64_t *val);
 
 /* The seed and floor gradient containers: a u64map whose slots hold a
  * double's bits, an absent key reading 0.0. Inline, so that neither
- * baseline pays a call the other did not; the first two fit bench_impl's
- * add_grad and grad. */
+ * baseline pays a call the other did not; u64map_get_double fits
+ * bench_impl's grad, u64map_add_slot its add_grad. */
 static inline double u64map_bits_to_double(uint64_t bits)
 {
 	double d;
@@ -97,6 +101,12 @@ static inline void u64map_add_double(void *map, uint64_t key, double v)
 	uint64_t *slot = u64map_slot(map, key);
 	double sum = u64map_bits_to_double(*slot) + v;
 	memcpy(slot, &sum, sizeof sum);
+}
+
+static inline void u64map_add_slot(const bench_call *call, size_t slot,
+				   double g)
+{
+	u64map_add_double(call->sink, call->parent_ids[slot], g);
 }
 
 static inline double u64map_get_double(void *map, uint64_t key)

@@ -45,7 +45,7 @@ static int trampoline(adg_step_call *call, void *user)
 	const bench_step *step = user;
 	bench_call c = {
 		.impl = &bench_adg,
-		.grads = call->grads,
+		.sink = call,
 		.grad = call->grad != NULL ? decode(call->grad) : 0,
 		.parent_ids = call->parent_ids,
 		.n_parents = call->n_parents,
@@ -131,9 +131,11 @@ static void a_grads_free(void *grads)
 	adg_grads_free(grads);
 }
 
-static void a_add_grad(void *grads, uint64_t id, double g)
+/* By slot, in the order the workloads' steps give them (slot order): the
+ * path that compares no id. */
+static void a_add_grad(const bench_call *call, size_t slot, double g)
 {
-	adg_grads_register(grads, id, encode(g));
+	adg_step_give(call->sink, slot, encode(g));
 }
 
 static uint64_t a_graph_id(void *reg, void *node)
@@ -202,8 +204,7 @@ static double grad_in(const adg_step_call *call)
 static int add_backward(adg_step_call *call, void *user)
 {
 	(void)user;
-	return adg_grads_register(call->grads, call->parent_ids[0],
-				  encode(grad_in(call)));
+	return adg_step_give(call, 0, encode(grad_in(call)));
 }
 
 static int add_recompute(adg_recompute_call *call, void *user)
@@ -219,9 +220,8 @@ static int leaves_backward(adg_step_call *call, void *user)
 {
 	(void)user;
 	double g = grad_in(call);
-	adg_grads_register(call->grads, call->parent_ids[0], encode(g * ck_w));
-	return adg_grads_register(call->grads, call->parent_ids[1],
-				  encode(g * ck_a));
+	adg_step_give(call, 0, encode(g * ck_w));
+	return adg_step_give(call, 1, encode(g * ck_a));
 }
 
 static int last_backward(adg_step_call *call, void *user)
@@ -232,9 +232,8 @@ static int last_backward(adg_step_call *call, void *user)
 	if (rc != 0)
 		return rc;
 	double g = grad_in(call);
-	adg_grads_register(call->grads, call->parent_ids[0], encode(g * ck_w2));
-	return adg_grads_register(call->grads, call->parent_ids[1],
-				  encode(g * *(double *)x));
+	adg_step_give(call, 0, encode(g * ck_w2));
+	return adg_step_give(call, 1, encode(g * *(double *)x));
 }
 
 double bench_checkpoint(int strategy, int k, int ms, long *peak)

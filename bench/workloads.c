@@ -43,8 +43,8 @@ struct mul_step {
 static int mul_run(const bench_call *c, const bench_step *s)
 {
 	const struct mul_step *m = (const struct mul_step *)s;
-	c->impl->add_grad(c->grads, c->parent_ids[0], c->grad * m->b);
-	c->impl->add_grad(c->grads, c->parent_ids[1], c->grad * m->a);
+	c->impl->add_grad(c, 0, c->grad * m->b);
+	c->impl->add_grad(c, 1, c->grad * m->a);
 	return 0;
 }
 
@@ -53,7 +53,7 @@ static int sum_run(const bench_call *c, const bench_step *s)
 {
 	(void)s;
 	for (size_t i = 0; i < c->n_parents; i++)
-		c->impl->add_grad(c->grads, c->parent_ids[i], c->grad);
+		c->impl->add_grad(c, i, c->grad);
 	return 0;
 }
 
@@ -68,7 +68,7 @@ struct unary_step {
 static int unary_run(const bench_call *c, const bench_step *s)
 {
 	const struct unary_step *u = (const struct unary_step *)s;
-	c->impl->add_grad(c->grads, c->parent_ids[0], c->grad * u->slope);
+	c->impl->add_grad(c, 0, c->grad * u->slope);
 	return 0;
 }
 

@@ -54,6 +54,15 @@ extern "C" {
 #define ADG_API
 #endif
 
+/* Marks what is deprecated and will go: a use of it warns, with msg, under
+ * GCC and Clang, in C and C++ alike. Empty elsewhere, and in libadg's own
+ * build (ADG_BUILDING), which still fills what it marks until it goes. */
+#if defined(__GNUC__) && !defined(ADG_BUILDING)
+#define ADG_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#else
+#define ADG_DEPRECATED(msg)
+#endif
+
 /* The version of this header; meson's project version, checked at
  * configure time. Compare with adg_version() for the library loaded. */
 #define ADG_VERSION_MAJOR 0
@@ -211,8 +220,12 @@ ADG_API int adg_stats(adg_registry *registry, struct adg_stats *out);
 /* What a step's backward callback receives. */
 typedef struct adg_step_call {
 	adg_registry *registry; /* the node's registry (for nested backward) */
-	adg_grads *grads;	/* register the parents' gradients here */
-	uint64_t node_id;	/* the node whose step this is */
+	/* Deprecated, and will go: use adg_step_give. Where the parents'
+	 * gradients could be registered by id (adg_grads_register), the
+	 * slower path; a use of the field warns (ADG_DEPRECATED). */
+	adg_grads *grads ADG_DEPRECATED(
+		"call->grads is deprecated: give with adg_step_give");
+	uint64_t node_id; /* the node whose step this is */
 	/* The node's gradient, summed over its children; NULL when no child
 	 * registered one. The step may take ownership by setting it to NULL;
 	 * whatever is left here is freed when the step returns. */
@@ -243,9 +256,9 @@ typedef struct adg_step_call {
  * in order pays no lookup at all. A parent named in several slots (x * x)
  * takes its gradients in the order they are given, whichever of its slots
  * is named, as registering by id does, so a gradient's sum is folded in
- * the same order with or without an executor. adg_grads_register with
- * call->parent_ids[slot] still works, the slower path: it finds the slot
- * by comparing ids, and without an executor it accepts any id.
+ * the same order with or without an executor. adg_grads_register on
+ * call->grads, the slower path, is deprecated and will go: it finds the
+ * slot by comparing ids, and without an executor it accepts any id.
  * Errors: ADG_EINVAL (NULL argument, slot out of range, or every slot
  * naming that parent already given), ADG_ENOMEM, or, without an executor,
  * ops->add's code (ADG_ECALLBACK for a positive one); with one an add
@@ -546,11 +559,12 @@ typedef struct adg_backward_options {
 	 * on_ready, and ops) must then be safe to run on any thread and
 	 * concurrently with each other; a chain of steps stays on one thread.
 	 *
-	 * call->grads is then a step's own view: adg_grads_register takes
-	 * one gradient per parent slot, as adg_step_give does (a parent
-	 * named twice, as in x * x, takes two), and ADG_EINVAL, value freed,
-	 * for an id that is not a parent or whose slots are all taken; get,
-	 * take, count and free on the view return ADG_EINVAL. An ops->add error
+	 * call->grads (deprecated, and will go: use adg_step_give) is then
+	 * a step's own view: adg_grads_register takes one gradient per
+	 * parent slot, as adg_step_give does (a parent named twice, as in
+	 * x * x, takes two), and ADG_EINVAL, value freed, for an id that is
+	 * not a parent or whose slots are all taken; get, take, count and
+	 * free on the view return ADG_EINVAL. An ops->add error
 	 * is the backward's, not the step's: the add may happen after the step
 	 * has returned.
 	 *
@@ -558,11 +572,11 @@ typedef struct adg_backward_options {
 	 * the number of workers and the timing: by the position of the
 	 * contributing step on the tape (the order the sequential backward
 	 * runs them in), then by parent slot, a parent's slots taken in the
-	 * order of its registrations. So ops->add sees the same operands in
-	 * the same order with any number of workers as without an executor,
-	 * and the gradients are bitwise identical. A
-	 * node's contributions are folded once its last one has arrived, on
-	 * the thread that delivered it.
+	 * order its gradients are given in. So ops->add sees the same
+	 * operands in the same order with any number of workers as without
+	 * an executor, and the gradients are bitwise identical. A node's
+	 * contributions are folded once its last one has arrived, on the
+	 * thread that delivered it.
 	 *
 	 * On failure, steps already running finish and the result is the
 	 * error that comes first in tape order (a step's at its position,
@@ -902,8 +916,9 @@ ADG_API int adg_pool_free(adg_pool *pool);
 
 /* A container is owned by one thread at a time: these functions must not
  * run concurrently on the same container. Steps of one backward receive its
- * container and may use it during their call (with an executor, a view of
- * it: see adg_backward_options). */
+ * container in call->grads and may use it during their call (with an
+ * executor, a view of it: see adg_backward_options); that field is
+ * deprecated and will go: a step gives with adg_step_give. */
 
 /* Borrows the gradient held for id. Errors: ADG_EINVAL, ADG_ENOTFOUND. */
 ADG_API int adg_grads_get(const adg_grads *grads, uint64_t id, void **value);
@@ -927,8 +942,10 @@ ADG_API int adg_grads_take_node(adg_grads *grads, const adg_node *node,
 
 /* Adds value (non-NULL) to the gradient held for id, with ops->add when one
  * is held. Takes ownership of value: on error it has been freed, unless
- * grads is NULL. Errors: ADG_EINVAL (NULL grads or value, id 0),
- * ADG_ENOMEM, or ops->add's code (ADG_ECALLBACK for a positive one). */
+ * grads is NULL. It stays for containers (a backward's result); its use on
+ * a step's call->grads is deprecated and will go: use adg_step_give.
+ * Errors: ADG_EINVAL (NULL grads or value, id 0), ADG_ENOMEM, or
+ * ops->add's code (ADG_ECALLBACK for a positive one). */
 ADG_API int adg_grads_register(adg_grads *grads, uint64_t id, void *value);
 
 /* Fills *count with the number of gradients held. Errors: ADG_EINVAL. */

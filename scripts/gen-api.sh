@@ -103,8 +103,13 @@ in_comment {
 	next
 }
 /^$/ { if (pending != "") { body[nsec] = body[nsec] pending "\n\n"; pending = "" } }
-function emit(   d) {
+function emit(   d, n) {
 	d = decl; gsub(/ADG_API /, "", d)
+	n = name_of(d)
+	# a macro defined in each branch of an #if (ADG_DEPRECATED) is shown
+	# once, as the first defines it: its comment says what the others do
+	if (d ~ /^#define/ && (n in shown)) { in_decl = 0; decl = ""; return }
+	shown[n] = 1
 	body[nsec] = body[nsec] "### `" name_of(d) "`\n\n```c\n" d "\n```\n\n"
 	if (pending != "") body[nsec] = body[nsec] pending "\n\n"
 	pending = ""; in_decl = 0; decl = ""

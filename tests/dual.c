@@ -268,8 +268,7 @@ static int partial(adg_registry *r, const struct dual_step *s, size_t k,
 	return rc != 0 ? rc : trc;
 }
 
-/* Registers one gradient per parent slot, in slot order, as a step's view
- * of the container takes them with an executor. */
+/* Gives one gradient per parent slot, in slot order. */
 static int dual_backward(adg_step_call *call, void *user)
 {
 	struct dual_step *s = user;
@@ -290,8 +289,7 @@ static int dual_backward(adg_step_call *call, void *user)
 			(void)dual_drop(&d);
 			return ADG_ENOMEM;
 		}
-		rc = adg_grads_register(call->grads, call->parent_ids[k],
-					boxed);
+		rc = adg_step_give(call, k, boxed);
 		if (rc != 0)
 			return rc;
 	}

@@ -72,7 +72,7 @@ int dual_sin(adg_registry *r, struct dual a, struct dual *out);
 int dual_cos(adg_registry *r, struct dual a, struct dual *out);
 int dual_neg(adg_registry *r, struct dual a, struct dual *out);
 
-/* A gradient value for adg_backward or adg_grads_register: a heap copy of
+/* A gradient value for adg_backward or adg_step_give: a heap copy of
  * x that takes x's handle. NULL when malloc fails (x is untouched). */
 struct dual *dual_box(struct dual x);
 /* Frees a boxed dual, handing its handle (if any) to *out. */

@@ -82,8 +82,7 @@ int prod_backward(adg_step_call *call, void *user)
 		for (size_t k = 0; k < s->n; k++)
 			if (k != i)
 				d *= s->values[k];
-		int rc = adg_grads_register(call->grads, call->parent_ids[i],
-					    scalar_box(d));
+		int rc = adg_step_give(call, i, scalar_box(d));
 		if (rc != 0)
 			return rc;
 	}
@@ -111,8 +110,7 @@ int s_pass_on(adg_step_call *call)
 		return 0;
 	double g = *(double *)call->grad;
 	for (size_t i = 0; i < call->n_parents; i++) {
-		int rc = adg_grads_register(call->grads, call->parent_ids[i],
-					    scalar_box(g));
+		int rc = adg_step_give(call, i, scalar_box(g));
 		if (rc != 0)
 			return rc;
 	}

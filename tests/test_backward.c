@@ -311,8 +311,7 @@ static int logging_backward(adg_step_call *call, void *user)
 {
 	order_log[atomic_fetch_add(&order_len, 1)] = (int)(intptr_t)user;
 	for (size_t i = 0; i < call->n_parents; i++)
-		adg_grads_register(call->grads, call->parent_ids[i],
-				   scalar_box(1));
+		adg_step_give(call, i, scalar_box(1));
 	return 0;
 }
 

@@ -51,8 +51,7 @@ static int add_k_backward(adg_step_call *call, void *user)
 	struct op *o = user;
 	if (o->fail)
 		return ADG_EUSER - 3;
-	return adg_grads_register(call->grads, call->parent_ids[0],
-				  scalar_box(grad_of(call)));
+	return adg_step_give(call, 0, scalar_box(grad_of(call)));
 }
 
 static int add_k_recompute(adg_recompute_call *call, void *user)
@@ -73,11 +72,9 @@ static int mul_leaf_backward(adg_step_call *call, void *user)
 	if (rc != 0)
 		return rc;
 	double g = grad_of(call);
-	rc = adg_grads_register(call->grads, call->parent_ids[0],
-				scalar_box(g * o->k));
+	rc = adg_step_give(call, 0, scalar_box(g * o->k));
 	if (rc == 0)
-		rc = adg_grads_register(call->grads, call->parent_ids[1],
-					scalar_box(g * *(double *)x));
+		rc = adg_step_give(call, 1, scalar_box(g * *(double *)x));
 	return rc;
 }
 
@@ -86,11 +83,9 @@ static int mul_leaves_backward(adg_step_call *call, void *user)
 {
 	struct op *o = user;
 	double g = grad_of(call);
-	int rc = adg_grads_register(call->grads, call->parent_ids[0],
-				    scalar_box(g * o->k));
+	int rc = adg_step_give(call, 0, scalar_box(g * o->k));
 	if (rc == 0)
-		rc = adg_grads_register(call->grads, call->parent_ids[1],
-					scalar_box(g * o->x));
+		rc = adg_step_give(call, 1, scalar_box(g * o->x));
 	return rc;
 }
 
@@ -206,8 +201,7 @@ static int sum_backward(adg_step_call *call, void *user)
 {
 	(void)user;
 	for (size_t i = 0; i < call->n_parents; i++) {
-		int rc = adg_grads_register(call->grads, call->parent_ids[i],
-					    scalar_box(grad_of(call)));
+		int rc = adg_step_give(call, i, scalar_box(grad_of(call)));
 		if (rc != 0)
 			return rc;
 	}
@@ -562,11 +556,9 @@ static int join_backward(adg_step_call *call, void *user)
 	if (rc != 0)
 		return rc;
 	double g = grad_of(call); /* z = x * y */
-	rc = adg_grads_register(call->grads, call->parent_ids[0],
-				scalar_box(g * *(double *)y));
+	rc = adg_step_give(call, 0, scalar_box(g * *(double *)y));
 	if (rc == 0)
-		rc = adg_grads_register(call->grads, call->parent_ids[1],
-					scalar_box(g * *(double *)x));
+		rc = adg_step_give(call, 1, scalar_box(g * *(double *)x));
 	return rc;
 }
 

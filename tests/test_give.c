@@ -1,6 +1,7 @@
 /* adg_step_give: a step hands its gradients back by parent slot, in every
  * mode (no executor, an executor with no worker, libadg's pool), folded in
- * the same order as registering by id.
+ * the order given. And the one test of the deprecated path, registering by
+ * id on call->grads, until it goes.
  *
  * Gradients are heap objects holding a hash, folded as sum = sum * 31 +
  * value: not commutative, so that a change in the order a node's
@@ -50,10 +51,9 @@ struct give {
 	uint64_t h;
 };
 
-/* A step that gives (or registers by id) the listed gradients, in order,
- * and records each call's result. */
+/* A step that gives the listed gradients, in order, and records each
+ * call's result. */
 struct giving_step {
-	bool by_id;
 	size_t n;
 	struct give gives[6];
 	int rc[6];
@@ -67,13 +67,7 @@ static int giving_backward(adg_step_call *call, void *user)
 	for (size_t i = 0; i < s->n; i++) {
 		void *v = hv_new(s->gives[i].h);
 		size_t slot = s->gives[i].slot;
-		s->rc[i] = s->by_id ? adg_grads_register(
-					      call->grads,
-					      slot < call->n_parents
-						      ? call->parent_ids[slot]
-						      : 0,
-					      v)
-				    : adg_step_give(call, slot, v);
+		s->rc[i] = adg_step_give(call, slot, v);
 	}
 	return 0;
 }
@@ -141,24 +135,19 @@ static void run_op(enum mode m, const struct giving_step *proto, uint64_t *gx,
 
 /* Out of slot order, and the repeated parent x named by its second slot
  * first: x's gradients fold in the order given (3 then 5), in every mode,
- * as registering by id folds them. */
-CHECKED_TEST(give, out_of_order_folds_as_registering_by_id_in_every_mode)
+ * as registering by id folds them (deprecated_register_by_id, below). */
+CHECKED_TEST(give, out_of_order_folds_in_the_order_given_in_every_mode)
 {
 	const struct giving_step order = {.n = 3,
 					  .gives = {{2, 7}, {1, 3}, {0, 5}}};
-	for (int by_id = 0; by_id < 2; by_id++) {
-		for (enum mode m = 0; m < N_MODES; m++) {
-			struct giving_step s = order;
-			s.by_id = by_id;
-			uint64_t gx, gw;
-			int rc[6];
-			run_op(m, &s, &gx, &gw, rc);
-			cr_assert_eq(rc[0] | rc[1] | rc[2], 0,
-				     "mode %d, by id %d", m, by_id);
-			cr_assert_eq(gx, 3 * 31 + 5, "mode %d, by id %d: %llu",
-				     m, by_id, (unsigned long long)gx);
-			cr_assert_eq(gw, 7);
-		}
+	for (enum mode m = 0; m < N_MODES; m++) {
+		uint64_t gx, gw;
+		int rc[6];
+		run_op(m, &order, &gx, &gw, rc);
+		cr_assert_eq(rc[0] | rc[1] | rc[2], 0, "mode %d", m);
+		cr_assert_eq(gx, 3 * 31 + 5, "mode %d: %llu", m,
+			     (unsigned long long)gx);
+		cr_assert_eq(gw, 7, "mode %d", m);
 	}
 }
 
@@ -229,4 +218,133 @@ CHECKED_TEST(give, null_arguments)
 	cr_assert_eq(adg_grads_free(g), 0);
 	adg_node_unref(y);
 	adg_node_unref(x);
+}
+
+/* ------------------------------------------------------ deprecated path */
+
+/* What the step of deprecated_register_by_id did, checked on the test's
+ * thread. */
+struct by_id {
+	uint64_t mid; /* a leaf's id inside the tape's span, no parent */
+	int order_rc[3], other_rc, self_rc, extra_rc, null_rc, zero_rc;
+	int get_rc, take_rc, count_rc, free_rc;
+	void *got, *taken;
+	size_t count;
+	atomic_int runs;
+};
+
+/* adg_grads_register on call->grads is deprecated (the field is marked
+ * ADG_DEPRECATED in adg.h) in favour of adg_step_give, which every other
+ * step of the tests uses. Until the field goes, this step keeps the path
+ * covered, so the warning is silenced here alone: on purpose, for as long
+ * as the path is there to test. y = f(x, x, w). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+static int by_id_backward(adg_step_call *call, void *user)
+{
+	struct by_id *b = user;
+	adg_grads *grads = call->grads;
+	const uint64_t *ids = call->parent_ids;
+	atomic_fetch_add(&b->runs, 1);
+	/* By id, out of slot order: w, then x twice. */
+	b->order_rc[0] = adg_grads_register(grads, ids[2], hv_new(7));
+	b->order_rc[1] = adg_grads_register(grads, ids[1], hv_new(3));
+	b->order_rc[2] = adg_grads_register(grads, ids[0], hv_new(5));
+	/* What only an id can name: a node that is no parent, a parent
+	 * once more than it has slots. */
+	b->other_rc = adg_grads_register(grads, b->mid, hv_new(11));
+	b->extra_rc = adg_grads_register(grads, ids[0], hv_new(17));
+	b->null_rc = adg_grads_register(grads, ids[0], NULL);
+	b->zero_rc = adg_grads_register(grads, 0, hv_new(19));
+	/* The container functions, on what the step sees. */
+	b->got = &b->got;
+	b->get_rc = adg_grads_get(grads, b->mid, &b->got);
+	b->count = 12345;
+	b->count_rc = adg_grads_count(grads, &b->count);
+	return 0;
+}
+
+/* With an executor, also what only a view may be given: the step's own
+ * id, take and free (on the sequential backward's container they would
+ * take and free the backward's own). */
+static int by_id_view_backward(adg_step_call *call, void *user)
+{
+	struct by_id *b = user;
+	int rc = by_id_backward(call, user);
+	b->self_rc = adg_grads_register(call->grads, call->node_id, hv_new(13));
+	b->taken = &b->taken;
+	b->take_rc =
+		adg_grads_take(call->grads, call->parent_ids[0], &b->taken);
+	b->free_rc = adg_grads_free(call->grads);
+	return rc;
+}
+#pragma GCC diagnostic pop
+
+/* In every mode, registering by id folds as giving does. Without an
+ * executor call->grads is the backward's own container: any id goes
+ * (mid's gradient lands in the window of the tape's ids, and the step
+ * reads it back), a parent takes any number of gradients, each added as
+ * it comes. With one, it is the step's own view: one gradient per parent
+ * slot, ADG_EINVAL and the value freed for anything else (an id that is
+ * no parent, the step's own, a parent whose slots are all taken), and
+ * the container functions refuse it. A NULL value and id 0 are refused
+ * in every mode. */
+CHECKED_TEST(give, deprecated_register_by_id_in_every_mode)
+{
+	for (enum mode m = 0; m < N_MODES; m++) {
+		adg_node *x, *w, *mid, *y;
+		cr_assert_eq(adg_leaf(reg, &x), 0);
+		cr_assert_eq(adg_leaf(reg, &w), 0);
+		cr_assert_eq(adg_leaf(reg, &mid), 0); /* between x's and y's */
+		struct by_id b = {0};
+		cr_assert_eq(adg_node_id(mid, &b.mid), 0);
+		atomic_init(&b.runs, 0);
+		adg_node *parents[3] = {x, x, w};
+		adg_step step = {.backward = m == SEQUENTIAL
+						     ? by_id_backward
+						     : by_id_view_backward,
+				 .user = &b};
+		cr_assert_eq(adg_op(reg, parents, 3, &step, &y), 0);
+		struct run r = {0};
+		adg_grads *g;
+		cr_assert_eq(backward_in(m, &r, y, &g), 0, "mode %d", m);
+		cr_assert_eq(atomic_load(&b.runs), 1);
+		cr_assert_eq(b.order_rc[0] | b.order_rc[1] | b.order_rc[2], 0,
+			     "mode %d", m);
+		cr_assert_eq(b.null_rc, ADG_EINVAL, "mode %d", m);
+		cr_assert_eq(b.zero_rc, ADG_EINVAL, "mode %d", m);
+		cr_assert_eq(hv_of(g, w), 7, "mode %d", m);
+		void *v = NULL;
+		if (m == SEQUENTIAL) {
+			cr_assert_eq(b.other_rc, 0);
+			cr_assert_eq(b.extra_rc, 0, "added as it comes");
+			cr_assert_eq(hv_of(g, x), (3 * 31 + 5) * 31 + 17);
+			cr_assert_eq(hv_of(g, mid), 11);
+			cr_assert_eq(b.get_rc, 0, "the step sees what it gave");
+			cr_assert_eq(((struct hv *)b.got)->h, 11);
+			cr_assert_eq(b.count_rc, 0);
+			cr_assert_eq(b.count, 3, "x's, w's and mid's");
+		} else {
+			cr_assert_eq(b.other_rc, ADG_EINVAL, "mode %d", m);
+			cr_assert_eq(b.self_rc, ADG_EINVAL, "mode %d", m);
+			cr_assert_eq(b.extra_rc, ADG_EINVAL, "mode %d", m);
+			cr_assert_eq(hv_of(g, x), 3 * 31 + 5, "mode %d", m);
+			cr_assert_eq(adg_grads_get_node(g, mid, &v),
+				     ADG_ENOTFOUND, "mode %d", m);
+			cr_assert_eq(b.get_rc, ADG_EINVAL, "mode %d", m);
+			cr_assert_null(b.got);
+			cr_assert_eq(b.count_rc, ADG_EINVAL, "mode %d", m);
+			cr_assert_eq(b.count, 12345);
+			cr_assert_eq(b.take_rc, ADG_EINVAL, "mode %d", m);
+			cr_assert_null(b.taken);
+			cr_assert_eq(b.free_rc, ADG_EINVAL, "mode %d", m);
+		}
+		cr_assert_eq(adg_grads_free(g), 0);
+		cr_assert_eq(adg_pool_free(r.pool), 0);
+		adg_node *all[] = {x, w, mid, y};
+		for (int i = 0; i < 4; i++)
+			cr_assert_eq(adg_node_unref(all[i]), 0);
+		cr_assert_eq(atomic_load(&scalar_values_live), 0,
+			     "mode %d: every value refused was freed", m);
+	}
 }

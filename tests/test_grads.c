@@ -101,8 +101,7 @@ static int keeping_backward(adg_step_call *call, void *user)
 	(void)user;
 	kept = call->grad;
 	call->grad = NULL;
-	return adg_grads_register(call->grads, call->parent_ids[0],
-				  scalar_box(1));
+	return adg_step_give(call, 0, scalar_box(1));
 }
 
 CHECKED_TEST(grads, step_may_take_its_gradient)
@@ -125,54 +124,11 @@ CHECKED_TEST(grads, step_may_take_its_gradient)
 /* ---------------------------------------------------------------- window */
 
 /* On one thread, a tape whose ids are dense keeps its gradients in a
- * window indexed by id (lib/grads.c): a step sees it as the container, by
- * id, and what it holds at the end moves to the container's entries. */
+ * window indexed by id (lib/grads.c): what it holds at the end moves to
+ * the container's entries. (A step that registers by id on call->grads,
+ * the deprecated path, sees the window as the container: tests/test_give.c
+ * covers that.) */
 FIXTURE_SUITE(window);
-
-struct aside {
-	uint64_t other; /* an id that is no parent, inside the tape's span */
-	int get_rc;
-	size_t count;
-};
-
-/* Passes its gradient on, and gives one to `other` too, then reads it back
- * through the container the step sees. */
-static int aside_backward(adg_step_call *call, void *user)
-{
-	struct aside *a = user;
-	int rc = s_pass_on(call);
-	if (rc == 0)
-		rc = adg_grads_register(call->grads, a->other, scalar_box(7));
-	void *v;
-	a->get_rc = adg_grads_get(call->grads, a->other, &v);
-	adg_grads_count(call->grads, &a->count);
-	return rc;
-}
-
-CHECKED_TEST(window, ids_inside_the_span_that_are_no_parent)
-{
-	scalar w = s_leaf(reg, 2);
-	scalar x = s_mul(reg, w, w);
-	scalar mid = s_leaf(reg, 0); /* its id lies between x's and y's */
-	struct aside a = {.other = mid.id};
-	adg_node *y;
-	adg_step st = {.backward = aside_backward, .user = &a};
-	cr_assert_eq(adg_op(reg, &x.node, 1, &st, &y), 0);
-	adg_grads *g;
-	cr_assert_eq(adg_backward(reg, y, scalar_box(1), &scalar_ops, &g), 0);
-	cr_assert_eq(a.get_rc, 0, "the step sees what it registered");
-	cr_assert_eq(a.count, 2, "x's gradient and mid's");
-	cr_assert_eq(s_grad(g, mid), 7);
-	cr_assert_eq(s_grad(g, w), 4); /* d(w*w)/dw at 2 */
-	size_t n;
-	cr_assert_eq(adg_grads_count(g, &n), 0);
-	cr_assert_eq(n, 2);
-	cr_assert_eq(adg_grads_free(g), 0);
-	adg_node_unref(y);
-	s_drop(x);
-	s_drop(mid);
-	s_drop(w);
-}
 
 static int failing_after_giving(adg_step_call *call, void *user)
 {

@@ -387,16 +387,14 @@ static void grads_register(adg_grads *grads, uint64_t id, double v)
 	}
 }
 
-/* A step's registration. On a step's view (a backward on an executor),
- * which has no count, it lands in the step's own slot: it cannot fail. */
-static void step_register(adg_grads *grads, uint64_t id, double v)
+/* A step's gradient for its parent at slot. It allocates nothing, so it
+ * cannot fail: with an executor it lands in the step's own slot, and on
+ * one thread in the backward's table, sized for the tape (lib/run.c). */
+static void step_give(adg_step_call *call, size_t slot, double v)
 {
-	size_t n;
-	if (adg_grads_count(grads, &n) == ADG_EINVAL) {
-		cr_assert_eq(adg_grads_register(grads, id, scalar_box(v)), 0);
-		return;
-	}
-	grads_register(grads, id, v);
+	int rc = adg_step_give(call, slot, scalar_box(v));
+	cr_assert_eq(rc, 0, "N=%ld: adg_step_give: %s", oom.fail_at,
+		     adg_strerror(rc));
 }
 
 static double grad_of(const adg_grads *grads, uint64_t id)
@@ -488,7 +486,7 @@ static int step_backward(adg_step_call *call, void *user)
 		for (size_t k = 0; c->kind == PROD && k < c->n; k++)
 			if (k != i)
 				d *= c->x[k];
-		step_register(call->grads, call->parent_ids[i], d);
+		step_give(call, i, d);
 	}
 	return 0;
 }

@@ -389,8 +389,7 @@ static int h_step(adg_step_call *call, void *user)
 		uint64_t c =
 			sp->poison ? POISON
 				   : h * 1000003 + (uint64_t)i * 7 + k + extra;
-		int rc = adg_grads_register(call->grads, call->parent_ids[k],
-					    hv_new(c));
+		int rc = adg_step_give(call, k, hv_new(c));
 		if (rc != 0) {
 			atomic_fetch_add(&g->bad, 1);
 			return rc;
@@ -1272,77 +1271,39 @@ CHECKED_TEST(parallel, consumed_step_gives_eunavailable_with_an_executor)
 	workers_close(&w);
 }
 
-/* ------------------------------------------------------------ step view */
+/* ---------------------------------------------------- a step's output */
 
-/* What a step saw of call->grads, checked on the test's thread. */
-struct view_probe {
-	int other_rc, self_rc, null_rc, zero_rc;
-	atomic_int other_freed, self_freed;
-	int get_rc, take_rc, count_rc, free_rc;
-	bool get_nulled, take_nulled;
-	uint64_t other_id;
-	atomic_int ran;
-};
-
-/* What became of a step's second registration for one slot. */
+/* What became of a step's second gift for one slot. */
 struct second_seen {
 	int rc;
 	atomic_int freed;
 };
 
-/* Registers const values: first (and then second, if non-zero) for the
- * parent at slot 0, then 1 for every other slot. */
+/* Gives const values: first (and then second, if non-zero) for slot 0,
+ * then 1 for every other slot. */
 struct const_step {
 	uint64_t first, second;
-	struct view_probe *probe; /* non-NULL: try the view */
-	/* non-NULL: the second registration's result goes here, not to the
+	/* non-NULL: the second gift's result goes here, not to the
 	 * backward */
 	struct second_seen *seen;
 };
 
-static void probe_view(adg_step_call *call, struct view_probe *p)
-{
-	struct hv *v = hv_new(99);
-	v->freed = &p->other_freed;
-	p->other_rc = adg_grads_register(call->grads, p->other_id, v);
-	v = hv_new(98);
-	v->freed = &p->self_freed;
-	p->self_rc = adg_grads_register(call->grads, call->node_id, v);
-	p->null_rc = adg_grads_register(call->grads, call->parent_ids[0], NULL);
-	struct hv *z = hv_new(97);
-	p->zero_rc = adg_grads_register(call->grads, 0, z);
-	void *got = &got;
-	p->get_rc = adg_grads_get(call->grads, call->parent_ids[0], &got);
-	p->get_nulled = got == NULL;
-	got = &got;
-	p->take_rc = adg_grads_take(call->grads, call->parent_ids[0], &got);
-	p->take_nulled = got == NULL;
-	size_t count = 12345;
-	p->count_rc = adg_grads_count(call->grads, &count);
-	p->free_rc = adg_grads_free(call->grads);
-	atomic_fetch_add(&p->ran, 1);
-}
-
 static int const_backward(adg_step_call *call, void *user)
 {
 	struct const_step *s = user;
-	if (s->probe != NULL)
-		probe_view(call, s->probe);
-	int rc = adg_grads_register(call->grads, call->parent_ids[0],
-				    hv_new(s->first));
+	int rc = adg_step_give(call, 0, hv_new(s->first));
 	if (rc == 0 && s->second != 0) {
 		struct hv *v = hv_new(s->second);
 		if (s->seen != NULL)
 			v->freed = &s->seen->freed;
-		rc = adg_grads_register(call->grads, call->parent_ids[0], v);
+		rc = adg_step_give(call, 0, v);
 		if (s->seen != NULL) {
 			s->seen->rc = rc;
 			rc = 0;
 		}
 	}
 	for (size_t k = 1; rc == 0 && k < call->n_parents; k++)
-		rc = adg_grads_register(call->grads, call->parent_ids[k],
-					hv_new(1));
+		rc = adg_step_give(call, k, hv_new(1));
 	return rc;
 }
 
@@ -1353,12 +1314,11 @@ static void const_release(void *user)
 }
 
 static adg_node *const_op(adg_node **parents, size_t n, uint64_t first,
-			  uint64_t second, struct view_probe *probe,
-			  struct second_seen *seen)
+			  uint64_t second, struct second_seen *seen)
 {
 	struct const_step *s = malloc(sizeof *s);
 	cr_assert_not_null(s);
-	*s = (struct const_step){first, second, probe, seen};
+	*s = (struct const_step){first, second, seen};
 	atomic_fetch_add(&scalar_steps_live, 1);
 	adg_step st = {.backward = const_backward,
 		       .release = const_release,
@@ -1376,22 +1336,18 @@ static uint64_t id_of(adg_node *n)
 }
 
 /* root = op(first, second) on X and Y, both children of the leaf p:
- * X = op(p) registers 2 then 3 for p (twice for one slot; what became of
- * the 3 goes to *seen), Y = op(p) registers 5. Returns p's gradient. */
+ * X = op(p) gives 2 then 3 for p (twice for one slot; what became of
+ * the 3 goes to *seen), Y = op(p) gives 5. Returns p's gradient. */
 static uint64_t twice_for_one_slot(const adg_executor *ex, bool x_first,
-				   struct view_probe *probe,
 				   struct second_seen *seen)
 {
-	adg_node *p, *q;
+	adg_node *p;
 	cr_assert_eq(adg_leaf(reg, &p), 0);
-	cr_assert_eq(adg_leaf(reg, &q), 0);
-	if (probe != NULL)
-		probe->other_id = id_of(q);
-	adg_node *x = const_op(&p, 1, 2, 3, probe, seen);
-	adg_node *y = const_op(&p, 1, 5, 0, NULL, NULL);
+	adg_node *x = const_op(&p, 1, 2, 3, seen);
+	adg_node *y = const_op(&p, 1, 5, 0, NULL);
 	/* The root's last slot's branch comes first on the tape. */
 	adg_node *top[2] = {x_first ? y : x, x_first ? x : y};
-	adg_node *root = const_op(top, 2, 1, 0, NULL, NULL);
+	adg_node *root = const_op(top, 2, 1, 0, NULL);
 	adg_backward_options o = {.executor = ex};
 	adg_grads *out;
 	cr_assert_eq(adg_backward_with(reg, root, hv_new(1), &hv_ops, &o, &out),
@@ -1400,78 +1356,48 @@ static uint64_t twice_for_one_slot(const adg_executor *ex, bool x_first,
 	cr_assert_eq(adg_grads_get(out, id_of(p), &v), 0);
 	uint64_t h = ((struct hv *)v)->h;
 	adg_grads_free(out);
-	adg_node *all[] = {p, q, x, y, root};
-	for (int i = 0; i < 5; i++)
+	adg_node *all[] = {p, x, y, root};
+	for (int i = 0; i < 4; i++)
 		cr_assert_eq(adg_node_unref(all[i]), 0);
 	return h;
 }
 
-/* A step's view takes gradients for its parents only; the container calls
- * are not for it. */
-CHECKED_TEST(parallel, step_view_rejects_other_ids_and_container_calls)
-{
-	for (int c = 0; c < N_WORKER_COUNTS; c++) {
-		struct workers w;
-		workers_open(&w, worker_counts[c]);
-		struct view_probe p = {0};
-		struct second_seen seen = {0};
-		twice_for_one_slot(&w.ex, true, &p, &seen);
-		cr_assert_eq(atomic_load(&p.ran), 1);
-		cr_expect_eq(p.other_rc, ADG_EINVAL, "another node's id: %s",
-			     adg_error_name(p.other_rc));
-		cr_expect_eq(atomic_load(&p.other_freed), 1,
-			     "the value is freed");
-		cr_expect_eq(p.self_rc, ADG_EINVAL, "the step's own id");
-		cr_expect_eq(atomic_load(&p.self_freed), 1);
-		cr_expect_eq(p.null_rc, ADG_EINVAL);
-		cr_expect_eq(p.zero_rc, ADG_EINVAL);
-		cr_expect_eq(p.get_rc, ADG_EINVAL);
-		cr_expect(p.get_nulled);
-		cr_expect_eq(p.take_rc, ADG_EINVAL);
-		cr_expect(p.take_nulled);
-		cr_expect_eq(p.count_rc, ADG_EINVAL);
-		cr_expect_eq(p.free_rc, ADG_EINVAL);
-		cr_expect_eq(atomic_load(&scalar_values_live), 0);
-		workers_close(&w);
-	}
-}
-
-/* Twice for one slot: the view takes one registration per slot, so the
+/* Twice for one slot: a step's output takes one gift per slot, so the
  * second is ADG_EINVAL, its value freed, and the first alone takes the
- * step's place in the fold. The sequential backward's container adds
- * the second as it comes. */
-CHECKED_TEST(parallel, step_view_refuses_a_second_registration_for_a_slot)
+ * step's place in the fold, without an executor (c = -1) as with any
+ * number of workers. (Registering by id on the sequential backward's
+ * container added the second as it came: tests/test_give.c keeps that
+ * deprecated path covered.) */
+CHECKED_TEST(parallel, a_second_give_for_a_slot_is_refused)
 {
-	for (int c = 0; c < N_WORKER_COUNTS; c++) {
+	for (int c = -1; c < N_WORKER_COUNTS; c++) {
 		struct workers w;
-		workers_open(&w, worker_counts[c]);
+		const adg_executor *ex = NULL;
+		if (c >= 0) {
+			workers_open(&w, worker_counts[c]);
+			ex = &w.ex;
+		}
 		for (int x_first = 1; x_first >= 0; x_first--) {
 			struct second_seen seen = {0};
-			uint64_t h =
-				twice_for_one_slot(&w.ex, x_first, NULL, &seen);
+			uint64_t h = twice_for_one_slot(ex, x_first, &seen);
 			cr_expect_eq(h, x_first ? 2 * 31 + 5 : 5 * 31 + 2,
 				     "%d workers, X %s on the tape",
-				     worker_counts[c],
+				     c >= 0 ? worker_counts[c] : 0,
 				     x_first ? "first" : "second");
 			cr_expect_eq(seen.rc, ADG_EINVAL, "%s",
 				     adg_error_name(seen.rc));
 			cr_expect_eq(atomic_load(&seen.freed), 1,
 				     "the value refused is freed");
 		}
-		workers_close(&w);
+		if (c >= 0)
+			workers_close(&w);
 	}
-	struct second_seen seen = {0};
-	cr_expect_eq(twice_for_one_slot(NULL, true, NULL, &seen),
-		     (2 * 31 + 3) * 31 + 5);
-	cr_expect_eq(seen.rc, 0);
-	cr_expect_eq(twice_for_one_slot(NULL, false, NULL, &seen),
-		     (5 * 31 + 2) * 31 + 3);
-	cr_expect_eq(atomic_load(&seen.freed), 2, "added, then freed by add");
+	cr_expect_eq(atomic_load(&scalar_values_live), 0);
 }
 
-/* A parent named in two slots (x * x) takes one registration per slot,
- * folded by slot: as the sequential backward folds them. */
-CHECKED_TEST(parallel, step_view_folds_a_repeated_parent_per_slot)
+/* A parent named in two slots (x * x) takes one gift per slot, folded by
+ * slot: as the sequential backward folds them. */
+CHECKED_TEST(parallel, a_repeated_parent_folds_per_slot)
 {
 	uint64_t want = 0;
 	for (int c = -1; c < N_WORKER_COUNTS; c++) {
@@ -1486,11 +1412,11 @@ CHECKED_TEST(parallel, step_view_folds_a_repeated_parent_per_slot)
 		 * slot 0 and 1 for slot 1. */
 		adg_node *p;
 		cr_assert_eq(adg_leaf(reg, &p), 0);
-		adg_node *y = const_op(&p, 1, 5, 0, NULL, NULL);
+		adg_node *y = const_op(&p, 1, 5, 0, NULL);
 		adg_node *pp[2] = {p, p};
-		adg_node *z = const_op(pp, 2, 2, 0, NULL, NULL);
+		adg_node *z = const_op(pp, 2, 2, 0, NULL);
 		adg_node *top[2] = {z, y};
-		adg_node *root = const_op(top, 2, 1, 0, NULL, NULL);
+		adg_node *root = const_op(top, 2, 1, 0, NULL);
 		adg_backward_options o = {.executor = ex};
 		adg_grads *out;
 		cr_assert_eq(adg_backward_with(reg, root, hv_new(1), &hv_ops,

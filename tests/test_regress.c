@@ -236,8 +236,7 @@ static int self_drop_backward(adg_step_call *call, void *user)
 		return ADG_EUSER;
 	double g = call->grad ? *(double *)call->grad : 0;
 	for (size_t i = 0; i < call->n_parents; i++) {
-		int rc = adg_grads_register(call->grads, call->parent_ids[i],
-					    scalar_box(2 * g));
+		int rc = adg_step_give(call, i, scalar_box(2 * g));
 		if (rc != 0)
 			return rc;
 	}

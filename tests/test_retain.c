@@ -503,8 +503,7 @@ static int square_backward(adg_step_call *call, void *user)
 		return 0;
 	double g = *(double *)call->grad, v = *(double *)y;
 	for (int k = 0; k < 2; k++) {
-		rc = adg_grads_register(call->grads, call->parent_ids[k],
-					scalar_box(g * v));
+		rc = adg_step_give(call, k, scalar_box(g * v));
 		if (rc != 0)
 			return rc;
 	}

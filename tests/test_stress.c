@@ -560,7 +560,7 @@ static int token_backward(adg_step_call *call, void *user)
 {
 	(void)user;
 	for (size_t i = 0; i < call->n_parents; i++)
-		adg_grads_register(call->grads, call->parent_ids[i], (void *)1);
+		adg_step_give(call, i, (void *)1);
 	return 0;
 }
 

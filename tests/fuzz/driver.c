@@ -10,7 +10,7 @@
  * A node's output holds its value (a recompute multiplies its parents'
  * outputs, and leaves' values) and its id. A step gets every output it
  * asked for, its own first, then its slots in order, and adds their values
- * to each gradient it registers: an output that is wrong, or rebuilt from
+ * to each gradient it gives: an output that is wrong, or rebuilt from
  * wrong outputs, changes the gradients. Every step also asks for one
  * output it did not ask for, which libadg must refuse.
  *
@@ -419,50 +419,18 @@ static void probe(struct fuzz *f, adg_step_call *call, const struct step *s)
 			 v != NULL ? " and a value" : "");
 }
 
-/* With an executor, the step's container is its own view of the
- * backward's (adg_backward_options): it takes gradients for the step's
- * parents only, freeing any other, and refuses the rest. */
-static void probe_view(struct fuzz *f, adg_step_call *call,
+/* A slot out of range is refused, in every mode, and its value freed: the
+ * count of live boxes says so once the backward has returned. */
+static void probe_slot(struct fuzz *f, adg_step_call *call,
 		       const struct step *s)
 {
-	/* A node is never its own parent. The box must be freed: the count
-	 * of live boxes says so once the backward has returned. */
-	int rc = adg_grads_register(call->grads, s->id, box(f, 1));
+	int rc = adg_step_give(call, s->n, box(f, 1));
 	if (rc != ADG_EINVAL)
 		mismatch(f,
-			 "adg_grads_register in the step of %" PRIu64
-			 " for its own id returned %d (%s), not ADG_EINVAL",
-			 s->id, rc, adg_strerror(rc));
-	void *v = &v;
-	rc = adg_grads_get(call->grads, s->parent_ids[0], &v);
-	if (rc != ADG_EINVAL || v != NULL)
-		mismatch(f,
-			 "adg_grads_get on the view of the step of %" PRIu64
-			 " returned %d (%s)%s",
-			 s->id, rc, adg_strerror(rc),
-			 v != NULL ? " and a value" : "");
-	v = &v;
-	rc = adg_grads_take(call->grads, s->parent_ids[0], &v);
-	if (rc != ADG_EINVAL || v != NULL)
-		mismatch(f,
-			 "adg_grads_take on the view of the step of %" PRIu64
-			 " returned %d (%s)%s",
-			 s->id, rc, adg_strerror(rc),
-			 v != NULL ? " and a value" : "");
-	size_t count = 12345;
-	rc = adg_grads_count(call->grads, &count);
-	if (rc != ADG_EINVAL || count != 12345)
-		mismatch(f,
-			 "adg_grads_count on the view of the step of %" PRIu64
-			 " returned %d (%s)%s",
-			 s->id, rc, adg_strerror(rc),
-			 count != 12345 ? " and set a count" : "");
-	rc = adg_grads_free(call->grads);
-	if (rc != ADG_EINVAL)
-		mismatch(f,
-			 "adg_grads_free on the view of the step of %" PRIu64
-			 " returned %d (%s), not ADG_EINVAL",
-			 s->id, rc, adg_strerror(rc));
+			 "adg_step_give in the step of %" PRIu64
+			 " for slot %zu of %zu returned %d (%s), not "
+			 "ADG_EINVAL",
+			 s->id, s->n, s->n, rc, adg_strerror(rc));
 }
 
 /* Gets the output of target, which the step asked for, and adds its value
@@ -550,8 +518,7 @@ static int step_run(struct fuzz *f, adg_step_call *call, struct step *s)
 		f->grad_in[s->id] = g;
 	}
 	probe(f, call, s);
-	if (f->mode != EXEC_NONE)
-		probe_view(f, call, s);
+	probe_slot(f, call, s);
 	/* A failed get fails the step with its code. */
 	uint64_t sum = 0;
 	int rc = get_outputs(f, call, s, &sum);
@@ -564,36 +531,31 @@ static int step_run(struct fuzz *f, adg_step_call *call, struct step *s)
 		box_free(call->grad, f);
 		call->grad = NULL;
 	}
-	/* A failing step registers its gradients first, so that the failed
-	 * backward has a container full of them to free. With an executor,
-	 * once per parent slot: what the fold order promises equality with
+	/* A failing step gives its gradients first, so that the failed
+	 * backward has a container full of them to free. Once per parent
+	 * slot, in slot order: what the fold order promises equality with
 	 * the sequential backward for. */
 	for (size_t i = 0; i < s->n; i++) {
 		uint64_t d = g;
 		for (size_t k = 0; k < s->n; k++)
 			if (k != i)
 				d *= s->parent_values[k];
-		int rc_reg = adg_grads_register(call->grads, s->parent_ids[i],
-						box(f, d + sum));
-		if (rc_reg != 0)
+		int rc_give = adg_step_give(call, i, box(f, d + sum));
+		if (rc_give != 0)
 			mismatch(f,
-				 "adg_grads_register in step %" PRIu64
-				 " returned %d (%s)",
-				 s->id, rc_reg, adg_strerror(rc_reg));
+				 "adg_step_give in step %" PRIu64
+				 " for slot %zu returned %d (%s)",
+				 s->id, i, rc_give, adg_strerror(rc_give));
 	}
-	/* A view takes one gradient per parent slot: with every slot of
-	 * the first parent taken, one more for it is refused and freed. */
-	if (f->mode != EXEC_NONE) {
-		int rc_reg = adg_grads_register(call->grads, s->parent_ids[0],
-						box(f, 1));
-		if (rc_reg != ADG_EINVAL)
-			mismatch(f,
-				 "adg_grads_register in step %" PRIu64
-				 " for %" PRIu64 ", whose slots it had all "
-				 "filled, returned %d (%s), not ADG_EINVAL",
-				 s->id, s->parent_ids[0], rc_reg,
-				 adg_strerror(rc_reg));
-	}
+	/* A step's output takes one gradient per slot, in every mode: with
+	 * every slot taken, one more for the first is refused and freed. */
+	int rc_give = adg_step_give(call, 0, box(f, 1));
+	if (rc_give != ADG_EINVAL)
+		mismatch(f,
+			 "adg_step_give in step %" PRIu64
+			 " for slot 0, with every slot given, returned %d "
+			 "(%s), not ADG_EINVAL",
+			 s->id, rc_give, adg_strerror(rc_give));
 	return s->fails ? fail_code(s->id) : 0;
 }
 
@@ -603,10 +565,8 @@ static int step_backward(adg_step_call *call, void *user)
 	struct fuzz *f = s->f;
 
 	BUMP(f->callbacks);
-	if (call->registry != f->reg || call->grads == NULL)
-		mismatch(f,
-			 "step %" PRIu64 " called with a wrong registry or "
-			 "no container",
+	if (call->registry != f->reg)
+		mismatch(f, "step %" PRIu64 " called with a wrong registry",
 			 s->id);
 	if (call->node_id != s->id || call->n_parents != s->n)
 		mismatch(f,

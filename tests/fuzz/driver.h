@@ -82,9 +82,9 @@
  * fails, the result is still the first failure in tape order, and every
  * step before it on the tape has run; steps after it may have run too, if
  * they had started, and their rebuilds are the only counts allowed to
- * differ. Each step also checks that its container is its own view:
- * registering for its own id, or once more for a parent whose slots it
- * has filled, get, take, count and free on it give ADG_EINVAL.
+ * differ. Each step also checks, in every mode, that adg_step_give
+ * refuses a slot out of range, and once more the first slot when every
+ * slot is given, with ADG_EINVAL.
  *
  * A retained backward (R 1) runs the steps a consuming one would, in the
  * same order and with the same gradients, and takes none: each step sees

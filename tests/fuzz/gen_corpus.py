@@ -801,7 +801,7 @@ def ckpt_rebuilt_from_two(s):
 @scenario(strategies=(BALANCED,))
 def ckpt_hook_takes(s):
     # The hook takes gradients: the steps it starves still get their
-    # outputs, and register nothing.
+    # outputs, and give nothing.
     leaves(s, 2)
     s.op_with("a", ["l0", "l1"], value=True, want_self=True)
     s.op_with("b", ["a", "l1"], recompute=True, memory_bound=True,
@@ -930,7 +930,7 @@ def par_fail_walk_order(s):
 
 @scenario
 def par_repeats_and_takes(s):
-    # Parents named in several slots (one view gets several registrations
+    # Parents named in several slots (one step gives several gradients
     # for one id), steps that take their gradient, all on shared leaves.
     leaves(s, 3)
     for k, w in enumerate(EXECUTORS):

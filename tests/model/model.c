@@ -494,7 +494,7 @@ void model_backward(struct model *m, uint64_t root, uint64_t seed,
 	 * after all of its children will do, and ids give one: a child is
 	 * created after its parents. So when k comes up, its gradient is
 	 * final: the hook sees it, and may take it, before k's step runs. A
-	 * step called with no gradient registers none (the fuzzer's steps
+	 * step called with no gradient gives none (the fuzzer's steps
 	 * do so). The arithmetic is modulo 2^64, exact in any order. */
 	out->has_grad[root] = true;
 	out->grad[root] = seed;

@@ -126,7 +126,7 @@ struct model_backward {
 	 * node's step is called with and what the container holds for a
 	 * leaf. Without has_grad, they get NULL and the container holds
 	 * nothing for it. A step that gets outputs adds their values to each
-	 * gradient it registers (model_fold). */
+	 * gradient it gives (model_fold). */
 	bool has_grad[MODEL_MAX_NODES + 1];
 	uint64_t grad[MODEL_MAX_NODES + 1];
 	/* With a hook: the ids it is called for (once each, on success), and
@@ -249,7 +249,7 @@ void model_backward_late(struct model *m, const struct model_backward *b,
  * (retained: kept). */
 void model_backward_end(struct model *m, struct model_backward *b);
 
-/* What the step of id adds to each gradient it registers: the sum of the
+/* What the step of id adds to each gradient it gives: the sum of the
  * outputs it gets (none unless it gets them), at their true values. */
 uint64_t model_fold(const struct model *m, uint64_t id);
 
