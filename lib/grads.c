@@ -167,9 +167,8 @@ void *adg_grad_table_take(struct adg_grad_table *g, uint64_t id)
 	return value;
 }
 
-/* Adds value into *slot, a window slot: the entries' insert, in place. */
-static int grad_table_window_insert(struct adg_grad_table *g, void **slot,
-				    void *value)
+int adg_grad_table_window_insert(struct adg_grad_table *g, void **slot,
+				 void *value)
 {
 	if (*slot == NULL) {
 		*slot = value;
@@ -187,7 +186,7 @@ int adg_grad_table_insert(struct adg_grad_table *g, uint64_t id, void *value)
 	const adg_grad_ops *ops = &g->ops;
 	void **slot = grad_table_window_slot(g, id);
 	if (slot != NULL)
-		return grad_table_window_insert(g, slot, value);
+		return adg_grad_table_window_insert(g, slot, value);
 	size_t i = grad_table_find(g, id);
 	if (g->entries[i].id != 0) {
 		/* add owns value from here on, whatever it returns. */

@@ -748,6 +748,29 @@ struct adg_grad_table *adg_grad_table_of(const adg_grads *grads);
  * value whatever it returns: 0, ADG_ENOMEM or add's code. */
 int adg_grad_table_insert(struct adg_grad_table *g, uint64_t id, void *value);
 
+/* Adds value into *slot, one of the window's: held as it is, or folded
+ * with ops->add into what the slot holds. */
+int adg_grad_table_window_insert(struct adg_grad_table *g, void **slot,
+				 void *value);
+
+/* adg_grad_table_insert with the window's common case inline, where a
+ * step on one thread sends its gradients: id's first gradient is a
+ * store, a later one a call to the add. */
+static inline int adg_grad_table_insert_fast(struct adg_grad_table *g,
+					     uint64_t id, void *value)
+{
+	/* Unsigned: an id below window_lo wraps above window_len. */
+	uint64_t i = id - g->window_lo;
+	if (adg_unlikely(i >= g->window_len))
+		return adg_grad_table_insert(g, id, value);
+	void **slot = &g->window[i];
+	if (*slot != NULL)
+		return adg_grad_table_window_insert(g, slot, value);
+	*slot = value;
+	g->count++;
+	return 0;
+}
+
 /* Removes and returns id's value, or NULL when none is held (a held value
  * is never NULL). */
 void *adg_grad_table_take(struct adg_grad_table *g, uint64_t id);

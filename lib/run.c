@@ -40,6 +40,8 @@ void adg_run_thread_init(struct adg_run_thread *th, struct adg_run *run,
 			{
 				.as_grads = {.accept = step_out_accept},
 				.slots = t->marks,
+				.direct = run->mode == ADG_RUN_SEQUENTIAL &&
+					  run->value_check == NULL,
 			},
 	};
 }
@@ -238,13 +240,13 @@ static int step_out_check(struct adg_step_out *o, const struct adg_run *run,
 	return rc;
 }
 
-int adg_step_give(adg_step_call *call, size_t slot, void *value)
+/* adg_step_give off its common path: out of slot order, with workers or an
+ * executor, with a value check, or bad input. Not inlined, so that the
+ * common path stays short. */
+static __attribute__((noinline)) int step_give_slow(struct adg_run_thread *th,
+						    struct adg_step_out *o,
+						    size_t slot, void *value)
 {
-	if (call == NULL || call->context == NULL)
-		return ADG_EINVAL; /* not a step's: no ops to free value */
-	struct adg_run_thread *th =
-		caa_container_of(call->context, struct adg_run_thread, ckpt);
-	struct adg_step_out *o = step_out_now(&th->out);
 	const adg_grad_ops *ops = th->run->ops;
 	if (value == NULL)
 		return ADG_EINVAL;
@@ -269,6 +271,26 @@ int adg_step_give(adg_step_call *call, size_t slot, void *value)
 		return ADG_EINVAL;
 	}
 	return step_out_deliver(o, k, value);
+}
+
+int adg_step_give(adg_step_call *call, size_t slot, void *value)
+{
+	if (call == NULL || call->context == NULL)
+		return ADG_EINVAL; /* not a step's: no ops to free value */
+	struct adg_run_thread *th =
+		caa_container_of(call->context, struct adg_run_thread, ckpt);
+	struct adg_step_out *o = step_out_now(&th->out);
+	/* The common path, what registering by id on the table cost: on one
+	 * thread with no check, the next slot in order goes straight to
+	 * the table (its window, inline), the parent's id read from the
+	 * call, whose line the step has just read. */
+	if (adg_likely(o->direct && slot == o->filled && !o->marked &&
+		       slot < call->n_parents && value != NULL)) {
+		o->filled = (uint32_t)slot + 1;
+		return adg_grad_table_insert_fast(
+			th->run->grads, call->parent_ids[slot], value);
+	}
+	return step_give_slow(th, o, slot, value);
 }
 
 /* ----------------------------------------------------------------- steps */

@@ -80,6 +80,9 @@ struct adg_step_out {
 	void **slots;
 	uint32_t filled;
 	bool marked;
+	/* On one thread with no value check: a gradient given in slot
+	 * order goes straight to the table (adg_step_give). Set once. */
+	bool direct;
 	/* What value_check rejected a gradient of node's with (0: none):
 	 * node's step then fails with it, whatever it returns. */
 	int rejected;
