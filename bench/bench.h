@@ -203,6 +203,16 @@ double bench_overlap_fraction(const bench_params *p, int iterations,
  * Returns nodes per second; *peak is the most outputs alive at once. */
 double bench_checkpoint(int strategy, int k, int ms, long *peak);
 
+/* The cpp workload, one thread: a chain of n two-parent products recorded,
+ * run backward and dropped, for ms milliseconds; ns per op (recording,
+ * backward and frees), or a negative value on failure. Through the C API
+ * with gradients in the pointer (layer.c), and through adg.hpp with double
+ * gradients and a lambda per op (layer.cpp; bench_layer_cpp_ns is NULL
+ * when the bench was built without C++). */
+#define BENCH_LAYER_OPS 1000
+double bench_layer_c_ns(int n, int ms);
+extern double (*const bench_layer_cpp)(int n, int ms);
+
 /* The wide workload (wide.c; libadg only): backwards over graphs of
  * p->wide_branches chains of p->wide_chain steps joined at one root, run
  * sequentially or by 1 or more workers of a pool. */

@@ -112,6 +112,11 @@ struct results {
 	/* The wide check; n_modes 0 when it did not run. */
 	struct wide wide;
 	struct big big;
+	/* The cpp check: ns per op through the C API and through adg.hpp,
+	 * run by run (alternating), and the median of each run's ratio;
+	 * layer_runs 0 when it did not run. */
+	double layer_ns[2][MAX_RUNS], layer_ratio;
+	int layer_runs;
 	int cores; /* cores this process may run on */
 };
 

@@ -372,6 +372,36 @@ static void wide_check(const struct options *o, struct results *r)
 	}
 }
 
+/* The cpp workload: --runs rounds, each timing the C API's chain, then
+ * adg.hpp's, so that a slow spell of a shared machine moves both. */
+static void layer_check(const struct options *o, struct results *r)
+{
+	if (bench_layer_cpp == NULL) {
+		fprintf(stderr, "cpp: skipped, built without C++\n");
+		return;
+	}
+	double q[MAX_RUNS];
+	int n = 0, ms = o->ms > 0 ? o->ms : 1;
+	for (int k = 0; k < o->runs && k < MAX_RUNS; k++) {
+		double c = bench_layer_c_ns(BENCH_LAYER_OPS, ms);
+		double cpp = bench_layer_cpp(BENCH_LAYER_OPS, ms);
+		if (c <= 0 || cpp <= 0) {
+			fprintf(stderr, "cpp: FAILED\n");
+			return;
+		}
+		r->layer_ns[0][n] = c;
+		r->layer_ns[1][n] = cpp;
+		q[n++] = cpp / c;
+	}
+	r->layer_runs = n;
+	r->layer_ratio = median(q, n);
+	fprintf(stderr,
+		"cpp: %.1f ns per op through the C API, %.1f through "
+		"adg.hpp: %.2f x\n",
+		median(r->layer_ns[0], n), median(r->layer_ns[1], n),
+		r->layer_ratio);
+}
+
 void measure(const struct options *o, struct results *r)
 {
 	*r = (struct results){
@@ -398,6 +428,9 @@ void measure(const struct options *o, struct results *r)
 	}
 	if (o->impl_on[IMPL_ADG] && o->checkpoint)
 		checkpoint_check(o, r);
+	r->layer_ratio = NAN;
+	if (o->impl_on[IMPL_ADG] && o->workload_on[workload_index("cpp")])
+		layer_check(o, r);
 	/* Last: it starts a pool's threads, and the cells fork. */
 	if (o->workload_on[workload_index("wide")]) {
 		if (o->impl_on[IMPL_ADG])

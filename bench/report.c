@@ -304,6 +304,19 @@ static void print_big(FILE *f, const struct results *r)
 	big_growth_lines(f, r, "  ");
 }
 
+/* The cpp check's line: C API and adg.hpp side by side. */
+static void print_layer(FILE *f, const struct results *r, const char *before)
+{
+	fprintf(f,
+		"%scpp (a chain of %d two-parent ops recorded, run backward "
+		"and dropped; 1 thread): %.1f ns per op through the C API, "
+		"%.1f through adg.hpp: %.2f x (median of %d rounds' "
+		"ratios)\n",
+		before, BENCH_LAYER_OPS, median(r->layer_ns[0], r->layer_runs),
+		median(r->layer_ns[1], r->layer_runs), r->layer_ratio,
+		r->layer_runs);
+}
+
 void print_report(const struct options *o, const struct results *r)
 {
 	print_table(stdout, r);
@@ -334,6 +347,8 @@ void print_report(const struct options *o, const struct results *r)
 		print_big(stdout, r);
 	if (r->wide.n_modes > 0)
 		print_wide(stdout, r);
+	if (r->layer_runs > 0)
+		print_layer(stdout, r, "\n");
 	print_targets(stdout, r, o->p.idle_graphs);
 }
 
@@ -697,6 +712,8 @@ static void write_markdown(FILE *f, const struct options *o,
 		write_markdown_big(f, r);
 	if (r->wide.n_modes > 0)
 		write_markdown_wide(f, r);
+	if (r->layer_runs > 0)
+		print_layer(f, r, "\n");
 	fprintf(f, "\n```");
 	print_targets(f, r, o->p.idle_graphs);
 	fprintf(f, "```\n");

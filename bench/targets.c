@@ -24,6 +24,9 @@ enum figure {
 	WIDE_RATE,   /* ~1 us steps per second */
 	WIDE_NS,     /* ns per empty step */
 	WIDE_RETAIN, /* ns per empty step retained; its base, consumed */
+	/* The cpp check: ns per op through adg.hpp; its base, the C API's;
+	 * judged by the median of each run's ratio (run side by side). */
+	LAYER,
 	/* The big check, adg's, whose "threads" are a graph's size as a
 	 * power of ten (the resident bytes' base: 0, the unit). Last, so
 	 * that target_line tells them apart with >= BIG_STEP. */
@@ -72,6 +75,7 @@ static const struct target targets[] = {
 	{"big",           BIG_STEPS,   7, IMPL_ADG,     3, AT_MOST,  2,   0},
 	{"big",           BIG_COLD,    7, IMPL_ADG,     3, AT_MOST,  2,   0},
 	{"big",           BIG_RSS,     5, IMPL_ADG,     0, AT_MOST,  100, 0},
+	{"cpp",           LAYER,       1, IMPL_ADG,     1, AT_MOST,  1.3, 0},
 };
 /* clang-format on */
 
@@ -127,6 +131,9 @@ static double figure_of(const struct results *r, const struct target *t,
 		return wide_ns(r, WIDE_EMPTY, threads);
 	case WIDE_RETAIN:
 		return wide_ns(r, WIDE_RETAINED, threads);
+	case LAYER: /* adg.hpp's; layer_base gives the C API's */
+		return r->layer_runs > 0 ? median(r->layer_ns[1], r->layer_runs)
+					 : NAN;
 	}
 	return NAN;
 }
@@ -174,6 +181,14 @@ static void describe(char *what, size_t size, const struct target *t,
 			 t->base_threads);
 		return;
 	}
+	if (t->figure == LAYER) {
+		snprintf(
+			what, size,
+			"%s, a chain of %d two-parent ops, 1 thread: ns per op "
+			"through adg.hpp %s %g x the C API",
+			t->workload, BENCH_LAYER_OPS, op, t->threshold);
+		return;
+	}
 	if (t->figure == BIG_RSS) {
 		snprintf(what, size,
 			 "%s, chain: resident bytes per live node at 10^%d %s "
@@ -213,6 +228,10 @@ static enum verdict target_line(FILE *f, const struct results *r,
 	double a = figure_of(r, t, IMPL_ADG, t->threads);
 	/* A retained backward's base is the consuming one, same mode. */
 	double b = t->figure == IDLE ? 1
+		   : t->figure == LAYER
+			   ? (r->layer_runs > 0
+				      ? median(r->layer_ns[0], r->layer_runs)
+				      : NAN)
 		   : t->figure == WIDE_RETAIN
 			   ? wide_ns(r, WIDE_EMPTY, t->base_threads)
 		   : t->figure >= BIG_STEP
@@ -235,8 +254,10 @@ static enum verdict target_line(FILE *f, const struct results *r,
 			? wide_kind_ratio(r, WIDE_RETAINED, WIDE_EMPTY,
 					  t->threads)
 			: a / b;
+	if (t->figure == LAYER)
+		q = r->layer_ratio;
 	if (t->figure == WIDE_RATE || t->figure == WIDE_NS ||
-	    t->figure == WIDE_RETAIN) {
+	    t->figure == WIDE_RETAIN || t->figure == LAYER) {
 		have = have && !isnan(q);
 		holds = t->direction == AT_LEAST ? q >= t->threshold
 						 : q <= t->threshold;
@@ -254,6 +275,7 @@ static enum verdict target_line(FILE *f, const struct results *r,
 	case BIG_STEP:
 	case BIG_STEPS:
 	case BIG_COLD:
+	case LAYER:
 		snprintf(fig, sizeof fig, "%.1f ns vs %.1f ns: %.2f x", a, b,
 			 q);
 		break;

@@ -899,6 +899,11 @@ const bench_workload bench_workloads[] = {
 	 "adg only, 1 thread: the backward alone of B chains of L ~1 us (or "
 	 "empty) steps joined at a root, sequential and on 1, 2, ... workers",
 	 NULL, NULL, NULL, false, true},
+	{"cpp", "ops",
+	 "adg only, 1 thread: a chain of 1000 two-parent products recorded, "
+	 "run backward and dropped, through the C API and through adg.hpp, "
+	 "side by side: ns per op",
+	 NULL, NULL, NULL, false, true},
 	{"big", "nodes",
 	 "adg and floor, 1 thread: one graph of 10^3 ... --big-max nodes (a "
 	 "chain, and 64 chains joined at a root): ns per node and step, RSS "

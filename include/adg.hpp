@@ -37,11 +37,18 @@
  *   is libadg's once op returns: it lives in the step's user pointer and is
  *   destroyed exactly once, through adg_step.release, when the step goes.
  *   If op throws, no node was made and libadg's copy is already destroyed.
- * - A gradient value of type T lives on the heap (new T) and is libadg's
- *   from the moment it is given; the grad ops generated for T fold with
- *   += and free with delete. One gradient type per registry: the first
- *   op<T> or backward<T> fixes it, and a different T is refused
- *   (ADG_EINVAL), since the values would be freed as the wrong type.
+ * - A gradient value of type T is libadg's from the moment it is given; the
+ *   grad ops generated for T fold with +=. A T that is trivially copyable
+ *   and fits a pointer (double, float, int) travels inline, its bits in
+ *   libadg's void *, so giving one allocates nothing; any other T lives on
+ *   the heap (new T, freed with delete). pack and unpack convert, for C
+ *   code that shares gradients with C++ steps. One gradient type per
+ *   registry: the first op<T> or backward<T> fixes it, and a different T
+ *   is refused (ADG_EINVAL), since the values would be read as the wrong
+ *   type.
+ * - A step's closure is allocated from a per-thread cache of small blocks
+ *   (up to 128 bytes), so that recording an op costs no malloc once the
+ *   cache is warm; larger closures come from operator new.
  *
  * Threads: as in adg.h, any call from any thread, and handles may move
  * between threads; one handle object, like a std::shared_ptr, must not be
@@ -77,9 +84,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -102,6 +111,109 @@ namespace detail
 struct registry_core;
 struct grad_state;
 struct access;
+} // namespace detail
+
+namespace detail
+{
+
+/* How a gradient of type T travels as libadg's void *. Inline, its bits
+ * in the pointer itself, when T is trivially copyable and fits: a double,
+ * a float, an int, so that giving a gradient allocates nothing. Else
+ * boxed: a new T. NULL is libadg's "no gradient", so an inline value never
+ * packs to it: a type narrower than a pointer carries a tag bit above its
+ * bits, and a double is XORed with the bits of one signaling NaN, which no
+ * arithmetic makes (that NaN, if given, arrives as the quiet NaN). */
+template <class T, class = void> struct packing {
+	static constexpr bool is_inline = false;
+	static void *pack(T value)
+	{
+		return new T(std::move(value));
+	}
+	static void drop(void *p) noexcept
+	{
+		delete static_cast<T *>(p);
+	}
+};
+
+template <std::size_t N> struct bits_of;
+template <> struct bits_of<1> {
+	using type = std::uint8_t;
+};
+template <> struct bits_of<2> {
+	using type = std::uint16_t;
+};
+template <> struct bits_of<4> {
+	using type = std::uint32_t;
+};
+
+template <class T>
+struct packing<T, std::enable_if_t<std::is_trivially_copyable_v<T> &&
+				   (sizeof(T) == 1 || sizeof(T) == 2 ||
+				    sizeof(T) == 4) &&
+				   sizeof(T) < sizeof(void *)>> {
+	static constexpr bool is_inline = true;
+	using bits = typename bits_of<sizeof(T)>::type;
+	static constexpr std::uintptr_t tag = std::uintptr_t(1)
+					      << (8 * sizeof(void *) - 1);
+	static void *pack(T value) noexcept
+	{
+		bits b;
+		std::memcpy(&b, &value, sizeof b);
+		return reinterpret_cast<void *>(std::uintptr_t(b) | tag);
+	}
+	static T unpack(const void *p) noexcept
+	{
+		bits b = static_cast<bits>(reinterpret_cast<std::uintptr_t>(p));
+		T value;
+		std::memcpy(&value, &b, sizeof b);
+		return value;
+	}
+	static void drop(void *) noexcept
+	{
+	}
+};
+
+template <class T>
+struct packing<T, std::enable_if_t<std::is_same_v<T, double> &&
+				   sizeof(double) == sizeof(void *) &&
+				   std::numeric_limits<double>::is_iec559>> {
+	static constexpr bool is_inline = true;
+	/* A signaling NaN (quiet bit clear, payload not zero). */
+	static constexpr std::uint64_t tag = 0x7ff4dead0000beefull;
+	static void *pack(double value) noexcept
+	{
+		std::uint64_t b;
+		std::memcpy(&b, &value, sizeof b);
+		if (b == tag) /* would be NULL: the quiet NaN instead */
+			b = 0x7ff8000000000000ull;
+		return reinterpret_cast<void *>(std::uintptr_t(b ^ tag));
+	}
+	static double unpack(const void *p) noexcept
+	{
+		std::uint64_t b = reinterpret_cast<std::uintptr_t>(p) ^ tag;
+		double value;
+		std::memcpy(&value, &b, sizeof value);
+		return value;
+	}
+	static void drop(void *) noexcept
+	{
+	}
+};
+
+template <class T> inline constexpr bool is_inline_v = packing<T>::is_inline;
+
+/* The T a C value holds, borrowed where it is boxed. */
+template <class T> const T &unpacked(const void *p, T &scratch) noexcept
+{
+	if constexpr (is_inline_v<T>) {
+		scratch = packing<T>::unpack(p);
+		return scratch;
+	} else {
+		(void)scratch;
+		return *static_cast<const T *>(p);
+	}
+}
+
 } // namespace detail
 
 /* ------------------------------------------------------------------ errors */
@@ -288,7 +400,7 @@ public:
 	/* A copy of the node's gradient, or fallback when there is none. */
 	T grad_or(T fallback) const;
 	/* Takes the node's gradient (null when none): the step keeps it. */
-	std::unique_ptr<T> take_grad() noexcept;
+	std::unique_ptr<T> take_grad();
 
 	/* Hands the gradient for the parent at slot (op's order) to the
 	 * backward (adg_step_give). Throws adg::error on a bad slot ("slot 3
@@ -315,6 +427,8 @@ public:
 
 private:
 	adg_step_call *call_;
+	/* grad()'s copy of an inline gradient (detail::packing). */
+	mutable std::optional<T> unpacked_;
 };
 
 /* A new node whose step is `step`, a callable taking step_call<T>& (a
@@ -387,6 +501,16 @@ node op_with(registry &reg, std::initializer_list<parent> parents, F &&step,
 template <class F, class V>
 node op_with(registry &reg, const std::vector<node> &parents, F &&step,
 	     checkpoint<V> ckpt, const char *name = nullptr);
+
+/* How a gradient of type T travels through the C API (an adg_grads, a
+ * step's call->grad, the values grad_ops<T>() folds): pack makes the C
+ * value of a T, which is libadg's once given; unpack reads a copy of one.
+ * A T that is trivially copyable and fits a pointer (double, float, int)
+ * travels inline, as its bits, not a pointer: no allocation per gradient;
+ * any other T as a T * from new. C code that shares gradients with C++
+ * steps goes through these two. */
+template <class T> void *pack(T value);
+template <class T> T unpack(const void *value);
 
 /* The adg_grad_ops of gradient type T: add is `*sum += std::move(*value)`,
  * then delete value; free is delete. ctx null: an add that throws returns
@@ -474,17 +598,26 @@ private:
 class grad_ref
 {
 public:
-	/* The gradient as T, the backward's gradient type; null when there
-	 * is none. Throws adg::error(ADG_EINVAL) for another T. */
+	/* A copy of the gradient as T, the backward's gradient type; empty
+	 * when there is none. Throws adg::error(ADG_EINVAL) for another T. */
+	template <class T> std::optional<T> get() const;
+	/* Replaces the gradient (on_ready only; not where there is none).
+	 * Throws adg::error(ADG_EINVAL) for another T, none, or a check. */
+	template <class T> void set(T value) const;
+	/* The gradient itself, to change in place, where T is boxed (not a
+	 * double, a float or another T that travels inline: use get and
+	 * set); null when there is none. */
 	template <class T> T *as() const;
 	explicit operator bool() const noexcept;
-	/* The C value: a T * of the backward's T. */
+	/* The C value (detail::packing<T>: a T *, or T's bits). */
 	void *raw() const noexcept;
 
 private:
 	friend struct detail::access;
 	void *value_ = nullptr;
+	void **slot_ = nullptr; /* on_ready's *grad; null in a check */
 	const std::type_info *type_ = nullptr;
+	template <class T> void check_type() const;
 };
 
 /* adg_backward_options, as this layer passes them on. A hook that throws
@@ -554,14 +687,25 @@ public:
 	gradients &operator=(const gradients &) = delete;
 	~gradients();
 
-	/* The gradient of n (or of the node with that id), borrowed; throws
+	/* What get returns: the gradient itself, borrowed, where T is boxed;
+	 * a copy where it travels inline (a double: detail::packing). */
+	using const_reference =
+		std::conditional_t<detail::is_inline_v<T>, T, const T &>;
+	/* What find returns: null or empty when there is no gradient. */
+	using found = std::conditional_t<detail::is_inline_v<T>,
+					 std::optional<T>, const T *>;
+
+	/* The gradient of n (or of the node with that id); throws
 	 * adg::error: ADG_ENOTFOUND when there is none, ADG_EFOREIGN for a
 	 * node of another registry. */
-	const T &get(node_ref n) const;
-	T &get(node_ref n);
-	const T &get(std::uint64_t id) const;
-	/* The same, null when there is none. */
-	const T *find(node_ref n) const noexcept;
+	const_reference get(node_ref n) const;
+	const_reference get(std::uint64_t id) const;
+	/* The gradient, to change in place, where T is boxed. */
+	template <class U = T,
+		  std::enable_if_t<!detail::is_inline_v<U>, int> = 0>
+	U &get(node_ref n);
+	/* The same, null or empty when there is none. */
+	found find(node_ref n) const noexcept;
 	/* Moves the gradient out of the container; throws ADG_ENOTFOUND. */
 	T take(node_ref n);
 	/* How many gradients the container holds. */
@@ -666,8 +810,14 @@ struct registry_core {
 	template <class T> void check_type()
 	{
 		const std::type_info *want = &typeid(T);
-		const std::type_info *have = nullptr;
-		if (grad_type.compare_exchange_strong(
+		/* A load first: every op of every thread checks, and a
+		 * compare-exchange would write the line they all read. */
+		const std::type_info *have =
+			grad_type.load(std::memory_order_acquire);
+		if (have == want)
+			return;
+		if (have == nullptr &&
+		    grad_type.compare_exchange_strong(
 			    have, want, std::memory_order_acq_rel))
 			return; /* the first: T is the registry's now */
 		if (*have != *want)
@@ -707,10 +857,12 @@ struct access {
 	{
 		return p.raw_;
 	}
-	static grad_ref ref(void *value, const std::type_info *type) noexcept
+	static grad_ref ref(void *value, void **slot,
+			    const std::type_info *type) noexcept
 	{
 		grad_ref g;
 		g.value_ = value;
+		g.slot_ = slot;
 		g.type_ = type;
 		return g;
 	}
@@ -732,6 +884,76 @@ struct access {
 	}
 };
 
+/* Where closures live: a thread's cache of freed blocks by size (16 to
+ * 128 bytes), so that recording an op costs no malloc once the cache is
+ * warm. A block freed on another thread joins that thread's cache; each
+ * class keeps at most `keep` blocks, the rest go back to the heap, and a
+ * thread's cache is emptied when the thread exits. */
+struct block_cache {
+	static constexpr std::size_t grain = 16, classes = 8, keep = 256;
+	struct block {
+		block *next;
+	};
+	block *head[classes];
+	std::size_t count[classes];
+	bool drained; /* the thread is exiting: the heap from here on */
+};
+
+/* Trivially destructible, so that a closure freed by another
+ * thread_local's destructor, late in a thread's exit, still finds it. */
+inline thread_local block_cache closure_cache{};
+
+/* Empties closure_cache when the thread exits. */
+struct block_cache_drain {
+	~block_cache_drain()
+	{
+		block_cache &c = closure_cache;
+		c.drained = true;
+		for (std::size_t k = 0; k < block_cache::classes; k++)
+			while (c.head[k] != nullptr) {
+				block_cache::block *b = c.head[k];
+				c.head[k] = b->next;
+				::operator delete(b);
+			}
+	}
+};
+inline thread_local bool closure_cache_armed = false;
+
+inline void *closure_alloc(std::size_t n)
+{
+	block_cache &c = closure_cache;
+	std::size_t k = (n + block_cache::grain - 1) / block_cache::grain;
+	if (k == 0 || k > block_cache::classes || c.drained)
+		return ::operator new(n);
+	if (!closure_cache_armed) {
+		/* Constructed on first use, destroyed at the thread's exit. */
+		static thread_local block_cache_drain drain;
+		(void)drain;
+		closure_cache_armed = true;
+	}
+	block_cache::block *b = c.head[k - 1];
+	if (b == nullptr)
+		return ::operator new(k *block_cache::grain);
+	c.head[k - 1] = b->next;
+	c.count[k - 1]--;
+	return b;
+}
+
+inline void closure_free(void *p, std::size_t n) noexcept
+{
+	block_cache &c = closure_cache;
+	std::size_t k = (n + block_cache::grain - 1) / block_cache::grain;
+	if (k == 0 || k > block_cache::classes || c.drained ||
+	    !closure_cache_armed || c.count[k - 1] >= block_cache::keep) {
+		::operator delete(p);
+		return;
+	}
+	auto *b = static_cast<block_cache::block *>(p);
+	b->next = c.head[k - 1];
+	c.head[k - 1] = b;
+	c.count[k - 1]++;
+}
+
 /* The code a trampoline returns for the exception being handled: an
  * adg::error's own (when negative), ADG_ENOMEM for std::bad_alloc,
  * ADG_ETHREW for anything else. Only inside a catch block. */
@@ -752,9 +974,15 @@ inline int thrown_code() noexcept
 template <class T> struct typed_ops {
 	static int add(void **sum, void *value, void *ctx) noexcept
 	{
-		std::unique_ptr<T> v(static_cast<T *>(value)); /* ours */
 		try {
-			*static_cast<T *>(*sum) += std::move(*v);
+			if constexpr (is_inline_v<T>) {
+				T s = packing<T>::unpack(*sum);
+				s += packing<T>::unpack(value);
+				*sum = packing<T>::pack(s);
+			} else {
+				std::unique_ptr<T> v(static_cast<T *>(value));
+				*static_cast<T *>(*sum) += std::move(*v);
+			}
 			return 0;
 		} catch (...) {
 			if (ctx != nullptr)
@@ -766,7 +994,7 @@ template <class T> struct typed_ops {
 	static void free(void *value, void *ctx) noexcept
 	{
 		(void)ctx;
-		delete static_cast<T *>(value);
+		packing<T>::drop(value);
 	}
 };
 
@@ -774,6 +1002,15 @@ template <class T> struct typed_ops {
 template <class T, class F> struct closure {
 	F step;
 	registry_core *core;
+
+	static void *operator new(std::size_t n)
+	{
+		return closure_alloc(n);
+	}
+	static void operator delete(void *p, std::size_t n) noexcept
+	{
+		closure_free(p, n);
+	}
 
 	static int run(adg_step_call *call, void *user) noexcept
 	{
@@ -1057,16 +1294,16 @@ struct pass_state {
 		return nullptr;
 	}
 
-	grad_ref ref(const void *value) const noexcept
+	grad_ref ref(const void *value, void **slot) const noexcept
 	{
-		return access::ref(const_cast<void *>(value), &type);
+		return access::ref(const_cast<void *>(value), slot, &type);
 	}
 
 	static int ready(std::uint64_t id, void **grad, void *ctx) noexcept
 	{
 		auto *self = static_cast<pass_state *>(ctx);
 		try {
-			self->options.on_ready(id, self->ref(*grad));
+			self->options.on_ready(id, self->ref(*grad, grad));
 			return 0;
 		} catch (...) {
 			self->keep(ADG_FAILED_ON_READY, id,
@@ -1092,7 +1329,8 @@ struct pass_state {
 	{
 		auto *self = static_cast<pass_state *>(ctx);
 		try {
-			return self->options.value_check(self->ref(value))
+			return self->options.value_check(
+				       self->ref(value, nullptr))
 				       ? 0
 				       : ADG_EVALUE;
 		} catch (...) {
@@ -1462,36 +1700,76 @@ step_call<T>::step_call(adg_step_call *call) noexcept : call_(call)
 
 template <class T> const T *step_call<T>::grad() const noexcept
 {
-	return static_cast<const T *>(call_->grad);
+	if (call_->grad == nullptr)
+		return nullptr;
+	if constexpr (detail::is_inline_v<T>) {
+		unpacked_ = detail::packing<T>::unpack(call_->grad);
+		return &*unpacked_;
+	} else {
+		return static_cast<const T *>(call_->grad);
+	}
 }
 
 template <class T> T step_call<T>::grad_or(T fallback) const
 {
-	return call_->grad != nullptr ? *grad() : fallback;
+	if (call_->grad == nullptr)
+		return fallback;
+	if constexpr (detail::is_inline_v<T>)
+		return detail::packing<T>::unpack(call_->grad);
+	else
+		return *static_cast<const T *>(call_->grad);
 }
 
-template <class T> std::unique_ptr<T> step_call<T>::take_grad() noexcept
+template <class T> std::unique_ptr<T> step_call<T>::take_grad()
 {
-	std::unique_ptr<T> g(static_cast<T *>(call_->grad));
+	std::unique_ptr<T> g;
+	if constexpr (detail::is_inline_v<T>) {
+		if (call_->grad != nullptr)
+			g = std::make_unique<T>(
+				detail::packing<T>::unpack(call_->grad));
+	} else {
+		g.reset(static_cast<T *>(call_->grad));
+	}
 	call_->grad = nullptr;
 	return g;
 }
 
+namespace detail
+{
+[[noreturn]] void give_failed(int rc, std::size_t slot, std::size_t n_parents);
+} // namespace detail
+
 template <class T> void step_call<T>::give(std::size_t slot, T value)
 {
-	give(slot, std::make_unique<T>(std::move(value)));
+	/* adg_step_give owns the value from the call on, failing or not */
+	int rc = adg_step_give(call_, slot,
+			       detail::packing<T>::pack(std::move(value)));
+	if (rc != 0)
+		detail::give_failed(rc, slot, call_->n_parents);
 }
 
 template <class T>
 void step_call<T>::give(std::size_t slot, std::unique_ptr<T> value)
 {
-	/* adg_step_give owns the value from the call on, failing or not */
-	int rc = adg_step_give(call_, slot, value.release());
-	if (rc == 0)
-		return;
+	if constexpr (detail::is_inline_v<T>) {
+		give(slot, *value);
+	} else {
+		/* adg_step_give owns the value from the call on */
+		int rc = adg_step_give(call_, slot, value.release());
+		if (rc != 0)
+			detail::give_failed(rc, slot, call_->n_parents);
+	}
+}
+
+namespace detail
+{
+/* step_call::give's error: what was wrong, in words. */
+[[noreturn]] inline void give_failed(int rc, std::size_t slot,
+				     std::size_t n_parents)
+{
 	std::string what = "step_call::give: slot " + std::to_string(slot);
-	if (rc == ADG_EINVAL && slot >= call_->n_parents)
-		what += " out of range (" + std::to_string(call_->n_parents) +
+	if (rc == ADG_EINVAL && slot >= n_parents)
+		what += " out of range (" + std::to_string(n_parents) +
 			" parents)";
 	else if (rc == ADG_EINVAL) /* the value is never null here */
 		what += " given twice";
@@ -1499,6 +1777,7 @@ void step_call<T>::give(std::size_t slot, std::unique_ptr<T> value)
 		what += ": the value check rejected the gradient";
 	throw error(rc, what);
 }
+} // namespace detail
 
 template <class T> std::size_t step_call<T>::n_parents() const noexcept
 {
@@ -1556,6 +1835,19 @@ node op(registry &reg, const std::vector<node> &parents, F &&step,
 {
 	return detail::make_op<T>(reg, detail::parent_list(parents),
 				  std::forward<F>(step), name);
+}
+
+template <class T> void *pack(T value)
+{
+	return detail::packing<T>::pack(std::move(value));
+}
+
+template <class T> T unpack(const void *value)
+{
+	if constexpr (detail::is_inline_v<T>)
+		return detail::packing<T>::unpack(value);
+	else
+		return *static_cast<const T *>(value);
 }
 
 template <class T> adg_grad_ops grad_ops() noexcept
@@ -1672,7 +1964,8 @@ gradients<T> backward(node_ref root, T seed, const backward_options &options)
 	adg_failure failure{};
 	adg_backward_options o = pass.c_options(&failure);
 	adg_grads *out = nullptr;
-	T *s = new T(std::move(seed)); /* libadg's from the call on */
+	/* libadg's from the call on */
+	void *s = detail::packing<T>::pack(std::move(seed));
 	int rc = adg_backward_with(core->raw, root.raw(), s, &ops, &o, &out);
 	if (options.failure != nullptr)
 		*options.failure = failure;
@@ -1841,11 +2134,42 @@ node op_with(registry &reg, const std::vector<node> &parents, F &&step,
 
 /* hooks */
 
-template <class T> T *grad_ref::as() const
+template <class T> void grad_ref::check_type() const
 {
 	if (type_ == nullptr || *type_ != typeid(T))
 		throw error(ADG_EINVAL,
-			    "grad_ref::as: not the backward's gradient type");
+			    "grad_ref: not the backward's gradient type");
+}
+
+template <class T> std::optional<T> grad_ref::get() const
+{
+	check_type<T>();
+	if (value_ == nullptr)
+		return std::nullopt;
+	if constexpr (detail::is_inline_v<T>)
+		return detail::packing<T>::unpack(value_);
+	else
+		return *static_cast<const T *>(value_);
+}
+
+template <class T> void grad_ref::set(T value) const
+{
+	check_type<T>();
+	if (slot_ == nullptr || *slot_ == nullptr)
+		throw error(ADG_EINVAL, "grad_ref::set: no gradient to replace "
+					"(or a value check's)");
+	if constexpr (detail::is_inline_v<T>)
+		*slot_ = detail::packing<T>::pack(value);
+	else
+		*static_cast<T *>(*slot_) = std::move(value);
+}
+
+template <class T> T *grad_ref::as() const
+{
+	static_assert(!detail::is_inline_v<T>,
+		      "grad_ref::as: T travels inline (a double, say): use "
+		      "get<T>() and set<T>()");
+	check_type<T>();
 	return static_cast<T *>(value_);
 }
 
@@ -1885,33 +2209,55 @@ template <class T> gradients<T>::~gradients()
 	adg_grads_free(raw_); /* before state_, the ops' ctx */
 }
 
-template <class T> const T &gradients<T>::get(node_ref n) const
+namespace detail
+{
+/* get's answer from a C value: a copy of an inline one, the boxed one
+ * itself. */
+template <class T>
+typename gradients<T>::const_reference gradient_of(const void *value)
+{
+	if constexpr (is_inline_v<T>)
+		return packing<T>::unpack(value);
+	else
+		return *static_cast<const T *>(value);
+}
+} // namespace detail
+
+template <class T>
+typename gradients<T>::const_reference gradients<T>::get(node_ref n) const
 {
 	void *value = nullptr;
 	check(adg_grads_get_node(raw_, n.raw(), &value), "adg_grads_get_node");
-	return *static_cast<const T *>(value);
+	return detail::gradient_of<T>(value);
 }
 
-template <class T> T &gradients<T>::get(node_ref n)
+template <class T>
+template <class U, std::enable_if_t<!detail::is_inline_v<U>, int>>
+U &gradients<T>::get(node_ref n)
 {
 	void *value = nullptr;
 	check(adg_grads_get_node(raw_, n.raw(), &value), "adg_grads_get_node");
-	return *static_cast<T *>(value);
+	return *static_cast<U *>(value);
 }
 
-template <class T> const T &gradients<T>::get(std::uint64_t id) const
+template <class T>
+typename gradients<T>::const_reference gradients<T>::get(std::uint64_t id) const
 {
 	void *value = nullptr;
 	check(adg_grads_get(raw_, id, &value), "adg_grads_get");
-	return *static_cast<const T *>(value);
+	return detail::gradient_of<T>(value);
 }
 
-template <class T> const T *gradients<T>::find(node_ref n) const noexcept
+template <class T>
+typename gradients<T>::found gradients<T>::find(node_ref n) const noexcept
 {
 	void *value = nullptr;
 	if (adg_grads_get_node(raw_, n.raw(), &value) != 0)
-		return nullptr;
-	return static_cast<const T *>(value);
+		return found{};
+	if constexpr (detail::is_inline_v<T>)
+		return detail::packing<T>::unpack(value);
+	else
+		return static_cast<const T *>(value);
 }
 
 template <class T> T gradients<T>::take(node_ref n)
@@ -1919,8 +2265,12 @@ template <class T> T gradients<T>::take(node_ref n)
 	void *value = nullptr;
 	check(adg_grads_take_node(raw_, n.raw(), &value),
 	      "adg_grads_take_node");
-	std::unique_ptr<T> owned(static_cast<T *>(value));
-	return std::move(*owned);
+	if constexpr (detail::is_inline_v<T>) {
+		return detail::packing<T>::unpack(value);
+	} else {
+		std::unique_ptr<T> owned(static_cast<T *>(value));
+		return std::move(*owned);
+	}
 }
 
 template <class T> std::size_t gradients<T>::size() const

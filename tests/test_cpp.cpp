@@ -770,11 +770,11 @@ TEST(c_code_runs_cpp_steps_with_the_registrys_ops)
 	adg_backward_options o{};
 	o.executor = workers.c_executor();
 	adg_grads *grads = nullptr;
-	EXPECT(adg_backward_with(reg.raw(), t.raw(), new double(1.0), nullptr,
+	EXPECT(adg_backward_with(reg.raw(), t.raw(), adg::pack(1.0), nullptr,
 				 &o, &grads) == 0);
 	void *dz = nullptr;
 	EXPECT(adg_grads_get_node(grads, l.z.raw(), &dz) == 0);
-	EXPECT(*static_cast<double *>(dz) == c_gradients()[2]);
+	EXPECT(adg::unpack<double>(dz) == c_gradients()[2]);
 	adg_grads_free(grads);
 	EXPECT(probe::live == 0);
 }
@@ -931,8 +931,8 @@ TEST(hooks_are_callables)
 			std::lock_guard<std::mutex> lock(seen_lock);
 			ready_ids.push_back(id);
 			if (id == l.z.id())
-				*g.as<double>() *= 2; /* in place */
-			EXPECT_THROWS(adg::error, g.as<float>(), );
+				g.set(*g.get<double>() * 2);
+			EXPECT_THROWS(adg::error, g.get<float>(), );
 		};
 		o.on_step = [&](const adg_step_event &e) {
 			(e.after ? after : before)++;
@@ -973,7 +973,7 @@ TEST(the_value_check_names_the_producing_step)
 			o.executor = workers;
 		o.retain = true;
 		o.value_check = [](adg::grad_ref g) {
-			return !std::isnan(*g.as<double>());
+			return !std::isnan(*g.get<double>());
 		};
 		EXPECT_THROWS(adg::error, adg::backward(root, 1.0, o), {
 			EXPECT(e.code().value() == ADG_EVALUE);
@@ -1018,7 +1018,7 @@ TEST(c_handles_are_adopted_borrowed_and_referenced)
 		c.give(0, 2.0);
 	});
 	adg_grads *c_grads = nullptr;
-	EXPECT(adg_backward(reg.raw(), y.raw(), new double(1.0), &ops,
+	EXPECT(adg_backward(reg.raw(), y.raw(), adg::pack(1.0), &ops,
 			    &c_grads) == 0);
 	adg::gradients<double> owned = adg::gradients<double>::adopt(c_grads);
 	EXPECT(owned.get(adopted) == 2.0);
@@ -1146,10 +1146,18 @@ TEST(errors_name_their_codes)
 	EXPECT_THROWS(adg::error, adg::check(ADG_EBUSY),
 		      EXPECT(e.code().value() == ADG_EBUSY));
 	adg_grad_ops ops = adg::grad_ops<double>();
-	void *sum = new double(1.0);
-	EXPECT(ops.add(&sum, new double(2.0), nullptr) == 0);
-	EXPECT(*static_cast<double *>(sum) == 3.0);
+	void *sum = adg::pack(1.0);
+	EXPECT(ops.add(&sum, adg::pack(2.0), nullptr) == 0);
+	EXPECT(adg::unpack<double>(sum) == 3.0);
 	ops.free(sum, nullptr);
+	/* 0.0 is not NULL (no gradient), and a boxed type is a T *. */
+	EXPECT(adg::pack(0.0) != nullptr && adg::pack(0.0f) != nullptr);
+	EXPECT(adg::unpack<double>(adg::pack(-0.0)) == 0.0);
+	EXPECT(std::isnan(adg::unpack<double>(adg::pack(std::nan("")))));
+	adg_grad_ops boxed = adg::grad_ops<tracked>();
+	void *t = adg::pack(tracked(1.5));
+	EXPECT(static_cast<tracked *>(t)->v == 1.5);
+	boxed.free(t, nullptr);
 }
 
 } // namespace
