@@ -13,9 +13,8 @@
 #define ADG_INTERNAL_H
 
 #include "adg.h"
+#include "util.h"
 
-#include <ck_cc.h>
-#include <ck_md.h>
 #include <ck_pr.h>
 #include <ck_spinlock.h>
 #include <pthread.h>
@@ -41,40 +40,6 @@
 #include <urcu-bp.h>
 #include <urcu-call-rcu.h>
 #include <urcu/list.h>
-
-#define ADG_CACHELINE	CK_MD_CACHELINE
-#define adg_likely(x)	CK_CC_LIKELY(x)
-#define adg_unlikely(x) CK_CC_UNLIKELY(x)
-
-/* Alignment is rounded up by masking (adg_round_up), and the layout checks
- * below divide by it: it must be a power of two. */
-#if ADG_CACHELINE <= 0 || (ADG_CACHELINE & (ADG_CACHELINE - 1)) != 0
-#error "ADG_CACHELINE must be a power of two"
-#endif
-
-/* n rounded up to a multiple of align, a power of two. */
-static inline uintptr_t adg_round_up(uintptr_t n, uintptr_t align)
-{
-	return (n + align - 1) & ~(align - 1);
-}
-
-/*
- * ADG_ASSERT states an invariant (docs/concurrency.md numbers them: I1,
- * I2, ...) and checks it in builds with ADG_ASSERTIONS: every build but
- * release (meson option `assertions`), so the tests, the stress tests and
- * the fuzzer run with them. A failure is a bug in libadg, not bad input:
- * it says where and aborts, as liburcu's debug assertions do. In release
- * builds the condition is compiled but never evaluated.
- */
-#ifdef ADG_ASSERTIONS
-__attribute__((noreturn, cold)) void
-adg_assert_fail(const char *cond, const char *file, int line);
-#define ADG_ASSERT(cond)                                                       \
-	(adg_likely(cond) ? (void)0                                            \
-			  : adg_assert_fail(#cond, __FILE__, __LINE__))
-#else
-#define ADG_ASSERT(cond) ((void)sizeof(!(cond)))
-#endif
 
 /*
  * ThreadSanitizer sees neither liburcu's publish and dereference nor its
@@ -126,12 +91,6 @@ extern void (*adg_test_point)(enum adg_test_point where);
 struct adg_shard;
 struct adg_graph;
 struct adg_tape; /* a backward's scratch, reused by its thread (tape.h) */
-
-/* Maps a callback's result to the library's convention. */
-static inline int adg_callback_result(int rc)
-{
-	return rc > 0 ? ADG_ECALLBACK : rc;
-}
 
 /* -------------------------------------------------------------- spinlocks */
 
