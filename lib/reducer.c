@@ -184,8 +184,7 @@ static struct slot *slot_of(const struct adg_reducer *r, size_t p, size_t i)
 
 static size_t home_of(const struct adg_reducer *r, uint64_t id)
 {
-	/* Fibonacci hashing, as grads.c: consecutive ids spread. */
-	return (size_t)((id * UINT64_C(0x9e3779b97f4a7c15)) >> r->shift);
+	return (size_t)adg_id_hash(id, r->shift);
 }
 
 /* The parameter index of id, or NONE. */

@@ -207,8 +207,7 @@ struct tape_leaf_filter {
 
 static inline void tape_count_leaf(struct tape_leaf_filter *f, uint64_t id)
 {
-	/* Fibonacci hashing to 6 bits: consecutive ids spread. */
-	size_t i = (size_t)((id * UINT64_C(0x9e3779b97f4a7c15)) >> 58);
+	size_t i = (size_t)adg_id_hash(id, 64 - 6); /* 64 entries */
 	if (f->recent[i] != id) {
 		f->recent[i] = id;
 		f->count++;
