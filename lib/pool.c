@@ -8,8 +8,6 @@
  */
 #include "internal.h"
 
-#include <stdlib.h>
-
 struct job {
 	void (*fn)(void *arg);
 	void *arg;
@@ -111,19 +109,6 @@ static void stop(struct adg_pool *pool, unsigned n)
 	a.free(pool, pool_size(pool->n_threads), a.ctx);
 }
 
-static void *pool_default_alloc(size_t size, void *ctx)
-{
-	(void)ctx;
-	return malloc(size);
-}
-
-static void pool_default_free(void *ptr, size_t size, void *ctx)
-{
-	(void)size;
-	(void)ctx;
-	free(ptr);
-}
-
 int adg_pool_new(unsigned n_threads, adg_pool **out)
 {
 	adg_pool_options o = {.n_threads = n_threads};
@@ -141,8 +126,7 @@ int adg_pool_new_with(const adg_pool_options *options, adg_pool **out)
 		return ADG_EINVAL;
 	adg_allocator a = options->allocator;
 	if (a.alloc == NULL)
-		a = (adg_allocator){pool_default_alloc, pool_default_free,
-				    NULL};
+		a = adg_default_allocator;
 	unsigned n_threads = options->n_threads;
 	struct adg_pool *pool = a.alloc(pool_size(n_threads), a.ctx);
 	if (pool == NULL)

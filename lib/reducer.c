@@ -41,7 +41,6 @@
 #include "internal.h"
 
 #include <sched.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define NONE SIZE_MAX /* no participant or parameter */
@@ -143,19 +142,6 @@ struct adg_reducer {
 };
 
 /* ------------------------------------------------------------- layout */
-
-static void *default_alloc(size_t size, void *ctx)
-{
-	(void)ctx;
-	return malloc(size);
-}
-
-static void default_free(void *ptr, size_t size, void *ctx)
-{
-	(void)ctx;
-	(void)size;
-	free(ptr);
-}
 
 /* size bytes at a cache line's boundary: the allocator promises malloc's
  * alignment only, so ask for a line more. *base is what to free, *bytes
@@ -280,7 +266,7 @@ int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 
 	adg_allocator a = options->allocator;
 	if (a.alloc == NULL)
-		a = (adg_allocator){default_alloc, default_free, NULL};
+		a = adg_default_allocator;
 	void *base;
 	size_t bytes;
 	struct adg_reducer *r = alloc_aligned(&a, sizeof *r, &base, &bytes);

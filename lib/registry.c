@@ -11,7 +11,6 @@
  */
 #include "internal.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 /* Ids a thread takes from its registry at once. */
@@ -37,19 +36,6 @@ static CDS_LIST_HEAD(threads);
 static pthread_key_t thread_exit_key;
 static pthread_once_t thread_exit_once = PTHREAD_ONCE_INIT;
 static bool thread_exit_key_ok;
-
-static void *default_alloc(size_t size, void *ctx)
-{
-	(void)ctx;
-	return malloc(size);
-}
-
-static void default_free(void *ptr, size_t size, void *ctx)
-{
-	(void)size;
-	(void)ctx;
-	free(ptr);
-}
 
 /* Registries and shards are cache-line aligned, and the caller's allocator
  * promises only malloc's alignment: ask for a line more and round up.
@@ -242,7 +228,7 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 		*out = NULL;
 	if (out == NULL)
 		return ADG_EINVAL;
-	adg_allocator allocator = {default_alloc, default_free, NULL};
+	adg_allocator allocator = adg_default_allocator;
 	uint64_t max_node_id = UINT64_MAX;
 	if (options != NULL) {
 		const adg_allocator *a = &options->allocator;
