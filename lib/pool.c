@@ -6,7 +6,11 @@
  * condition variable serve, and an idle thread sleeps in the kernel
  * rather than spinning on a core that a step could use.
  */
-#include "internal.h"
+#include "adg.h"
+#include "util.h"
+
+#include <pthread.h>
+#include <stdbool.h>
 
 struct job {
 	void (*fn)(void *arg);
