@@ -4,10 +4,11 @@
  * this order: node.c creates it, graph.c places it in a graph, a backward
  * takes and runs its step, node.c frees it. A backward is the runner's
  * (run.h): backward.c is its entry point and the sequential loop, tape.c
- * takes the tape, run.c is the step protocol every mode shares, parallel.c
- * runs a tape on an executor's workers, and pool.c is libadg's own
- * executor. registry.c owns the per-thread shards that carry ids and
- * counters; grads.c the gradient table a backward returns.
+ * takes the tape, run.c is the step protocol every mode shares, and
+ * parallel.c runs a tape on an executor's workers. registry.c owns the
+ * per-thread shards that carry ids and counters; grads.c the gradient
+ * table a backward returns. The annexes (pool.c, reducer.c) need none of
+ * this: they stand on adg.h and util.h alone.
  */
 #ifndef ADG_INTERNAL_H
 #define ADG_INTERNAL_H

@@ -38,9 +38,13 @@
  * end: the parameters it did not give stay incomplete, never applied
  * with part of their contributions.
  */
-#include "internal.h"
+#include "adg.h"
+#include "util.h"
 
+#include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <string.h>
 
 #define NONE SIZE_MAX /* no participant or parameter */
