@@ -79,7 +79,7 @@ in_decl {
 	if (depth <= 0 && $0 ~ /;/) emit()
 	next
 }
-/^\/\* -+ [a-z-]+ \*\/$/ {
+/^\/\* -+ [a-z -]+ \*\/$/ {
 	s = $0; gsub(/^\/\* -+ | \*\/$/, "", s)
 	sections[++nsec] = s; body[nsec] = ""
 	next
@@ -172,7 +172,7 @@ decl != "" {
 }
 /^namespace detail/ { skipping = 1; next }
 /^(#|\{$)/ { next }
-/^\/\* -+ [a-z-]+ \*\/$/ {
+/^\/\* -+ [a-z -]+ \*\/$/ {
 	s = $0; gsub(/^\/\* -+ | \*\/$/, "", s)
 	sections[++nsec] = s; body[nsec] = ""
 	next
