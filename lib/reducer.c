@@ -1,6 +1,6 @@
 /*
  * The gradient reducer: synchronous data parallelism inside one process
- * (adg.h, "gradient reducer"; docs/concurrency.md, I15 to I17).
+ * (include/adg/reducer.h; docs/concurrency.md, I15 to I17).
  *
  * Contributions. Each participant has a block of slots, one per parameter,
  * on cache lines of its own: a contribution is a plain store into the

@@ -164,7 +164,7 @@ END {
 	if (part == "")
 		print_page("# libadg API reference", note)
 	else
-		print_page("# libadg API reference: `<adg/" part ".h>`", note "\nPart of `<adg.h>`, which includes it: [the API reference](api.md).")
+		print_page("# libadg API reference: `<adg/" part ".h>`", note "\nPart of [the API reference](api.md).")
 }' "$header"
 [ -f "$cpp_header" ] || exit 0
 
