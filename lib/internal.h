@@ -588,7 +588,7 @@ struct adg_ckpt {
 	 * want slot of every tape child, and a slot count is 32 bits. */
 	uint64_t pending;
 	/* During a backward: the take planned to rebuild the output, and it
-	 * has not been rebuilt yet; see serve. */
+	 * has not been rebuilt yet; see ckpt_serve. */
 	bool rebuild_planned;
 	/* With an executor's workers: the run (its output lock's address)
 	 * rebuilding the output now, or NULL; atomic, since retained passes
@@ -599,7 +599,7 @@ struct adg_ckpt {
 	 * released, and the next such record (struct adg_drops). */
 	void *dropped;
 	struct adg_node *drop_next;
-	struct adg_node *unbuilt_next; /* serve's work list */
+	struct adg_node *unbuilt_next; /* ckpt_serve's work list */
 	bool want_self;
 	uint32_t n_want_parents;
 	uint32_t want_parents[]; /* parent slots */
