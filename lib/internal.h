@@ -380,7 +380,8 @@ struct adg_shard {
 	/* Read-mostly: written at creation and adoption. */
 	_Alignas(ADG_CACHELINE) struct adg_registry *registry;
 	bool owned;	  /* a live thread holds it; under the threads lock */
-	void *alloc_base; /* what the allocator returned (see zalloc_aligned) */
+	void *alloc_base; /* what the allocator returned (see
+			     registry_zalloc_aligned) */
 	struct adg_shard *next_in_registry;
 	/* In its thread's overflow list (struct adg_thread), under the
 	 * threads lock. */

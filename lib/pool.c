@@ -56,7 +56,7 @@ static void *pool_thread(void *arg)
 }
 
 /* Doubles the ring, under lock. */
-static bool grow(struct adg_pool *pool)
+static bool pool_grow(struct adg_pool *pool)
 {
 	const adg_allocator *a = &pool->allocator;
 	size_t cap = pool->cap ? pool->cap * 2 : 16;
@@ -77,7 +77,7 @@ static int pool_submit(void (*fn)(void *arg), void *arg, void *ctx)
 {
 	struct adg_pool *pool = ctx;
 	pthread_mutex_lock(&pool->lock);
-	if (pool->count == pool->cap && !grow(pool)) {
+	if (pool->count == pool->cap && !pool_grow(pool)) {
 		pthread_mutex_unlock(&pool->lock);
 		return ADG_ENOMEM; /* the backward goes on without it */
 	}
@@ -97,7 +97,7 @@ static size_t pool_size(unsigned n_threads)
 
 /* Stops the first n threads (and frees the pool): nothing is queued or
  * everything queued runs first. */
-static void stop(struct adg_pool *pool, unsigned n)
+static void pool_stop(struct adg_pool *pool, unsigned n)
 {
 	pthread_mutex_lock(&pool->lock);
 	pool->stopping = true;
@@ -148,7 +148,7 @@ int adg_pool_new_with(const adg_pool_options *options, adg_pool **out)
 	for (unsigned i = 0; i < n_threads; i++) {
 		if (pthread_create(&pool->threads[i], NULL, pool_thread,
 				   pool) != 0) {
-			stop(pool, i);
+			pool_stop(pool, i);
 			return ADG_ENOMEM;
 		}
 	}
@@ -174,6 +174,6 @@ int adg_pool_free(adg_pool *pool)
 		return 0;
 	if (this_pool == pool)
 		return ADG_EINVAL; /* it would join itself */
-	stop(pool, pool->n_threads);
+	pool_stop(pool, pool->n_threads);
 	return 0;
 }
