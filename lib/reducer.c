@@ -224,50 +224,109 @@ static void reducer_free_blocks(struct adg_reducer *r)
 	copy.free(r->self_base, r->self_bytes, copy.ctx);
 }
 
+/* Whether options are as adg_reducer_new requires, but for ids repeated
+ * (reducer_index_params finds those); *sliced: some parameter is in
+ * slices. */
+static bool reducer_options_valid(const adg_reducer_options *o, bool *sliced)
+{
+	if (o->n_participants == 0 || o->n_params == 0 ||
+	    o->param_ids == NULL || o->ops.add == NULL ||
+	    o->ops.apply == NULL || o->ops.release == NULL ||
+	    (o->allocator.alloc == NULL) != (o->allocator.free == NULL))
+		return false;
+	const size_t *slices = o->param_slices;
+	*sliced = false;
+	for (size_t k = 0; k < o->n_params; k++) {
+		if (o->param_ids[k] == 0)
+			return false;
+		if (slices != NULL &&
+		    (slices[k] == 0 || slices[k] > ADG_REDUCER_MAX_SLICES))
+			return false;
+		*sliced |= slices != NULL && slices[k] > 1;
+	}
+	return !*sliced || o->ops.add_slice != NULL;
+}
+
+/* The sizes of a reducer's blocks. */
+struct reducer_layout {
+	size_t stride;	     /* a participant's block, in whole lines */
+	size_t members_size; /* the participants' blocks */
+	size_t params_size;
+	size_t table_cap;  /* a power of two */
+	unsigned int log2; /* of table_cap */
+};
+
+/* The sizes for t participants and n parameters: a participant's block
+ * rounded up to whole lines; the table at least twice the parameters, so
+ * that a probe run stays short. false when one would overflow, a line
+ * for the alignment included. */
+static bool reducer_layout(size_t t, size_t n, struct reducer_layout *l)
+{
+	size_t stride;
+	l->table_cap = 4;
+	l->log2 = 2;
+	if (__builtin_mul_overflow(n, sizeof(struct slot), &stride) ||
+	    __builtin_add_overflow(stride, sizeof(struct member), &stride) ||
+	    stride > SIZE_MAX - 2 * ADG_CACHELINE)
+		return false;
+	l->stride = adg_round_up(stride, ADG_CACHELINE);
+	while (l->table_cap / 2 < n &&
+	       l->table_cap <= SIZE_MAX / 2 / sizeof(struct entry)) {
+		l->table_cap *= 2;
+		l->log2++;
+	}
+	return l->table_cap / 2 >= n &&
+	       !__builtin_mul_overflow(t, l->stride, &l->members_size) &&
+	       l->members_size <= SIZE_MAX - ADG_CACHELINE &&
+	       !__builtin_mul_overflow(n, sizeof(struct param),
+				       &l->params_size) &&
+	       l->params_size <= SIZE_MAX - ADG_CACHELINE;
+}
+
+/* Allocates and fills r's parameters, participants' blocks and id table,
+ * with r's allocator. Returns 0, ADG_ENOMEM, or ADG_EINVAL for a repeated
+ * id; on error what was allocated is left for reducer_free_blocks. */
+static int reducer_fill(struct adg_reducer *r, const adg_reducer_options *o,
+			const struct reducer_layout *l)
+{
+	const adg_allocator *a = &r->allocator;
+	r->params = reducer_alloc_aligned(a, l->params_size, &r->params_base,
+					  &r->params_bytes);
+	if (r->params == NULL)
+		return ADG_ENOMEM;
+	r->members = reducer_alloc_aligned(a, l->members_size, &r->members_base,
+					   &r->members_bytes);
+	if (r->members == NULL)
+		return ADG_ENOMEM;
+	size_t table_size = r->table_cap * sizeof *r->table;
+	r->table = a->alloc(table_size, a->ctx);
+	if (r->table == NULL)
+		return ADG_ENOMEM;
+	memset(r->table, 0, table_size);
+	if (!reducer_index_params(r, o->param_ids))
+		return ADG_EINVAL;
+	for (size_t k = 0; k < r->n_params; k++)
+		r->params[k].n_slices =
+			o->param_slices != NULL ? o->param_slices[k] : 1;
+	for (size_t p = 0; p < r->n_members; p++) {
+		struct member *m = reducer_member_of(r, p);
+		m->reducer = r;
+		m->index = p;
+	}
+	return 0;
+}
+
 int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 {
 	if (out != NULL)
 		*out = NULL;
-	if (options == NULL || out == NULL || options->n_participants == 0 ||
-	    options->n_params == 0 || options->param_ids == NULL ||
-	    options->ops.add == NULL || options->ops.apply == NULL ||
-	    options->ops.release == NULL ||
-	    (options->allocator.alloc == NULL) !=
-		    (options->allocator.free == NULL))
+	bool sliced;
+	if (options == NULL || out == NULL ||
+	    !reducer_options_valid(options, &sliced))
 		return ADG_EINVAL;
-	size_t t = options->n_participants, n = options->n_params;
-	const size_t *slices = options->param_slices;
-	bool sliced = false;
-	for (size_t k = 0; k < n; k++) {
-		if (options->param_ids[k] == 0)
-			return ADG_EINVAL;
-		if (slices != NULL &&
-		    (slices[k] == 0 || slices[k] > ADG_REDUCER_MAX_SLICES))
-			return ADG_EINVAL;
-		sliced |= slices != NULL && slices[k] > 1;
-	}
-	if (sliced && options->ops.add_slice == NULL)
-		return ADG_EINVAL;
-
-	/* Sizes: a participant's block rounded up to whole lines; the table
-	 * at least twice the parameters, so that a probe run stays short. */
-	size_t stride, members_size, params_size, cap = 4, table_size;
-	unsigned int log2 = 2;
-	if (__builtin_mul_overflow(n, sizeof(struct slot), &stride) ||
-	    __builtin_add_overflow(stride, sizeof(struct member), &stride) ||
-	    stride > SIZE_MAX - 2 * ADG_CACHELINE)
+	struct reducer_layout l;
+	if (!reducer_layout(options->n_participants, options->n_params, &l))
 		return ADG_ENOMEM;
-	stride = adg_round_up(stride, ADG_CACHELINE);
-	while (cap / 2 < n && cap <= SIZE_MAX / 2 / sizeof(struct entry)) {
-		cap *= 2;
-		log2++;
-	}
-	if (cap / 2 < n || __builtin_mul_overflow(t, stride, &members_size) ||
-	    members_size > SIZE_MAX - ADG_CACHELINE ||
-	    __builtin_mul_overflow(n, sizeof(struct param), &params_size) ||
-	    params_size > SIZE_MAX - ADG_CACHELINE)
-		return ADG_ENOMEM;
-	table_size = cap * sizeof(struct entry);
 
 	adg_allocator a = options->allocator;
 	if (a.alloc == NULL)
@@ -282,37 +341,17 @@ int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 	r->self_bytes = bytes;
 	r->allocator = a;
 	r->ops = options->ops;
-	r->n_members = t;
-	r->n_params = n;
+	r->n_members = options->n_participants;
+	r->n_params = options->n_params;
 	r->apply_at_end = options->apply_at_end != 0;
 	r->sliced = sliced;
-	r->member_stride = stride;
-	r->table_cap = cap;
-	r->shift = 64 - log2;
-	int rc = ADG_ENOMEM;
-	r->params = reducer_alloc_aligned(&a, params_size, &r->params_base,
-					  &r->params_bytes);
-	if (r->params == NULL)
+	r->member_stride = l.stride;
+	r->table_cap = l.table_cap;
+	r->shift = 64 - l.log2;
+	int rc = reducer_fill(r, options, &l);
+	if (rc != 0)
 		goto out_free;
-	r->members = reducer_alloc_aligned(&a, members_size, &r->members_base,
-					   &r->members_bytes);
-	if (r->members == NULL)
-		goto out_free;
-	r->table = a.alloc(table_size, a.ctx);
-	if (r->table == NULL)
-		goto out_free;
-	memset(r->table, 0, table_size);
-	if (!reducer_index_params(r, options->param_ids)) {
-		rc = ADG_EINVAL;
-		goto out_free;
-	}
-	for (size_t k = 0; k < n; k++)
-		r->params[k].n_slices = slices != NULL ? slices[k] : 1;
-	for (size_t p = 0; p < t; p++) {
-		struct member *m = reducer_member_of(r, p);
-		m->reducer = r;
-		m->index = p;
-	}
+	rc = ADG_ENOMEM;
 	if (pthread_mutex_init(&r->lock, NULL) != 0)
 		goto out_free;
 	if (pthread_cond_init(&r->done, NULL) != 0)
