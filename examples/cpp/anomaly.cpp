@@ -127,7 +127,7 @@ void a_nan(adg::registry &reg, adg::executor_ref ex)
 	adg::backward_options o;
 	o.executor = ex;
 	o.value_check = [](adg::grad_ref v) {
-		return std::isfinite(*v.as<double>());
+		return std::isfinite(*v.get<double>());
 	};
 	try {
 		adg::backward(g.f, 1.0, o);

@@ -28,14 +28,12 @@ namespace
 
 struct scalar {
 	double value = 0;
-	adg::node node;		      /* empty: a constant */
-	adg::registry *reg = nullptr; /* node's, for recording ops */
+	adg::node node; /* empty: a constant */
 
 	scalar(double v = 0) : value(v)
 	{
 	}
-	scalar(double v, adg::node n, adg::registry *r)
-	    : value(v), node(std::move(n)), reg(r)
+	scalar(double v, adg::node n) : value(v), node(std::move(n))
 	{
 	}
 	bool constant() const
@@ -49,7 +47,7 @@ struct scalar {
 
 scalar variable(adg::registry &reg, double v, const char *name)
 {
-	return scalar(v, adg::leaf(reg, name), &reg);
+	return scalar(v, adg::leaf(reg, name));
 }
 
 scalar operator*(const scalar &a, const scalar &b);
@@ -65,12 +63,10 @@ scalar record(const char *name, double v, std::array<scalar, N> args,
 {
 	std::vector<adg::node> parents;
 	std::vector<std::size_t> arg_of; /* the arg at each parent slot */
-	adg::registry *reg = nullptr;
 	for (std::size_t k = 0; k < N; k++)
 		if (!args[k].constant()) {
 			parents.push_back(args[k].node);
 			arg_of.push_back(k);
-			reg = args[k].reg;
 		}
 	if (parents.empty())
 		return v;
@@ -92,7 +88,10 @@ scalar record(const char *name, double v, std::array<scalar, N> args,
 		for (std::size_t slot = 0; slot < arg_of.size(); slot++)
 			c.give(slot, g * partial(at, arg_of[slot]));
 	};
-	return scalar(v, adg::op(*reg, parents, std::move(step), name), reg);
+	/* The parents' registry: a node knows it, so a step recording a
+	 * gradient needs no registry of its own. */
+	adg::registry_ref reg = parents.front().registry();
+	return scalar(v, adg::op(reg, parents, std::move(step), name));
 }
 
 scalar operator+(const scalar &a, const scalar &b)
