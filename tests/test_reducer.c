@@ -114,6 +114,12 @@ struct model {
 	 * gradients it saw, by participant (own_hook set). */
 	bool own_hook;
 	atomic_int own_seen[MAXT];
+	/* own_ready's ctx, one per participant: with an executor the hook
+	 * runs on the pool's workers, where this_participant is not set. */
+	struct own_ctx {
+		struct model *m;
+		int p;
+	} own[MAXT];
 };
 
 static double datum(int round, int j)
@@ -294,10 +300,10 @@ static void release_value(void *value, size_t participant, void *ctx)
  * it sees each parameter's gradient before the reducer takes it. */
 static int own_ready(uint64_t id, void **grad, void *ctx)
 {
-	struct model *m = ctx;
+	const struct own_ctx *own = ctx;
 	for (int i = 0; i < NP; i++)
-		if (id == m->id[i] && *grad != NULL)
-			atomic_fetch_add(&m->own_seen[this_participant], 1);
+		if (id == own->m->id[i] && *grad != NULL)
+			atomic_fetch_add(&own->m->own_seen[own->p], 1);
 	return 0;
 }
 
@@ -309,8 +315,9 @@ static void *participant(void *arg)
 	this_participant = p;
 	adg_backward_options o = {.executor = m->executor};
 	if (m->own_hook) {
+		m->own[p] = (struct own_ctx){m, p};
 		o.on_ready = own_ready;
-		o.on_ready_ctx = m;
+		o.on_ready_ctx = &m->own[p];
 		o.leaves_only = 1;
 	}
 	if (adg_reducer_hook(m->red, (size_t)p, &o) != 0 ||
