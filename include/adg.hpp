@@ -303,6 +303,25 @@ private:
 	detail::registry_core *core_ = nullptr;
 };
 
+/* A registry borrowed, not owned: what op, op_with and leaf take (a
+ * registry converts to one), and what a step or a node hands back
+ * (step_call::registry(), node::registry()), so that a step records ops
+ * on its graph's registry without capturing it. The registry must outlive
+ * it. */
+class registry_ref
+{
+public:
+	registry_ref(registry &reg) noexcept;
+	/* The C handle; null if empty. */
+	adg_registry *raw() const noexcept;
+	explicit operator bool() const noexcept;
+
+private:
+	friend struct detail::access;
+	registry_ref() noexcept = default;
+	detail::registry_core *core_ = nullptr;
+};
+
 /* ------------------------------------------------------------------- nodes */
 
 /* One counted reference to a node, and the registry the node is in. */
@@ -327,16 +346,18 @@ public:
 	/* Drops the reference now; the handle is empty afterwards. */
 	void reset() noexcept;
 	explicit operator bool() const noexcept;
+	/* The registry the node is in; throws on an empty handle. */
+	registry_ref registry() const;
 
 	/* A handle for raw, a node of reg's from C code, taking over the
 	 * caller's reference (what it would have dropped with
 	 * adg_node_unref). Throws adg::error: ADG_EINVAL for null,
 	 * ADG_EFOREIGN for a node of another registry (the reference stays
 	 * the caller's). */
-	static node adopt(registry &reg, adg_node *raw);
+	static node adopt(registry_ref reg, adg_node *raw);
 	/* The same with a reference of its own (adg_node_ref): the caller
 	 * keeps theirs. */
-	static node borrow(registry &reg, adg_node *raw);
+	static node borrow(registry_ref reg, adg_node *raw);
 
 private:
 	friend struct detail::access;
@@ -354,13 +375,15 @@ public:
 	node_ref(const node &n) noexcept;
 	/* raw, of reg's: throws ADG_EINVAL for null, ADG_EFOREIGN for a node
 	 * of another registry. */
-	node_ref(registry &reg, adg_node *raw);
+	node_ref(registry_ref reg, adg_node *raw);
 
 	std::uint64_t id() const;
 	adg_node *raw() const noexcept;
 	/* A counted handle to the node (adg_node_ref). */
 	node get() const;
 	explicit operator bool() const noexcept;
+	/* The registry the node is in; throws on an empty reference. */
+	registry_ref registry() const;
 
 private:
 	friend struct detail::access;
@@ -384,7 +407,7 @@ private:
  * gradient. name (copied), when given, is what write_dot labels it with
  * ("W1"); names stay with the registry until it goes, so name the
  * parameters, not every input. */
-node leaf(registry &reg, const char *name = nullptr);
+node leaf(registry_ref reg, const char *name = nullptr);
 
 /* ------------------------------------------------------------------- steps */
 
@@ -424,9 +447,15 @@ public:
 	bool retained() const noexcept;
 	/* The C call: its registry for a nested backward, adg_output_get. */
 	adg_step_call *raw() const noexcept;
+	/* The registry of the node this step belongs to, to record ops on
+	 * (higher order); throws when the step_call was made from a C call
+	 * alone. */
+	registry_ref registry() const;
 
 private:
+	friend struct detail::access;
 	adg_step_call *call_;
+	detail::registry_core *core_ = nullptr;
 	/* grad()'s copy of an inline gradient (detail::packing). */
 	mutable std::optional<T> unpacked_;
 };
@@ -441,17 +470,17 @@ private:
  * parent of another registry) or the registry's different gradient type
  * (ADG_EINVAL). */
 template <class F>
-node op(registry &reg, std::initializer_list<parent> parents, F &&step,
+node op(registry_ref reg, std::initializer_list<parent> parents, F &&step,
 	const char *name = nullptr);
 template <class T, class F>
-node op(registry &reg, std::initializer_list<parent> parents, F &&step,
+node op(registry_ref reg, std::initializer_list<parent> parents, F &&step,
 	const char *name = nullptr);
 /* The same with parents gathered at run time. */
 template <class F>
-node op(registry &reg, const std::vector<node> &parents, F &&step,
+node op(registry_ref reg, const std::vector<node> &parents, F &&step,
 	const char *name = nullptr);
 template <class T, class F>
-node op(registry &reg, const std::vector<node> &parents, F &&step,
+node op(registry_ref reg, const std::vector<node> &parents, F &&step,
 	const char *name = nullptr);
 
 /* ---------------------------------------------------------- checkpointing */
@@ -496,10 +525,10 @@ template <class V> struct checkpoint {
 /* op with a checkpoint: see op and adg_op_with. Throws what adg_op_with
  * fails with (ADG_EINVAL for a malformed checkpoint). */
 template <class F, class V>
-node op_with(registry &reg, std::initializer_list<parent> parents, F &&step,
+node op_with(registry_ref reg, std::initializer_list<parent> parents, F &&step,
 	     checkpoint<V> ckpt, const char *name = nullptr);
 template <class F, class V>
-node op_with(registry &reg, const std::vector<node> &parents, F &&step,
+node op_with(registry_ref reg, const std::vector<node> &parents, F &&step,
 	     checkpoint<V> ckpt, const char *name = nullptr);
 
 /* How a gradient of type T travels through the C API (an adg_grads, a
@@ -755,7 +784,8 @@ inline std::string failure_context(const adg_failure &f)
 	case ADG_FAILED_ADD:
 		return "backward: add into " + where;
 	case ADG_FAILED_CHECK:
-		return "backward: value check of a gradient " + where + " gave";
+		return "backward: the value check rejected a gradient " +
+		       where + " gave";
 	default:
 		return "backward";
 	}
@@ -844,6 +874,23 @@ struct access {
 	static registry_core *core(const registry &r) noexcept
 	{
 		return r.core_;
+	}
+	static registry_core *core(const registry_ref &r) noexcept
+	{
+		return r.core_;
+	}
+	static registry_ref ref(registry_core *core) noexcept
+	{
+		registry_ref r;
+		r.core_ = core;
+		return r;
+	}
+	template <class T>
+	static step_call<T> call(adg_step_call *c, registry_core *core) noexcept
+	{
+		step_call<T> sc(c);
+		sc.core_ = core;
+		return sc;
 	}
 	static registry_core *core(const node &n) noexcept
 	{
@@ -1016,7 +1063,7 @@ template <class T, class F> struct closure {
 	{
 		auto *self = static_cast<closure *>(user);
 		try {
-			step_call<T> c(call);
+			step_call<T> c = access::call<T>(call, self->core);
 			static_assert(std::is_void_v<decltype(self->step(c))>,
 				      "adg::op: a step returns nothing; it "
 				      "throws to fail");
@@ -1154,7 +1201,7 @@ struct no_checkpoint {
 
 /* Registers a step, and with op_with its checkpoint. */
 template <class T, class F, class C>
-node make_typed_op(registry &reg, const parent_list &parents, F &&step,
+node make_typed_op(registry_ref reg, const parent_list &parents, F &&step,
 		   const char *name, C *ckpt)
 {
 	registry_core *core = access::core(reg);
@@ -1213,7 +1260,7 @@ struct deduced {
 };
 
 template <class T, class F, class C = no_checkpoint>
-node make_op(registry &reg, const parent_list &parents, F &&step,
+node make_op(registry_ref reg, const parent_list &parents, F &&step,
 	     const char *name, C *ckpt = nullptr)
 {
 	if constexpr (std::is_same_v<T, deduced>) {
@@ -1532,6 +1579,21 @@ inline registry::operator bool() const noexcept
 	return core_ != nullptr;
 }
 
+inline registry_ref::registry_ref(registry &reg) noexcept
+    : core_(detail::access::core(reg))
+{
+}
+
+inline adg_registry *registry_ref::raw() const noexcept
+{
+	return core_ != nullptr ? core_->raw : nullptr;
+}
+
+inline registry_ref::operator bool() const noexcept
+{
+	return core_ != nullptr;
+}
+
 /* node */
 
 inline node::node(const node &other) noexcept
@@ -1616,7 +1678,7 @@ inline parent::parent(node_ref n) noexcept : raw_(n.raw())
 namespace detail
 {
 /* reg's core, after checking that raw is one of reg's nodes. */
-inline registry_core *core_of(registry &reg, adg_node *raw, const char *what)
+inline registry_core *core_of(registry_ref reg, adg_node *raw, const char *what)
 {
 	adg_registry *owner = nullptr;
 	if (raw == nullptr || adg_node_registry(raw, &owner) != 0)
@@ -1628,13 +1690,13 @@ inline registry_core *core_of(registry &reg, adg_node *raw, const char *what)
 }
 } // namespace detail
 
-inline node node::adopt(registry &reg, adg_node *raw)
+inline node node::adopt(registry_ref reg, adg_node *raw)
 {
 	return detail::access::adopt(raw,
 				     detail::core_of(reg, raw, "node::adopt"));
 }
 
-inline node node::borrow(registry &reg, adg_node *raw)
+inline node node::borrow(registry_ref reg, adg_node *raw)
 {
 	detail::registry_core *core = detail::core_of(reg, raw, "node::borrow");
 	adg_node_ref(raw); /* fails only on NULL */
@@ -1646,7 +1708,7 @@ inline node_ref::node_ref(const node &n) noexcept
 {
 }
 
-inline node_ref::node_ref(registry &reg, adg_node *raw)
+inline node_ref::node_ref(registry_ref reg, adg_node *raw)
     : raw_(raw), core_(detail::core_of(reg, raw, "node_ref"))
 {
 }
@@ -1676,7 +1738,22 @@ inline node_ref::operator bool() const noexcept
 	return raw_ != nullptr;
 }
 
-inline node leaf(registry &reg, const char *name)
+inline registry_ref node_ref::registry() const
+{
+	if (core_ == nullptr)
+		throw error(ADG_EINVAL,
+			    "node_ref::registry: an empty reference");
+	return detail::access::ref(core_);
+}
+
+inline registry_ref node::registry() const
+{
+	if (core_ == nullptr)
+		throw error(ADG_EINVAL, "node::registry: an empty handle");
+	return detail::access::ref(core_);
+}
+
+inline node leaf(registry_ref reg, const char *name)
 {
 	detail::registry_core *core = detail::access::core(reg);
 	if (core == nullptr)
@@ -1805,8 +1882,16 @@ template <class T> adg_step_call *step_call<T>::raw() const noexcept
 	return call_;
 }
 
+template <class T> registry_ref step_call<T>::registry() const
+{
+	if (core_ == nullptr)
+		throw error(ADG_EINVAL,
+			    "step_call::registry: made from a C call alone");
+	return detail::access::ref(core_);
+}
+
 template <class F>
-node op(registry &reg, std::initializer_list<parent> parents, F &&step,
+node op(registry_ref reg, std::initializer_list<parent> parents, F &&step,
 	const char *name)
 {
 	return detail::make_op<detail::deduced>(
@@ -1814,7 +1899,7 @@ node op(registry &reg, std::initializer_list<parent> parents, F &&step,
 }
 
 template <class T, class F>
-node op(registry &reg, std::initializer_list<parent> parents, F &&step,
+node op(registry_ref reg, std::initializer_list<parent> parents, F &&step,
 	const char *name)
 {
 	return detail::make_op<T>(reg, detail::parent_list(parents),
@@ -1822,7 +1907,7 @@ node op(registry &reg, std::initializer_list<parent> parents, F &&step,
 }
 
 template <class F>
-node op(registry &reg, const std::vector<node> &parents, F &&step,
+node op(registry_ref reg, const std::vector<node> &parents, F &&step,
 	const char *name)
 {
 	return detail::make_op<detail::deduced>(
@@ -1830,7 +1915,7 @@ node op(registry &reg, const std::vector<node> &parents, F &&step,
 }
 
 template <class T, class F>
-node op(registry &reg, const std::vector<node> &parents, F &&step,
+node op(registry_ref reg, const std::vector<node> &parents, F &&step,
 	const char *name)
 {
 	return detail::make_op<T>(reg, detail::parent_list(parents),
@@ -2055,6 +2140,8 @@ inline void write_dot(node_ref n, std::ostream &out)
 					  &detail::dot_state::write, &state);
 	if (state.thrown)
 		std::rethrow_exception(state.thrown);
+	if (rc != 0 && !out)
+		throw error(rc, "write_dot: the output stream failed");
 	check(rc, "adg_graph_write_dot");
 }
 
@@ -2115,7 +2202,7 @@ const V &step_call<T>::output(std::uint64_t id) const
 }
 
 template <class F, class V>
-node op_with(registry &reg, std::initializer_list<parent> parents, F &&step,
+node op_with(registry_ref reg, std::initializer_list<parent> parents, F &&step,
 	     checkpoint<V> ckpt, const char *name)
 {
 	return detail::make_op<detail::deduced>(
@@ -2124,7 +2211,7 @@ node op_with(registry &reg, std::initializer_list<parent> parents, F &&step,
 }
 
 template <class F, class V>
-node op_with(registry &reg, const std::vector<node> &parents, F &&step,
+node op_with(registry_ref reg, const std::vector<node> &parents, F &&step,
 	     checkpoint<V> ckpt, const char *name)
 {
 	return detail::make_op<detail::deduced>(

@@ -39,7 +39,7 @@ static size_t ckpt_size(size_t n_want_parents)
  * run's output lock is held), puts it on drops for adg_ckpt_free_drops
  * once the lock is released. A record is dropped at most once while the
  * lock is held: its count reaches zero once, and nothing refills it. */
-static void drop_value(struct adg_node *n, struct adg_drops *drops)
+static void ckpt_drop_value(struct adg_node *n, struct adg_drops *drops)
 {
 	struct adg_ckpt *c = n->ckpt;
 	if (c->value == NULL)
@@ -69,7 +69,7 @@ void adg_ckpt_free_drops(struct adg_drops *drops)
 /* Whether n offers an output. Not n->ckpt: the caller holds n, but a
  * backward on another thread may be consuming n and freeing its record;
  * the flag never changes, so the answer does not depend on timing. */
-static bool offers(const struct adg_node *n)
+static bool ckpt_offers(const struct adg_node *n)
 {
 	return n->offers_output;
 }
@@ -89,12 +89,12 @@ int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
 		return ADG_EINVAL; /* the record counts them in 32 bits */
 	for (size_t i = 0; i < o->n_want_parents; i++)
 		if (o->want_parents[i] >= node->n_parents ||
-		    !offers(parents[o->want_parents[i]]))
+		    !ckpt_offers(parents[o->want_parents[i]]))
 			return ADG_EINVAL; /* out of range, a leaf, no output */
 	if (out != NULL && out->recompute != NULL)
 		for (uint32_t k = 0; k < node->n_parents; k++)
 			if (!adg_node_is_leaf(parents[k]) &&
-			    !offers(parents[k]))
+			    !ckpt_offers(parents[k]))
 				return ADG_EINVAL; /* nothing to rebuild from */
 
 	struct adg_registry *r = node->registry;
@@ -130,10 +130,10 @@ void adg_ckpt_commit(struct adg_node *node)
 	 * rebuild cheaply. */
 	if (c->memory_bound && c->recompute != NULL &&
 	    node->registry->checkpointing == ADG_CHECKPOINT_BALANCED)
-		drop_value(node, NULL);
+		ckpt_drop_value(node, NULL);
 }
 
-static void request(struct adg_node *n)
+static void ckpt_request(struct adg_node *n)
 {
 	n->ckpt->pending++;
 }
@@ -141,15 +141,15 @@ static void request(struct adg_node *n)
 /* One request on n served: the output goes with the last. A node planned
  * for a rebuild that has not happened and that no one needs any more will
  * not be rebuilt: it goes on *unbuilt, once (its count reaches zero once),
- * for serve to let go of what the rebuild would have read. */
-static void serve_one(struct adg_node *n, struct adg_node **unbuilt,
-		      struct adg_drops *drops)
+ * for ckpt_serve to let go of what the rebuild would have read. */
+static void ckpt_serve_one(struct adg_node *n, struct adg_node **unbuilt,
+			   struct adg_drops *drops)
 {
 	struct adg_ckpt *c = n->ckpt;
 	ADG_ASSERT(c->pending > 0); /* I8: every serve had its request */
 	if (--c->pending != 0)
 		return;
-	drop_value(n, drops);
+	ckpt_drop_value(n, drops);
 	if (c->rebuild_planned) {
 		c->rebuild_planned = false;
 		c->unbuilt_next = *unbuilt;
@@ -160,17 +160,17 @@ static void serve_one(struct adg_node *n, struct adg_node **unbuilt,
 /* Serves one request on n, and those of rebuilds that will not happen,
  * up the graph: a work list through the records, not recursion, so that a
  * long chain of them cannot overflow the stack. */
-static void serve(struct adg_node *n, struct adg_drops *drops)
+static void ckpt_serve(struct adg_node *n, struct adg_drops *drops)
 {
 	struct adg_node *unbuilt = NULL;
 
-	serve_one(n, &unbuilt, drops);
+	ckpt_serve_one(n, &unbuilt, drops);
 	while (unbuilt != NULL) {
 		struct adg_node *u = unbuilt;
 		unbuilt = u->ckpt->unbuilt_next;
 		for (uint32_t k = 0; k < u->n_parents; k++)
 			if (u->parents[k] != NULL)
-				serve_one(u->parents[k], &unbuilt, drops);
+				ckpt_serve_one(u->parents[k], &unbuilt, drops);
 	}
 }
 
@@ -186,9 +186,9 @@ void adg_ckpt_plan(struct adg_node **tape, size_t len)
 			continue;
 
 		if (c->want_self)
-			request(n);
+			ckpt_request(n);
 		for (uint32_t k = 0; k < c->n_want_parents; k++)
-			request(n->parents[c->want_parents[k]]);
+			ckpt_request(n->parents[c->want_parents[k]]);
 	}
 	/* Then what recomputing needs, in tape order: every request on a
 	 * node comes from it or from its descendants, earlier on the tape
@@ -202,13 +202,13 @@ void adg_ckpt_plan(struct adg_node **tape, size_t len)
 		c->rebuild_planned = true;
 		for (uint32_t k = 0; k < n->n_parents; k++)
 			if (n->parents[k] != NULL)
-				request(n->parents[k]);
+				ckpt_request(n->parents[k]);
 	}
 	/* What nothing asks for goes now, not at the end. */
 	for (size_t i = 0; i < len; i++) {
 		struct adg_ckpt *c = tape[i]->ckpt;
 		if (c != NULL && c->pending == 0)
-			drop_value(tape[i], NULL);
+			ckpt_drop_value(tape[i], NULL);
 	}
 }
 
@@ -216,23 +216,23 @@ void adg_ckpt_served(struct adg_node *n, struct adg_drops *drops)
 {
 	struct adg_ckpt *c = n->ckpt;
 	if (c->want_self)
-		serve(n, drops);
+		ckpt_serve(n, drops);
 	for (uint32_t k = 0; k < c->n_want_parents; k++)
-		serve(n->parents[c->want_parents[k]], drops);
+		ckpt_serve(n->parents[c->want_parents[k]], drops);
 }
 
 void adg_ckpt_drop(struct adg_node *n)
 {
 	struct adg_ckpt *c = n->ckpt;
-	drop_value(n, NULL);
+	ckpt_drop_value(n, NULL);
 	n->ckpt = NULL;
 	adg_free(n->registry, c, ckpt_size(c->n_want_parents));
 }
 
-/* n's output, or NULL. Acquire: pairs with publish, so that a retained
+/* n's output, or NULL. Acquire: pairs with ckpt_publish, so that a retained
  * pass sees all of an output another published. A consuming backward owns
  * the records it reads; the load costs it nothing more. */
-static void *held(const struct adg_node *n)
+static void *ckpt_held(const struct adg_node *n)
 {
 	return __atomic_load_n(&n->ckpt->value, __ATOMIC_ACQUIRE);
 }
@@ -241,7 +241,7 @@ static void *held(const struct adg_node *n)
  * published one first; returns what is left to free (the copy that lost),
  * or NULL. Release: what recompute wrote into it happens before a
  * reader's use. */
-static void *publish(struct adg_node *n, void *output)
+static void *ckpt_publish(struct adg_node *n, void *output)
 {
 	void *none = NULL;
 	if (!__atomic_compare_exchange_n(&n->ckpt->value, &none, output, false,
@@ -253,12 +253,12 @@ static void *publish(struct adg_node *n, void *output)
 /* Calls n's recompute with its parents' outputs, which the caller keeps
  * held meanwhile. On success *output is the new output; on failure
  * nothing is left to free. */
-static int recompute(struct adg_backward_context *ctx, struct adg_node *n,
-		     void **output)
+static int ckpt_recompute(struct adg_backward_context *ctx, struct adg_node *n,
+			  void **output)
 {
 	void **outputs = ctx->outputs;
 	for (uint32_t k = 0; k < n->n_parents; k++)
-		outputs[k] = n->parents[k] ? held(n->parents[k]) : NULL;
+		outputs[k] = n->parents[k] ? ckpt_held(n->parents[k]) : NULL;
 	adg_recompute_call call = {
 		.node_id = n->id,
 		.n_parents = n->n_parents,
@@ -283,15 +283,15 @@ static int recompute(struct adg_backward_context *ctx, struct adg_node *n,
  * a long chain of recomputed nodes cannot overflow the stack: the path is
  * ctx->stack[0, *top), kept between calls (*top 0 starts it afresh), and
  * the node returned stays on it until found held. */
-static struct adg_node *next_rebuild(struct adg_backward_context *ctx,
-				     struct adg_node *target, size_t *top,
-				     int *rc)
+static struct adg_node *ckpt_next_rebuild(struct adg_backward_context *ctx,
+					  struct adg_node *target, size_t *top,
+					  int *rc)
 {
 	if (*top == 0)
 		ctx->stack[(*top)++] = target;
 	while (*top > 0) {
 		struct adg_node *n = ctx->stack[*top - 1];
-		if (held(n) != NULL) {
+		if (ckpt_held(n) != NULL) {
 			(*top)--;
 			continue;
 		}
@@ -302,7 +302,7 @@ static struct adg_node *next_rebuild(struct adg_backward_context *ctx,
 		struct adg_node *missing = NULL;
 		for (uint32_t k = 0; k < n->n_parents && missing == NULL; k++) {
 			struct adg_node *p = n->parents[k];
-			if (p != NULL && held(p) == NULL)
+			if (p != NULL && ckpt_held(p) == NULL)
 				missing = p;
 		}
 		if (missing == NULL)
@@ -318,39 +318,40 @@ static struct adg_node *next_rebuild(struct adg_backward_context *ctx,
  * it and no other copy is there; returns what is left to free (a copy
  * nobody needs), or NULL. The first copy kept stands for the rebuild the
  * take planned, whose reads of the parents it serves (drops: see
- * drop_value). */
-static void *keep(struct adg_node *n, void *output, struct adg_drops *drops)
+ * ckpt_drop_value). */
+static void *ckpt_keep(struct adg_node *n, void *output,
+		       struct adg_drops *drops)
 {
 	struct adg_ckpt *c = n->ckpt;
-	if (held(n) != NULL || c->pending == 0)
+	if (ckpt_held(n) != NULL || c->pending == 0)
 		return output;
 	c->value = output;
 	if (c->rebuild_planned) {
 		c->rebuild_planned = false;
 		for (uint32_t k = 0; k < n->n_parents; k++)
 			if (n->parents[k] != NULL)
-				serve(n->parents[k], drops);
+				ckpt_serve(n->parents[k], drops);
 	}
 	return NULL;
 }
 
 /* Rebuilds target's output on one thread, and first its parents' where
  * they are not held. */
-static int materialise(struct adg_backward_context *ctx,
-		       struct adg_node *target)
+static int ckpt_materialise(struct adg_backward_context *ctx,
+			    struct adg_node *target)
 {
 	int rc = 0;
 	size_t top = 0;
 	struct adg_node *n;
-	while ((n = next_rebuild(ctx, target, &top, &rc)) != NULL) {
+	while ((n = ckpt_next_rebuild(ctx, target, &top, &rc)) != NULL) {
 		void *output;
-		rc = recompute(ctx, n, &output);
+		rc = ckpt_recompute(ctx, n, &output);
 		if (rc != 0)
 			break;
 		/* A retained backward counted nothing: what it rebuilds stays
 		 * held, for the passes after it. */
-		void *surplus = ctx->retained ? publish(n, output)
-					      : keep(n, output, NULL);
+		void *surplus = ctx->retained ? ckpt_publish(n, output)
+					      : ckpt_keep(n, output, NULL);
 		if (surplus != NULL)
 			n->ckpt->free(surplus, n->ckpt->free_ctx);
 	}
@@ -376,7 +377,7 @@ static __thread unsigned rebuilds_held;
 /* Sleeps on ctx->rebuilt until woken or REBUILD_PATIENCE_NS has passed;
  * returns false on the latter. The condition variable runs on the
  * monotonic clock (parallel.c). */
-static bool wait_for_rebuild(struct adg_backward_context *ctx)
+static bool ckpt_wait_for_rebuild(struct adg_backward_context *ctx)
 {
 	struct timespec until;
 	clock_gettime(CLOCK_MONOTONIC, &until);
@@ -391,8 +392,9 @@ static bool wait_for_rebuild(struct adg_backward_context *ctx)
 /* Frees, with the run's output lock released, what was let go of under
  * it: a copy nobody needs, and outputs whose last request was served. An
  * output's free is the caller's code, and runs with no libadg lock held. */
-static void free_unlocked(struct adg_backward_context *ctx, struct adg_node *n,
-			  void *surplus, struct adg_drops *drops)
+static void ckpt_free_unlocked(struct adg_backward_context *ctx,
+			       struct adg_node *n, void *surplus,
+			       struct adg_drops *drops)
 {
 	if (surplus == NULL && drops->head == NULL)
 		return;
@@ -403,7 +405,7 @@ static void free_unlocked(struct adg_backward_context *ctx, struct adg_node *n,
 	pthread_mutex_lock(ctx->serialize);
 }
 
-/* materialise with an executor's workers: the records and the work list
+/* ckpt_materialise with an executor's workers: the records and the work list
  * under the run's output lock, each recompute and each output's free
  * outside it. In a consuming backward each rebuild is claimed: others
  * that need the output sleep until it ends, so an output asked for by
@@ -412,32 +414,32 @@ static void free_unlocked(struct adg_backward_context *ctx, struct adg_node *n,
  * request of its own on each parent while it reads them unlocked, so that
  * none is freed under it. Retained passes claim too, within the run, but
  * count nothing and free nothing: against another pass's claim they
- * build a copy, and publish keeps the first. The work list is the
+ * build a copy, and ckpt_publish keeps the first. The work list is the
  * run's, shared by its workers: each search starts afresh from target,
  * under the lock. */
-static int materialise_shared(struct adg_backward_context *ctx,
-			      struct adg_node *target)
+static int ckpt_materialise_shared(struct adg_backward_context *ctx,
+				   struct adg_node *target)
 {
 	int rc = 0;
 	bool patient = true;
 	pthread_mutex_lock(ctx->serialize);
 	for (;;) {
 		size_t top = 0;
-		struct adg_node *n = next_rebuild(ctx, target, &top, &rc);
+		struct adg_node *n = ckpt_next_rebuild(ctx, target, &top, &rc);
 		if (n == NULL)
 			break;
 		struct adg_ckpt *c = n->ckpt;
 		/* The claim names the run (its lock's address): retained
 		 * passes share records, so a claim of another pass is not one
 		 * this run's sleepers would be woken for; its output is then
-		 * built as a copy, and publish keeps the first. Atomic for
+		 * built as a copy, and ckpt_publish keeps the first. Atomic for
 		 * them; a consuming run's records are its own. Acquire and
 		 * release: a claim's end comes after its output is in. */
 		const void *run = ctx->serialize;
 		const void *builder =
 			__atomic_load_n(&c->builder, __ATOMIC_ACQUIRE);
 		if (builder == run && rebuilds_held == 0 && patient) {
-			patient = wait_for_rebuild(ctx);
+			patient = ckpt_wait_for_rebuild(ctx);
 			continue;
 		}
 		const void *none = NULL;
@@ -450,10 +452,10 @@ static int materialise_shared(struct adg_backward_context *ctx,
 		if (!ctx->retained)
 			for (uint32_t k = 0; k < n->n_parents; k++)
 				if (n->parents[k] != NULL)
-					request(n->parents[k]);
+					ckpt_request(n->parents[k]);
 		pthread_mutex_unlock(ctx->serialize);
 		void *output;
-		rc = recompute(ctx, n, &output);
+		rc = ckpt_recompute(ctx, n, &output);
 		pthread_mutex_lock(ctx->serialize);
 		if (claimed) {
 			__atomic_store_n(&c->builder, NULL, __ATOMIC_RELEASE);
@@ -464,15 +466,15 @@ static int materialise_shared(struct adg_backward_context *ctx,
 		struct adg_drops drops = {0};
 		if (ctx->retained) {
 			if (rc == 0)
-				surplus = publish(n, output);
+				surplus = ckpt_publish(n, output);
 		} else {
 			if (rc == 0)
-				surplus = keep(n, output, &drops);
+				surplus = ckpt_keep(n, output, &drops);
 			for (uint32_t k = 0; k < n->n_parents; k++)
 				if (n->parents[k] != NULL)
-					serve(n->parents[k], &drops);
+					ckpt_serve(n->parents[k], &drops);
 		}
-		free_unlocked(ctx, n, surplus, &drops);
+		ckpt_free_unlocked(ctx, n, surplus, &drops);
 		if (rc != 0)
 			break;
 		patient = true;
@@ -500,10 +502,10 @@ int adg_output_get(adg_step_call *call, uint64_t id, void **value)
 			target = n->parents[c->want_parents[k]];
 	if (target == NULL)
 		return ADG_EINVAL; /* not an output this step asked for */
-	int rc = ctx->serialize != NULL ? materialise_shared(ctx, target)
-					: materialise(ctx, target);
+	int rc = ctx->serialize != NULL ? ckpt_materialise_shared(ctx, target)
+					: ckpt_materialise(ctx, target);
 	/* Held until this step is served: its own request stands. */
 	if (rc == 0)
-		*value = held(target);
+		*value = ckpt_held(target);
 	return rc;
 }

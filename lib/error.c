@@ -1,18 +1,5 @@
-/* Error names and messages, the version string, and the assertions'
- * report. */
+/* Error names and messages, and the version string. */
 #include "internal.h"
-
-#include <stdio.h>
-#include <stdlib.h>
-
-#ifdef ADG_ASSERTIONS
-void adg_assert_fail(const char *cond, const char *file, int line)
-{
-	fprintf(stderr, "libadg: %s:%d: invariant violated: %s\n", file, line,
-		cond);
-	abort();
-}
-#endif
 
 const char *adg_version(void)
 {

@@ -33,8 +33,7 @@ static inline void **grad_table_window_slot(const struct adg_grad_table *g,
 
 static size_t grad_table_home(const struct adg_grad_table *g, uint64_t id)
 {
-	/* Fibonacci hashing: consecutive ids spread over the table. */
-	return (size_t)((id * UINT64_C(0x9e3779b97f4a7c15)) >> g->shift);
+	return (size_t)adg_id_hash(id, g->shift);
 }
 
 /* The entry holding id, or the empty entry where it would go. */

@@ -98,7 +98,7 @@ static struct adg_graph *graph_new(struct adg_shard *shard,
 /* Marks g, locked, retired: its generation moves on, so that a lock-free
  * reader that started on the old graph retries; adg_graph_unlock puts it
  * away. */
-static void mark_retired(struct adg_graph *g)
+static void graph_mark_retired(struct adg_graph *g)
 {
 	ADG_ASSERT(adg_graph_held(g) && g->n_members == 0); /* I4 */
 	/* Release: a reader that sees the new generation also sees the
@@ -112,7 +112,7 @@ static void mark_retired(struct adg_graph *g)
 
 /* Puts a retired graph, unlocked, in this thread's pool, or frees it after
  * a grace period when the pool is full or the shard is shared. */
-static void retire(struct adg_shard *shard, struct adg_graph *g)
+static void graph_retire(struct adg_shard *shard, struct adg_graph *g)
 {
 	adg_count(shard, ADG_C_GRAPHS_RETIRED, 1);
 	if (!shard->shared && shard->graphs_pooled < GRAPH_POOL_MAX) {
@@ -164,7 +164,7 @@ void adg_graph_detach_locked(struct adg_graph *g, struct adg_node *n)
 	cds_list_del(&n->link);
 	rcu_assign_pointer(n->graph, NULL);
 	if (--g->n_members == 0)
-		mark_retired(g);
+		graph_mark_retired(g);
 }
 
 void adg_graph_unlock(struct adg_shard *shard, struct adg_graph *g)
@@ -175,7 +175,7 @@ void adg_graph_unlock(struct adg_shard *shard, struct adg_graph *g)
 	g->retire_pending = false;
 	adg_graph_unlock_plain(g);
 	if (retired)
-		retire(shard, g);
+		graph_retire(shard, g);
 }
 
 struct adg_graph *adg_graph_lock_of(struct adg_node *n)
@@ -209,7 +209,8 @@ struct adg_graph *adg_graph_lock_of(struct adg_node *n)
 
 /* Collects the distinct graphs of node's parents into set; returns how many.
  * Inside a read-side section. */
-static size_t parent_graphs(const struct adg_node *node, struct adg_graph **set)
+static size_t graph_parent_graphs(const struct adg_node *node,
+				  struct adg_graph **set)
 {
 	size_t n = 0;
 
@@ -229,8 +230,8 @@ static size_t parent_graphs(const struct adg_node *node, struct adg_graph **set)
 	return n;
 }
 
-static bool same_set(struct adg_graph *const *a, size_t na,
-		     struct adg_graph *const *b, size_t nb)
+static bool graph_same_set(struct adg_graph *const *a, size_t na,
+			   struct adg_graph *const *b, size_t nb)
 {
 	if (na != nb)
 		return false;
@@ -244,7 +245,7 @@ static bool same_set(struct adg_graph *const *a, size_t na,
 	return true;
 }
 
-static void sort_by_rank(struct adg_graph **set, size_t n)
+static void graph_sort_by_rank(struct adg_graph **set, size_t n)
 {
 	for (size_t i = 1; i < n; i++) {
 		struct adg_graph *g = set[i];
@@ -259,8 +260,8 @@ static void sort_by_rank(struct adg_graph **set, size_t n)
 
 /* Merges the locked graphs of set (sorted by rank) into one and returns it.
  * The absorbed graphs are marked retired; adg_graph_unlock puts them away. */
-static struct adg_graph *merge_locked(struct adg_shard *shard,
-				      struct adg_graph **set, size_t n)
+static struct adg_graph *graph_merge_locked(struct adg_shard *shard,
+					    struct adg_graph **set, size_t n)
 {
 	/* The largest container survives, so a node moves O(log n) times in
 	 * its life; ties go to the lowest rank. The survivor carries the
@@ -294,7 +295,7 @@ static struct adg_graph *merge_locked(struct adg_shard *shard,
 		CDS_INIT_LIST_HEAD(&g->members);
 		survivor->n_members += g->n_members;
 		g->n_members = 0;
-		mark_retired(g);
+		graph_mark_retired(g);
 		adg_count(shard, ADG_C_MERGES, 1);
 	}
 	return survivor;
@@ -302,8 +303,8 @@ static struct adg_graph *merge_locked(struct adg_shard *shard,
 
 /* The common case: every non-leaf parent slot names the same node p (or
  * none does). The node goes where p is, or into a new graph. */
-static int place_with(struct adg_shard *shard, struct adg_node *node,
-		      struct adg_node *p)
+static int graph_place_with(struct adg_shard *shard, struct adg_node *node,
+			    struct adg_node *p)
 {
 	struct adg_graph *g = p != NULL ? adg_graph_lock_of(p) : NULL;
 	if (g == NULL) {
@@ -321,9 +322,9 @@ static int place_with(struct adg_shard *shard, struct adg_node *node,
 
 /* Parents in several slots, perhaps in several graphs: lock them all, in
  * rank order, and merge. Out of line, so that adg_graph_place's common
- * case (place_with) does not pay for this one's registers and stack. */
-__attribute__((noinline)) static int place_several(struct adg_shard *shard,
-						   struct adg_node *node)
+ * case (graph_place_with) does not pay for this one's registers and stack. */
+__attribute__((noinline)) static int
+graph_place_several(struct adg_shard *shard, struct adg_node *node)
 {
 	struct adg_registry *r = node->registry;
 	struct adg_graph *inline_sets[2 * PLACE_INLINE_PARENTS];
@@ -342,7 +343,7 @@ __attribute__((noinline)) static int place_several(struct adg_shard *shard,
 
 	for (;;) {
 		rcu_read_lock();
-		size_t n = parent_graphs(node, found);
+		size_t n = graph_parent_graphs(node, found);
 		if (n == 0) {
 			/* No parent is in a graph, and none can join one
 			 * later: leaves never do, consumed nodes never
@@ -355,14 +356,15 @@ __attribute__((noinline)) static int place_several(struct adg_shard *shard,
 				graph_link(g, node);
 			break;
 		}
-		sort_by_rank(found, n);
+		graph_sort_by_rank(found, n);
 		for (size_t i = 0; i < n; i++)
 			adg_graph_lock(found[i]);
 		/* With every graph locked, the parents' pointers can no longer
 		 * move between them. If they still name exactly these graphs,
 		 * each is a live graph holding a parent, and the placement is
 		 * decided. */
-		if (!same_set(found, n, again, parent_graphs(node, again))) {
+		if (!graph_same_set(found, n, again,
+				    graph_parent_graphs(node, again))) {
 			/* Unlock inside the section: a graph found stale may
 			 * be freed as soon as the section ends. */
 			for (size_t i = 0; i < n; i++)
@@ -374,7 +376,7 @@ __attribute__((noinline)) static int place_several(struct adg_shard *shard,
 		 * hold the locks: the section may end. */
 		adg_rcu_read_unlock(r);
 		struct adg_graph *g =
-			n == 1 ? found[0] : merge_locked(shard, found, n);
+			n == 1 ? found[0] : graph_merge_locked(shard, found, n);
 		graph_link(g, node);
 		for (size_t i = 0; i < n; i++)
 			adg_graph_unlock(shard, found[i]);
@@ -393,10 +395,10 @@ int adg_graph_place(struct adg_shard *shard, struct adg_node *node)
 		if (p == NULL || p == only)
 			continue;
 		if (only != NULL)
-			return place_several(shard, node);
+			return graph_place_several(shard, node);
 		only = p;
 	}
-	return place_with(shard, node, only);
+	return graph_place_with(shard, node, only);
 }
 
 /* node->graph with acquire ordering, for the lock-free reader below, whose

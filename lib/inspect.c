@@ -51,7 +51,7 @@ static void snapshot_free(struct snapshot *s)
 
 /* Depth, then id: parents (shallower) first, and one order for a given
  * graph whatever the member list's. */
-static int by_depth_then_id(const void *a, const void *b)
+static int snapshot_by_depth_then_id(const void *a, const void *b)
 {
 	const adg_graph_node *x = a, *y = b;
 	if (x->depth != y->depth)
@@ -59,7 +59,7 @@ static int by_depth_then_id(const void *a, const void *b)
 	return (x->id > y->id) - (x->id < y->id);
 }
 
-static int take_snapshot(adg_node *node, struct snapshot *s)
+static int snapshot_take(adg_node *node, struct snapshot *s)
 {
 	*s = (struct snapshot){.registry = node->registry};
 	if (adg_node_is_leaf(node))
@@ -110,7 +110,7 @@ static int take_snapshot(adg_node *node, struct snapshot *s)
 	ADG_ASSERT(i == s->n_ops && slot == s->n_slots);
 	/* Nothing was retired or taken: a plain unlock. */
 	adg_graph_unlock_plain(g);
-	qsort(s->ops, s->n_ops, sizeof *s->ops, by_depth_then_id);
+	qsort(s->ops, s->n_ops, sizeof *s->ops, snapshot_by_depth_then_id);
 	return 0;
 }
 
@@ -119,7 +119,7 @@ int adg_graph_visit(adg_node *node, adg_visit_fn visit, void *ctx)
 	if (node == NULL || visit == NULL)
 		return ADG_EINVAL;
 	struct snapshot s;
-	int rc = take_snapshot(node, &s);
+	int rc = snapshot_take(node, &s);
 	for (size_t i = 0; rc == 0 && i < s.n_ops; i++)
 		rc = adg_callback_result(visit(&s.ops[i], ctx));
 	snapshot_free(&s);
@@ -135,8 +135,8 @@ struct dot {
 	int rc;
 };
 
-__attribute__((format(printf, 2, 3))) static void emit(struct dot *d,
-						       const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) static void dot_emit(struct dot *d,
+							   const char *fmt, ...)
 {
 	char line[512];
 	va_list ap;
@@ -156,7 +156,7 @@ __attribute__((format(printf, 2, 3))) static void emit(struct dot *d,
  * sequence: len, or the start of a last sequence whose lead byte asks for
  * more bytes than are there. Bytes that are not UTF-8 are no sequence of
  * it, and stay. */
-static size_t utf8_boundary(const char *s, size_t len)
+static size_t dot_utf8_boundary(const char *s, size_t len)
 {
 	size_t lead = len;
 	while (lead > 0 && len - lead < 3 &&
@@ -176,7 +176,7 @@ static size_t utf8_boundary(const char *s, size_t len)
 /* name as the inside of a DOT string: quotes and backslashes escaped,
  * control characters as spaces, at most 200 bytes of it, cut between
  * UTF-8 characters. Other bytes pass through as they are. */
-static void quoted(char *out, size_t size, const char *name)
+static void dot_quoted(char *out, size_t size, const char *name)
 {
 	size_t o = 0;
 	const char *c = name;
@@ -186,29 +186,29 @@ static void quoted(char *out, size_t size, const char *name)
 		out[o++] = (unsigned char)*c < 0x20 ? ' ' : *c;
 	}
 	if (*c != '\0') /* cut short */
-		o = utf8_boundary(out, o);
+		o = dot_utf8_boundary(out, o);
 	out[o] = '\0';
 }
 
-static void write_leaf(struct dot *d, unsigned long long id,
-		       const adg_dot_options *options)
+static void dot_write_leaf(struct dot *d, unsigned long long id,
+			   const adg_dot_options *options)
 {
 	const char *given =
 		options != NULL && options->leaf_name != NULL
 			? options->leaf_name(id, options->leaf_name_ctx)
 			: NULL;
 	if (given == NULL) {
-		emit(d, "  n%llu [label=\"leaf %llu\", shape=ellipse];\n", id,
-		     id);
+		dot_emit(d, "  n%llu [label=\"leaf %llu\", shape=ellipse];\n",
+			 id, id);
 		return;
 	}
 	char name[256];
-	quoted(name, sizeof name, given);
-	emit(d, "  n%llu [label=\"%s (leaf %llu)\", shape=ellipse];\n", id,
-	     name, id);
+	dot_quoted(name, sizeof name, given);
+	dot_emit(d, "  n%llu [label=\"%s (leaf %llu)\", shape=ellipse];\n", id,
+		 name, id);
 }
 
-static int by_id(const void *a, const void *b)
+static int dot_by_id(const void *a, const void *b)
 {
 	uint64_t x = ((const struct other *)a)->id;
 	uint64_t y = ((const struct other *)b)->id;
@@ -217,8 +217,8 @@ static int by_id(const void *a, const void *b)
 
 /* Declares each parent that is not an op once, in id order: a leaf as an
  * ellipse, named when the options name it, a consumed op as a dashed box. */
-static void write_others(struct dot *d, struct snapshot *s,
-			 const adg_dot_options *options)
+static void dot_write_others(struct dot *d, struct snapshot *s,
+			     const adg_dot_options *options)
 {
 	size_t n = 0;
 	for (size_t slot = 0; slot < s->n_slots; slot++)
@@ -226,18 +226,18 @@ static void write_others(struct dot *d, struct snapshot *s,
 			s->others[n++] = (struct other){
 				s->parent_ids[slot],
 				s->parent_kinds[slot] == ADG_PARENT_CONSUMED};
-	qsort(s->others, n, sizeof *s->others, by_id);
+	qsort(s->others, n, sizeof *s->others, dot_by_id);
 	for (size_t i = 0; i < n; i++) {
 		unsigned long long id = s->others[i].id;
 		if (i > 0 && s->others[i - 1].id == id)
 			continue;
 		if (s->others[i].consumed)
-			emit(d,
-			     "  n%llu [label=\"%llu (consumed)\", "
-			     "style=dashed];\n",
-			     id, id);
+			dot_emit(d,
+				 "  n%llu [label=\"%llu (consumed)\", "
+				 "style=dashed];\n",
+				 id, id);
 		else
-			write_leaf(d, id, options);
+			dot_write_leaf(d, id, options);
 	}
 }
 
@@ -252,29 +252,30 @@ int adg_graph_write_dot_with(adg_node *node, const adg_dot_options *options,
 	if (node == NULL || write == NULL)
 		return ADG_EINVAL;
 	struct snapshot s;
-	int rc = take_snapshot(node, &s);
+	int rc = snapshot_take(node, &s);
 	if (rc != 0)
 		return rc;
 	struct dot d = {.write = write, .ctx = ctx};
-	emit(&d, "digraph adg_graph_%llu {\n", (unsigned long long)s.graph_id);
-	emit(&d, "  label=\"graph %llu\";\n  node [shape=box];\n",
-	     (unsigned long long)s.graph_id);
+	dot_emit(&d, "digraph adg_graph_%llu {\n",
+		 (unsigned long long)s.graph_id);
+	dot_emit(&d, "  label=\"graph %llu\";\n  node [shape=box];\n",
+		 (unsigned long long)s.graph_id);
 	for (size_t i = 0; i < s.n_ops; i++) {
 		const adg_graph_node *op = &s.ops[i];
 		char name[256] = "";
 		if (op->name != NULL)
-			quoted(name, sizeof name, op->name);
-		emit(&d, "  n%llu [label=\"%llu%s%s\\ndepth %u\"];\n",
-		     (unsigned long long)op->id, (unsigned long long)op->id,
-		     op->name != NULL ? " " : "", name, op->depth);
+			dot_quoted(name, sizeof name, op->name);
+		dot_emit(&d, "  n%llu [label=\"%llu%s%s\\ndepth %u\"];\n",
+			 (unsigned long long)op->id, (unsigned long long)op->id,
+			 op->name != NULL ? " " : "", name, op->depth);
 	}
-	write_others(&d, &s, options);
+	dot_write_others(&d, &s, options);
 	for (size_t i = 0; i < s.n_ops; i++)
 		for (size_t k = 0; k < s.ops[i].n_parents; k++)
-			emit(&d, "  n%llu -> n%llu;\n",
-			     (unsigned long long)s.ops[i].parent_ids[k],
-			     (unsigned long long)s.ops[i].id);
-	emit(&d, "}\n");
+			dot_emit(&d, "  n%llu -> n%llu;\n",
+				 (unsigned long long)s.ops[i].parent_ids[k],
+				 (unsigned long long)s.ops[i].id);
+	dot_emit(&d, "}\n");
 	snapshot_free(&s);
 	return d.rc;
 }

@@ -4,18 +4,18 @@
  * this order: node.c creates it, graph.c places it in a graph, a backward
  * takes and runs its step, node.c frees it. A backward is the runner's
  * (run.h): backward.c is its entry point and the sequential loop, tape.c
- * takes the tape, run.c is the step protocol every mode shares, parallel.c
- * runs a tape on an executor's workers, and pool.c is libadg's own
- * executor. registry.c owns the per-thread shards that carry ids and
- * counters; grads.c the gradient table a backward returns.
+ * takes the tape, run.c is the step protocol every mode shares, and
+ * parallel.c runs a tape on an executor's workers. registry.c owns the
+ * per-thread shards that carry ids and counters; grads.c the gradient
+ * table a backward returns. The annexes (pool.c, reducer.c) need none of
+ * this: they stand on adg.h and util.h alone.
  */
 #ifndef ADG_INTERNAL_H
 #define ADG_INTERNAL_H
 
 #include "adg.h"
+#include "util.h"
 
-#include <ck_cc.h>
-#include <ck_md.h>
 #include <ck_pr.h>
 #include <ck_spinlock.h>
 #include <pthread.h>
@@ -41,40 +41,6 @@
 #include <urcu-bp.h>
 #include <urcu-call-rcu.h>
 #include <urcu/list.h>
-
-#define ADG_CACHELINE	CK_MD_CACHELINE
-#define adg_likely(x)	CK_CC_LIKELY(x)
-#define adg_unlikely(x) CK_CC_UNLIKELY(x)
-
-/* Alignment is rounded up by masking (adg_round_up), and the layout checks
- * below divide by it: it must be a power of two. */
-#if ADG_CACHELINE <= 0 || (ADG_CACHELINE & (ADG_CACHELINE - 1)) != 0
-#error "ADG_CACHELINE must be a power of two"
-#endif
-
-/* n rounded up to a multiple of align, a power of two. */
-static inline uintptr_t adg_round_up(uintptr_t n, uintptr_t align)
-{
-	return (n + align - 1) & ~(align - 1);
-}
-
-/*
- * ADG_ASSERT states an invariant (docs/concurrency.md numbers them: I1,
- * I2, ...) and checks it in builds with ADG_ASSERTIONS: every build but
- * release (meson option `assertions`), so the tests, the stress tests and
- * the fuzzer run with them. A failure is a bug in libadg, not bad input:
- * it says where and aborts, as liburcu's debug assertions do. In release
- * builds the condition is compiled but never evaluated.
- */
-#ifdef ADG_ASSERTIONS
-__attribute__((noreturn, cold)) void
-adg_assert_fail(const char *cond, const char *file, int line);
-#define ADG_ASSERT(cond)                                                       \
-	(adg_likely(cond) ? (void)0                                            \
-			  : adg_assert_fail(#cond, __FILE__, __LINE__))
-#else
-#define ADG_ASSERT(cond) ((void)sizeof(!(cond)))
-#endif
 
 /*
  * ThreadSanitizer sees neither liburcu's publish and dereference nor its
@@ -126,12 +92,6 @@ extern void (*adg_test_point)(enum adg_test_point where);
 struct adg_shard;
 struct adg_graph;
 struct adg_tape; /* a backward's scratch, reused by its thread (tape.h) */
-
-/* Maps a callback's result to the library's convention. */
-static inline int adg_callback_result(int rc)
-{
-	return rc > 0 ? ADG_ECALLBACK : rc;
-}
 
 /* -------------------------------------------------------------- spinlocks */
 
@@ -420,7 +380,8 @@ struct adg_shard {
 	/* Read-mostly: written at creation and adoption. */
 	_Alignas(ADG_CACHELINE) struct adg_registry *registry;
 	bool owned;	  /* a live thread holds it; under the threads lock */
-	void *alloc_base; /* what the allocator returned (see zalloc_aligned) */
+	void *alloc_base; /* what the allocator returned (see
+			     registry_zalloc_aligned) */
 	struct adg_shard *next_in_registry;
 	/* In its thread's overflow list (struct adg_thread), under the
 	 * threads lock. */
@@ -628,7 +589,7 @@ struct adg_ckpt {
 	 * want slot of every tape child, and a slot count is 32 bits. */
 	uint64_t pending;
 	/* During a backward: the take planned to rebuild the output, and it
-	 * has not been rebuilt yet; see serve. */
+	 * has not been rebuilt yet; see ckpt_serve. */
 	bool rebuild_planned;
 	/* With an executor's workers: the run (its output lock's address)
 	 * rebuilding the output now, or NULL; atomic, since retained passes
@@ -639,7 +600,7 @@ struct adg_ckpt {
 	 * released, and the next such record (struct adg_drops). */
 	void *dropped;
 	struct adg_node *drop_next;
-	struct adg_node *unbuilt_next; /* serve's work list */
+	struct adg_node *unbuilt_next; /* ckpt_serve's work list */
 	bool want_self;
 	uint32_t n_want_parents;
 	uint32_t want_parents[]; /* parent slots */

@@ -33,8 +33,8 @@ static void node_dealloc(struct adg_shard *shard, struct adg_node *n)
 {
 	uint32_t k = n->n_parents;
 #ifdef ADG_ASSERTIONS
-	/* The last drop may skip the subtraction (put_refs): zero the count,
-	 * so that a drop of a freed, cached node trips I5. */
+	/* The last drop may skip the subtraction (node_put_refs): zero the
+	 * count, so that a drop of a freed, cached node trips I5. */
 	atomic_store_explicit(&n->refs, 0, memory_order_relaxed);
 #endif
 	/* The fallback shard is shared by threads: it keeps nothing. */
@@ -62,7 +62,7 @@ void adg_node_free_cache(struct adg_shard *shard)
 	}
 }
 
-/* Inlined: on adg_op's path, the stores that op_new overwrites go. */
+/* Inlined: on adg_op's path, the stores that node_op_new overwrites go. */
 static inline __attribute__((always_inline)) struct adg_node *
 node_new(struct adg_shard *shard, struct adg_registry *r, uint32_t n_parents,
 	 int *rc)
@@ -109,9 +109,9 @@ int adg_leaf(adg_registry *registry, adg_node **out)
 	return 0;
 }
 
-static int op_new(adg_registry *registry, adg_node *const *parents,
-		  size_t n_parents, const adg_step *step,
-		  const adg_op_options *options, adg_node **out)
+static int node_op_new(adg_registry *registry, adg_node *const *parents,
+		       size_t n_parents, const adg_step *step,
+		       const adg_op_options *options, adg_node **out)
 {
 	if (out != NULL)
 		*out = NULL;
@@ -187,14 +187,14 @@ out_dealloc:
 int adg_op(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	   const adg_step *step, adg_node **out)
 {
-	return op_new(registry, parents, n_parents, step, NULL, out);
+	return node_op_new(registry, parents, n_parents, step, NULL, out);
 }
 
 int adg_op_with(adg_registry *registry, adg_node *const *parents,
 		size_t n_parents, const adg_step *step,
 		const adg_op_options *options, adg_node **out)
 {
-	return op_new(registry, parents, n_parents, step, options, out);
+	return node_op_new(registry, parents, n_parents, step, options, out);
 }
 
 int adg_node_ref(adg_node *node)
@@ -235,7 +235,7 @@ void adg_node_release_step(struct adg_shard *shard, struct adg_node *node)
 }
 
 /* Drops n references; returns whether they were the last. */
-static bool put_refs(struct adg_node *node, uint64_t n)
+static bool node_put_refs(struct adg_node *node, uint64_t n)
 {
 	/* A count that reads n is all ours: no one else holds the node, so
 	 * no one can change the count (a new reference needs an old one), and
@@ -279,7 +279,7 @@ struct reaper {
  * graph's live nodes wait for it no longer than that. */
 #define REAPER_HOLD_MAX 256
 
-static void reaper_unlock(struct reaper *rp)
+static void node_reaper_unlock(struct reaper *rp)
 {
 	if (rp->held != NULL) {
 		adg_graph_unlock(rp->shard, rp->held);
@@ -289,7 +289,7 @@ static void reaper_unlock(struct reaper *rp)
 
 /* Puts a node nothing references on the work list, taken out of its graph
  * first if its step is unconsumed. */
-static void doom(struct reaper *rp, struct adg_node *node)
+static void node_doom(struct reaper *rp, struct adg_node *node)
 {
 	if (node->state == ADG_NODE_LIVE) {
 		/* Unreachable now, but still a member of its graph, which a
@@ -299,7 +299,7 @@ static void doom(struct reaper *rp, struct adg_node *node)
 		 * that no lock order is needed. */
 		if (rp->held == NULL || adg_node_graph(node) != rp->held ||
 		    rp->held_for == REAPER_HOLD_MAX) {
-			reaper_unlock(rp);
+			node_reaper_unlock(rp);
 			rp->held = adg_graph_lock_of(node);
 			rp->held_for = 0;
 		}
@@ -315,10 +315,10 @@ static void doom(struct reaper *rp, struct adg_node *node)
 
 /* Drops n references; a node whose count reaches zero is doomed. NULL (a
  * leaf parent) holds nothing. */
-static void drop_refs(struct reaper *rp, struct adg_node *node, uint64_t n)
+static void node_drop_refs(struct reaper *rp, struct adg_node *node, uint64_t n)
 {
-	if (node != NULL && n != 0 && put_refs(node, n))
-		doom(rp, node);
+	if (node != NULL && n != 0 && node_put_refs(node, n))
+		node_doom(rp, node);
 }
 
 /* Frees one unreachable node, with no lock held. */
@@ -335,7 +335,7 @@ static void node_free(struct adg_shard *shard, struct adg_node *node)
 }
 
 /* The two passes over what the drops so far doomed. */
-static void reap(struct reaper *rp)
+static void node_reap(struct reaper *rp)
 {
 	/* Most frees are of one consumed node (a backward letting go of its
 	 * tape): it holds nothing, so there is nothing more to find. */
@@ -357,9 +357,9 @@ static void reap(struct reaper *rp)
 		 * them up to the backward that took it. */
 		if (n->state == ADG_NODE_LIVE)
 			for (uint32_t i = 0; i < n->n_parents; i++)
-				drop_refs(rp, n->parents[i], 1);
+				node_drop_refs(rp, n->parents[i], 1);
 	}
-	reaper_unlock(rp);
+	node_reaper_unlock(rp);
 	for (struct adg_node *n = rp->found; n != NULL;) {
 		struct adg_node *next = n->next_doomed;
 		node_free(rp->shard, n);
@@ -372,9 +372,9 @@ void adg_node_release_many(struct adg_shard *shard, struct adg_node *node,
 {
 	struct reaper rp = {.shard = shard};
 
-	drop_refs(&rp, node, n);
+	node_drop_refs(&rp, node, n);
 	if (rp.todo != NULL)
-		reap(&rp);
+		node_reap(&rp);
 }
 
 void adg_node_release(struct adg_shard *shard, struct adg_node *node)
@@ -387,10 +387,10 @@ int adg_node_unref(adg_node *node)
 	if (node == NULL)
 		return ADG_EINVAL;
 	/* Most drops are not the last one and need nothing else. */
-	if (!put_refs(node, 1))
+	if (!node_put_refs(node, 1))
 		return 0;
 	struct reaper rp = {.shard = adg_shard_get_or_shared(node->registry)};
-	doom(&rp, node);
-	reap(&rp);
+	node_doom(&rp, node);
+	node_reap(&rp);
 	return 0;
 }

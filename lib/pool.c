@@ -6,9 +6,11 @@
  * condition variable serve, and an idle thread sleeps in the kernel
  * rather than spinning on a core that a step could use.
  */
-#include "internal.h"
+#include "adg.h"
+#include "util.h"
 
-#include <stdlib.h>
+#include <pthread.h>
+#include <stdbool.h>
 
 struct job {
 	void (*fn)(void *arg);
@@ -54,7 +56,7 @@ static void *pool_thread(void *arg)
 }
 
 /* Doubles the ring, under lock. */
-static bool grow(struct adg_pool *pool)
+static bool pool_grow(struct adg_pool *pool)
 {
 	const adg_allocator *a = &pool->allocator;
 	size_t cap = pool->cap ? pool->cap * 2 : 16;
@@ -75,7 +77,7 @@ static int pool_submit(void (*fn)(void *arg), void *arg, void *ctx)
 {
 	struct adg_pool *pool = ctx;
 	pthread_mutex_lock(&pool->lock);
-	if (pool->count == pool->cap && !grow(pool)) {
+	if (pool->count == pool->cap && !pool_grow(pool)) {
 		pthread_mutex_unlock(&pool->lock);
 		return ADG_ENOMEM; /* the backward goes on without it */
 	}
@@ -95,7 +97,7 @@ static size_t pool_size(unsigned n_threads)
 
 /* Stops the first n threads (and frees the pool): nothing is queued or
  * everything queued runs first. */
-static void stop(struct adg_pool *pool, unsigned n)
+static void pool_stop(struct adg_pool *pool, unsigned n)
 {
 	pthread_mutex_lock(&pool->lock);
 	pool->stopping = true;
@@ -109,19 +111,6 @@ static void stop(struct adg_pool *pool, unsigned n)
 	if (pool->jobs != NULL)
 		a.free(pool->jobs, pool->cap * sizeof *pool->jobs, a.ctx);
 	a.free(pool, pool_size(pool->n_threads), a.ctx);
-}
-
-static void *pool_default_alloc(size_t size, void *ctx)
-{
-	(void)ctx;
-	return malloc(size);
-}
-
-static void pool_default_free(void *ptr, size_t size, void *ctx)
-{
-	(void)size;
-	(void)ctx;
-	free(ptr);
 }
 
 int adg_pool_new(unsigned n_threads, adg_pool **out)
@@ -141,8 +130,7 @@ int adg_pool_new_with(const adg_pool_options *options, adg_pool **out)
 		return ADG_EINVAL;
 	adg_allocator a = options->allocator;
 	if (a.alloc == NULL)
-		a = (adg_allocator){pool_default_alloc, pool_default_free,
-				    NULL};
+		a = adg_default_allocator;
 	unsigned n_threads = options->n_threads;
 	struct adg_pool *pool = a.alloc(pool_size(n_threads), a.ctx);
 	if (pool == NULL)
@@ -160,7 +148,7 @@ int adg_pool_new_with(const adg_pool_options *options, adg_pool **out)
 	for (unsigned i = 0; i < n_threads; i++) {
 		if (pthread_create(&pool->threads[i], NULL, pool_thread,
 				   pool) != 0) {
-			stop(pool, i);
+			pool_stop(pool, i);
 			return ADG_ENOMEM;
 		}
 	}
@@ -186,6 +174,6 @@ int adg_pool_free(adg_pool *pool)
 		return 0;
 	if (this_pool == pool)
 		return ADG_EINVAL; /* it would join itself */
-	stop(pool, pool->n_threads);
+	pool_stop(pool, pool->n_threads);
 	return 0;
 }

@@ -1,6 +1,6 @@
 /*
  * The gradient reducer: synchronous data parallelism inside one process
- * (adg.h, "gradient reducer"; docs/concurrency.md, I15 to I17).
+ * (include/adg/reducer.h; docs/concurrency.md, I15 to I17).
  *
  * Contributions. Each participant has a block of slots, one per parameter,
  * on cache lines of its own: a contribution is a plain store into the
@@ -38,10 +38,13 @@
  * end: the parameters it did not give stay incomplete, never applied
  * with part of their contributions.
  */
-#include "internal.h"
+#include "adg.h"
+#include "util.h"
 
+#include <pthread.h>
 #include <sched.h>
-#include <stdlib.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <string.h>
 
 #define NONE SIZE_MAX /* no participant or parameter */
@@ -62,7 +65,7 @@ struct param {
 	 * barrier generation plus one and any participant of that round
 	 * takes the next slice (next_slice) to fold and apply. Both are
 	 * left as they are at the round's end, so that a participant still
-	 * looking for slices of that round finds none; the next publish
+	 * looking for slices of that round finds none; the next reducer_publish
 	 * resets next_slice first. */
 	size_t n_slices;
 	atomic_uint_fast64_t published;
@@ -144,24 +147,11 @@ struct adg_reducer {
 
 /* ------------------------------------------------------------- layout */
 
-static void *default_alloc(size_t size, void *ctx)
-{
-	(void)ctx;
-	return malloc(size);
-}
-
-static void default_free(void *ptr, size_t size, void *ctx)
-{
-	(void)ctx;
-	(void)size;
-	free(ptr);
-}
-
 /* size bytes at a cache line's boundary: the allocator promises malloc's
  * alignment only, so ask for a line more. *base is what to free, *bytes
  * its size. NULL on failure. */
-static void *alloc_aligned(const adg_allocator *a, size_t size, void **base,
-			   size_t *bytes)
+static void *reducer_alloc_aligned(const adg_allocator *a, size_t size,
+				   void **base, size_t *bytes)
 {
 	*bytes = size + ADG_CACHELINE;
 	*base = a->alloc(*bytes, a->ctx);
@@ -172,29 +162,29 @@ static void *alloc_aligned(const adg_allocator *a, size_t size, void **base,
 	return p;
 }
 
-static struct member *member_of(const struct adg_reducer *r, size_t p)
+static struct member *reducer_member_of(const struct adg_reducer *r, size_t p)
 {
 	return (struct member *)(r->members + p * r->member_stride);
 }
 
-static struct slot *slot_of(const struct adg_reducer *r, size_t p, size_t i)
+static struct slot *reducer_slot_of(const struct adg_reducer *r, size_t p,
+				    size_t i)
 {
-	return &member_of(r, p)->slots[i];
+	return &reducer_member_of(r, p)->slots[i];
 }
 
-static size_t home_of(const struct adg_reducer *r, uint64_t id)
+static size_t reducer_home_of(const struct adg_reducer *r, uint64_t id)
 {
-	/* Fibonacci hashing, as grads.c: consecutive ids spread. */
-	return (size_t)((id * UINT64_C(0x9e3779b97f4a7c15)) >> r->shift);
+	return (size_t)adg_id_hash(id, r->shift);
 }
 
 /* The parameter index of id, or NONE. */
-static size_t lookup(const struct adg_reducer *r, uint64_t id)
+static size_t reducer_lookup(const struct adg_reducer *r, uint64_t id)
 {
 	size_t mask = r->table_cap - 1;
 	if (id == 0)
 		return NONE;
-	for (size_t i = home_of(r, id);; i = (i + 1) & mask) {
+	for (size_t i = reducer_home_of(r, id);; i = (i + 1) & mask) {
 		if (r->table[i].id == id)
 			return r->table[i].param;
 		if (r->table[i].id == 0)
@@ -203,11 +193,11 @@ static size_t lookup(const struct adg_reducer *r, uint64_t id)
 }
 
 /* Fills the table and the parameters' ids; false for a repeated id. */
-static bool index_params(struct adg_reducer *r, const uint64_t *ids)
+static bool reducer_index_params(struct adg_reducer *r, const uint64_t *ids)
 {
 	size_t mask = r->table_cap - 1;
 	for (size_t k = 0; k < r->n_params; k++) {
-		size_t i = home_of(r, ids[k]);
+		size_t i = reducer_home_of(r, ids[k]);
 		while (r->table[i].id != 0) {
 			if (r->table[i].id == ids[k])
 				return false;
@@ -221,7 +211,7 @@ static bool index_params(struct adg_reducer *r, const uint64_t *ids)
 }
 
 /* Frees what adg_reducer_new allocated (any of it NULL). */
-static void free_blocks(struct adg_reducer *r)
+static void reducer_free_blocks(struct adg_reducer *r)
 {
 	const adg_allocator *a = &r->allocator;
 	if (r->table != NULL)
@@ -234,94 +224,134 @@ static void free_blocks(struct adg_reducer *r)
 	copy.free(r->self_base, r->self_bytes, copy.ctx);
 }
 
+/* Whether options are as adg_reducer_new requires, but for ids repeated
+ * (reducer_index_params finds those); *sliced: some parameter is in
+ * slices. */
+static bool reducer_options_valid(const adg_reducer_options *o, bool *sliced)
+{
+	if (o->n_participants == 0 || o->n_params == 0 ||
+	    o->param_ids == NULL || o->ops.add == NULL ||
+	    o->ops.apply == NULL || o->ops.release == NULL ||
+	    (o->allocator.alloc == NULL) != (o->allocator.free == NULL))
+		return false;
+	const size_t *slices = o->param_slices;
+	*sliced = false;
+	for (size_t k = 0; k < o->n_params; k++) {
+		if (o->param_ids[k] == 0)
+			return false;
+		if (slices != NULL &&
+		    (slices[k] == 0 || slices[k] > ADG_REDUCER_MAX_SLICES))
+			return false;
+		*sliced |= slices != NULL && slices[k] > 1;
+	}
+	return !*sliced || o->ops.add_slice != NULL;
+}
+
+/* The sizes of a reducer's blocks. */
+struct reducer_layout {
+	size_t stride;	     /* a participant's block, in whole lines */
+	size_t members_size; /* the participants' blocks */
+	size_t params_size;
+	size_t table_cap;  /* a power of two */
+	unsigned int log2; /* of table_cap */
+};
+
+/* The sizes for t participants and n parameters: a participant's block
+ * rounded up to whole lines; the table at least twice the parameters, so
+ * that a probe run stays short. false when one would overflow, a line
+ * for the alignment included. */
+static bool reducer_layout(size_t t, size_t n, struct reducer_layout *l)
+{
+	size_t stride;
+	l->table_cap = 4;
+	l->log2 = 2;
+	if (__builtin_mul_overflow(n, sizeof(struct slot), &stride) ||
+	    __builtin_add_overflow(stride, sizeof(struct member), &stride) ||
+	    stride > SIZE_MAX - 2 * ADG_CACHELINE)
+		return false;
+	l->stride = adg_round_up(stride, ADG_CACHELINE);
+	while (l->table_cap / 2 < n &&
+	       l->table_cap <= SIZE_MAX / 2 / sizeof(struct entry)) {
+		l->table_cap *= 2;
+		l->log2++;
+	}
+	return l->table_cap / 2 >= n &&
+	       !__builtin_mul_overflow(t, l->stride, &l->members_size) &&
+	       l->members_size <= SIZE_MAX - ADG_CACHELINE &&
+	       !__builtin_mul_overflow(n, sizeof(struct param),
+				       &l->params_size) &&
+	       l->params_size <= SIZE_MAX - ADG_CACHELINE;
+}
+
+/* Allocates and fills r's parameters, participants' blocks and id table,
+ * with r's allocator. Returns 0, ADG_ENOMEM, or ADG_EINVAL for a repeated
+ * id; on error what was allocated is left for reducer_free_blocks. */
+static int reducer_fill(struct adg_reducer *r, const adg_reducer_options *o,
+			const struct reducer_layout *l)
+{
+	const adg_allocator *a = &r->allocator;
+	r->params = reducer_alloc_aligned(a, l->params_size, &r->params_base,
+					  &r->params_bytes);
+	if (r->params == NULL)
+		return ADG_ENOMEM;
+	r->members = reducer_alloc_aligned(a, l->members_size, &r->members_base,
+					   &r->members_bytes);
+	if (r->members == NULL)
+		return ADG_ENOMEM;
+	size_t table_size = r->table_cap * sizeof *r->table;
+	r->table = a->alloc(table_size, a->ctx);
+	if (r->table == NULL)
+		return ADG_ENOMEM;
+	memset(r->table, 0, table_size);
+	if (!reducer_index_params(r, o->param_ids))
+		return ADG_EINVAL;
+	for (size_t k = 0; k < r->n_params; k++)
+		r->params[k].n_slices =
+			o->param_slices != NULL ? o->param_slices[k] : 1;
+	for (size_t p = 0; p < r->n_members; p++) {
+		struct member *m = reducer_member_of(r, p);
+		m->reducer = r;
+		m->index = p;
+	}
+	return 0;
+}
+
 int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 {
 	if (out != NULL)
 		*out = NULL;
-	if (options == NULL || out == NULL || options->n_participants == 0 ||
-	    options->n_params == 0 || options->param_ids == NULL ||
-	    options->ops.add == NULL || options->ops.apply == NULL ||
-	    options->ops.release == NULL ||
-	    (options->allocator.alloc == NULL) !=
-		    (options->allocator.free == NULL))
+	bool sliced;
+	if (options == NULL || out == NULL ||
+	    !reducer_options_valid(options, &sliced))
 		return ADG_EINVAL;
-	size_t t = options->n_participants, n = options->n_params;
-	const size_t *slices = options->param_slices;
-	bool sliced = false;
-	for (size_t k = 0; k < n; k++) {
-		if (options->param_ids[k] == 0)
-			return ADG_EINVAL;
-		if (slices != NULL &&
-		    (slices[k] == 0 || slices[k] > ADG_REDUCER_MAX_SLICES))
-			return ADG_EINVAL;
-		sliced |= slices != NULL && slices[k] > 1;
-	}
-	if (sliced && options->ops.add_slice == NULL)
-		return ADG_EINVAL;
-
-	/* Sizes: a participant's block rounded up to whole lines; the table
-	 * at least twice the parameters, so that a probe run stays short. */
-	size_t stride, members_size, params_size, cap = 4, table_size;
-	unsigned int log2 = 2;
-	if (__builtin_mul_overflow(n, sizeof(struct slot), &stride) ||
-	    __builtin_add_overflow(stride, sizeof(struct member), &stride) ||
-	    stride > SIZE_MAX - 2 * ADG_CACHELINE)
+	struct reducer_layout l;
+	if (!reducer_layout(options->n_participants, options->n_params, &l))
 		return ADG_ENOMEM;
-	stride = adg_round_up(stride, ADG_CACHELINE);
-	while (cap / 2 < n && cap <= SIZE_MAX / 2 / sizeof(struct entry)) {
-		cap *= 2;
-		log2++;
-	}
-	if (cap / 2 < n || __builtin_mul_overflow(t, stride, &members_size) ||
-	    members_size > SIZE_MAX - ADG_CACHELINE ||
-	    __builtin_mul_overflow(n, sizeof(struct param), &params_size) ||
-	    params_size > SIZE_MAX - ADG_CACHELINE)
-		return ADG_ENOMEM;
-	table_size = cap * sizeof(struct entry);
 
 	adg_allocator a = options->allocator;
 	if (a.alloc == NULL)
-		a = (adg_allocator){default_alloc, default_free, NULL};
+		a = adg_default_allocator;
 	void *base;
 	size_t bytes;
-	struct adg_reducer *r = alloc_aligned(&a, sizeof *r, &base, &bytes);
+	struct adg_reducer *r =
+		reducer_alloc_aligned(&a, sizeof *r, &base, &bytes);
 	if (r == NULL)
 		return ADG_ENOMEM;
 	r->self_base = base;
 	r->self_bytes = bytes;
 	r->allocator = a;
 	r->ops = options->ops;
-	r->n_members = t;
-	r->n_params = n;
+	r->n_members = options->n_participants;
+	r->n_params = options->n_params;
 	r->apply_at_end = options->apply_at_end != 0;
 	r->sliced = sliced;
-	r->member_stride = stride;
-	r->table_cap = cap;
-	r->shift = 64 - log2;
-	int rc = ADG_ENOMEM;
-	r->params = alloc_aligned(&a, params_size, &r->params_base,
-				  &r->params_bytes);
-	if (r->params == NULL)
+	r->member_stride = l.stride;
+	r->table_cap = l.table_cap;
+	r->shift = 64 - l.log2;
+	int rc = reducer_fill(r, options, &l);
+	if (rc != 0)
 		goto out_free;
-	r->members = alloc_aligned(&a, members_size, &r->members_base,
-				   &r->members_bytes);
-	if (r->members == NULL)
-		goto out_free;
-	r->table = a.alloc(table_size, a.ctx);
-	if (r->table == NULL)
-		goto out_free;
-	memset(r->table, 0, table_size);
-	if (!index_params(r, options->param_ids)) {
-		rc = ADG_EINVAL;
-		goto out_free;
-	}
-	for (size_t k = 0; k < n; k++)
-		r->params[k].n_slices = slices != NULL ? slices[k] : 1;
-	for (size_t p = 0; p < t; p++) {
-		struct member *m = member_of(r, p);
-		m->reducer = r;
-		m->index = p;
-	}
+	rc = ADG_ENOMEM;
 	if (pthread_mutex_init(&r->lock, NULL) != 0)
 		goto out_free;
 	if (pthread_cond_init(&r->done, NULL) != 0)
@@ -332,16 +362,16 @@ int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 out_destroy_lock:
 	pthread_mutex_destroy(&r->lock);
 out_free:
-	free_blocks(r);
+	reducer_free_blocks(r);
 	return rc;
 }
 
 /* ------------------------------------------------------- contributions */
 
 /* Makes code the round's error unless one was reported first. seq_cst:
- * one total order with the check before each apply (complete), so that
+ * one total order with the check before each apply (reducer_complete), so that
  * an apply whose check comes after this does not start. */
-static void report(struct adg_reducer *r, int code)
+static void reducer_report(struct adg_reducer *r, int code)
 {
 	int none = 0;
 	atomic_compare_exchange_strong_explicit(&r->error, &none, code,
@@ -351,14 +381,14 @@ static void report(struct adg_reducer *r, int code)
 
 /* Folds parameter i's contributions in participant order, into the first
  * non-NULL one, which keeps the sum (I15). */
-static int fold(struct adg_reducer *r, size_t i)
+static int reducer_fold(struct adg_reducer *r, size_t i)
 {
 	struct param *p = &r->params[i];
 	void *sum = NULL;
 	size_t owner = NONE;
 	int rc = 0;
 	for (size_t q = 0; q < r->n_members; q++) {
-		void *value = slot_of(r, q, i)->value;
+		void *value = reducer_slot_of(r, q, i)->value;
 		if (value == NULL)
 			continue;
 		if (owner == NONE) {
@@ -371,14 +401,15 @@ static int fold(struct adg_reducer *r, size_t i)
 			break;
 	}
 	if (owner != NONE)
-		slot_of(r, owner, i)->value = sum; /* add may replace it */
+		reducer_slot_of(r, owner, i)->value =
+			sum; /* add may replace it */
 	p->owner = owner;
 	p->folded = rc == 0;
 	return rc;
 }
 
 /* Applies slice k of parameter i's sum (the whole of it: k 0 of 1). */
-static int apply(struct adg_reducer *r, size_t i, size_t k)
+static int reducer_apply(struct adg_reducer *r, size_t i, size_t k)
 {
 	const struct param *p = &r->params[i];
 	adg_reduction reduction = {
@@ -387,7 +418,8 @@ static int apply(struct adg_reducer *r, size_t i, size_t k)
 		/* Relaxed: bumped only by the last participant to end, before
 		 * the barrier lets anyone into the next round. */
 		.round = atomic_load_explicit(&r->rounds, memory_order_relaxed),
-		.sum = p->owner != NONE ? slot_of(r, p->owner, i)->value : NULL,
+		.sum = p->owner != NONE ? reducer_slot_of(r, p->owner, i)->value
+					: NULL,
 		.slice = k,
 		.n_slices = p->n_slices,
 	};
@@ -395,10 +427,10 @@ static int apply(struct adg_reducer *r, size_t i, size_t k)
 }
 
 /* The sum's owner: the first participant with a contribution. */
-static size_t first_given(const struct adg_reducer *r, size_t i)
+static size_t reducer_first_given(const struct adg_reducer *r, size_t i)
 {
 	for (size_t q = 0; q < r->n_members; q++)
-		if (slot_of(r, q, i)->value != NULL)
+		if (reducer_slot_of(r, q, i)->value != NULL)
 			return q;
 	return NONE;
 }
@@ -407,15 +439,16 @@ static size_t first_given(const struct adg_reducer *r, size_t i)
  * contribution, then applies it (unless apply_at_end). Slices are
  * disjoint: threads that take different ones never write the same
  * bytes. */
-static int fold_and_apply_slice(struct adg_reducer *r, size_t i, size_t k)
+static int reducer_fold_and_apply_slice(struct adg_reducer *r, size_t i,
+					size_t k)
 {
 	const struct param *p = &r->params[i];
 	int rc = 0;
 	if (p->owner != NONE) {
-		void *sum = slot_of(r, p->owner, i)->value;
+		void *sum = reducer_slot_of(r, p->owner, i)->value;
 		for (size_t q = p->owner + 1; q < r->n_members && rc == 0;
 		     q++) {
-			void *value = slot_of(r, q, i)->value;
+			void *value = reducer_slot_of(r, q, i)->value;
 			if (value != NULL)
 				rc = adg_callback_result(r->ops.add_slice(
 					sum, value, k, p->n_slices,
@@ -423,11 +456,11 @@ static int fold_and_apply_slice(struct adg_reducer *r, size_t i, size_t k)
 		}
 	}
 	if (rc == 0 && !r->apply_at_end)
-		rc = apply(r, i, k);
+		rc = reducer_apply(r, i, k);
 	return rc;
 }
 
-static void wake_all(struct adg_reducer *r)
+static void reducer_wake_all(struct adg_reducer *r)
 {
 	pthread_mutex_lock(&r->lock);
 	if (r->n_sleeping != 0)
@@ -438,7 +471,7 @@ static void wake_all(struct adg_reducer *r)
 /* Takes slices of parameter i until none is left. Once published, every
  * slice runs, whatever is reported meanwhile: a parameter is never left
  * half updated by another participant's failure. */
-static void take_slices(struct adg_reducer *r, size_t i)
+static void reducer_take_slices(struct adg_reducer *r, size_t i)
 {
 	struct param *p = &r->params[i];
 	for (;;) {
@@ -448,23 +481,23 @@ static void take_slices(struct adg_reducer *r, size_t i)
 						     memory_order_relaxed);
 		if (k >= p->n_slices)
 			return;
-		int rc = fold_and_apply_slice(r, i, k);
+		int rc = reducer_fold_and_apply_slice(r, i, k);
 		if (rc != 0)
-			report(r, rc);
+			reducer_report(r, rc);
 		/* acq_rel: the slice's writes happen before the end of the
 		 * round, which waits for this count to reach 0 (acquire in
 		 * the barrier); the last one wakes the sleepers to see it. */
 		if (atomic_fetch_sub_explicit(&r->slices_pending, 1,
 					      memory_order_acq_rel) == 1)
-			wake_all(r);
+			reducer_wake_all(r);
 	}
 }
 
 /* Whether parameter i has slices of round gen not yet taken. Acquire:
- * pairs with publish's release, so that the slots, the owner and the
+ * pairs with reducer_publish's release, so that the slots, the owner and the
  * reset of next_slice written before it are seen. Relaxed next_slice: a
- * hint; take_slices claims for real. */
-static bool offers_slices(const struct param *p, uint64_t gen)
+ * hint; reducer_take_slices claims for real. */
+static bool reducer_offers_slices(const struct param *p, uint64_t gen)
 {
 	return p->n_slices > 1 &&
 	       atomic_load_explicit(&p->published, memory_order_acquire) ==
@@ -477,12 +510,12 @@ static bool offers_slices(const struct param *p, uint64_t gen)
  * whether it found one. Any participant may, from its end (the barrier),
  * so that a large parameter's sum and update are split among the threads
  * that wait. */
-static bool help(struct adg_reducer *r, uint64_t gen)
+static bool reducer_help(struct adg_reducer *r, uint64_t gen)
 {
 	bool found = false;
 	for (size_t i = 0; i < r->n_params; i++) {
-		if (offers_slices(&r->params[i], gen)) {
-			take_slices(r, i);
+		if (reducer_offers_slices(&r->params[i], gen)) {
+			reducer_take_slices(r, i);
 			found = true;
 		}
 	}
@@ -491,10 +524,10 @@ static bool help(struct adg_reducer *r, uint64_t gen)
 
 /* The last contribution of a parameter in slices is in: offers its
  * slices to every participant and takes them itself. */
-static void publish(struct adg_reducer *r, size_t i)
+static void reducer_publish(struct adg_reducer *r, size_t i)
 {
 	struct param *p = &r->params[i];
-	p->owner = first_given(r, i);
+	p->owner = reducer_first_given(r, i);
 	/* A slice whose fold fails reports it: the round is abandoned, and
 	 * apply_at_end applies nothing. */
 	p->folded = true;
@@ -503,39 +536,40 @@ static void publish(struct adg_reducer *r, size_t i)
 	atomic_fetch_add_explicit(&r->slices_pending, p->n_slices,
 				  memory_order_relaxed);
 	/* Relaxed, then release: the reset, the slots and the owner before,
-	 * for offers_slices' acquire. The barrier cannot move during the
-	 * round: this participant has not ended it. */
+	 * for reducer_offers_slices' acquire. The barrier cannot move during
+	 * the round: this participant has not ended it. */
 	atomic_store_explicit(&p->next_slice, 0, memory_order_relaxed);
 	uint64_t gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
 	atomic_store_explicit(&p->published, gen + 1, memory_order_release);
-	wake_all(r); /* participants asleep at the barrier come and help */
-	take_slices(r, i);
+	reducer_wake_all(
+		r); /* participants asleep at the barrier come and help */
+	reducer_take_slices(r, i);
 }
 
 /* The last contribution of parameter i is in: fold it and (unless
  * apply_at_end) apply it, unless the round was abandoned. */
-static int complete(struct adg_reducer *r, size_t i)
+static int reducer_complete(struct adg_reducer *r, size_t i)
 {
-	/* seq_cst: see report. An abandoned round neither folds nor
+	/* seq_cst: see reducer_report. An abandoned round neither folds nor
 	 * applies: each slot keeps its own value for its participant. */
 	if (atomic_load_explicit(&r->error, memory_order_seq_cst) != 0)
 		return 0;
 	if (r->params[i].n_slices > 1) {
-		publish(r, i);
+		reducer_publish(r, i);
 		return 0; /* a slice's error is the round's, not this give's */
 	}
-	int rc = fold(r, i);
+	int rc = reducer_fold(r, i);
 	if (rc == 0 && !r->apply_at_end) {
 		ADG_ASSERT(r->params[i].folded); /* I15 */
-		rc = apply(r, i, 0);
+		rc = reducer_apply(r, i, 0);
 	}
 	if (rc != 0)
-		report(r, rc);
+		reducer_report(r, rc);
 	return rc;
 }
 
 /* Counts one more contribution to parameter i (its slot written). */
-static int arrive(struct adg_reducer *r, size_t i)
+static int reducer_arrive(struct adg_reducer *r, size_t i)
 {
 	/* acq_rel: the release publishes this slot's value, the acquire of
 	 * the add that makes T sees every slot (the adds form one release
@@ -545,10 +579,11 @@ static int arrive(struct adg_reducer *r, size_t i)
 					     memory_order_acq_rel) +
 		   1;
 	ADG_ASSERT(n <= r->n_members); /* I15: one per participant */
-	return n == r->n_members ? complete(r, i) : 0;
+	return n == r->n_members ? reducer_complete(r, i) : 0;
 }
 
-static int give(struct adg_reducer *r, struct member *m, size_t i, void *value)
+static int reducer_give(struct adg_reducer *r, struct member *m, size_t i,
+			void *value)
 {
 	/* Relaxed: set by this participant's own end, which its gives come
 	 * before; read here only to refuse a give made out of order. */
@@ -556,14 +591,14 @@ static int give(struct adg_reducer *r, struct member *m, size_t i, void *value)
 		return ADG_ESTATE;
 	struct slot *s = &m->slots[i];
 	/* Relaxed: only atomicity matters, so that one of two gives of the
-	 * same slot wins; the slot's own writes are ordered by arrive. The
-	 * reset to false (release_own) comes before the participant's next
-	 * round, whichever thread gives for it then (the executor's
-	 * hand-off orders it). */
+	 * same slot wins; the slot's own writes are ordered by reducer_arrive.
+	 * The reset to false (reducer_release_own) comes before the
+	 * participant's next round, whichever thread gives for it then (the
+	 * executor's hand-off orders it). */
 	if (atomic_exchange_explicit(&s->given, true, memory_order_relaxed))
 		return ADG_ESTATE;
 	s->value = value;
-	return arrive(r, i);
+	return reducer_arrive(r, i);
 }
 
 int adg_reducer_give(adg_reducer *reducer, size_t participant, uint64_t id,
@@ -572,23 +607,24 @@ int adg_reducer_give(adg_reducer *reducer, size_t participant, uint64_t id,
 	if (reducer == NULL || value == NULL ||
 	    participant >= reducer->n_members)
 		return ADG_EINVAL;
-	size_t i = lookup(reducer, id);
+	size_t i = reducer_lookup(reducer, id);
 	if (i == NONE)
 		return ADG_EINVAL;
-	return give(reducer, member_of(reducer, participant), i, value);
+	return reducer_give(reducer, reducer_member_of(reducer, participant), i,
+			    value);
 }
 
 /* The ready hook of adg_reducer_hook: ctx is the participant. */
-static int on_ready(uint64_t id, void **grad, void *ctx)
+static int reducer_on_ready(uint64_t id, void **grad, void *ctx)
 {
 	struct member *m = ctx;
 	struct adg_reducer *r = m->reducer;
 	if (*grad == NULL)
 		return 0; /* a NULL contribution, at the end */
-	size_t i = lookup(r, id);
+	size_t i = reducer_lookup(r, id);
 	if (i == NONE)
 		return 0; /* not a parameter: it stays in the container */
-	int rc = give(r, m, i, *grad);
+	int rc = reducer_give(r, m, i, *grad);
 	if (rc != ADG_ESTATE)
 		*grad = NULL; /* taken, whatever add and apply said */
 	return rc;
@@ -600,8 +636,8 @@ int adg_reducer_hook(adg_reducer *reducer, size_t participant,
 	if (reducer == NULL || options == NULL ||
 	    participant >= reducer->n_members)
 		return ADG_EINVAL;
-	options->on_ready = on_ready;
-	options->on_ready_ctx = member_of(reducer, participant);
+	options->on_ready = reducer_on_ready;
+	options->on_ready_ctx = reducer_member_of(reducer, participant);
 	options->leaves_only = 1;
 	return 0;
 }
@@ -611,7 +647,7 @@ int adg_reducer_hook(adg_reducer *reducer, size_t participant,
 /* On the last participant to end, alone with the round's state: applies
  * (apply_at_end), then makes the next round start clean. Returns the
  * round's result. */
-static int finish_round(struct adg_reducer *r)
+static int reducer_finish_round(struct adg_reducer *r)
 {
 	/* Relaxed: every report came before its reporter's arrival at the
 	 * barrier, which this thread's lock acquired. */
@@ -627,7 +663,7 @@ static int finish_round(struct adg_reducer *r)
 		     rc == 0 && r->apply_at_end && k < r->params[i].n_slices;
 		     k++) {
 			ADG_ASSERT(r->params[i].folded); /* I15 */
-			rc = apply(r, i, k);
+			rc = reducer_apply(r, i, k);
 			/* Nothing runs beside this: no check to order. */
 			if (rc != 0)
 				atomic_store_explicit(&r->error, rc,
@@ -652,9 +688,9 @@ static int finish_round(struct adg_reducer *r)
 
 /* Whether the round can end: every participant is in its end and every
  * slice published is done. Under lock. */
-static bool round_over(struct adg_reducer *r)
+static bool reducer_round_over(struct adg_reducer *r)
 {
-	/* Acquire: pairs with take_slices' count, so that every slice's
+	/* Acquire: pairs with reducer_take_slices' count, so that every slice's
 	 * writes happen before the round's end. */
 	return r->n_ended == r->n_members &&
 	       atomic_load_explicit(&r->slices_pending, memory_order_acquire) ==
@@ -664,12 +700,12 @@ static bool round_over(struct adg_reducer *r)
 /* Whether the barrier let round gen through, or there is a slice to take.
  * Looked at before sleeping, and in a short spin: a wake-up from the
  * kernel costs more than a small batch's work. */
-static bool worth_waking(struct adg_reducer *r, uint64_t gen)
+static bool reducer_worth_waking(struct adg_reducer *r, uint64_t gen)
 {
 	if (atomic_load_explicit(&r->gen, memory_order_relaxed) != gen)
 		return true;
 	for (size_t i = 0; r->sliced && i < r->n_params; i++)
-		if (offers_slices(&r->params[i], gen))
+		if (reducer_offers_slices(&r->params[i], gen))
 			return true;
 	return false;
 }
@@ -677,11 +713,11 @@ static bool worth_waking(struct adg_reducer *r, uint64_t gen)
 /* Waits for the round's other participants, taking slices of large
  * parameters meanwhile; the one that sees the round over finishes it.
  * Returns the round's result. */
-static int barrier(struct adg_reducer *r)
+static int reducer_barrier(struct adg_reducer *r)
 {
 	/* Relaxed: the barrier cannot move before this participant is in. */
 	uint64_t gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
-	help(r, gen);
+	reducer_help(r, gen);
 	pthread_mutex_lock(&r->lock);
 	r->n_ended++;
 	for (;;) {
@@ -693,7 +729,7 @@ static int barrier(struct adg_reducer *r)
 			pthread_mutex_unlock(&r->lock);
 			return rc;
 		}
-		if (round_over(r))
+		if (reducer_round_over(r))
 			break;
 		pthread_mutex_unlock(&r->lock);
 		/* A few looks, yielding the core to the threads still at
@@ -701,14 +737,15 @@ static int barrier(struct adg_reducer *r)
 		bool woken = false;
 		for (int spin = 0; spin < 32 && !woken; spin++) {
 			sched_yield();
-			woken = worth_waking(r, gen);
+			woken = reducer_worth_waking(r, gen);
 		}
-		bool helped = help(r, gen);
+		bool helped = reducer_help(r, gen);
 		pthread_mutex_lock(&r->lock);
 		/* Looked at again under the lock: whoever offers slices, ends
 		 * the last one or the round takes the lock to wake sleepers
 		 * after, so either this sees it or that sees the sleeper. */
-		if (helped || round_over(r) || worth_waking(r, gen))
+		if (helped || reducer_round_over(r) ||
+		    reducer_worth_waking(r, gen))
 			continue;
 		r->n_sleeping++;
 		pthread_cond_wait(&r->done, &r->lock);
@@ -720,7 +757,7 @@ static int barrier(struct adg_reducer *r)
 	 * code). */
 	r->n_ended = 0;
 	pthread_mutex_unlock(&r->lock);
-	int rc = finish_round(r);
+	int rc = reducer_finish_round(r);
 	pthread_mutex_lock(&r->lock);
 	r->result = rc;
 	/* Relaxed: written under lock; readers without it only look. */
@@ -732,18 +769,19 @@ static int barrier(struct adg_reducer *r)
 
 /* After the barrier: hands this participant's values back and clears its
  * slots for its next round. */
-static void release_own(struct adg_reducer *r, struct member *m)
+static void reducer_release_own(struct adg_reducer *r, struct member *m)
 {
 	for (size_t i = 0; i < r->n_params; i++) {
 		struct slot *s = &m->slots[i];
 		void *value = s->value;
 		s->value = NULL;
-		/* Relaxed: see give. */
+		/* Relaxed: see reducer_give. */
 		atomic_store_explicit(&s->given, false, memory_order_relaxed);
 		if (value != NULL)
 			r->ops.release(value, m->index, r->ops.ctx);
 	}
-	/* Relaxed: see give. Last, so that a call from release is refused. */
+	/* Relaxed: see reducer_give. Last, so that a call from release is
+	 * refused. */
 	atomic_store_explicit(&m->ended, false, memory_order_relaxed);
 }
 
@@ -752,22 +790,22 @@ int adg_reducer_end(adg_reducer *reducer, size_t participant, int result)
 	if (reducer == NULL || participant >= reducer->n_members)
 		return ADG_EINVAL;
 	struct adg_reducer *r = reducer;
-	struct member *m = member_of(r, participant);
-	/* Relaxed: atomicity alone refuses a second end; see give. */
+	struct member *m = reducer_member_of(r, participant);
+	/* Relaxed: atomicity alone refuses a second end; see reducer_give. */
 	if (atomic_exchange_explicit(&m->ended, true, memory_order_relaxed))
 		return ADG_ESTATE;
 	if (result != 0) {
-		report(r, adg_callback_result(result));
+		reducer_report(r, adg_callback_result(result));
 	} else {
 		/* The parameters it gave nothing for: NULL contributions,
 		 * which may complete them (errors are reported there). */
 		for (size_t i = 0; i < r->n_params; i++)
 			if (!atomic_exchange_explicit(&m->slots[i].given, true,
 						      memory_order_relaxed))
-				(void)arrive(r, i);
+				(void)reducer_arrive(r, i);
 	}
-	int rc = barrier(r);
-	release_own(r, m);
+	int rc = reducer_barrier(r);
+	reducer_release_own(r, m);
 	return rc;
 }
 
@@ -775,7 +813,7 @@ int adg_reducer_rounds(const adg_reducer *reducer, uint64_t *rounds)
 {
 	if (reducer == NULL || rounds == NULL)
 		return ADG_EINVAL;
-	/* Acquire: pairs with finish_round's release. */
+	/* Acquire: pairs with reducer_finish_round's release. */
 	*rounds = atomic_load_explicit(&reducer->rounds, memory_order_acquire);
 	return 0;
 }
@@ -795,6 +833,6 @@ int adg_reducer_free(adg_reducer *reducer)
 		return ADG_EBUSY;
 	pthread_cond_destroy(&r->done);
 	pthread_mutex_destroy(&r->lock);
-	free_blocks(r);
+	reducer_free_blocks(r);
 	return 0;
 }

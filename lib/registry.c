@@ -11,7 +11,6 @@
  */
 #include "internal.h"
 
-#include <stdlib.h>
 #include <string.h>
 
 /* Ids a thread takes from its registry at once. */
@@ -38,23 +37,11 @@ static pthread_key_t thread_exit_key;
 static pthread_once_t thread_exit_once = PTHREAD_ONCE_INIT;
 static bool thread_exit_key_ok;
 
-static void *default_alloc(size_t size, void *ctx)
-{
-	(void)ctx;
-	return malloc(size);
-}
-
-static void default_free(void *ptr, size_t size, void *ctx)
-{
-	(void)size;
-	(void)ctx;
-	free(ptr);
-}
-
 /* Registries and shards are cache-line aligned, and the caller's allocator
  * promises only malloc's alignment: ask for a line more and round up.
- * *base is what to give back to free_aligned. */
-static void *zalloc_aligned(const adg_allocator *a, size_t size, void **base)
+ * *base is what to give back to registry_free_aligned. */
+static void *registry_zalloc_aligned(const adg_allocator *a, size_t size,
+				     void **base)
 {
 	void *p = a->alloc(size + ADG_CACHELINE, a->ctx);
 	if (p == NULL)
@@ -65,13 +52,14 @@ static void *zalloc_aligned(const adg_allocator *a, size_t size, void **base)
 	return (void *)q;
 }
 
-static void free_aligned(const adg_allocator *a, void *base, size_t size)
+static void registry_free_aligned(const adg_allocator *a, void *base,
+				  size_t size)
 {
 	a->free(base, size + ADG_CACHELINE, a->ctx);
 }
 
 /* An exiting thread's shards go back for adoption. */
-static void thread_exit(void *arg)
+static void registry_thread_exit(void *arg)
 {
 	struct adg_thread *t = arg;
 
@@ -93,15 +81,15 @@ static void thread_exit(void *arg)
 	pthread_mutex_unlock(&threads_lock);
 }
 
-static void make_thread_exit_key(void)
+static void registry_make_exit_key(void)
 {
 	thread_exit_key_ok =
-		pthread_key_create(&thread_exit_key, thread_exit) == 0;
+		pthread_key_create(&thread_exit_key, registry_thread_exit) == 0;
 }
 
 /* Under the threads lock: a shard of r for the calling thread, one that an
  * exited thread left or a new one. */
-static struct adg_shard *shard_adopt(struct adg_registry *r)
+static struct adg_shard *registry_shard_adopt(struct adg_registry *r)
 {
 	struct adg_shard *s;
 
@@ -110,7 +98,7 @@ static struct adg_shard *shard_adopt(struct adg_registry *r)
 		if (!s->owned)
 			return s;
 	void *base;
-	s = zalloc_aligned(&r->allocator, sizeof *s, &base);
+	s = registry_zalloc_aligned(&r->allocator, sizeof *s, &base);
 	if (s == NULL)
 		return NULL;
 	s->alloc_base = base;
@@ -125,8 +113,8 @@ static struct adg_shard *shard_adopt(struct adg_registry *r)
 
 /* Under the threads lock: r's shard in t's overflow list, taken out of
  * it, or NULL. */
-static struct adg_shard *overflow_take(struct adg_thread *t,
-				       struct adg_registry *r)
+static struct adg_shard *registry_overflow_take(struct adg_thread *t,
+						struct adg_registry *r)
 {
 	for (struct adg_shard **link = &t->overflow; *link != NULL;
 	     link = &(*link)->next_overflow) {
@@ -141,7 +129,7 @@ static struct adg_shard *overflow_take(struct adg_thread *t,
 
 /* Under the threads lock: a free slot of t, or one whose shard moves to
  * t's overflow list (still t's). */
-static struct adg_thread_slot *slot_for_new(struct adg_thread *t)
+static struct adg_thread_slot *registry_slot_for_new(struct adg_thread *t)
 {
 	for (int i = 0; i < ADG_THREAD_SLOTS; i++)
 		if (atomic_load_explicit(&t->slots[i].registry,
@@ -166,7 +154,7 @@ struct adg_shard *adg_shard_get_slow(struct adg_registry *r)
 					 memory_order_relaxed) == r)
 			return t->slots[i].shard;
 
-	pthread_once(&thread_exit_once, make_thread_exit_key);
+	pthread_once(&thread_exit_once, registry_make_exit_key);
 	if (!thread_exit_key_ok)
 		return NULL; /* its shards would never go back */
 	pthread_mutex_lock(&threads_lock);
@@ -176,13 +164,13 @@ struct adg_shard *adg_shard_get_slow(struct adg_registry *r)
 		cds_list_add(&t->link, &threads);
 		t->listed = true;
 	}
-	s = overflow_take(t, r);
+	s = registry_overflow_take(t, r);
 	if (s == NULL)
-		s = shard_adopt(r);
+		s = registry_shard_adopt(r);
 	if (s == NULL)
 		goto out_unlock;
 	s->owned = true;
-	struct adg_thread_slot *slot = slot_for_new(t);
+	struct adg_thread_slot *slot = registry_slot_for_new(t);
 	slot->shard = s;
 	atomic_store_explicit(&slot->registry, r, memory_order_relaxed);
 out_unlock:
@@ -242,7 +230,7 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 		*out = NULL;
 	if (out == NULL)
 		return ADG_EINVAL;
-	adg_allocator allocator = {default_alloc, default_free, NULL};
+	adg_allocator allocator = adg_default_allocator;
 	uint64_t max_node_id = UINT64_MAX;
 	if (options != NULL) {
 		const adg_allocator *a = &options->allocator;
@@ -260,7 +248,8 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 			return ADG_EINVAL;
 	}
 	void *base;
-	struct adg_registry *r = zalloc_aligned(&allocator, sizeof *r, &base);
+	struct adg_registry *r =
+		registry_zalloc_aligned(&allocator, sizeof *r, &base);
 	if (r == NULL)
 		return ADG_ENOMEM;
 	r->alloc_base = base;
@@ -293,7 +282,8 @@ int adg_registry_allocator(const adg_registry *registry, adg_allocator *out)
 	return 0;
 }
 
-static void sum_counters(struct adg_registry *r, uint64_t sum[ADG_C_COUNT])
+static void registry_sum_counters(struct adg_registry *r,
+				  uint64_t sum[ADG_C_COUNT])
 {
 	/* Retirement counters first, then creation counters. Whatever thread
 	 * counts a free, the creation it undoes happened before it; an
@@ -322,7 +312,7 @@ int adg_stats(adg_registry *registry, struct adg_stats *out)
 		return ADG_EINVAL;
 	uint64_t c[ADG_C_COUNT];
 
-	sum_counters(registry, c);
+	registry_sum_counters(registry, c);
 	out->live_nodes =
 		c[ADG_C_LEAVES_MADE] + c[ADG_C_OPS_MADE] - c[ADG_C_NODES_FREED];
 	out->live_steps = c[ADG_C_OPS_MADE] - c[ADG_C_STEPS_RELEASED];
@@ -359,7 +349,7 @@ int adg_registry_free(adg_registry *registry)
 						      NULL,
 						      memory_order_relaxed);
 		/* At most one: a thread holds one shard per registry. */
-		overflow_take(t, registry);
+		registry_overflow_take(t, registry);
 	}
 	pthread_mutex_unlock(&threads_lock);
 
@@ -371,9 +361,9 @@ int adg_registry_free(adg_registry *registry)
 		adg_graph_free_pool(s);
 		adg_node_free_cache(s);
 		adg_tape_free(registry, s->tape_cache);
-		free_aligned(&a, s->alloc_base, sizeof *s);
+		registry_free_aligned(&a, s->alloc_base, sizeof *s);
 		s = next;
 	}
-	free_aligned(&a, registry->alloc_base, sizeof *registry);
+	registry_free_aligned(&a, registry->alloc_base, sizeof *registry);
 	return 0;
 }

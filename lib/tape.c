@@ -207,12 +207,75 @@ struct tape_leaf_filter {
 
 static inline void tape_count_leaf(struct tape_leaf_filter *f, uint64_t id)
 {
-	/* Fibonacci hashing to 6 bits: consecutive ids spread. */
-	size_t i = (size_t)((id * UINT64_C(0x9e3779b97f4a7c15)) >> 58);
+	size_t i = (size_t)adg_id_hash(id, 64 - 6); /* 64 entries */
 	if (f->recent[i] != id) {
 		f->recent[i] = id;
 		f->count++;
 	}
+}
+
+/* What a walk met: what sizes the scratch a run of its tape uses. */
+struct tape_walked {
+	size_t n;	       /* nodes */
+	size_t leaves;	       /* at least the distinct leaves they name */
+	uint32_t most_parents; /* of one node */
+	uint64_t lo, hi;       /* the span of the nodes' ids */
+};
+
+/* Reserves, as needs says, every scratch array a run of the walked tape
+ * will use besides the nodes, so that running it never allocates. false
+ * when one could not grow (those before it stay grown, for the next). */
+static bool tape_reserve_run(struct adg_registry *r, struct adg_tape *t,
+			     struct tape_needs needs, struct tape_walked w)
+{
+	/* A retained backward's table keys the tape's nodes too. */
+	size_t keys = w.leaves + (needs.retained ? w.n : 0);
+	size_t outputs =
+		(size_t)w.most_parents * (needs.workers ? needs.workers : 1);
+	return (!needs.counting || tape_reserve_keys(r, t, keys)) &&
+	       (!needs.checkpoints ||
+		tape_reserve_pointers(r, &t->outputs, &t->outputs_cap,
+				      outputs)) &&
+	       (!needs.marks ||
+		(tape_reserve_pointers(r, &t->marks, &t->marks_cap,
+				       w.most_parents) &&
+		 tape_reserve_window(r, t, w.lo, w.hi, w.n))) &&
+	       (needs.workers == 0 ||
+		tape_reserve_parallel(r, t, w.n, w.leaves, keys,
+				      needs.workers));
+}
+
+/* The walk meets p, an op (not a leaf) named by a parent slot of a node
+ * on the tape: the first time, marks it VISITING and pushes it on the
+ * walk's stack (*waiting entries of t->sorted); after that, counts the
+ * slot. Returns 0, ADG_EUNAVAILABLE or ADG_ENOMEM. Inline: the walk's
+ * loop runs it once per slot. */
+static inline int tape_walk_parent(struct adg_registry *r, struct adg_tape *t,
+				   struct adg_graph *g, struct adg_node *p,
+				   uint32_t refused_runs, size_t *n,
+				   size_t *waiting)
+{
+	/* An unconsumed parent is in its child's graph, g. One that is not
+	 * was consumed by another backward, whose writes to it were made
+	 * under a lock we do not hold: decide by the pointer alone
+	 * (compared, never followed) and leave its other fields alone. A
+	 * visited parent was checked when first met. */
+	if (adg_unlikely(adg_node_graph(p) != g ||
+			 (p->retained_runs & refused_runs)))
+		return ADG_EUNAVAILABLE;
+	if (p->state == ADG_NODE_VISITING) {
+		p->tape_links++;
+		p->tape_pending++;
+		return 0;
+	}
+	if (!tape_reserve_nodes(r, t, *n + 1, *n))
+		return ADG_ENOMEM;
+	adg_node_set_state(p, ADG_NODE_VISITING);
+	p->tape_links = 1;
+	p->tape_pending = 1;
+	t->walked[(*n)++] = p;
+	t->sorted[(*waiting)++] = p;
+	return 0;
 }
 
 /* Walks from root, in graph g (locked), through unconsumed steps, marking
@@ -267,48 +330,16 @@ static int tape_walk(struct adg_tape *t, struct adg_graph *g,
 						adg_node_parent_ids(node)[k]);
 				continue;
 			}
-			/* An unconsumed parent is in its child's graph, g. One
-			 * that is not was consumed by another backward, whose
-			 * writes to it were made under a lock we do not hold:
-			 * decide by the pointer alone (compared, never
-			 * followed) and leave its other fields alone. A
-			 * visited parent was checked when first met. */
-			if (adg_unlikely(adg_node_graph(p) != g ||
-					 (p->retained_runs & refused_runs))) {
-				rc = ADG_EUNAVAILABLE;
+			rc = tape_walk_parent(r, t, g, p, refused_runs, &n,
+					      &waiting);
+			if (rc != 0)
 				break;
-			}
-			if (p->state == ADG_NODE_VISITING) {
-				p->tape_links++;
-				p->tape_pending++;
-				continue;
-			}
-			if (!tape_reserve_nodes(r, t, n + 1, n)) {
-				rc = ADG_ENOMEM;
-				break;
-			}
-			adg_node_set_state(p, ADG_NODE_VISITING);
-			p->tape_links = 1;
-			p->tape_pending = 1;
-			t->walked[n++] = p;
-			t->sorted[waiting++] = p;
 		}
 	}
-	/* A retained backward's table keys the tape's nodes too. */
-	size_t keys = leaf_ids.count + (needs.retained ? n : 0);
 	if (rc == 0 &&
-	    ((needs.counting && !tape_reserve_keys(r, t, keys)) ||
-	     (needs.checkpoints &&
-	      !tape_reserve_pointers(
-		      r, &t->outputs, &t->outputs_cap,
-		      (size_t)most_parents *
-			      (needs.workers ? needs.workers : 1))) ||
-	     (needs.marks && !tape_reserve_pointers(r, &t->marks, &t->marks_cap,
-						    most_parents)) ||
-	     (needs.marks && !tape_reserve_window(r, t, lo, hi, n)) ||
-	     (needs.workers != 0 &&
-	      !tape_reserve_parallel(r, t, n, leaf_ids.count, keys,
-				     needs.workers))))
+	    !tape_reserve_run(r, t, needs,
+			      (struct tape_walked){n, leaf_ids.count,
+						   most_parents, lo, hi}))
 		rc = ADG_ENOMEM;
 	if (rc != 0) {
 		for (size_t i = 0; i < n; i++)

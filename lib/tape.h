@@ -81,7 +81,9 @@ struct adg_tape {
 static inline struct adg_tape_key *adg_tape_key(struct adg_tape *t, uint64_t id)
 {
 	size_t mask = t->keys_cap - 1;
-	size_t i = (size_t)((id * UINT64_C(0x9e3779b97f4a7c15)) >> 20) & mask;
+	/* The hash's bits from 20 up, masked to the table: a capacity that
+	 * grows needs no shift kept beside it. */
+	size_t i = (size_t)adg_id_hash(id, 20) & mask;
 	while (t->keys[i].id != 0 && t->keys[i].id != id)
 		i = (i + 1) & mask;
 	return &t->keys[i];

@@ -1,25 +1,64 @@
 #!/bin/sh
 # Writes docs/api.md from include/adg.h: every declaration with the comment
 # above it, in the header's order, under the header's section rules; then,
-# when adg.hpp sits next to the header, the C++ layer's the same way. The
-# headers are the source; docs/api.md is generated and checked against them
-# (tests: api-doc), so they cannot drift.
-# Usage: gen-api.sh [header] > docs/api.md
-#        gen-api.sh --check header docs/api.md   (fails when they differ)
-if [ "${1:-}" = --check ]; then
-	"$0" "$2" | diff -u "$3" - >&2 || {
-		echo "$3 is out of date: run scripts/gen-api.sh > $3" >&2
-		exit 1
+# when adg.hpp sits next to the header, the C++ layer's the same way. A part
+# of the API in a header of its own, which adg.h includes (#include
+# "adg/NAME.h": an annex's), gets a page of its own, docs/api-NAME.md, which
+# docs/api.md links to where the header is included. The headers are the
+# source; the pages are generated and checked against them (tests:
+# api-doc), so they cannot drift.
+# Usage: gen-api.sh [header] > page    (one header's page)
+#        gen-api.sh --write [header page]    (its page and its parts';
+#                                             include/adg.h, docs/api.md)
+#        gen-api.sh --check header page    (fails when one of them differs)
+
+# Each page of header $1, whose own page is $2: "header<TAB>page" lines.
+pages() {
+	printf '%s\t%s\n' "$1" "$2"
+	sed -n 's|^#include "adg/\([a-z_]*\)\.h"$|\1|p' "$1" | while read -r part; do
+		printf '%s\t%s\n' "$(dirname "$1")/adg/$part.h" \
+			"$(dirname "$2")/api-$part.md"
+	done
+}
+tab=$(printf '\t')
+case ${1:-} in
+--check)
+	pages "$2" "$3" | {
+		status=0
+		while IFS=$tab read -r h page; do
+			if "$0" "$h" | diff -u "$page" - >&2; then
+				cpp_header=$(dirname "$h")/adg.hpp
+				if [ -f "$cpp_header" ]; then
+					echo "$page matches $h and $cpp_header"
+				else
+					echo "$page matches $h"
+				fi
+			else
+				echo "$page is out of date: run scripts/gen-api.sh --write" >&2
+				status=1
+			fi
+		done
+		exit $status
 	}
-	cpp_header=$(dirname "$2")/adg.hpp
-	if [ -f "$cpp_header" ]; then
-		echo "$3 matches $2 and $cpp_header"
-	else
-		echo "$3 matches $2"
-	fi
-	exit 0
-fi
+	exit
+	;;
+--write)
+	pages "${2:-include/adg.h}" "${3:-docs/api.md}" |
+		while IFS=$tab read -r h page; do
+			"$0" "$h" >"$page" || exit 1
+			echo "wrote $page"
+		done
+	exit
+	;;
+esac
 header=${1:-include/adg.h}
+# The header as the page names it, from include/ on, and its part's name
+# (NAME of include/adg/NAME.h; empty for adg.h).
+origin=include/${header##*include/}
+part=
+case $origin in
+include/adg/*.h) part=${origin#include/adg/} part=${part%.h} ;;
+esac
 # What both headers' pages share: a comment's text, and the page laid out
 # from the introduction (intro) and the sections' bodies.
 common='
@@ -44,7 +83,7 @@ function print_page(title, note,   i) {
 }
 '
 cpp_header=$(dirname "$header")/adg.hpp
-awk "$common"'
+awk -v origin="$origin" -v part="$part" "$common"'
 function last_ident(t,   n, w) {
 	n = split(t, w, /[^A-Za-z0-9_]+/)
 	while (n > 0 && w[n] == "") n--
@@ -62,7 +101,7 @@ function name_of(d,   t) {
 }
 BEGIN { in_comment = 0; in_decl = 0; in_macro = 0; depth = 0; comment = ""; nsec = 0 }
 # the file banner (before the include guard) is the introduction
-NR == 1, /^#ifndef ADG_H/ {
+NR == 1, /^#ifndef ADG_([A-Z]+_)?H$/ {
 	if ($0 ~ /^#ifndef/) { intro = flush_comment(); comment = ""; next }
 	comment = comment (comment == "" ? "" : "\n") $0
 	next
@@ -79,7 +118,7 @@ in_decl {
 	if (depth <= 0 && $0 ~ /;/) emit()
 	next
 }
-/^\/\* -+ [a-z-]+ \*\/$/ {
+/^\/\* -+ [a-z -]+ \*\/$/ {
 	s = $0; gsub(/^\/\* -+ | \*\/$/, "", s)
 	sections[++nsec] = s; body[nsec] = ""
 	next
@@ -94,8 +133,14 @@ in_comment {
 	if ($0 ~ /\*\//) { in_comment = 0; pending = flush_comment() }
 	next
 }
+# a part in a header of its own: a link to its page
+/^#include "adg\/[a-z_]+\.h"$/ {
+	p = $0; gsub(/^#include "adg\/|\.h"$/, "", p)
+	body[nsec] = body[nsec] "In a header of its own, `<adg/" p ".h>`, which `<adg.h>` includes: [api-" p ".md](api-" p ".md).\n\n"
+	next
+}
 /^(ADG_API|typedef|struct|enum|#define ADG_[A-Z])/ {
-	if ($0 ~ /^#define ADG_(H|API)/) next
+	if ($0 ~ /^#define ADG_(([A-Z]+_)?H$|API)/) next
 	decl = $0; depth = gsub(/\{/, "{") - gsub(/\}/, "}")
 	if ($0 ~ /^#define/ && $0 ~ /\\$/) { in_macro = 1; next }
 	if ($0 ~ /^#define/ || (depth <= 0 && $0 ~ /;/)) { emit(); next }
@@ -115,7 +160,11 @@ function emit(   d, n) {
 	pending = ""; in_decl = 0; decl = ""
 }
 END {
-	print_page("# libadg API reference", "Generated from `include/adg.h` by `scripts/gen-api.sh`; do not edit.\nThe header is the reference; this page is the same text, laid out.")
+	note = "Generated from `" origin "` by `scripts/gen-api.sh`; do not edit.\nThe header is the reference; this page is the same text, laid out."
+	if (part == "")
+		print_page("# libadg API reference", note)
+	else
+		print_page("# libadg API reference: `<adg/" part ".h>`", note "\nPart of [the API reference](api.md).")
 }' "$header"
 [ -f "$cpp_header" ] || exit 0
 
@@ -172,7 +221,7 @@ decl != "" {
 }
 /^namespace detail/ { skipping = 1; next }
 /^(#|\{$)/ { next }
-/^\/\* -+ [a-z-]+ \*\/$/ {
+/^\/\* -+ [a-z -]+ \*\/$/ {
 	s = $0; gsub(/^\/\* -+ | \*\/$/, "", s)
 	sections[++nsec] = s; body[nsec] = ""
 	next

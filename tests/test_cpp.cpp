@@ -1122,6 +1122,41 @@ TEST(a_registry_outlived_by_its_nodes_is_loud)
 	EXPECT(WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT);
 }
 
+/* A step records ops on its node's registry through step_call::registry,
+ * and a node names its registry: no capture of the registry needed. A
+ * DOT to a failed stream says so. */
+TEST(steps_and_nodes_know_their_registry)
+{
+	adg::registry reg;
+	adg::node x = adg::leaf(reg);
+	EXPECT(x.registry().raw() == reg.raw());
+	EXPECT(adg::node_ref(x).registry().raw() == reg.raw());
+	std::atomic<int> recorded{0};
+	adg::node y = adg::op(
+		reg, {x},
+		[&recorded](adg::step_call<double> &c) {
+			adg::node made = adg::leaf(c.registry());
+			recorded += made ? 1 : 0;
+			c.give(0, 2.0);
+		},
+		"records");
+	adg::gradients<double> g = adg::backward(y, 1.0);
+	EXPECT(recorded == 1 && g.get(x) == 2.0);
+	adg_step_call raw_call{};
+	adg::step_call<double> from_c(&raw_call);
+	EXPECT_THROWS(adg::error, from_c.registry(),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	adg::node z = adg::op(
+		reg, {x}, [](adg::step_call<double> &c) { c.give(0, 1.0); });
+	std::ostringstream closed;
+	closed.setstate(std::ios_base::badbit);
+	EXPECT_THROWS(adg::error, adg::write_dot(z, closed), {
+		EXPECT(std::string(e.what()).find("stream failed") !=
+		       std::string::npos);
+	});
+	adg::backward(z, 1.0);
+}
+
 TEST(generic_lambdas_name_their_type)
 {
 	adg::registry reg;

@@ -422,8 +422,8 @@ CHECKED_TEST(failure, the_value_check_names_the_step_that_gave_a_rejected_value)
 					       &scalar_ops, o, &g),
 			     ADG_EVALUE, "mode %d", m);
 		cr_assert_null(g);
-		expect_report(&r.report, ADG_EVALUE, ADG_FAILED_CHECK,
-			      id_of(a), "sqrt", m);
+		expect_report(&r.report, ADG_EVALUE, ADG_FAILED_CHECK, id_of(a),
+			      "sqrt", m);
 		cr_assert_eq(atomic_load(&checked), 2, "mode %d", m);
 		if (retain) /* the steps are still there: checked again */
 			cr_assert_eq(adg_backward_with(reg, y, scalar_box(1),
@@ -456,7 +456,8 @@ CHECKED_TEST(failure, the_value_check_sees_every_give)
 					       &scalar_ops, o, &g),
 			     0);
 		expect_report(&r.report, 0, ADG_FAILED_NOWHERE, 0, NULL, m);
-		cr_assert_eq(atomic_load(&checked), 3, "y's two gives, a's one");
+		cr_assert_eq(atomic_load(&checked), 3,
+			     "y's two gives, a's one");
 		cr_assert_eq(s_grad(g, x), 1.0 + 2.0);
 		cr_assert_eq(adg_grads_free(g), 0);
 		adg_node_unref(y);
