@@ -675,6 +675,12 @@ struct backward_options {
 	 * the backward fails at that step with ADG_EVALUE (site
 	 * ADG_FAILED_CHECK, naming the step). Empty: no check, no cost. */
 	std::function<bool(grad_ref grad)> value_check;
+	/* Set by reducer<G>::hook (adg/reducer.hpp): the parameters'
+	 * gradients go to that reducer as participant's, after on_ready has
+	 * seen them. */
+	adg_reducer *reducer = nullptr;
+	std::size_t participant = 0;
+	const std::type_info *reducer_type = nullptr;
 };
 
 template <class T> class gradients;
@@ -1387,8 +1393,10 @@ struct pass_state {
 		}
 	}
 
-	/* The C options: this pass's hooks, where set. */
-	adg_backward_options c_options(adg_failure *failure) noexcept
+	/* The C options: this pass's hooks, where set, and the reducer's
+	 * after them (adg_reducer_hook keeps a hook it finds, and calls it
+	 * first). */
+	adg_backward_options c_options(adg_failure *failure)
 	{
 		adg_backward_options o{};
 		o.executor = options.executor.get();
@@ -1407,7 +1415,23 @@ struct pass_state {
 			o.value_check = &check;
 			o.value_check_ctx = this;
 		}
+		if (options.reducer != nullptr) {
+			if (options.reducer_type == nullptr ||
+			    *options.reducer_type != type)
+				throw error(ADG_EINVAL,
+					    "backward: the reducer's gradient "
+					    "type is not the backward's");
+			check_rc(adg_reducer_hook(options.reducer,
+						  options.participant, &o),
+				 "adg_reducer_hook");
+		}
 		return o;
+	}
+
+	static void check_rc(int rc, const char *what)
+	{
+		if (rc != 0)
+			throw error(rc, what);
 	}
 };
 
@@ -2378,5 +2402,9 @@ template <class T> gradients<T> gradients<T>::adopt(adg_grads *raw) noexcept
 }
 
 } // namespace adg
+
+/* The reducer's C++ (an annex of this header), as adg.h includes the
+ * reducer's C. */
+#include "adg/reducer.hpp"
 
 #endif /* ADG_HPP */

@@ -95,6 +95,12 @@ struct member {
 	/* Set by the participant's adg_reducer_end, from its start to its
 	 * return: a second end, and a contribution meanwhile, are refused. */
 	atomic_bool ended;
+	/* The trainer's own ready hook, which adg_reducer_hook found in the
+	 * options and keeps, called before the reducer's (NULL: none).
+	 * Written by the participant before its backward, read by the
+	 * backward's threads, which the backward's start orders after. */
+	adg_ready_fn then_on_ready;
+	void *then_ctx;
 	struct slot slots[];
 };
 
@@ -614,11 +620,19 @@ int adg_reducer_give(adg_reducer *reducer, size_t participant, uint64_t id,
 			    value);
 }
 
-/* The ready hook of adg_reducer_hook: ctx is the participant. */
+/* The ready hook of adg_reducer_hook: ctx is the participant. The
+ * trainer's own hook first, so that it sees a parameter's gradient
+ * before the reducer takes it. */
 static int reducer_on_ready(uint64_t id, void **grad, void *ctx)
 {
 	struct member *m = ctx;
 	struct adg_reducer *r = m->reducer;
+	if (m->then_on_ready != NULL) {
+		int rc = adg_callback_result(
+			m->then_on_ready(id, grad, m->then_ctx));
+		if (rc != 0)
+			return rc;
+	}
 	if (*grad == NULL)
 		return 0; /* a NULL contribution, at the end */
 	size_t i = reducer_lookup(r, id);
@@ -636,9 +650,18 @@ int adg_reducer_hook(adg_reducer *reducer, size_t participant,
 	if (reducer == NULL || options == NULL ||
 	    participant >= reducer->n_members)
 		return ADG_EINVAL;
+	struct member *m = reducer_member_of(reducer, participant);
+	/* The options' own hook, kept and called first; options already
+	 * hooked to this participant (a loop that hooks every round) keep
+	 * the one they had. */
+	if (options->on_ready != reducer_on_ready) {
+		m->then_on_ready = options->on_ready;
+		m->then_ctx = options->on_ready_ctx;
+		if (options->on_ready == NULL)
+			options->leaves_only = 1;
+	}
 	options->on_ready = reducer_on_ready;
-	options->on_ready_ctx = reducer_member_of(reducer, participant);
-	options->leaves_only = 1;
+	options->on_ready_ctx = m;
 	return 0;
 }
 

@@ -28,6 +28,9 @@ case ${1:-} in
 		while IFS=$tab read -r h page; do
 			if "$0" "$h" | diff -u "$page" - >&2; then
 				cpp_header=$(dirname "$h")/adg.hpp
+				case $h in
+				*/adg/*.h) cpp_header=${h%.h}.hpp ;;
+				esac
 				if [ -f "$cpp_header" ]; then
 					echo "$page matches $h and $cpp_header"
 				else
@@ -82,7 +85,9 @@ function print_page(title, note,   i) {
 	}
 }
 '
-cpp_header=$(dirname "$header")/adg.hpp
+# The C++ beside it: adg.hpp for adg.h, adg/NAME.hpp for a part.
+cpp_header=$(dirname "$header")/${part:-adg}.hpp
+cpp_origin=include/${cpp_header##*include/}
 awk -v origin="$origin" -v part="$part" "$common"'
 function last_ident(t,   n, w) {
 	n = split(t, w, /[^A-Za-z0-9_]+/)
@@ -197,7 +202,7 @@ function emit() {
 	pending = ""; decl = ""; depth = 0; hiding = 0
 }
 BEGIN { comment = ""; nsec = 0; in_comment = 0; decl = ""; depth = 0; started = 0 }
-NR == 1, /^#ifndef ADG_HPP/ {
+NR == 1, /^#ifndef ADG_[A-Z_]*HPP$/ {
 	if ($0 ~ /^#ifndef/) { intro = flush_comment(); comment = ""; next }
 	comment = comment (comment == "" ? "" : "\n") $0
 	next
@@ -239,5 +244,5 @@ in_comment {
 /^$/ { if (pending != "") { body[nsec] = body[nsec] pending "\n\n"; pending = "" } next }
 { decl = $0; depth = braces($0) }
 END {
-	print_page("# C++ layer: `include/adg.hpp`", "Generated from `include/adg.hpp` by `scripts/gen-api.sh`; do not edit.")
-}' "$cpp_header"
+	print_page("# C++ layer: `" cpp_origin "`", "Generated from `" cpp_origin "` by `scripts/gen-api.sh`; do not edit.")
+}' cpp_origin="$cpp_origin" "$cpp_header"

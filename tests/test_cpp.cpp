@@ -7,6 +7,7 @@
  * main); exits non-zero on a failure. */
 #include <adg.hpp>
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -1155,6 +1156,162 @@ TEST(steps_and_nodes_know_their_registry)
 		       std::string::npos);
 	});
 	adg::backward(z, 1.0);
+}
+
+/* ---------------------------------------------------------- the reducer */
+
+/* A model of two parameters on T participants: each participant's loss is
+ * sum_i w_i * x_i(p, k) + w_0 * w_1 over its share; the reducer sums the
+ * gradients in participant order and takes an SGD step. */
+struct sync_model {
+	adg::registry reg;
+	std::vector<adg::node> params;
+	double w[2] = {0.5, -0.25};
+	explicit sync_model()
+	{
+		params.push_back(adg::leaf(reg, "w0"));
+		params.push_back(adg::leaf(reg, "w1"));
+	}
+	/* Participant p's graph of round k; its step throws at p == bad. */
+	adg::node loss(int p, int k, int bad = -1)
+	{
+		double x0 = 0.1 * (p + 1) + 0.01 * k, x1 = 0.2 - 0.03 * p;
+		double w0 = w[0], w1 = w[1];
+		return adg::op(
+			reg, {params[0], params[1]},
+			[=](adg::step_call<double> &c) {
+				if (p == bad)
+					throw std::runtime_error(
+						"participant " +
+						std::to_string(p) + " failed");
+				double g = c.grad_or(0.0);
+				c.give(0, g * (x0 + w1));
+				c.give(1, g * (x1 + w0));
+			},
+			"loss");
+	}
+};
+
+/* Trains rounds rounds on T threads; returns the weights. */
+std::array<double, 2> train_sync(int t, int rounds)
+{
+	sync_model m;
+	adg::reducer<double> red(t, m.params,
+				 [&m](const adg::reduction<double> &r) {
+					 if (r.sum != nullptr)
+						 m.w[r.param] -= 0.1 * *r.sum;
+				 });
+	std::vector<std::thread> threads;
+	for (int p = 0; p < t; p++)
+		threads.emplace_back([&, p] {
+			for (int k = 0; k < rounds; k++)
+				red.round(p, [&] {
+					adg::backward(m.loss(p, k), 1.0,
+						      red.hook(p));
+				});
+		});
+	for (std::thread &th : threads)
+		th.join();
+	EXPECT(red.rounds() == static_cast<std::uint64_t>(rounds));
+	return {m.w[0], m.w[1]};
+}
+
+/* T = 1 through the reducer is the plain trainer, bitwise; two runs at
+ * T = 2 and at T = 4 are bitwise equal. */
+TEST(the_reducer_trains_bitwise_reproducibly)
+{
+	sync_model plain;
+	for (int k = 0; k < 5; k++) {
+		adg::gradients<double> g = adg::backward(plain.loss(0, k), 1.0);
+		for (int i = 0; i < 2; i++)
+			plain.w[i] -= 0.1 * g.get(plain.params[i]);
+	}
+	std::array<double, 2> one = train_sync(1, 5);
+	EXPECT(one[0] == plain.w[0] && one[1] == plain.w[1]);
+	for (int t : {2, 4})
+		EXPECT(train_sync(t, 5) == train_sync(t, 5));
+}
+
+/* A step throws inside a round on 4 participants: every participant's
+ * round rethrows it, message included, and no parameter changed; a
+ * trainer's own on_ready ran beside the reducer's. */
+TEST(a_step_that_throws_fails_the_round_for_everyone)
+{
+	constexpr int t = 4;
+	sync_model m;
+	const double before[2] = {m.w[0], m.w[1]};
+	adg::reducer<double> red(t, m.params,
+				 [&m](const adg::reduction<double> &r) {
+					 if (r.sum != nullptr)
+						 m.w[r.param] -= 0.1 * *r.sum;
+				 });
+	std::atomic<int> saw_message{0}, own_hook{0};
+	std::vector<std::thread> threads;
+	for (int p = 0; p < t; p++)
+		threads.emplace_back([&, p] {
+			adg::backward_options own;
+			own.leaves_only = true;
+			own.on_ready = [&](std::uint64_t, adg::grad_ref g) {
+				if (g)
+					own_hook++;
+			};
+			try {
+				red.round(p, [&] {
+					adg::backward(m.loss(p, 0, 2), 1.0,
+						      red.hook(p, own));
+				});
+			} catch (const std::runtime_error &e) {
+				if (std::string(e.what()) ==
+				    "participant 2 failed")
+					saw_message++;
+			}
+		});
+	for (std::thread &th : threads)
+		th.join();
+	EXPECT(saw_message == t);
+	EXPECT(m.w[0] == before[0] && m.w[1] == before[1]);
+	EXPECT(own_hook == 2 * (t - 1)); /* every gradient given */
+	/* The next round starts clean. */
+	threads.clear();
+	for (int p = 0; p < t; p++)
+		threads.emplace_back([&, p] {
+			red.round(p, [&] {
+				adg::backward(m.loss(p, 1), 1.0, red.hook(p));
+			});
+		});
+	for (std::thread &th : threads)
+		th.join();
+	EXPECT(m.w[0] != before[0] && red.rounds() == 2);
+}
+
+/* An apply that throws fails the round for every participant too. */
+TEST(an_apply_that_throws_fails_the_round_for_everyone)
+{
+	constexpr int t = 2;
+	sync_model m;
+	adg::reducer<double> red(
+		t, m.params, [](const adg::reduction<double> &r) {
+			if (r.param == 1)
+				throw boom{static_cast<int>(r.round) + 40};
+		});
+	std::atomic<int> caught{0};
+	std::vector<std::thread> threads;
+	for (int p = 0; p < t; p++)
+		threads.emplace_back([&, p] {
+			try {
+				red.round(p, [&] {
+					adg::backward(m.loss(p, 0), 1.0,
+						      red.hook(p));
+				});
+			} catch (const boom &e) {
+				caught += e.value == 40;
+			}
+		});
+	for (std::thread &th : threads)
+		th.join();
+	EXPECT(caught == t);
+	EXPECT_THROWS(adg::error, red.hook(t),
+		      EXPECT(e.code().value() == ADG_EINVAL));
 }
 
 TEST(generic_lambdas_name_their_type)

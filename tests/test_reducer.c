@@ -110,6 +110,16 @@ struct model {
 	atomic_int applies[NP];
 	atomic_int released[MAXT];
 	atomic_int bad;
+	/* A trainer's own ready hook beside the reducer's: the parameter
+	 * gradients it saw, by participant (own_hook set). */
+	bool own_hook;
+	atomic_int own_seen[MAXT];
+	/* own_ready's ctx, one per participant: with an executor the hook
+	 * runs on the pool's workers, where this_participant is not set. */
+	struct own_ctx {
+		struct model *m;
+		int p;
+	} own[MAXT];
 };
 
 static double datum(int round, int j)
@@ -286,6 +296,17 @@ static void release_value(void *value, size_t participant, void *ctx)
 	value_free(value);
 }
 
+/* The trainer's own hook (own_hook): runs before the reducer's, so that
+ * it sees each parameter's gradient before the reducer takes it. */
+static int own_ready(uint64_t id, void **grad, void *ctx)
+{
+	const struct own_ctx *own = ctx;
+	for (int i = 0; i < NP; i++)
+		if (id == own->m->id[i] && *grad != NULL)
+			atomic_fetch_add(&own->m->own_seen[own->p], 1);
+	return 0;
+}
+
 static void *participant(void *arg)
 {
 	struct thread *th = arg;
@@ -293,8 +314,17 @@ static void *participant(void *arg)
 	int p = th->i;
 	this_participant = p;
 	adg_backward_options o = {.executor = m->executor};
+	if (m->own_hook) {
+		m->own[p] = (struct own_ctx){m, p};
+		o.on_ready = own_ready;
+		o.on_ready_ctx = &m->own[p];
+		o.leaves_only = 1;
+	}
 	if (adg_reducer_hook(m->red, (size_t)p, &o) != 0 ||
 	    o.on_ready == NULL || !o.leaves_only || o.executor != m->executor)
+		atomic_fetch_add(&m->bad, 1);
+	/* Hooking again (a loop that hooks every round) keeps the kept. */
+	if (adg_reducer_hook(m->red, (size_t)p, &o) != 0)
 		atomic_fetch_add(&m->bad, 1);
 	scalar root = {0};
 	for (int k = 0; k < m->rounds; k++) {
@@ -469,6 +499,35 @@ static void bitwise_for_1_to_4(const adg_executor *executor, int runs)
 			model_close(&m);
 		}
 	}
+}
+
+/* A trainer's own ready hook kept beside the reducer's: it sees every
+ * parameter gradient its participant gives, and the weights are the
+ * reducer's alone, bitwise, with and without a pool. */
+CHECKED_TEST(reducer, a_trainers_hook_runs_beside_the_reducers)
+{
+	enum { ROUNDS = 4, T = 3 };
+	adg_pool *pool;
+	adg_executor pool_executor;
+	cr_assert_eq(adg_pool_new(2, &pool), 0);
+	cr_assert_eq(adg_pool_executor(pool, &pool_executor), 0);
+	double want[NP];
+	reference_weights(T, ROUNDS, false, want);
+	for (int with_pool = 0; with_pool < 2; with_pool++) {
+		struct model m;
+		model_open(&m, T);
+		m.rounds = ROUNDS;
+		m.own_hook = true;
+		m.executor = with_pool ? &pool_executor : NULL;
+		train(&m);
+		expect_same_weights(m.w, want, with_pool ? "pool" : "alone");
+		for (int p = 0; p < T; p++)
+			cr_assert_eq(atomic_load(&m.own_seen[p]),
+				     atomic_load(&m.released[p]),
+				     "participant %d's own hook", p);
+		model_close(&m);
+	}
+	cr_assert_eq(adg_pool_free(pool), 0);
 }
 
 CHECKED_TEST(reducer, bitwise_the_sequential_trainer_for_1_to_4_participants)

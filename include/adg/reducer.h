@@ -136,15 +136,21 @@ typedef struct adg_reducer_options {
 ADG_API int adg_reducer_new(const adg_reducer_options *options,
 			    adg_reducer **out);
 
-/* Sets options->on_ready and options->on_ready_ctx (and leaves_only = 1) so
- * that a backward run by participant hands each parameter's gradient to the
- * reducer (adg_reducer_give), taking it out of the backward's container;
- * the gradients of leaves that are not parameters (inputs) stay there,
- * and a parameter the backward gives no gradient counts as NULL. Other
- * fields are left as they are (executor, retain...). The hook returns
- * give's code: ADG_ESTATE for a parameter this participant already gave
- * this round (a second backward in one round), or add's or apply's.
- * Errors: ADG_EINVAL (NULL argument, participant >= T). */
+/* Sets options->on_ready and options->on_ready_ctx so that a backward run
+ * by participant hands each parameter's gradient to the reducer
+ * (adg_reducer_give), taking it out of the backward's container; the
+ * gradients of leaves that are not parameters (inputs) stay there, and a
+ * parameter the backward gives no gradient counts as NULL. Hooks compose:
+ * an on_ready already in options (the trainer's own: clipping, logging)
+ * is kept, per participant, and called first, with its ctx, for every node
+ * it would have seen, so it sees a parameter's gradient before the reducer
+ * takes it; its error stops the backward as usual. With no hook of its
+ * own, leaves_only is set to 1; with one, leaves_only is left as it is.
+ * Calling it again on options it already hooked for participant keeps the
+ * kept hook. Other fields are left as they are (executor, retain...). The
+ * hook returns give's code: ADG_ESTATE for a parameter this participant
+ * already gave this round (a second backward in one round), or add's or
+ * apply's. Errors: ADG_EINVAL (NULL argument, participant >= T). */
 ADG_API int adg_reducer_hook(adg_reducer *reducer, size_t participant,
 			     adg_backward_options *options);
 

@@ -1,0 +1,323 @@
+/*
+ * adg/reducer.hpp: the gradient reducer (adg/reducer.h) in C++, an annex
+ * of adg.hpp, which includes it. Synchronous data parallelism inside one
+ * process: T participants (threads) each run the backward of their own
+ * share of a batch, and the reducer sums each parameter's T gradients in
+ * participant order (bitwise the same for a given T) and applies the sum
+ * once, while the other participants' backward passes go on.
+ *
+ *     adg::reducer<G> red(T, params, [&](const adg::reduction<G> &r) {
+ *             if (r.sum) sgd(r.param, *r.sum); });
+ *     // participant p's thread, every round:
+ *     red.round(p, [&] { adg::backward(loss(p), seed, red.hook(p)); });
+ *
+ * Errors: what a participant's round throws (a step's exception, say)
+ * fails the round for every participant, and every participant's end
+ * rethrows that exception, as thrown; an apply or add that throws does the
+ * same. A round that failed applies nothing that had not been applied.
+ */
+#ifndef ADG_REDUCER_HPP
+#define ADG_REDUCER_HPP
+
+#include "../adg.hpp" /* beside this one, whatever the include path */
+
+#include <functional>
+#include <map>
+
+namespace adg
+{
+
+/* What apply is told about one parameter (adg_reduction), typed. */
+template <class G> struct reduction {
+	std::size_t param;   /* its index in the reducer's parameters */
+	std::uint64_t id;    /* its leaf's id */
+	std::uint64_t round; /* rounds completed before this one */
+	/* The T gradients summed in participant order; null when no
+	 * participant had one. apply may read and write it, not keep it. */
+	G *sum;
+};
+
+/* Owns an adg_reducer whose gradients are G (the backward's T). Move-only;
+ * it must outlive every round, and no participant may be inside one when
+ * it goes (that is a bug: the destructor says so and terminates). */
+template <class G> class reducer
+{
+public:
+	/* T participants; params, the parameters' leaves (their order is
+	 * reduction::param's); apply, a callable void(const reduction<G> &):
+	 * the update, once per parameter and round, on the thread that
+	 * brought the parameter's last gradient, concurrently with other
+	 * parameters' applies. add folds one gradient into the sum, a
+	 * callable void(G &sum, const G &value); by default sum += value. */
+	template <class Apply>
+	reducer(std::size_t participants, const std::vector<node> &params,
+		Apply apply);
+	template <class Apply, class Add>
+	reducer(std::size_t participants, const std::vector<node> &params,
+		Apply apply, Add add);
+	reducer(reducer &&other) noexcept = default;
+	reducer &operator=(reducer &&other) noexcept;
+	reducer(const reducer &) = delete;
+	reducer &operator=(const reducer &) = delete;
+	~reducer();
+
+	/* o with participant's parameter gradients going to the reducer
+	 * (adg_reducer_hook): pass it to participant's backward. An
+	 * on_ready of o's own still runs, first, and sees them. */
+	backward_options hook(std::size_t participant,
+			      backward_options o = {}) const;
+	/* Ends participant's round: its barrier (adg_reducer_end). Returns
+	 * once every participant has ended the round and every parameter is
+	 * applied. Throws the round's first exception, or adg::error, on
+	 * every participant when the round failed. */
+	void end(std::size_t participant);
+	/* Ends participant's round as failed with what it threw: every
+	 * participant's end rethrows the round's first exception. */
+	void end(std::size_t participant, std::exception_ptr failed);
+	/* Runs f, participant's forward and backward, then ends the round;
+	 * what f throws fails the round for all and is rethrown. */
+	template <class F> void round(std::size_t participant, F &&f);
+	/* Rounds completed (adg_reducer_rounds). */
+	std::uint64_t rounds() const;
+	adg_reducer *raw() const noexcept;
+
+private:
+	struct state;
+	std::unique_ptr<state> state_;
+};
+
+/* -------------------------------------------------------- implementation */
+
+template <class G> struct reducer<G>::state {
+	std::function<void(const reduction<G> &)> apply;
+	std::function<void(G &, const G &)> add;
+	adg_reducer *raw = nullptr;
+	std::size_t n_participants = 0;
+	/* Each participant's next round, written by its own thread only. */
+	std::vector<std::uint64_t> next_round;
+	std::mutex mutex; /* guards thrown */
+	/* By round: its first exception, and how many participants have
+	 * still to rethrow it (every one of a failed round does). */
+	std::map<std::uint64_t, std::pair<std::exception_ptr, std::size_t>>
+		thrown;
+
+	void keep(std::uint64_t round, std::exception_ptr e) noexcept
+	{
+		try {
+			std::lock_guard<std::mutex> lock(mutex);
+			thrown.emplace(round, std::make_pair(std::move(e),
+							     n_participants));
+		} catch (...) {
+			/* no memory: end throws adg::error */
+		}
+	}
+
+	std::exception_ptr take(std::uint64_t round)
+	{
+		std::lock_guard<std::mutex> lock(mutex);
+		auto it = thrown.find(round);
+		if (it == thrown.end())
+			return nullptr;
+		std::exception_ptr e = it->second.first;
+		if (--it->second.second == 0)
+			thrown.erase(it);
+		return e;
+	}
+
+	/* The round a callback runs in: the rounds completed so far, as no
+	 * round completes while one of its callbacks runs. */
+	std::uint64_t current_round() const noexcept
+	{
+		std::uint64_t rounds = 0;
+		adg_reducer_rounds(raw, &rounds);
+		return rounds;
+	}
+
+	static int add_c(void **sum, const void *value, void *ctx) noexcept
+	{
+		auto *self = static_cast<state *>(ctx);
+		try {
+			if constexpr (detail::is_inline_v<G>) {
+				G s = detail::packing<G>::unpack(*sum);
+				self->add(s, detail::packing<G>::unpack(value));
+				*sum = detail::packing<G>::pack(s);
+			} else {
+				self->add(*static_cast<G *>(*sum),
+					  *static_cast<const G *>(value));
+			}
+			return 0;
+		} catch (...) {
+			self->keep(self->current_round(),
+				   std::current_exception());
+			return detail::thrown_code();
+		}
+	}
+
+	static int apply_c(const adg_reduction *r, void *ctx) noexcept
+	{
+		auto *self = static_cast<state *>(ctx);
+		try {
+			std::optional<G> unpacked;
+			G *sum = nullptr;
+			if constexpr (detail::is_inline_v<G>) {
+				if (r->sum != nullptr) {
+					unpacked = detail::packing<G>::unpack(
+						r->sum);
+					sum = &*unpacked;
+				}
+			} else {
+				sum = static_cast<G *>(r->sum);
+			}
+			self->apply(
+				reduction<G>{r->param, r->id, r->round, sum});
+			return 0;
+		} catch (...) {
+			self->keep(r->round, std::current_exception());
+			return detail::thrown_code();
+		}
+	}
+
+	static void release_c(void *value, std::size_t, void *) noexcept
+	{
+		detail::packing<G>::drop(value);
+	}
+
+	void finish(std::size_t participant, int result)
+	{
+		std::uint64_t round = next_round[participant]++;
+		int rc = adg_reducer_end(raw, participant, result);
+		if (rc == 0)
+			return;
+		std::exception_ptr e = take(round);
+		if (e)
+			std::rethrow_exception(e);
+		throw error(rc, "reducer::end: round " + std::to_string(round) +
+					" failed");
+	}
+};
+
+template <class G>
+template <class Apply>
+reducer<G>::reducer(std::size_t participants, const std::vector<node> &params,
+		    Apply apply)
+    : reducer(participants, params, std::move(apply),
+	      [](G &sum, const G &value) { sum += value; })
+{
+}
+
+template <class G>
+template <class Apply, class Add>
+reducer<G>::reducer(std::size_t participants, const std::vector<node> &params,
+		    Apply apply, Add add)
+    : state_(std::make_unique<state>())
+{
+	state_->apply = std::move(apply);
+	state_->add = std::move(add);
+	state_->n_participants = participants;
+	state_->next_round.assign(participants, 0);
+	std::vector<std::uint64_t> ids;
+	ids.reserve(params.size());
+	for (const node &p : params)
+		ids.push_back(p.id());
+	adg_reducer_options o{};
+	o.n_participants = participants;
+	o.param_ids = ids.data();
+	o.n_params = ids.size();
+	o.ops.add = &state::add_c;
+	o.ops.apply = &state::apply_c;
+	o.ops.release = &state::release_c;
+	o.ops.ctx = state_.get();
+	check(adg_reducer_new(&o, &state_->raw), "adg_reducer_new");
+}
+
+template <class G> reducer<G> &reducer<G>::operator=(reducer &&other) noexcept
+{
+	if (this != &other) {
+		reducer gone(std::move(*this));
+		state_ = std::move(other.state_);
+	}
+	return *this;
+}
+
+template <class G> reducer<G>::~reducer()
+{
+	if (state_ == nullptr)
+		return;
+	if (adg_reducer_free(state_->raw) != 0) {
+		std::fputs("adg::reducer destroyed inside a round: a "
+			   "participant has not ended it\n",
+			   stderr);
+		std::terminate();
+	}
+}
+
+template <class G>
+backward_options reducer<G>::hook(std::size_t participant,
+				  backward_options o) const
+{
+	if (participant >= state_->n_participants)
+		throw error(ADG_EINVAL,
+			    "reducer::hook: participant " +
+				    std::to_string(participant) + " of " +
+				    std::to_string(state_->n_participants));
+	o.reducer = state_->raw;
+	o.participant = participant;
+	o.reducer_type = &typeid(G);
+	return o;
+}
+
+template <class G> void reducer<G>::end(std::size_t participant)
+{
+	if (participant >= state_->n_participants)
+		throw error(ADG_EINVAL, "reducer::end: no such participant");
+	state_->finish(participant, 0);
+}
+
+template <class G>
+void reducer<G>::end(std::size_t participant, std::exception_ptr failed)
+{
+	if (participant >= state_->n_participants)
+		throw error(ADG_EINVAL, "reducer::end: no such participant");
+	int code = ADG_ETHREW;
+	if (failed) {
+		try {
+			std::rethrow_exception(failed);
+		} catch (...) {
+			code = detail::thrown_code();
+		}
+		state_->keep(state_->next_round[participant], failed);
+	}
+	state_->finish(participant, code);
+}
+
+template <class G>
+template <class F>
+void reducer<G>::round(std::size_t participant, F &&f)
+{
+	std::exception_ptr failed;
+	try {
+		f();
+	} catch (...) {
+		failed = std::current_exception();
+	}
+	if (failed)
+		end(participant, failed);
+	else
+		end(participant);
+}
+
+template <class G> std::uint64_t reducer<G>::rounds() const
+{
+	std::uint64_t n = 0;
+	check(adg_reducer_rounds(state_->raw, &n), "adg_reducer_rounds");
+	return n;
+}
+
+template <class G> adg_reducer *reducer<G>::raw() const noexcept
+{
+	return state_ != nullptr ? state_->raw : nullptr;
+}
+
+} // namespace adg
+
+#endif /* ADG_REDUCER_HPP */
