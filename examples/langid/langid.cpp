@@ -164,6 +164,19 @@ struct grad {
 			gru::product_tn(p.r, rows, cols, p.a, p.b, out, 1);
 	}
 
+	/* The products multiplied out: the whole matrix as a band. */
+	void multiply_out()
+	{
+		if (products.empty())
+			return;
+		std::vector<float> w(static_cast<std::size_t>(rows) * cols);
+		add_to(w.data());
+		first = 0;
+		count = rows;
+		band = std::move(w);
+		products.clear();
+	}
+
 private:
 	/* p merged with the last product when their rows follow each
 	 * other, in either order (a backward gives the last time step
@@ -242,29 +255,18 @@ struct model {
 		return -1;
 	}
 
-	/* One SGD step on parameter p: value -= lr * g. */
-	void sgd(int p, const grad &g, float lr)
+	/* One SGD step on parameter p: value -= lr * g, g multiplied out
+	 * first (in sync the participants did that, each its own). */
+	void sgd(int p, grad &g, float lr)
 	{
-		std::atomic<float> *v = values[p].get();
-		auto step = [&](std::size_t i, float d) {
+		g.multiply_out();
+		std::atomic<float> *v =
+			values[p].get() +
+			static_cast<std::size_t>(g.first) * g.cols;
+		for (std::size_t i = 0; i < g.band.size(); i++)
 			v[i].store(v[i].load(std::memory_order_relaxed) -
-					   lr * d,
+					   lr * g.band[i],
 				   std::memory_order_relaxed);
-		};
-		if (g.products.empty()) { /* a band: only its rows change */
-			std::size_t at =
-				static_cast<std::size_t>(g.first) * g.cols;
-			for (std::size_t i = 0; i < g.band.size(); i++)
-				step(at + i, g.band[i]);
-			return;
-		}
-		/* Per thread: apply runs on whichever thread the reducer
-		 * chose. */
-		thread_local std::vector<float> dense;
-		dense.assign(gru::elements(p), 0.0f);
-		g.add_to(dense.data());
-		for (std::size_t i = 0; i < dense.size(); i++)
-			step(i, dense[i]);
 	}
 };
 
@@ -671,7 +673,10 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 		return b;
 	};
 	/* Sync: the reducer sums each parameter's gradients in thread order
-	 * and applies them once per batch. */
+	 * and applies them once per batch. Each participant multiplies out
+	 * its own products first, from the ready hook, so that the threads
+	 * share that work; the reducer's apply, one thread per parameter,
+	 * only adds and steps. */
 	std::unique_ptr<adg::reducer<grad>> red;
 	if (o.how == mode::sync)
 		red = std::make_unique<adg::reducer<grad>>(
@@ -687,6 +692,12 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 	 * out batch numbers and publishes nothing (the order was published
 	 * by the threads' start). */
 	std::atomic<int> next{0};
+	adg::backward_options multiplied;
+	multiplied.leaves_only = true;
+	multiplied.on_ready = [](std::uint64_t, adg::grad_ref g) {
+		if (grad *mine = g.as<grad>())
+			mine->multiply_out();
+	};
 	auto one_thread = [&](int t) {
 		learner &l = *learners[t];
 		if (o.how == mode::sync) {
@@ -701,8 +712,10 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 						train_set, &order[0][from],
 						to - from, size, o.shape);
 					if (loss)
-						adg::backward(loss, scalar(1),
-							      red->hook(t));
+						adg::backward(
+							loss, scalar(1),
+							red->hook(t,
+								  multiplied));
 				});
 			}
 			return;
