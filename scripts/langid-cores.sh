@@ -13,7 +13,8 @@
 # run unpacks it into a temporary folder and runs langid with
 # OPENBLAS_NUM_THREADS=1 (the T threads are the parallelism) on the first
 # --subset words of each language, one epoch, B = 32, --runs times each:
-#   sync     --threads LIST (one process, a run per count)
+#   sync     --threads LIST (one process, a run per count), with a graph
+#            per group of words of one length (the default) and per word
 #   hogwild  --threads LIST
 #   models   --models N for each N of LIST and 2 x its largest
 #            (oversubscribed)
@@ -135,6 +136,8 @@ do_run() {
 		for r in $(seq "$runs"); do
 			echo "run $r of $runs ..." >&2
 			"${launch[@]}" --mode sync --threads "$threads" "${args[@]}"
+			"${launch[@]}" --mode sync --graphs word --threads "$threads" \
+				"${args[@]}"
 			"${launch[@]}" --mode hogwild --threads "$threads" "${args[@]}"
 			for m in ${threads//,/ } $((2 * largest)); do
 				"${launch[@]}" --models "$m" "${args[@]}"
@@ -157,7 +160,7 @@ do_run() {
 	}
 	{
 		for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
-		m = f["mode"]; t = f["threads"]
+		m = f["mode"] (f["graphs"] == "word" ? ", a graph per word" : ""); t = f["threads"]
 		if (m == "models") {
 			total["models: total samples/s", t] = total["models: total samples/s", t] " " f["samples_per_s"]
 			total["models: each model'"'"'s samples/s", t] = total["models: each model'"'"'s samples/s", t] " " f["per_model_samples_per_s"]
@@ -167,15 +170,15 @@ do_run() {
 		}
 	}
 	END {
-		n = split(list, t, ",")
-		split("sync: samples/s,sync: test accuracy %,hogwild: samples/s,hogwild: test accuracy %,models: total samples/s,models: each model'"'"'s samples/s", rows, ",")
+		n = split(list, cols, ",")
+		nr = split("sync: samples/s;sync: test accuracy %;sync, a graph per word: samples/s;hogwild: samples/s;hogwild: test accuracy %;models: total samples/s;models: each model'"'"'s samples/s", rows, ";")
 		head = "| figure (medians) |"; rule = "|---|"
-		for (i = 1; i <= n; i++) { head = head " T=" t[i] " |"; rule = rule "---:|" }
+		for (i = 1; i <= n; i++) { head = head " T=" cols[i] " |"; rule = rule "---:|" }
 		print head; print rule
-		for (r = 1; r <= 6; r++) {
+		for (r = 1; r <= nr; r++) {
 			line = "| " rows[r] " |"
 			for (i = 1; i <= n; i++) {
-				v = median(total[rows[r], t[i]])
+				v = median(total[rows[r], cols[i]])
 				line = line " " (v == "" ? "-" : rows[r] ~ /%/ ? sprintf("%.2f", v) : sprintf("%.0f", v)) " |"
 			}
 			print line
