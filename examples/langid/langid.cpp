@@ -318,6 +318,73 @@ struct group {
 	const int *labels;	    /* n */
 };
 
+/* A batch's words, ids[0..n) of d, as its graphs take them: one word
+ * each, or one group per length, shortest first, each group's words in
+ * the batch's order. */
+std::vector<std::vector<int>>
+split_into_graphs(const words::dataset &d, const int *ids, int n, graphs how)
+{
+	std::vector<std::vector<int>> groups;
+	if (how == graphs::word) {
+		for (int i = 0; i < n; i++)
+			groups.push_back({ids[i]});
+		return groups;
+	}
+	std::vector<int> sorted(ids, ids + n);
+	std::stable_sort(sorted.begin(), sorted.end(), [&](int x, int y) {
+		return d.text[x].size() < d.text[y].size();
+	});
+	for (int i = 0, j; i < n; i = j) {
+		for (j = i + 1; j < n && d.text[sorted[j]].size() ==
+						 d.text[sorted[i]].size();
+		     j++)
+			;
+		groups.emplace_back(&sorted[i], &sorted[j]);
+	}
+	return groups;
+}
+
+/* Participant part's share of a batch's graphs, of parts: whole graphs,
+ * dealt largest first, each to the participant with the least work so
+ * far (the lowest index on a tie), then kept in the batch's order. Whole
+ * graphs, so that a share's time steps multiply as many words at once as
+ * the batch's do: cutting each group in T would leave each thread nearly
+ * as many time steps, of fewer words each. A graph's work: its length
+ * times its words plus 2, a time step's cost being about that of two
+ * words besides theirs. The same on every participant, whatever the
+ * timing: part of a sync round's reproducibility. */
+std::vector<std::vector<int>> share_of(const words::dataset &d,
+				       std::vector<std::vector<int>> groups,
+				       int part, int parts)
+{
+	if (parts == 1)
+		return groups;
+	auto work = [&](const std::vector<int> &g) {
+		return static_cast<long>(d.text[g[0]].size()) *
+		       static_cast<long>(g.size() + 2);
+	};
+	std::vector<int> by_work(groups.size());
+	for (std::size_t i = 0; i < groups.size(); i++)
+		by_work[i] = static_cast<int>(i);
+	std::stable_sort(by_work.begin(), by_work.end(), [&](int x, int y) {
+		return work(groups[x]) > work(groups[y]);
+	});
+	std::vector<long> load(static_cast<std::size_t>(parts));
+	std::vector<bool> mine(groups.size());
+	for (int g : by_work) {
+		int least = static_cast<int>(
+			std::min_element(load.begin(), load.end()) -
+			load.begin());
+		load[least] += work(groups[g]);
+		mine[g] = least == part;
+	}
+	std::vector<std::vector<int>> share;
+	for (std::size_t i = 0; i < groups.size(); i++)
+		if (mine[i])
+			share.push_back(std::move(groups[i]));
+	return share;
+}
+
 /* One thread's recording of batches for one model: the copy of the
  * weights its kernels read, the arena of its forward values, and the
  * batch's loss for the epoch's figures. */
@@ -328,42 +395,23 @@ public:
 	{
 	}
 
-	/* Records the graphs of words ids[0..n) of d, a share of a batch of
-	 * batch words, split per `how`, joined by the share's loss (the sum
-	 * of its words' cross-entropies over batch). An empty node when n
-	 * is 0. */
-	adg::node record(const words::dataset &d, const int *ids, int n,
-			 int batch, graphs how)
+	/* Records one graph per group of words of d (split_into_graphs),
+	 * joined by their loss: the sum of the words' cross-entropies over
+	 * batch, the batch's size. An empty node when there is no group. */
+	adg::node record(const words::dataset &d,
+			 const std::vector<std::vector<int>> &groups, int batch)
 	{
 		mem_.reset(); /* the last batch's graphs are gone */
 		model_.copy_to(w_);
-		if (n == 0)
+		if (groups.empty())
 			return adg::node();
 		std::vector<adg::node> losses;
 		float scale = 1.0f / static_cast<float>(batch);
-		if (how == graphs::word) {
-			for (int i = 0; i < n; i++)
-				losses.push_back(record_group(
-					gather(d, ids + i, 1), scale));
-		} else {
-			/* by length, shortest first, each group in the
-			 * share's order */
-			std::vector<int> sorted(ids, ids + n);
-			std::stable_sort(sorted.begin(), sorted.end(),
-					 [&](int x, int y) {
-						 return d.text[x].size() <
-							d.text[y].size();
-					 });
-			for (int i = 0, j; i < n; i = j) {
-				for (j = i + 1;
-				     j < n && d.text[sorted[j]].size() ==
-						      d.text[sorted[i]].size();
-				     j++)
-					;
-				losses.push_back(record_group(
-					gather(d, &sorted[i], j - i), scale));
-			}
-		}
+		for (const std::vector<int> &ids : groups)
+			losses.push_back(record_group(
+				gather(d, ids.data(),
+				       static_cast<int>(ids.size())),
+				scale));
 		return adg::op(
 			reg_, losses,
 			[](adg::step_call<grad> &c) {
@@ -704,13 +752,15 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 			for (int k = 0; k < n_batches; k++) {
 				int first = k * o.batch;
 				int size = std::min(o.batch, n - first);
-				/* thread t's share, as even as can be */
-				int from = first + size * t / n_threads;
-				int to = first + size * (t + 1) / n_threads;
+				auto share = share_of(
+					train_set,
+					split_into_graphs(train_set,
+							  &order[0][first],
+							  size, o.shape),
+					t, n_threads);
 				red->round(t, [&] {
-					adg::node loss = l.record(
-						train_set, &order[0][from],
-						to - from, size, o.shape);
+					adg::node loss = l.record(train_set,
+								  share, size);
 					if (loss)
 						adg::backward(
 							loss, scalar(1),
@@ -732,8 +782,11 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 				break;
 			int first = k * o.batch;
 			int size = std::min(o.batch, n - first);
-			adg::node loss = l.record(train_set, &order[m][first],
-						  size, size, o.shape);
+			adg::node loss = l.record(
+				train_set,
+				split_into_graphs(train_set, &order[m][first],
+						  size, o.shape),
+				size);
 			adg::backward(loss, scalar(1), b);
 		}
 	};
