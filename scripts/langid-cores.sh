@@ -22,7 +22,10 @@
 # and a column per thread count, each cell the median of the runs, and
 # writes the raw output and the table to $OUT (results/langid-cores/
 # when OUT is not set). The binary runs on the machine's glibc when it
-# can, else on the packed glibc through its loader.
+# can, else on the packed glibc through its loader. OPENBLAS_CORETYPE, when
+# set, reaches OpenBLAS: 0.3.21 takes a CPU it does not know (a virtual
+# machine's, say) for a Prescott and multiplies with SSE3 only, 2 to 3
+# times slower; the kernels it chose are printed with the machine.
 # Usage: langid-cores.sh pack
 #        langid-cores.sh run [--threads LIST] [--subset N] [--runs N]
 #                            [--budget S]
@@ -127,7 +130,11 @@ do_run() {
 	fi
 	local cpu
 	cpu=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
-	echo "machine: ${cpu:-unknown CPU}, $cores cores online, $(uname -srm)" |
+	local blas
+	blas=$(OPENBLAS_VERBOSE=2 "${launch[@]}" --help 2>&1 >/dev/null |
+		sed -n 's/^Core: //p' | head -1)
+	echo "machine: ${cpu:-unknown CPU}, $cores cores online, $(uname -srm);" \
+		"OpenBLAS kernels: ${blas:-?}${OPENBLAS_CORETYPE:+ (OPENBLAS_CORETYPE)}" |
 		tee "$out/machine.txt"
 	local largest=${threads##*,} args=(--epochs 1 --subset "$subset"
 		--test-subset 200 "$root/words")
