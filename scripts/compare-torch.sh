@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Side by side with PyTorch's C++ API (libtorch, Debian's libtorch-dev),
-# on two models: examples/digits (below) and examples/fashion
+# on three models: examples/digits (below), examples/fashion
 # (scripts/compare-fashion.sh, which this runs; its header says what it
-# measures). With no model named, runs digits and then fashion, each with
-# the options given (--epochs E applies to both; each has its own default).
+# measures) and examples/langid (scripts/compare-langid.sh, likewise).
+# With no model named, runs digits and then fashion, each with the options
+# given (--epochs E applies to both; each has its own default), then
+# langid with its defaults.
 #
 # digits: trains examples/digits' model with libadg and with PyTorch
 # (bench/compare/digits_torch.cpp): the same data, split, initial weights,
@@ -20,17 +22,21 @@
 # Usage: compare-torch.sh [--epochs E] [--runs N]        digits, then fashion
 #        compare-torch.sh digits [--epochs E] [--runs N]  (default 30 epochs)
 #        compare-torch.sh fashion [options]   scripts/compare-fashion.sh's
+#        compare-torch.sh langid [options]    scripts/compare-langid.sh's
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=both
 case ${1:-} in
-digits | fashion)
+digits | fashion | langid)
 	model=$1
 	shift
 	;;
 esac
 if [ "$model" = fashion ]; then
 	exec scripts/compare-fashion.sh "$@"
+fi
+if [ "$model" = langid ]; then
+	exec scripts/compare-langid.sh "$@"
 fi
 args=("$@")
 epochs=30
@@ -46,7 +52,7 @@ while [ $# -gt 0 ]; do
 		shift 2
 		;;
 	*)
-		echo "usage: $0 [digits|fashion] [--epochs E] [--runs N]" >&2
+		echo "usage: $0 [digits|fashion|langid] [--epochs E] [--runs N]" >&2
 		exit 2
 		;;
 	esac
@@ -151,4 +157,6 @@ END {
 if [ "$model" = both ]; then
 	echo
 	scripts/compare-fashion.sh "${args[@]}"
+	echo
+	scripts/compare-langid.sh
 fi

@@ -1,0 +1,305 @@
+#!/usr/bin/env bash
+# Trains examples/langid's model (a character-level GRU on the words of
+# nine languages) with libadg and with PyTorch's C++ API, side by side,
+# from the same setup (langid --export: the initial weights, each epoch's
+# learning rate and order), and against its floor. Programs, at T threads
+# and mini-batches of 32:
+#   libadg sync         langid (its default): each batch split across the
+#                       T threads, one graph per group of a share's words
+#                       of one length, gradients through adg::reducer
+#   libadg sync word    langid --graphs word: one graph per word
+#   libadg Hogwild      langid --mode hogwild
+#   PyTorch batched     bench/compare/langid_torch.cpp batched: each
+#                       batch padded, packed, through torch::nn::GRU,
+#                       at::set_num_threads(T)
+#   PyTorch word        langid_torch word: a torch::nn::GRUCell loop per
+#                       word, Hogwild over T threads of one intra-op
+#                       thread each
+#   floor (T = 1)       bench/compare/langid_floor.cpp: the same kernels,
+#                       batched as libadg's default, a backward through
+#                       time by hand, no autodiff
+# and langid --models N for each N of --models (N models at once, one per
+# thread). Threads are pinned: libadg's side, the floor and PyTorch's word
+# mode run BLAS on the calling thread (OPENBLAS_NUM_THREADS=1,
+# OMP_NUM_THREADS=1, and at::set_num_threads(1)); PyTorch batched gets T
+# intra-op threads and T OpenBLAS threads, with OMP_WAIT_POLICY=passive
+# (OpenMP's spinning workers otherwise take the cores OpenBLAS's threads
+# need); inter-op threads are 1. Each run's CPU time over its wall time
+# (the whole process, from /usr/bin/time) says how many cores it used.
+#
+# Speed: one epoch on the first --subset words of each language, each cell
+# the median of --runs runs, the programs taking turns so that the
+# machine's ups and downs reach all alike. Accuracy: --epochs epochs on
+# every word, once, libadg's default and PyTorch batched on one thread
+# (both deterministic there). Prints one Markdown table and the targets of
+# issue 30, PASS or MISS; every run's figures stay in
+# build-compare/langid-compare-runs.txt. Builds in build-compare/ (not part
+# of CI); scripts/compare-torch.sh langid runs this.
+# Usage: compare-langid.sh [--runs N] [--subset N] [--threads LIST]
+#                          [--models LIST] [--epochs E] [--no-accuracy]
+#   (defaults: 3; 2000; 1,2; 1,2,8,32; 5)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=3
+subset=2000
+threads_list=1,2
+models_list=1,2,8,32
+epochs=5
+accuracy=1
+usage() {
+	echo "usage: $0 [--runs N] [--subset N] [--threads LIST]" \
+		"[--models LIST] [--epochs E] [--no-accuracy]" >&2
+	exit 2
+}
+while [ $# -gt 0 ]; do
+	case $1 in
+	--no-accuracy)
+		accuracy=0
+		shift
+		;;
+	--runs | --subset | --epochs)
+		if [ $# -lt 2 ] || ! [[ $2 =~ ^[1-9][0-9]*$ ]]; then usage; fi
+		case $1 in
+		--runs) runs=$2 ;;
+		--subset) subset=$2 ;;
+		--epochs) epochs=$2 ;;
+		esac
+		shift 2
+		;;
+	--threads | --models)
+		if [ $# -lt 2 ] || ! [[ $2 =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]]; then
+			usage
+		fi
+		if [ "$1" = --threads ]; then threads_list=$2; else models_list=$2; fi
+		shift 2
+		;;
+	*) usage ;;
+	esac
+done
+IFS=, read -r -a thread_counts <<<"$threads_list"
+IFS=, read -r -a model_counts <<<"$models_list"
+
+scripts/deps.sh compare
+data=$(scripts/fetch-words.sh)
+dir=build-compare
+if [ ! -f "$dir/build.ninja" ]; then
+	meson setup "$dir" --buildtype=release -Dtests=disabled \
+		-Dmpi=disabled >/dev/null
+fi
+ninja -C "$dir" examples/langid/langid >/dev/null
+adg=$dir/examples/langid/langid
+floor=$dir/langid_floor
+torch=$dir/langid_torch
+# The floor: the trainer's kernels (gru.hpp), compiled as meson's release
+# build compiles the trainer (-O3, C++17).
+floor_src=bench/compare/langid_floor.cpp
+if [ ! -x "$floor" ] || [ "$floor_src" -nt "$floor" ] ||
+	[ examples/langid/gru.hpp -nt "$floor" ]; then
+	# shellcheck disable=SC2046 # pkg-config's words are meant to split
+	g++ -O3 -std=c++17 -Wall -Wextra -Wshadow -Werror -Iexamples/langid \
+		"$floor_src" -o "$floor" $(pkg-config --cflags --libs openblas)
+fi
+# Debian's libtorch-dev has no pkg-config file: its C++ API's headers are
+# under /usr/include/torch/csrc/api/include, the rest in default paths.
+torch_src=bench/compare/langid_torch.cpp
+if [ ! -x "$torch" ] || [ "$torch_src" -nt "$torch" ]; then
+	echo "building $torch (libtorch's headers take a minute)" >&2
+	g++ -O3 -std=c++17 -Wall -Wextra -Werror -Iexamples/langid \
+		-isystem /usr/include/torch/csrc/api/include "$torch_src" \
+		-o "$torch" -ltorch -ltorch_cpu -lc10 -pthread
+fi
+
+version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo '?'; }
+cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)
+echo "machine: ${cpu:-unknown CPU}, $(nproc) cores (nproc), Debian" \
+	"$(cat /etc/debian_version), gcc $(gcc -dumpfullversion)," \
+	"libtorch $(version libtorch-dev), OpenBLAS $(version libopenblas0)," \
+	"load average $(cut -d' ' -f1-3 /proc/loadavg) at the start"
+echo "langid: GRU 32-64 on bytes, 9 languages, B = 32; speed: 1 epoch on" \
+	"$((subset * 9)) words, each cell the median of $runs runs, the" \
+	"programs taking turns"
+echo
+
+results=$dir/langid-compare-runs.txt
+: >"$results"
+timing=$(mktemp)
+trap 'rm -f "$timing"' EXIT
+
+# Runs one program ($1: its kind, $2: T, then the command) and appends
+# "KIND T key=value..." to the results: its result line's figures, and
+# cpu_over_wall, the whole process's CPU time over its wall time.
+cell() {
+	local kind=$1 t=$2 out line
+	shift 2
+	out=$(/usr/bin/time -f '%e %U %S' -o "$timing" "$@")
+	line=$(grep '^result ' <<<"$out") || {
+		echo "$kind T=$t: no result line" >&2
+		exit 1
+	}
+	echo "$kind $t ${line#result } cpu_over_wall=$(awk \
+		'{ printf "%.2f", ($1 > 0 ? ($2 + $3) / $1 : 0) }' "$timing")" \
+		>>"$results"
+}
+
+one="env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1"
+setup=$dir/langid-setup-s$subset
+"$adg" --export "$setup" --epochs 1 --subset "$subset" "$data" >/dev/null
+# The trainer's own evaluation is not timed; a small test set keeps the
+# runs short.
+short=(--epochs 1 --subset "$subset" --test-subset 200)
+for _ in $(seq "$runs"); do
+	for t in "${thread_counts[@]}"; do
+		echo "T=$t ..." >&2
+		many="env OPENBLAS_NUM_THREADS=$t OMP_NUM_THREADS=$t"
+		many="$many OMP_WAIT_POLICY=passive"
+		# $one and $many are words to split.
+		# shellcheck disable=SC2086
+		{
+			cell adg-sync "$t" $one "$adg" --threads "$t" "${short[@]}" "$data"
+			cell torch-batched "$t" $many "$torch" batched "$setup" "$data" "$t"
+			cell adg-word "$t" $one "$adg" --threads "$t" --graphs word \
+				"${short[@]}" "$data"
+			cell torch-word "$t" $one "$torch" word "$setup" "$data" "$t"
+			cell adg-hogwild "$t" $one "$adg" --mode hogwild \
+				--threads "$t" "${short[@]}" "$data"
+			[ "$t" != 1 ] || cell floor 1 $one "$floor" "$setup" "$data"
+		}
+	done
+	for m in "${model_counts[@]}"; do
+		echo "--models $m ..." >&2
+		# shellcheck disable=SC2086
+		cell adg-models "$m" $one "$adg" --models "$m" "${short[@]}" "$data"
+	done
+done
+if [ $accuracy -eq 1 ]; then
+	echo "$epochs epochs on every word, T = 1 ..." >&2
+	full=$dir/langid-setup-e$epochs
+	"$adg" --export "$full" --epochs "$epochs" "$data" >/dev/null
+	# shellcheck disable=SC2086
+	{
+		cell accuracy-adg 1 $one "$adg" --epochs "$epochs" "$data"
+		cell accuracy-torch 1 $one "$torch" batched "$full" "$data" 1
+	}
+fi
+
+# "KIND T key=value ..." -> the table and the targets.
+awk -v epochs="$epochs" '
+function median(list,   v, n, i, j, t) {
+	n = split(list, v, " ")
+	for (i = 2; i <= n; i++)
+		for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) {
+			t = v[j]; v[j] = v[j - 1]; v[j - 1] = t
+		}
+	return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+}
+function max_of(list,   v, n, i, m) {
+	n = split(list, v, " "); m = v[1]
+	for (i = 2; i <= n; i++) if (v[i] + 0 > m + 0) m = v[i]
+	return m
+}
+function verdict(ok) { return ok ? "PASS" : "MISS" }
+{
+	kind = $1; t = $2
+	for (i = 3; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+	if (kind == "adg-models") {
+		models[t] = 1
+	} else if (kind !~ /^accuracy/ && !(t in seen)) {
+		seen[t] = 1; ts[++n] = t
+	}
+	rate[kind, t] = rate[kind, t] " " f["samples_per_s"]
+	per_model[kind, t] = per_model[kind, t] " " f["per_model_samples_per_s"]
+	acc[kind, t] = acc[kind, t] " " f["test_accuracy"]
+	busy[kind, t] = busy[kind, t] " " f["cpu_over_wall"]
+	if ("weights" in f) {
+		if ((kind, t) in hash && hash[kind, t] != f["weights"])
+			varies[kind, t] = 1
+		hash[kind, t] = f["weights"]
+	}
+	delete f
+}
+END {
+	print "| T | libadg sync | libadg sync, a graph per word | libadg Hogwild | PyTorch batched | PyTorch a graph per word (Hogwild) | libadg / PyTorch'"'"'s better | a graph per word: libadg / PyTorch | floor | floor / libadg |"
+	print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+	for (i = 1; i <= n; i++) {
+		t = ts[i]
+		s = median(rate["adg-sync", t]); w = median(rate["adg-word", t])
+		h = median(rate["adg-hogwild", t])
+		tb = median(rate["torch-batched", t]); tw = median(rate["torch-word", t])
+		best = tb > tw ? tb : tw
+		sync[t] = s; vs_torch[t] = s / best; vs_word[t] = w / tw
+		fl = t == 1 ? median(rate["floor", 1]) : 0
+		if (t == 1) vs_floor = fl / s
+		printf "| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %s | %s |\n",
+			t, s, w, h, tb, tw, s / best, w / tw,
+			t == 1 ? sprintf("%.0f", fl) : "-",
+			t == 1 ? sprintf("%.2f", fl / s) : "-"
+	}
+	print ""
+	print "samples/s of training (evaluation excluded), medians; PyTorch'"'"'s better = the better of its two modes."
+	print ""
+	print "| --models N | total samples/s | each model'"'"'s samples/s |"
+	print "|---:|---:|---:|"
+	for (m = 1; m <= 1024; m++)
+		if (m in models)
+			printf "| %d | %.0f | %.0f |\n", m,
+				median(rate["adg-models", m]),
+				median(per_model["adg-models", m])
+	print ""
+	print "Threads (CPU time / wall time of the whole process, the most of any run):"
+	split("adg-sync adg-word adg-hogwild torch-batched torch-word floor", kinds, " ")
+	for (i = 1; i <= n; i++) {
+		t = ts[i]; line = ""; ok = 1
+		for (j = 1; j <= 6; j++)
+			if ((kinds[j], t) in busy) {
+				b = max_of(busy[kinds[j], t])
+				line = line sprintf(" %s %.2f", kinds[j], b)
+				if (b > 1.10) ok = 0
+			}
+		if (t == 1)
+			printf "  %s T=1: one core each (at most 1.10):%s\n", verdict(ok), line
+		else
+			printf "  info T=%d:%s\n", t, line
+	}
+	print ""
+	print "Checks:"
+	for (i = 1; i <= n; i++) {
+		t = ts[i]
+		printf "  %s T=%d: sync gives the same weights in every run (%s)\n",
+			verdict(!varies["adg-sync", t]), t, hash["adg-sync", t]
+	}
+	print ""
+	print "Targets (issue 30):"
+	if ((1 in seen) && (2 in seen))
+		printf "  %s sync: 2 threads >= 1.8 x 1 thread: %.2f x\n",
+			verdict(sync[2] / sync[1] >= 1.8), sync[2] / sync[1]
+	if ((1 in models) && (2 in models)) {
+		r = median(per_model["adg-models", 2]) / median(rate["adg-models", 1])
+		printf "  %s --models 2: each model >= 0.9 x one model alone: %.2f x\n",
+			verdict(r >= 0.9), r
+	}
+	for (m = 3; m <= 1024; m++)
+		if ((m in models) && (2 in models)) {
+			r = median(rate["adg-models", m]) / median(rate["adg-models", 2])
+			printf "  %s --models %d: total >= 0.9 x --models 2: %.2f x\n",
+				verdict(r >= 0.9), m, r
+		}
+	for (i = 1; i <= n; i++) {
+		t = ts[i]
+		if (t > 2) continue
+		printf "  %s T=%d: libadg (sync) >= 2 x PyTorch'"'"'s better mode: %.2f x\n",
+			verdict(vs_torch[t] >= 2), t, vs_torch[t]
+		printf "  %s T=%d: libadg a graph per word >= 5 x PyTorch a graph per word: %.2f x\n",
+			verdict(vs_word[t] >= 5), t, vs_word[t]
+	}
+	if (1 in seen)
+		printf "  %s T=1: libadg within 1.3 x of its floor: the floor is %.2f x libadg\n",
+			verdict(vs_floor <= 1.3), vs_floor
+	if (("accuracy-adg", 1) in acc) {
+		a = median(acc["accuracy-adg", 1]); p = median(acc["accuracy-torch", 1])
+		g = a - p; if (g < 0) g = -g
+		printf "  %s test accuracy after %d epochs >= 85%% and within 0.5 points of PyTorch (batched, the same batches): %.2f%%, %+.2f\n",
+			verdict(a >= 85 && g <= 0.5), epochs, a, a - p
+	} else {
+		print "  not checked: test accuracy (--no-accuracy)"
+	}
+}' "$results"
