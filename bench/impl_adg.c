@@ -1,34 +1,16 @@
 /* adg: the library, through its public API only. */
+#include "adg_grads.h"
 #include "bench.h"
 
 #include <adg.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* A gradient travels inside libadg's opaque pointer: the double's bits,
- * xor-ed with a NaN payload that arithmetic never yields, so that no value
- * becomes NULL. Nothing is allocated per gradient. */
-#define GRAD_TAG UINT64_C(0x7ff4d1a9c0ffee01)
-
-static void *encode(double d)
-{
-	uint64_t bits;
-	memcpy(&bits, &d, sizeof bits);
-	return (void *)(uintptr_t)(bits ^ GRAD_TAG);
-}
-
-static double decode(const void *p)
-{
-	uint64_t bits = (uint64_t)(uintptr_t)p ^ GRAD_TAG;
-	double d;
-	memcpy(&d, &bits, sizeof d);
-	return d;
-}
-
 static int grad_add(void **sum, void *value, void *ctx)
 {
 	(void)ctx;
-	*sum = encode(decode(*sum) + decode(value));
+	*sum = bench_grad_encode(bench_grad_decode(*sum) +
+				 bench_grad_decode(value));
 	return 0;
 }
 
@@ -38,7 +20,7 @@ static void grad_free(void *value, void *ctx)
 	(void)ctx;
 }
 
-static const adg_grad_ops ops = {grad_add, grad_free, NULL};
+const adg_grad_ops bench_adg_grad_ops = {grad_add, grad_free, NULL};
 
 static int trampoline(adg_step_call *call, void *user)
 {
@@ -46,7 +28,7 @@ static int trampoline(adg_step_call *call, void *user)
 	bench_call c = {
 		.impl = &bench_adg,
 		.sink = call,
-		.grad = call->grad != NULL ? decode(call->grad) : 0,
+		.grad = call->grad != NULL ? bench_grad_decode(call->grad) : 0,
 		.parent_ids = call->parent_ids,
 		.n_parents = call->n_parents,
 	};
@@ -96,7 +78,8 @@ static uint64_t a_id(void *node)
 
 static int a_backward(void *reg, void *root, void **grads)
 {
-	return adg_backward(reg, root, encode(1.0), &ops, (adg_grads **)grads);
+	return adg_backward(reg, root, bench_grad_encode(1.0),
+			    &bench_adg_grad_ops, (adg_grads **)grads);
 }
 
 int bench_adg_backward_ready(void *reg, void *root,
@@ -105,8 +88,8 @@ int bench_adg_backward_ready(void *reg, void *root,
 {
 	adg_backward_options o = {
 		.on_ready = ready, .on_ready_ctx = ctx, .leaves_only = 1};
-	return adg_backward_with(reg, root, encode(1.0), &ops, &o,
-				 (adg_grads **)grads);
+	return adg_backward_with(reg, root, bench_grad_encode(1.0),
+				 &bench_adg_grad_ops, &o, (adg_grads **)grads);
 }
 
 int bench_adg_backward_exec(void *reg, void *root,
@@ -116,14 +99,14 @@ int bench_adg_backward_exec(void *reg, void *root,
 	if (ex == NULL && !retain)
 		return a_backward(reg, root, grads);
 	adg_backward_options o = {.executor = ex, .retain = retain};
-	return adg_backward_with(reg, root, encode(1.0), &ops, &o,
-				 (adg_grads **)grads);
+	return adg_backward_with(reg, root, bench_grad_encode(1.0),
+				 &bench_adg_grad_ops, &o, (adg_grads **)grads);
 }
 
 static double a_grad(void *grads, uint64_t id)
 {
 	void *v;
-	return adg_grads_get(grads, id, &v) == 0 ? decode(v) : 0;
+	return adg_grads_get(grads, id, &v) == 0 ? bench_grad_decode(v) : 0;
 }
 
 static void a_grads_free(void *grads)
@@ -135,7 +118,7 @@ static void a_grads_free(void *grads)
  * path that compares no id. */
 static void a_add_grad(const bench_call *call, size_t slot, double g)
 {
-	adg_step_give(call->sink, slot, encode(g));
+	adg_step_give(call->sink, slot, bench_grad_encode(g));
 }
 
 static uint64_t a_graph_id(void *reg, void *node)
@@ -198,13 +181,13 @@ static void output_free(void *p, void *ctx)
 
 static double grad_in(const adg_step_call *call)
 {
-	return call->grad != NULL ? decode(call->grad) : 0;
+	return call->grad != NULL ? bench_grad_decode(call->grad) : 0;
 }
 
 static int add_backward(adg_step_call *call, void *user)
 {
 	(void)user;
-	return adg_step_give(call, 0, encode(grad_in(call)));
+	return adg_step_give(call, 0, bench_grad_encode(grad_in(call)));
 }
 
 static int add_recompute(adg_recompute_call *call, void *user)
@@ -220,8 +203,8 @@ static int leaves_backward(adg_step_call *call, void *user)
 {
 	(void)user;
 	double g = grad_in(call);
-	adg_step_give(call, 0, encode(g * ck_w));
-	return adg_step_give(call, 1, encode(g * ck_a));
+	adg_step_give(call, 0, bench_grad_encode(g * ck_w));
+	return adg_step_give(call, 1, bench_grad_encode(g * ck_a));
 }
 
 static int last_backward(adg_step_call *call, void *user)
@@ -232,8 +215,8 @@ static int last_backward(adg_step_call *call, void *user)
 	if (rc != 0)
 		return rc;
 	double g = grad_in(call);
-	adg_step_give(call, 0, encode(g * ck_w2));
-	return adg_step_give(call, 1, encode(g * *(double *)x));
+	adg_step_give(call, 0, bench_grad_encode(g * ck_w2));
+	return adg_step_give(call, 1, bench_grad_encode(g * *(double *)x));
 }
 
 double bench_checkpoint(int strategy, int k, int ms, long *peak)
@@ -283,7 +266,8 @@ double bench_checkpoint(int strategy, int k, int ms, long *peak)
 		adg_op_with(reg, pl, 2, &sl, &lo, &y);
 		adg_node_unref(prev);
 		adg_grads *g;
-		if (adg_backward(reg, y, encode(1.0), &ops, &g) == 0)
+		if (adg_backward(reg, y, bench_grad_encode(1.0),
+				 &bench_adg_grad_ops, &g) == 0)
 			adg_grads_free(g);
 		adg_node_unref(y);
 		nodes += (uint64_t)k + 2;

@@ -4,48 +4,15 @@
  * products (y_k = y_{k-1} * b, on two leaves), runs its backward and drops
  * it, again and again; ns per op covers the recording, the backward and
  * the frees. The C trainer's way: gradients are doubles in the pointer
- * itself (no allocation, the bench's usual encoding), and each step's
+ * itself (no allocation: adg_grads.h, as the bench's adg side), and each step's
  * forward values live in one array per graph, not in an allocation per op.
  */
+#include "adg_grads.h"
 #include "bench.h"
 
 #include <adg.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* A double in the pointer: its bits XOR a NaN pattern no arithmetic
- * makes, so that 0.0 is not NULL (NULL: no gradient). */
-#define LAYER_TAG UINT64_C(0x7ff4dead0000beef)
-
-static void *encode(double d)
-{
-	uint64_t bits;
-	memcpy(&bits, &d, sizeof bits);
-	return (void *)(uintptr_t)(bits ^ LAYER_TAG);
-}
-
-static double decode(const void *p)
-{
-	uint64_t bits = (uint64_t)(uintptr_t)p ^ LAYER_TAG;
-	double d;
-	memcpy(&d, &bits, sizeof d);
-	return d;
-}
-
-static int layer_add(void **sum, void *value, void *ctx)
-{
-	(void)ctx;
-	*sum = encode(decode(*sum) + decode(value));
-	return 0;
-}
-
-static void layer_free(void *value, void *ctx)
-{
-	(void)value;
-	(void)ctx;
-}
-
-static const adg_grad_ops layer_ops = {layer_add, layer_free, NULL};
 
 /* A product's forward values, parent 0's and parent 1's. */
 struct product {
@@ -55,9 +22,10 @@ struct product {
 static int product_backward(adg_step_call *call, void *user)
 {
 	const struct product *p = user;
-	double g = call->grad != NULL ? decode(call->grad) : 0;
-	int rc = adg_step_give(call, 0, encode(g * p->b));
-	return rc != 0 ? rc : adg_step_give(call, 1, encode(g * p->a));
+	double g = call->grad != NULL ? bench_grad_decode(call->grad) : 0;
+	int rc = adg_step_give(call, 0, bench_grad_encode(g * p->b));
+	return rc != 0 ? rc
+		       : adg_step_give(call, 1, bench_grad_encode(g * p->a));
 }
 
 /* One graph of n products: recorded, run backward, dropped. Returns 0 or
@@ -85,7 +53,8 @@ static int layer_c_once(adg_registry *reg, struct product *values, int n)
 	}
 	adg_grads *g = NULL;
 	if (rc == 0)
-		rc = adg_backward(reg, y, encode(1.0), &layer_ops, &g);
+		rc = adg_backward(reg, y, bench_grad_encode(1.0),
+				  &bench_adg_grad_ops, &g);
 	adg_grads_free(g);
 	adg_node_unref(y);
 	adg_node_unref(w);

@@ -559,28 +559,9 @@ struct job {
 	void operator()() const;
 };
 
-/* libadg's thread pool (adg_pool): n_threads workers that sleep while there
- * is no work. It must outlive every backward that uses it. */
-class pool
-{
-public:
-	explicit pool(unsigned n_threads);
-	/* The pool's memory from allocator (registry::allocator(), say),
-	 * which must outlive the pool. */
-	pool(unsigned n_threads, const adg_allocator &allocator);
-	pool(pool &&other) noexcept;
-	pool &operator=(pool &&other) noexcept;
-	pool(const pool &) = delete;
-	pool &operator=(const pool &) = delete;
-	/* Runs what is queued and stops the threads (adg_pool_free). */
-	~pool();
-
-	const adg_executor *c_executor() const noexcept;
-
-private:
-	adg_pool *raw_ = nullptr;
-	adg_executor exec_{};
-};
+/* libadg's thread pool, adg::pool: <adg/pool.hpp>, which this header
+ * includes. */
+class pool;
 
 /* An executor made of a callable: submit(adg::job) or submit(fn, arg)
  * arranges for the job to run once, later, elsewhere (a thread pool's post,
@@ -1974,49 +1955,6 @@ inline void job::operator()() const
 	fn(arg);
 }
 
-inline pool::pool(unsigned n_threads)
-{
-	check(adg_pool_new(n_threads, &raw_), "adg_pool_new");
-	adg_pool_executor(raw_, &exec_);
-}
-
-inline pool::pool(unsigned n_threads, const adg_allocator &allocator)
-{
-	adg_pool_options options{};
-	options.n_threads = n_threads;
-	options.allocator = allocator;
-	check(adg_pool_new_with(&options, &raw_), "adg_pool_new_with");
-	adg_pool_executor(raw_, &exec_);
-}
-
-inline pool::pool(pool &&other) noexcept : raw_(other.raw_), exec_(other.exec_)
-{
-	other.raw_ = nullptr;
-	other.exec_ = adg_executor{};
-}
-
-inline pool &pool::operator=(pool &&other) noexcept
-{
-	if (this != &other) {
-		pool gone(std::move(*this));
-		raw_ = other.raw_;
-		exec_ = other.exec_;
-		other.raw_ = nullptr;
-		other.exec_ = adg_executor{};
-	}
-	return *this;
-}
-
-inline pool::~pool()
-{
-	adg_pool_free(raw_); /* NULL: a no-op */
-}
-
-inline const adg_executor *pool::c_executor() const noexcept
-{
-	return raw_ != nullptr ? &exec_ : nullptr;
-}
-
 template <class Submit>
 executor::executor(Submit submit, unsigned n_workers)
     : submit_(nullptr, &detail::submitter<Submit>::destroy)
@@ -2036,11 +1974,6 @@ executor::executor(Submit submit, unsigned n_workers)
 inline const adg_executor *executor::c_executor() const noexcept
 {
 	return submit_ != nullptr ? &exec_ : nullptr;
-}
-
-inline executor_ref::executor_ref(const pool &p) noexcept
-    : exec_(p.c_executor())
-{
 }
 
 inline executor_ref::executor_ref(const executor &e) noexcept
@@ -2403,8 +2336,9 @@ template <class T> gradients<T> gradients<T>::adopt(adg_grads *raw) noexcept
 
 } // namespace adg
 
-/* The reducer's C++ (an annex of this header), as adg.h includes the
- * reducer's C. */
+/* The annexes' C++, as adg.h includes their C: the pool and the
+ * reducer. */
+#include "adg/pool.hpp"
 #include "adg/reducer.hpp"
 
 #endif /* ADG_HPP */

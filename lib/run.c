@@ -243,9 +243,9 @@ static int step_out_check(struct adg_step_out *o, const struct adg_run *run,
 /* adg_step_give off its common path: out of slot order, with workers or an
  * executor, with a value check, or bad input. Not inlined, so that the
  * common path stays short. */
-static __attribute__((noinline)) int step_give_slow(struct adg_run_thread *th,
-						    struct adg_step_out *o,
-						    size_t slot, void *value)
+static __attribute__((noinline)) int
+step_out_give_slow(struct adg_run_thread *th, struct adg_step_out *o,
+		   size_t slot, void *value)
 {
 	const adg_grad_ops *ops = th->run->ops;
 	if (value == NULL)
@@ -290,7 +290,7 @@ int adg_step_give(adg_step_call *call, size_t slot, void *value)
 		return adg_grad_table_insert_fast(
 			th->run->grads, call->parent_ids[slot], value);
 	}
-	return step_give_slow(th, o, slot, value);
+	return step_out_give_slow(th, o, slot, value);
 }
 
 /* ----------------------------------------------------------------- steps */

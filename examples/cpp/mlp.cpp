@@ -69,11 +69,8 @@ int run()
 		double loss = 0;
 		adg::node root = forward(reg, m, x, 0, n_samples, &loss);
 		adg::gradients<vec> g = adg::backward(root, vec{1.0});
-		for (param *p : {&m.w1, &m.b1, &m.w2, &m.b2}) {
-			const vec &dp = g.get(p->leaf);
-			for (std::size_t i = 0; i < p->value.size(); i++)
-				p->value[i] -= 0.5 * dp[i]; /* the SGD step */
-		}
+		for (param *p : {&m.w1, &m.b1, &m.w2, &m.b2})
+			sgd(p->value, g.get(p->leaf), 0.5);
 		std::printf("step %2d: loss %.6f\n", step, loss);
 		failed |= step > 0 && !(loss < last); /* it must fall */
 		first = step == 0 ? loss : first;

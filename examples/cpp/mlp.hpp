@@ -170,6 +170,13 @@ inline adg::node forward(adg::registry_ref reg, const model &m, const vec &x,
 		"softmax_xent");
 }
 
+/* The SGD step of one weight: w -= rate * grad. */
+inline void sgd(vec &w, const vec &grad, double rate)
+{
+	for (std::size_t i = 0; i < w.size(); i++)
+		w[i] -= rate * grad[i];
+}
+
 /* A fingerprint of the weights' bits (FNV-1a): equal only if every bit is. */
 inline std::uint64_t fingerprint(const model &m)
 {

@@ -33,11 +33,8 @@ std::uint64_t train_plain(const vec &x)
 		double loss = 0;
 		adg::gradients<vec> g = adg::backward(
 			forward(reg, m, x, 0, n_samples, &loss), vec{1.0});
-		for (param *p : {&m.w1, &m.b1, &m.w2, &m.b2}) {
-			const vec &dp = g.get(p->leaf);
-			for (std::size_t i = 0; i < p->value.size(); i++)
-				p->value[i] -= rate * dp[i];
-		}
+		for (param *p : {&m.w1, &m.b1, &m.w2, &m.b2})
+			sgd(p->value, g.get(p->leaf), rate);
 	}
 	return fingerprint(m);
 }
@@ -55,10 +52,9 @@ std::uint64_t train_sync(const vec &x, int t)
 	 * has ended the round. */
 	adg::reducer<vec> red(t, {m.w1.leaf, m.b1.leaf, m.w2.leaf, m.b2.leaf},
 			      [&](const adg::reduction<vec> &r) {
-				      vec &w = params[r.param]->value;
-				      for (std::size_t i = 0;
-					   r.sum && i < w.size(); i++)
-					      w[i] -= rate * (*r.sum)[i];
+				      if (r.sum != nullptr)
+					      sgd(params[r.param]->value,
+						  *r.sum, rate);
 			      });
 	std::vector<std::thread> threads;
 	for (int p = 0; p < t; p++)
