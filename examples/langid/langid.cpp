@@ -16,12 +16,12 @@
  * the same model; their sums are taken in other orders.
  *
  * Threads train one of three ways:
- * - sync (--mode sync, the default): each mini-batch is split across the
- *   T threads; each records the graphs of its share and runs their
- *   backward with a gradient reducer's hook (adg::reducer), which sums
- *   each parameter's T gradients in thread order and applies one SGD step.
- *   Bitwise reproducible for a given T; on one thread, bitwise the plain
- *   trainer.
+ * - sync (--mode sync, the default): each mini-batch's graphs are dealt
+ *   to the T threads, whole (share_of); each records its share and runs
+ *   their backward with a gradient reducer's hook (adg::reducer), which
+ *   sums each parameter's T gradients in thread order and applies one SGD
+ *   step. Bitwise reproducible for a given T; on one thread, bitwise the
+ *   plain trainer.
  * - hogwild: each thread takes whole mini-batches in turn and applies each
  *   parameter's gradient, without a lock, as soon as it is final.
  * - --models N: N independent models, each trained by one thread from its
@@ -749,6 +749,8 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 	auto one_thread = [&](int t) {
 		learner &l = *learners[t];
 		if (o.how == mode::sync) {
+			const adg::backward_options hooked =
+				red->hook(t, multiplied);
 			for (int k = 0; k < n_batches; k++) {
 				int first = k * o.batch;
 				int size = std::min(o.batch, n - first);
@@ -762,10 +764,8 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 					adg::node loss = l.record(train_set,
 								  share, size);
 					if (loss)
-						adg::backward(
-							loss, scalar(1),
-							red->hook(t,
-								  multiplied));
+						adg::backward(loss, scalar(1),
+							      hooked);
 				});
 			}
 			return;
