@@ -34,7 +34,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=.many
 tarball=$pack/langid.tar.gz
-glibc_re='^(ld-linux.*|lib(c|m|mvec|pthread|dl|rt|resolv|util|anl|nsl|BrokenLocale|thread_db|nss_[a-z0-9]+|c_malloc_debug))[.]so'
+# shellcheck source=scripts/pack-libs.sh
+. scripts/pack-libs.sh
 
 usage() {
 	echo "usage: $0 pack" >&2
@@ -45,7 +46,7 @@ usage() {
 
 do_pack() {
 	scripts/deps.sh fashion # meson, liburcu, ck, OpenBLAS
-	local words dir=build-many stage name path libs
+	local words dir=build-many stage
 	words=$(scripts/fetch-words.sh)
 	if [ ! -f "$dir/build.ninja" ]; then
 		meson setup "$dir" --buildtype=release -Dtests=disabled \
@@ -55,23 +56,9 @@ do_pack() {
 	stage=$(mktemp -d)
 	# shellcheck disable=SC2064 # $stage is set now, for good
 	trap "rm -rf '$stage'" EXIT
-	mkdir -p "$stage/bin" "$stage/lib" "$stage/glibc" "$stage/words"
+	mkdir -p "$stage/bin" "$stage/words"
 	cp "$dir/examples/langid/langid" "$stage/bin/"
-	libs=$(ldd "$dir/examples/langid/langid")
-	if grep -q 'not found' <<<"$libs"; then
-		grep 'not found' <<<"$libs" >&2
-		echo "langid-cores: a library above is missing here" >&2
-		exit 1
-	fi
-	while read -r name path; do
-		if [[ $name =~ $glibc_re ]]; then
-			cp -L "$path" "$stage/glibc/$name"
-		else
-			cp -L "$path" "$stage/lib/$name"
-		fi
-	done < <(awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }
-		$1 ~ /^\/.*ld-linux/ { n = $1; sub(/.*\//, "", n); print n, $1 }' \
-		<<<"$libs" | sort -u)
+	pack_libs "$stage" langid-cores "$dir/examples/langid/langid" || exit 1
 	cp "$words"/train.txt "$words"/test.txt "$stage/words/"
 	{
 		echo "libadg langid-cores pack, $(date -u '+%Y-%m-%d %H:%M UTC')"

@@ -41,9 +41,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=.many
 tarball=$pack/many.tar.gz
-# glibc's libraries and loader, as ldd names them: the target machine has
-# its own.
-glibc_re='^(ld-linux.*|lib(c|m|mvec|pthread|dl|rt|resolv|util|anl|nsl|BrokenLocale|thread_db|nss_[a-z0-9]+|c_malloc_debug))[.]so'
+# shellcheck source=scripts/pack-libs.sh
+. scripts/pack-libs.sh
 
 usage() {
 	echo "usage: $0 pack" >&2
@@ -54,7 +53,7 @@ usage() {
 
 do_pack() {
 	scripts/deps.sh fashion # meson, liburcu, ck, OpenBLAS
-	local digits fashion dir=build-many stage name path
+	local digits fashion dir=build-many stage
 	digits=$(scripts/fetch-digits.sh)
 	fashion=$(scripts/fetch-fashion.sh)
 	if [ ! -f "$dir/build.ninja" ]; then
@@ -67,29 +66,11 @@ do_pack() {
 	stage=$(mktemp -d)
 	# shellcheck disable=SC2064 # $stage is set now, for good
 	trap "rm -rf '$stage'" EXIT
-	mkdir -p "$stage/bin" "$stage/lib" "$stage/glibc" \
-		"$stage/data/digits" "$stage/data/fashion"
+	mkdir -p "$stage/bin" "$stage/data/digits" "$stage/data/fashion"
 	for b in "${bins[@]}"; do
 		cp "$dir/$b" "$stage/bin/"
 	done
-	# Every library the binaries load (ldd follows them through each
-	# other), by the name they ask for; the loader by its own name.
-	local libs
-	libs=$(cd "$dir" && ldd "${bins[@]}")
-	if grep -q 'not found' <<<"$libs"; then
-		grep 'not found' <<<"$libs" >&2
-		echo "many-cores: a library above is missing here" >&2
-		exit 1
-	fi
-	while read -r name path; do
-		if [[ $name =~ $glibc_re ]]; then
-			cp -L "$path" "$stage/glibc/$name"
-		else
-			cp -L "$path" "$stage/lib/$name"
-		fi
-	done < <(awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }
-		$1 ~ /^\/.*ld-linux/ { n = $1; sub(/.*\//, "", n); print n, $1 }' \
-		<<<"$libs" | sort -u)
+	pack_libs "$stage" many-cores "${bins[@]/#/$dir/}" || exit 1
 	cp "$digits" "$stage/data/digits/"
 	# The trainer reads the four IDX files whole (it checks their sizes):
 	# all of them, gzip makes them 31 MB.
@@ -247,7 +228,7 @@ do_run() {
 	# Any library but glibc's taken from outside the pack means that the
 	# pack misses it: here it would hide, there it would fail.
 	local outside
-	outside=$(awk -v root="$root" -v re="$glibc_re" '
+	outside=$(awk -v root="$root" -v re="$pack_glibc_re" '
 		$2 == "=>" && $1 !~ re && index($3, root) != 1 { print $1 " => " $3 }' \
 		"$out/machine.txt" | sort -u)
 	if [ -n "$outside" ]; then
