@@ -1328,6 +1328,174 @@ TEST(an_apply_that_throws_fails_the_round_for_everyone)
 		      EXPECT(e.code().value() == ADG_EINVAL));
 }
 
+/* A gradient of n numbers, for the reducer's slices. */
+struct numbers {
+	std::vector<double> v;
+	numbers &operator+=(const numbers &o)
+	{
+		for (std::size_t i = 0; i < v.size(); i++)
+			v[i] += o.v[i];
+		return *this;
+	}
+};
+
+/* Which elements of n a slice of n_slices holds: [first, last). */
+std::pair<std::size_t, std::size_t> slice_of(std::size_t n, std::size_t slice,
+					     std::size_t n_slices)
+{
+	return {n * slice / n_slices, n * (slice + 1) / n_slices};
+}
+
+/* Two parameters of 10 numbers each, the first in 4 slices or whole, on 3
+ * participants for 4 rounds; bad: the round and participant whose
+ * add_slice throws (-1: none). Returns the weights; counts each slice's
+ * applies in applied (by param * 4 + slice). */
+std::array<std::vector<double>, 2>
+train_in_slices(bool sliced, int bad_round, std::atomic<int> (&applied)[8],
+		std::atomic<int> &caught)
+{
+	constexpr int t = 3, n = 10;
+	adg::registry reg;
+	std::vector<adg::node> params{adg::leaf(reg, "a"), adg::leaf(reg, "b")};
+	std::array<std::vector<double>, 2> w{std::vector<double>(n, 1.0),
+					     std::vector<double>(n, -1.0)};
+	adg::reducer_options<numbers> o;
+	if (sliced)
+		o.slices = {4, 1};
+	o.add_slice = [&](numbers &sum, const numbers &value, std::size_t k,
+			  std::size_t n_slices) {
+		EXPECT(n_slices == 4);
+		auto [first, last] = slice_of(sum.v.size(), k, n_slices);
+		for (std::size_t i = first; i < last; i++)
+			sum.v[i] += value.v[i];
+	};
+	adg::reducer<numbers> red(
+		t, params,
+		[&](const adg::reduction<numbers> &r) {
+			applied[r.param * 4 + r.slice]++;
+			auto [first, last] = slice_of(n, r.slice, r.n_slices);
+			for (std::size_t i = first; i < last; i++)
+				w[r.param][i] -= 0.1 * r.sum->v[i];
+		},
+		o);
+	std::vector<std::thread> threads;
+	for (int p = 0; p < t; p++)
+		threads.emplace_back([&, p] {
+			for (int k = 0; k < 4; k++) {
+				/* The values this participant reads: the
+				 * barrier ordered the last round's applies
+				 * before. */
+				std::array<std::vector<double>, 2> mine = w;
+				try {
+					red.round(p,
+						  [&] {
+							  adg::
+								  node
+									  y =
+										  adg::
+											  op(reg,
+											     params,
+											     [&,
+											      p,
+											      k](
+												     adg::step_call<
+													     numbers>
+													     &c) {
+												     if (k == bad_round &&
+													 p == 1)
+													     throw boom{
+														     k};
+												     for (int i = 0;
+													  i <
+													  2;
+													  i++) {
+													     numbers g{std::vector<
+														     double>(
+														     n)};
+													     for (int j = 0;
+														  j <
+														  n;
+														  j++)
+														     g.v[j] =
+															     mine[1 -
+																  i]
+																 [j] *
+															     (p +
+															      1 +
+															      0.1 * j);
+													     c.give(i,
+														    std::move(
+															    g));
+												     }
+											     });
+							  adg::backward(
+								  y,
+								  numbers{{1.0}},
+								  red.hook(p));
+						  });
+				} catch (const boom &e) {
+					caught += e.value == bad_round;
+				}
+			}
+		});
+	for (std::thread &th : threads)
+		th.join();
+	return w;
+}
+
+/* Slices fold and apply the same bits as whole parameters, each slice
+ * once a round, on whichever thread; a step that throws fails the round
+ * for all, and it applies nothing of a parameter in slices. */
+TEST(a_reducer_in_slices_gives_the_bits_of_whole_parameters)
+{
+	std::atomic<int> applied[8] = {}, whole_applied[8] = {}, caught{0};
+	auto sliced = train_in_slices(true, -1, applied, caught);
+	auto whole = train_in_slices(false, -1, whole_applied, caught);
+	EXPECT(sliced == whole);
+	for (int k = 0; k < 4; k++)
+		EXPECT(applied[k] == 4 && whole_applied[k] == (k == 0 ? 4 : 0));
+	EXPECT(applied[4] == 4 && applied[5] == 0);
+	/* Round 2 fails on every participant and changes nothing. */
+	std::atomic<int> failing[8] = {};
+	auto failed = train_in_slices(true, 2, failing, caught);
+	EXPECT(caught == 3);
+	EXPECT(failing[0] == 3 && failing[4] == 3);
+	EXPECT(failed != sliced);
+}
+
+/* What the options cannot be: a count per parameter, add_slice with
+ * slices, none for a G kept inline. */
+TEST(a_reducers_slices_are_checked)
+{
+	adg::registry reg;
+	std::vector<adg::node> params{adg::leaf(reg), adg::leaf(reg)};
+	auto apply = [](const adg::reduction<numbers> &) {};
+	adg::reducer_options<numbers> o;
+	o.slices = {2};
+	EXPECT_THROWS(adg::error, adg::reducer<numbers>(2, params, apply, o),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	o.slices = {2, 1};
+	EXPECT_THROWS(adg::error, adg::reducer<numbers>(2, params, apply, o),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	o.add_slice = [](numbers &, const numbers &, std::size_t, std::size_t) {
+	};
+	o.slices = {ADG_REDUCER_MAX_SLICES + 1, 1};
+	EXPECT_THROWS(adg::error, adg::reducer<numbers>(2, params, apply, o),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	adg::reducer_options<double> inline_options;
+	inline_options.slices = {2, 1};
+	inline_options.add_slice = [](double &, const double &, std::size_t,
+				      std::size_t) {};
+	EXPECT_THROWS(adg::error,
+		      adg::reducer<double>(
+			      2, params, [](const adg::reduction<double> &) {},
+			      inline_options),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	o.slices = {2, 1};
+	adg::reducer<numbers> fine(2, params, apply, o);
+	EXPECT(fine.rounds() == 0);
+}
+
 TEST(generic_lambdas_name_their_type)
 {
 	adg::registry reg;

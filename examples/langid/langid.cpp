@@ -164,6 +164,33 @@ struct grad {
 			gru::product_tn(p.r, rows, cols, p.a, p.b, out, 1);
 	}
 
+	/* Rows [first, last) of o added to the same rows of this, both
+	 * whole: what one thread folds of a parameter in slices while
+	 * others fold the other rows. */
+	void add_rows(const grad &o, int first_row, int last_row)
+	{
+		std::size_t from = static_cast<std::size_t>(first_row) * cols,
+			    to = static_cast<std::size_t>(last_row) * cols;
+		for (std::size_t i = from; i < to; i++)
+			band[i] += o.band[i];
+	}
+
+	/* The whole matrix as one band, products multiplied out: the form
+	 * a parameter in slices is folded in (add_rows). Adds nothing to
+	 * any element, so the sums keep their bits. */
+	void make_whole()
+	{
+		multiply_out();
+		if (count == rows)
+			return;
+		std::vector<float> w(static_cast<std::size_t>(rows) * cols);
+		std::copy(band.begin(), band.end(),
+			  w.begin() + static_cast<long>(first) * cols);
+		first = 0;
+		count = rows;
+		band = std::move(w);
+	}
+
 	/* The products multiplied out: the whole matrix as a band. */
 	void multiply_out()
 	{
@@ -260,10 +287,23 @@ struct model {
 	void sgd(int p, grad &g, float lr)
 	{
 		g.multiply_out();
+		sgd_rows(p, g, lr, g.first, g.first + g.count);
+	}
+
+	/* The step on rows [first_row, last_row) of parameter p only, of g
+	 * multiplied out and holding them: a slice's update. */
+	void sgd_rows(int p, const grad &g, float lr, int first_row,
+		      int last_row)
+	{
+		std::size_t from = static_cast<std::size_t>(first_row -
+							    g.first) *
+				   g.cols,
+			    to = static_cast<std::size_t>(last_row - g.first) *
+				 g.cols;
 		std::atomic<float> *v =
 			values[p].get() +
 			static_cast<std::size_t>(g.first) * g.cols;
-		for (std::size_t i = 0; i < g.band.size(); i++)
+		for (std::size_t i = from; i < to; i++)
 			v[i].store(v[i].load(std::memory_order_relaxed) -
 					   lr * g.band[i],
 				   std::memory_order_relaxed);
@@ -686,6 +726,13 @@ template <class F> void on_threads(int n, F &&f)
 			std::rethrow_exception(e);
 }
 
+/* The rows [first, last) of slice k of n_slices of a matrix of rows. */
+std::pair<int, int> rows_of(int rows, std::size_t k, std::size_t n_slices)
+{
+	return {static_cast<int>(rows * k / n_slices),
+		static_cast<int>(rows * (k + 1) / n_slices)};
+}
+
 /* Trains from scratch with o's settings on n_threads threads; prints a
  * line per epoch (and writes it to csv unless null), then the confusion
  * matrix and the result line. */
@@ -723,18 +770,39 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 	/* Sync: the reducer sums each parameter's gradients in thread order
 	 * and applies them once per batch. Each participant multiplies out
 	 * its own products first, from the ready hook, so that the threads
-	 * share that work; the reducer's apply, one thread per parameter,
-	 * only adds and steps. */
+	 * share that work; the reducer's apply only adds and steps. The
+	 * large parameters are cut into slices of rows, which the threads
+	 * waiting at the batch's end fold and apply beside the last one to
+	 * finish its backward, instead of waiting while it does all. */
 	std::unique_ptr<adg::reducer<grad>> red;
-	if (o.how == mode::sync)
+	if (o.how == mode::sync) {
+		adg::reducer_options<grad> ro;
+		for (int p = 0; p < gru::n_params; p++)
+			ro.slices.push_back(n_threads > 1 && gru::elements(p) >=
+								     4096
+						    ? 2 * std::size_t(n_threads)
+						    : 1);
+		ro.add_slice = [](grad &sum, const grad &value, std::size_t k,
+				  std::size_t n_slices) {
+			auto [first, last] = rows_of(sum.rows, k, n_slices);
+			sum.add_rows(value, first, last);
+		};
 		red = std::make_unique<adg::reducer<grad>>(
 			static_cast<std::size_t>(n_threads), models[0]->leaves,
 			[&](const adg::reduction<grad> &r) {
-				if (r.sum != nullptr)
-					models[0]->sgd(
-						static_cast<int>(r.param),
-						*r.sum, lr);
-			});
+				if (r.sum == nullptr)
+					return;
+				int p = static_cast<int>(r.param);
+				if (r.n_slices == 1) {
+					models[0]->sgd(p, *r.sum, lr);
+					return;
+				}
+				auto [first, last] = rows_of(
+					r.sum->rows, r.slice, r.n_slices);
+				models[0]->sgd_rows(p, *r.sum, lr, first, last);
+			},
+			std::move(ro));
+	}
 
 	/* Hogwild: the next batch to take. Relaxed: a counter that hands
 	 * out batch numbers and publishes nothing (the order was published
@@ -742,8 +810,11 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 	std::atomic<int> next{0};
 	adg::backward_options multiplied;
 	multiplied.leaves_only = true;
-	multiplied.on_ready = [](std::uint64_t, adg::grad_ref g) {
-		if (grad *mine = g.as<grad>())
+	multiplied.on_ready = [n_threads](std::uint64_t, adg::grad_ref g) {
+		grad *mine = g.as<grad>();
+		if (mine != nullptr && n_threads > 1)
+			mine->make_whole(); /* for the slices */
+		else if (mine != nullptr)
 			mine->multiply_out();
 	};
 	auto one_thread = [&](int t) {

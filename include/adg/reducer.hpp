@@ -35,6 +35,35 @@ template <class G> struct reduction {
 	/* The T gradients summed in participant order; null when no
 	 * participant had one. apply may read and write it, not keep it. */
 	G *sum;
+	/* A parameter in slices (reducer_options::slices): which slice of
+	 * sum to apply, 0 to n_slices - 1. 0 of 1 otherwise. */
+	std::size_t slice = 0, n_slices = 1;
+};
+
+/* What a reducer may be given besides its apply
+ * (adg_reducer_options). */
+template <class G> struct reducer_options {
+	/* Folds one gradient into the sum; empty: sum += value. */
+	std::function<void(G &sum, const G &value)> add;
+	/* Empty: every parameter whole. Else one count per parameter, 1 to
+	 * ADG_REDUCER_MAX_SLICES: into how many slices its sum and update
+	 * are cut, so that the threads waiting at the round's end fold and
+	 * apply a large parameter's slices beside the one that brought its
+	 * last gradient (reduce-scatter). Not for a G kept inline (a
+	 * pointer-sized trivially copyable one, which cannot be changed in
+	 * place): the constructor throws ADG_EINVAL. */
+	std::vector<std::size_t> slices;
+	/* For parameters in slices: folds slice `slice` of n_slices of value
+	 * into the same slice of sum, touching nothing else of sum, as the
+	 * slices of one parameter are folded on several threads at once.
+	 * Required when a count above is over 1. */
+	std::function<void(G &sum, const G &value, std::size_t slice,
+			   std::size_t n_slices)>
+		add_slice;
+	/* Apply nothing until every participant has ended the round without
+	 * error, then every parameter in order on the last to end
+	 * (adg_reducer_options.apply_at_end). */
+	bool apply_at_end = false;
 };
 
 /* Owns an adg_reducer whose gradients are G (the backward's T). Move-only;
@@ -45,9 +74,10 @@ template <class G> class reducer
 public:
 	/* T participants; params, the parameters' leaves (their order is
 	 * reduction::param's); apply, a callable void(const reduction<G> &):
-	 * the update, once per parameter and round, on the thread that
-	 * brought the parameter's last gradient, concurrently with other
-	 * parameters' applies. add folds one gradient into the sum, a
+	 * the update, once per parameter (per slice, in slices) and round,
+	 * on the thread that brought the parameter's last gradient (a
+	 * slice: or on one waiting at the round's end), concurrently with
+	 * other parameters' applies. add folds one gradient into the sum, a
 	 * callable void(G &sum, const G &value); by default sum += value. */
 	template <class Apply>
 	reducer(std::size_t participants, const std::vector<node> &params,
@@ -55,6 +85,13 @@ public:
 	template <class Apply, class Add>
 	reducer(std::size_t participants, const std::vector<node> &params,
 		Apply apply, Add add);
+	/* The same with options: slices, apply_at_end, add. Throws
+	 * adg::error ADG_EINVAL when slices has not one count per parameter,
+	 * a count is 0 or too large, a count over 1 has no add_slice, or G
+	 * is kept inline and a count is over 1. */
+	template <class Apply>
+	reducer(std::size_t participants, const std::vector<node> &params,
+		Apply apply, reducer_options<G> options);
 	reducer(reducer &&other) noexcept = default;
 	reducer &operator=(reducer &&other) noexcept;
 	reducer(const reducer &) = delete;
@@ -91,6 +128,7 @@ private:
 template <class G> struct reducer<G>::state {
 	std::function<void(const reduction<G> &)> apply;
 	std::function<void(G &, const G &)> add;
+	std::function<void(G &, const G &, std::size_t, std::size_t)> add_slice;
 	adg_reducer *raw = nullptr;
 	std::size_t n_participants = 0;
 	/* Each participant's next round, written by its own thread only. */
@@ -153,6 +191,23 @@ template <class G> struct reducer<G>::state {
 		}
 	}
 
+	static int add_slice_c(void *sum, const void *value, std::size_t slice,
+			       std::size_t n_slices, void *ctx) noexcept
+	{
+		auto *self = static_cast<state *>(ctx);
+		try {
+			/* Never inline: the constructor refused slices then. */
+			self->add_slice(*static_cast<G *>(sum),
+					*static_cast<const G *>(value), slice,
+					n_slices);
+			return 0;
+		} catch (...) {
+			self->keep(self->current_round(),
+				   std::current_exception());
+			return detail::thrown_code();
+		}
+	}
+
 	static int apply_c(const adg_reduction *r, void *ctx) noexcept
 	{
 		auto *self = static_cast<state *>(ctx);
@@ -168,8 +223,8 @@ template <class G> struct reducer<G>::state {
 			} else {
 				sum = static_cast<G *>(r->sum);
 			}
-			self->apply(
-				reduction<G>{r->param, r->id, r->round, sum});
+			self->apply(reduction<G>{r->param, r->id, r->round, sum,
+						 r->slice, r->n_slices});
 			return 0;
 		} catch (...) {
 			self->keep(r->round, std::current_exception());
@@ -200,8 +255,7 @@ template <class G>
 template <class Apply>
 reducer<G>::reducer(std::size_t participants, const std::vector<node> &params,
 		    Apply apply)
-    : reducer(participants, params, std::move(apply),
-	      [](G &sum, const G &value) { sum += value; })
+    : reducer(participants, params, std::move(apply), reducer_options<G>{})
 {
 }
 
@@ -209,10 +263,34 @@ template <class G>
 template <class Apply, class Add>
 reducer<G>::reducer(std::size_t participants, const std::vector<node> &params,
 		    Apply apply, Add add)
+    : reducer(participants, params, std::move(apply),
+	      reducer_options<G>{std::move(add), {}, {}, false})
+{
+}
+
+template <class G>
+template <class Apply>
+reducer<G>::reducer(std::size_t participants, const std::vector<node> &params,
+		    Apply apply, reducer_options<G> options)
     : state_(std::make_unique<state>())
 {
+	if (!options.slices.empty() && options.slices.size() != params.size())
+		throw error(
+			ADG_EINVAL,
+			"reducer: " + std::to_string(options.slices.size()) +
+				" slice counts for " +
+				std::to_string(params.size()) + " parameters");
+	bool sliced = false;
+	for (std::size_t n : options.slices)
+		sliced = sliced || n > 1;
+	if (sliced && detail::is_inline_v<G>)
+		throw error(ADG_EINVAL, "reducer: slices of a gradient kept "
+					"inline, which cannot change in place");
 	state_->apply = std::move(apply);
-	state_->add = std::move(add);
+	state_->add = options.add
+			      ? std::move(options.add)
+			      : [](G &sum, const G &value) { sum += value; };
+	state_->add_slice = std::move(options.add_slice);
 	state_->n_participants = participants;
 	state_->next_round.assign(participants, 0);
 	std::vector<std::uint64_t> ids;
@@ -226,7 +304,12 @@ reducer<G>::reducer(std::size_t participants, const std::vector<node> &params,
 	o.ops.add = &state::add_c;
 	o.ops.apply = &state::apply_c;
 	o.ops.release = &state::release_c;
+	if (state_->add_slice)
+		o.ops.add_slice = &state::add_slice_c;
 	o.ops.ctx = state_.get();
+	o.apply_at_end = options.apply_at_end;
+	if (!options.slices.empty())
+		o.param_slices = options.slices.data();
 	check(adg_reducer_new(&o, &state_->raw), "adg_reducer_new");
 }
 
