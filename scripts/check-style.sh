@@ -22,7 +22,7 @@ clang-format)
 	;;
 shellcheck)
 	# shellcheck disable=SC2046
-	shellcheck $(tracked 'scripts/*.sh' '.ci/run' 'examples/*.sh' 'tests/*.sh') &&
+	shellcheck -x $(tracked 'scripts/*.sh' '.ci/run' 'examples/*.sh' 'tests/*.sh') &&
 		echo "shellcheck: no finding"
 	;;
 *)

@@ -43,47 +43,25 @@
 #   --batches LIST   mini-batch sizes, comma-separated (default 16,64)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 epochs=1
 runs=3
-threads_list=1,2
-batches_list=16,64
-usage() {
-	echo "usage: $0 [--epochs E] [--runs N] [--threads LIST]" \
-		"[--batches LIST]" >&2
-	exit 2
-}
-while [ $# -gt 0 ]; do
-	case $1 in
-	--epochs | --runs)
-		if [ $# -lt 2 ] || ! [[ $2 =~ ^[1-9][0-9]*$ ]]; then
-			echo "$1 wants a positive number" >&2
-			exit 2
-		fi
-		if [ "$1" = --epochs ]; then epochs=$2; else runs=$2; fi
-		shift 2
-		;;
-	--threads | --batches)
-		if [ $# -lt 2 ] || ! [[ $2 =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]]; then
-			echo "$1 wants a list like 1,2" >&2
-			exit 2
-		fi
-		if [ "$1" = --threads ]; then threads_list=$2; else batches_list=$2; fi
-		shift 2
-		;;
-	*) usage ;;
-	esac
-done
-IFS=, read -r -a thread_counts <<<"$threads_list"
-IFS=, read -r -a batch_sizes <<<"$batches_list"
+threads=1,2
+batches=16,64
+parse_options "epochs runs threads batches" "$0 [--epochs E] [--runs N]\
+ [--threads LIST] [--batches LIST]" "$@"
+want_number --epochs "$epochs"
+want_number --runs "$runs"
+want_list --threads "$threads"
+want_list --batches "$batches"
+IFS=, read -r -a thread_counts <<<"$threads"
+IFS=, read -r -a batch_sizes <<<"$batches"
 
 scripts/deps.sh compare
 data=$(scripts/fetch-fashion.sh)
 dir=build-compare
-if [ ! -f "$dir/build.ninja" ]; then
-	meson setup "$dir" --buildtype=release -Dtests=disabled \
-		-Dmpi=disabled >/dev/null
-fi
-ninja -C "$dir" examples/fashion/fashion >/dev/null
+build_release "$dir" examples/fashion/fashion
 adg=$dir/examples/fashion/fashion
 floor=$dir/fashion_floor
 torch=$dir/fashion_torch
@@ -98,22 +76,9 @@ if [ ! -x "$floor" ] || [ "$floor_src" -nt "$floor" ] ||
 		-o "$floor" -L"$dir/lib" -ladg -Wl,-rpath,"$PWD/$dir/lib" \
 		$(pkg-config --cflags --libs openblas) -lm -pthread
 fi
-# Debian's libtorch-dev has no pkg-config file: its C++ API's headers are
-# under /usr/include/torch/csrc/api/include, the rest in default paths.
-torch_src=bench/compare/fashion_torch.cpp
-if [ ! -x "$torch" ] || [ "$torch_src" -nt "$torch" ]; then
-	echo "building $torch (libtorch's headers take a minute)" >&2
-	g++ -O3 -std=c++17 -Wall -Wextra -Werror \
-		-isystem /usr/include/torch/csrc/api/include "$torch_src" \
-		-o "$torch" -ltorch -ltorch_cpu -lc10 -pthread
-fi
+build_torch bench/compare/fashion_torch.cpp "$torch"
 
-version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo '?'; }
-cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)
-echo "machine: ${cpu:-unknown CPU}, $(nproc) cores (nproc), Debian" \
-	"$(cat /etc/debian_version), gcc $(gcc -dumpfullversion)," \
-	"libtorch $(version libtorch-dev), OpenBLAS $(version libopenblas0)," \
-	"load average $(cut -d' ' -f1-3 /proc/loadavg) at the start"
+describe_machine
 echo "Fashion-MNIST, MLP 784-256-128-10, $epochs epoch(s) per run; each" \
 	"cell the median of $runs runs, the six programs taking turns"
 echo
@@ -121,25 +86,12 @@ echo
 # Every run's figures, kept for a look at the spread behind the medians.
 results=$dir/fashion-compare-runs.txt
 : >"$results"
-timing=$(mktemp)
-trap 'rm -f "$timing"' EXIT
-
 # Runs one program ($1: its kind, $2: B, $3: T, then the command) and
-# appends "KIND B T key=value..." to the results: its result line's
-# figures, and cpu_over_wall, the whole process's CPU time over its wall
-# time.
+# appends "KIND B T key=value..." to the results (timed_result).
 cell() {
-	local kind=$1 b=$2 t=$3 out
+	local kind=$1 b=$2 t=$3
 	shift 3
-	out=$(/usr/bin/time -f '%e %U %S' -o "$timing" "$@")
-	local line
-	line=$(grep '^result ' <<<"$out") || {
-		echo "$kind B=$b T=$t: no result line" >&2
-		exit 1
-	}
-	echo "$kind $b $t ${line#result } cpu_over_wall=$(awk \
-		'{ printf "%.2f", ($1 > 0 ? ($2 + $3) / $1 : 0) }' "$timing")" \
-		>>"$results"
+	timed_result "$results" "$kind $b $t" "$@"
 }
 
 for b in "${batch_sizes[@]}"; do
@@ -175,21 +127,7 @@ for b in "${batch_sizes[@]}"; do
 done
 
 # "KIND B T key=value ..." -> the table and the targets.
-awk -v epochs="$epochs" '
-function median(list,   v, n, i, j, t) {
-	n = split(list, v, " ")
-	for (i = 2; i <= n; i++)
-		for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) {
-			t = v[j]; v[j] = v[j - 1]; v[j - 1] = t
-		}
-	return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-}
-function max_of(list,   v, n, i, m) {
-	n = split(list, v, " "); m = v[1]
-	for (i = 2; i <= n; i++) if (v[i] + 0 > m + 0) m = v[i]
-	return m
-}
-function verdict(ok) { return ok ? "PASS" : "MISS" }
+awk -v epochs="$epochs" "$stats_awk"'
 {
 	kind = $1; key = $2 " " $3
 	if (!(key in seen)) { seen[key] = 1; keys[++n] = key }

@@ -40,53 +40,33 @@
 #   (defaults: 3; 2000; 1,2; 1,2,8,32; 5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 runs=3
 subset=2000
-threads_list=1,2
-models_list=1,2,8,32
+threads=1,2
+models=1,2,8,32
 epochs=5
 accuracy=1
-usage() {
-	echo "usage: $0 [--runs N] [--subset N] [--threads LIST]" \
-		"[--models LIST] [--epochs E] [--no-accuracy]" >&2
-	exit 2
-}
-while [ $# -gt 0 ]; do
-	case $1 in
-	--no-accuracy)
-		accuracy=0
-		shift
-		;;
-	--runs | --subset | --epochs)
-		if [ $# -lt 2 ] || ! [[ $2 =~ ^[1-9][0-9]*$ ]]; then usage; fi
-		case $1 in
-		--runs) runs=$2 ;;
-		--subset) subset=$2 ;;
-		--epochs) epochs=$2 ;;
-		esac
-		shift 2
-		;;
-	--threads | --models)
-		if [ $# -lt 2 ] || ! [[ $2 =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]]; then
-			usage
-		fi
-		if [ "$1" = --threads ]; then threads_list=$2; else models_list=$2; fi
-		shift 2
-		;;
-	*) usage ;;
-	esac
+args=()
+for arg in "$@"; do # the one option without a value
+	if [ "$arg" = --no-accuracy ]; then accuracy=0; else args+=("$arg"); fi
 done
-IFS=, read -r -a thread_counts <<<"$threads_list"
-IFS=, read -r -a model_counts <<<"$models_list"
+parse_options "runs subset threads models epochs" "$0 [--runs N]\
+ [--subset N] [--threads LIST] [--models LIST] [--epochs E] [--no-accuracy]" \
+	${args[@]+"${args[@]}"}
+want_number --runs "$runs"
+want_number --subset "$subset"
+want_number --epochs "$epochs"
+want_list --threads "$threads"
+want_list --models "$models"
+IFS=, read -r -a thread_counts <<<"$threads"
+IFS=, read -r -a model_counts <<<"$models"
 
 scripts/deps.sh compare
 data=$(scripts/fetch-words.sh)
 dir=build-compare
-if [ ! -f "$dir/build.ninja" ]; then
-	meson setup "$dir" --buildtype=release -Dtests=disabled \
-		-Dmpi=disabled >/dev/null
-fi
-ninja -C "$dir" examples/langid/langid >/dev/null
+build_release "$dir" examples/langid/langid
 adg=$dir/examples/langid/langid
 floor=$dir/langid_floor
 torch=$dir/langid_torch
@@ -99,22 +79,9 @@ if [ ! -x "$floor" ] || [ "$floor_src" -nt "$floor" ] ||
 	g++ -O3 -std=c++17 -Wall -Wextra -Wshadow -Werror -Iexamples/langid \
 		"$floor_src" -o "$floor" $(pkg-config --cflags --libs openblas)
 fi
-# Debian's libtorch-dev has no pkg-config file: its C++ API's headers are
-# under /usr/include/torch/csrc/api/include, the rest in default paths.
-torch_src=bench/compare/langid_torch.cpp
-if [ ! -x "$torch" ] || [ "$torch_src" -nt "$torch" ]; then
-	echo "building $torch (libtorch's headers take a minute)" >&2
-	g++ -O3 -std=c++17 -Wall -Wextra -Werror -Iexamples/langid \
-		-isystem /usr/include/torch/csrc/api/include "$torch_src" \
-		-o "$torch" -ltorch -ltorch_cpu -lc10 -pthread
-fi
+build_torch bench/compare/langid_torch.cpp "$torch" -Iexamples/langid
 
-version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo '?'; }
-cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)
-echo "machine: ${cpu:-unknown CPU}, $(nproc) cores (nproc), Debian" \
-	"$(cat /etc/debian_version), gcc $(gcc -dumpfullversion)," \
-	"libtorch $(version libtorch-dev), OpenBLAS $(version libopenblas0)," \
-	"load average $(cut -d' ' -f1-3 /proc/loadavg) at the start"
+describe_machine
 echo "langid: GRU 32-64 on bytes, 9 languages, B = 32; speed: 1 epoch on" \
 	"$((subset * 9)) words, each cell the median of $runs runs, the" \
 	"programs taking turns"
@@ -122,23 +89,12 @@ echo
 
 results=$dir/langid-compare-runs.txt
 : >"$results"
-timing=$(mktemp)
-trap 'rm -f "$timing"' EXIT
-
 # Runs one program ($1: its kind, $2: T, then the command) and appends
-# "KIND T key=value..." to the results: its result line's figures, and
-# cpu_over_wall, the whole process's CPU time over its wall time.
+# "KIND T key=value..." to the results (timed_result).
 cell() {
-	local kind=$1 t=$2 out line
+	local kind=$1 t=$2
 	shift 2
-	out=$(/usr/bin/time -f '%e %U %S' -o "$timing" "$@")
-	line=$(grep '^result ' <<<"$out") || {
-		echo "$kind T=$t: no result line" >&2
-		exit 1
-	}
-	echo "$kind $t ${line#result } cpu_over_wall=$(awk \
-		'{ printf "%.2f", ($1 > 0 ? ($2 + $3) / $1 : 0) }' "$timing")" \
-		>>"$results"
+	timed_result "$results" "$kind $t" "$@"
 }
 
 one="env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1"
@@ -183,21 +139,7 @@ if [ $accuracy -eq 1 ]; then
 fi
 
 # "KIND T key=value ..." -> the table and the targets.
-awk -v epochs="$epochs" '
-function median(list,   v, n, i, j, t) {
-	n = split(list, v, " ")
-	for (i = 2; i <= n; i++)
-		for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) {
-			t = v[j]; v[j] = v[j - 1]; v[j - 1] = t
-		}
-	return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-}
-function max_of(list,   v, n, i, m) {
-	n = split(list, v, " "); m = v[1]
-	for (i = 2; i <= n; i++) if (v[i] + 0 > m + 0) m = v[i]
-	return m
-}
-function verdict(ok) { return ok ? "PASS" : "MISS" }
+awk -v epochs="$epochs" "$stats_awk"'
 {
 	kind = $1; t = $2
 	for (i = 3; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }

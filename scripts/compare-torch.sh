@@ -38,55 +38,28 @@ fi
 if [ "$model" = langid ]; then
 	exec scripts/compare-langid.sh "$@"
 fi
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 args=("$@")
 epochs=30
 runs=3
-while [ $# -gt 0 ]; do
-	case $1 in
-	--epochs | --runs)
-		if [ $# -lt 2 ] || ! [[ $2 =~ ^[1-9][0-9]*$ ]]; then
-			echo "$1 wants a positive number" >&2
-			exit 2
-		fi
-		if [ "$1" = --epochs ]; then epochs=$2; else runs=$2; fi
-		shift 2
-		;;
-	*)
-		echo "usage: $0 [digits|fashion|langid] [--epochs E] [--runs N]" >&2
-		exit 2
-		;;
-	esac
-done
+parse_options "epochs runs" "$0 [digits|fashion|langid] [--epochs E]\
+ [--runs N]" "$@"
+want_number --epochs "$epochs"
+want_number --runs "$runs"
 
 scripts/deps.sh compare
 data=$(scripts/fetch-digits.sh)
 dir=build-compare
-if [ ! -f "$dir/build.ninja" ]; then
-	meson setup "$dir" --buildtype=release -Dtests=disabled \
-		-Dmpi=disabled >/dev/null
-fi
-ninja -C "$dir" examples/digits/digits >/dev/null
+build_release "$dir" examples/digits/digits
 adg=$dir/examples/digits/digits
 torch=$dir/digits_torch
-src=bench/compare/digits_torch.cpp
-# Debian's libtorch-dev has a CMake config but no pkg-config file: its C++
-# API's headers are under /usr/include/torch/csrc/api/include, the others
-# and the libraries in the default paths.
-if [ ! -x "$torch" ] || [ "$src" -nt "$torch" ]; then
-	echo "building $torch (libtorch's headers take a minute)" >&2
-	g++ -O2 -std=c++17 -Wall -Wextra -Werror \
-		-isystem /usr/include/torch/csrc/api/include "$src" \
-		-o "$torch" -ltorch -ltorch_cpu -lc10 -pthread
-fi
+build_torch bench/compare/digits_torch.cpp "$torch" -O2
 # BLAS on the calling thread, for both: the T threads are the parallelism
 # (digits.c calls openblas_set_num_threads(1) too).
 export OPENBLAS_NUM_THREADS=1
 
-version() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo '?'; }
-cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
-echo "machine: ${cpu:-unknown CPU}, $(nproc) cores, Debian" \
-	"$(cat /etc/debian_version), gcc $(gcc -dumpfullversion)," \
-	"libtorch $(version libtorch-dev), OpenBLAS $(version libopenblas0)"
+describe_machine
 echo "$epochs epochs; each cell the median of $runs runs, libadg's and" \
 	"PyTorch's alternating"
 echo
@@ -111,15 +84,7 @@ for batch in 1 16; do
 done
 
 # "SIDE result threads=T batch=B epochs=E samples_per_s=R test_accuracy=A"
-awk '
-function median(list,   v, n, i, j, t) {
-	n = split(list, v, " ")
-	for (i = 2; i <= n; i++)
-		for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) {
-			t = v[j]; v[j] = v[j - 1]; v[j - 1] = t
-		}
-	return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
-}
+awk "$stats_awk"'
 function value(field) { sub(/.*=/, "", field); return field }
 {
 	key = value($4) " " value($3)

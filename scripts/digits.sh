@@ -10,41 +10,19 @@
 #        (defaults: 1,8; 1; 30; hogwild)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 threads=1,8
 batch=1
 epochs=30
 mode=hogwild
-while [ $# -gt 0 ]; do
-	case $1 in
-	--threads | --batch | --epochs | --mode)
-		if [ $# -lt 2 ]; then
-			echo "$1 wants a value" >&2
-			exit 2
-		fi
-		case $1 in
-		--threads) threads=$2 ;;
-		--batch) batch=$2 ;;
-		--epochs) epochs=$2 ;;
-		--mode) mode=$2 ;;
-		esac
-		shift 2
-		;;
-	*)
-		echo "usage: $0 [--threads LIST] [--batch B] [--epochs E]" \
-			"[--mode hogwild|sync]" >&2
-		exit 2
-		;;
-	esac
-done
+parse_options "threads batch epochs mode" "$0 [--threads LIST] [--batch B]\
+ [--epochs E] [--mode hogwild|sync]" "$@"
 
 scripts/deps.sh digits
 data=$(scripts/fetch-digits.sh)
 dir=build-digits
-if [ ! -f "$dir/build.ninja" ]; then
-	meson setup "$dir" --buildtype=release -Dtests=disabled \
-		-Dmpi=disabled >/dev/null
-fi
-ninja -C "$dir" examples/digits/digits >/dev/null
+build_release "$dir" examples/digits/digits
 mkdir -p results docs/images
 csv=results/digits.csv
 png=docs/images/digits.png
@@ -66,24 +44,9 @@ plot() { # column, title of a line
 		sep=", "
 	done
 }
-gnuplot <<GNUPLOT
-set terminal pngcairo size 1000,400 font "sans,10"
-set output "$png"
-set datafile separator ","
-set key autotitle columnhead
-set multiplot layout 1,2 title "examples/digits: MLP 64-64-10, $mode SGD, B = $batch, $epochs epochs"
-set xlabel "training time (s)"
-set ylabel "training loss"
-set logscale y
-set grid
-plot $(plot 5)
-unset logscale y
-set ylabel "test accuracy (%)"
-set yrange [85:100]
-set key bottom right
-plot $(plot 7)
-unset multiplot
-GNUPLOT
+plot_against_time "$png" \
+	"examples/digits: MLP 64-64-10, $mode SGD, B = $batch, $epochs epochs" \
+	"$(plot 5)" "$(plot 7)" "set yrange [85:100]" log
 
 echo
 echo "| T | B | epochs | test accuracy | first epoch at 96% | train accuracy | samples/s |"

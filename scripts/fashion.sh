@@ -12,41 +12,19 @@
 #        (defaults: 1,2; 16,64; 10; sync)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 threads=1,2
-batches=16,64
+batch=16,64
 epochs=10
 mode=sync
-while [ $# -gt 0 ]; do
-	case $1 in
-	--threads | --batch | --epochs | --mode)
-		if [ $# -lt 2 ]; then
-			echo "$1 wants a value" >&2
-			exit 2
-		fi
-		case $1 in
-		--threads) threads=$2 ;;
-		--batch) batches=$2 ;;
-		--epochs) epochs=$2 ;;
-		--mode) mode=$2 ;;
-		esac
-		shift 2
-		;;
-	*)
-		echo "usage: $0 [--threads LIST] [--batch LIST] [--epochs E]" \
-			"[--mode sync|hogwild]" >&2
-		exit 2
-		;;
-	esac
-done
+parse_options "threads batch epochs mode" "$0 [--threads LIST]\
+ [--batch LIST] [--epochs E] [--mode sync|hogwild]" "$@"
 
 scripts/deps.sh fashion
 data=$(scripts/fetch-fashion.sh)
 dir=build-fashion
-if [ ! -f "$dir/build.ninja" ]; then
-	meson setup "$dir" --buildtype=release -Dtests=disabled \
-		-Dmpi=disabled >/dev/null
-fi
-ninja -C "$dir" examples/fashion/fashion >/dev/null
+build_release "$dir" examples/fashion/fashion
 mkdir -p results docs/images
 csv=results/fashion.csv
 png=docs/images/fashion.png
@@ -54,9 +32,9 @@ out=$(mktemp)
 part=$(mktemp)
 trap 'rm -f "$out" "$part"' EXIT
 : >"$csv"
-for batch in ${batches//,/ }; do
+for b in ${batch//,/ }; do
 	OPENBLAS_NUM_THREADS=1 "$dir/examples/fashion/fashion" \
-		--threads "$threads" --batch "$batch" --epochs "$epochs" \
+		--threads "$threads" --batch "$b" --epochs "$epochs" \
 		--mode "$mode" --csv "$part" "$data" | tee -a "$out"
 	# One header for all the batch sizes.
 	if [ -s "$csv" ]; then tail -n +2 "$part" >>"$csv"; else cat "$part" >"$csv"; fi
@@ -75,24 +53,9 @@ plot() { # column, title of a line
 		sep=", "
 	done
 }
-gnuplot <<GNUPLOT
-set terminal pngcairo size 1000,400 font "sans,10"
-set output "$png"
-set datafile separator ","
-set key autotitle columnhead
-set multiplot layout 1,2 title "examples/fashion: MLP 784-256-128-10, $mode SGD, $epochs epochs"
-set xlabel "training time (s)"
-set ylabel "training loss"
-set logscale y
-set grid
-plot $(plot 5)
-unset logscale y
-set ylabel "test accuracy (%)"
-set yrange [80:92]
-set key bottom right
-plot $(plot 7)
-unset multiplot
-GNUPLOT
+plot_against_time "$png" \
+	"examples/fashion: MLP 784-256-128-10, $mode SGD, $epochs epochs" \
+	"$(plot 5)" "$(plot 7)" "set yrange [80:92]" log
 
 echo
 echo "| mode | B | T | epochs | test accuracy | train accuracy | samples/s | x T = 1 |"

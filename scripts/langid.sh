@@ -12,41 +12,19 @@
 #        (defaults: 1,2; 5; sync; length)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 threads=1,2
 epochs=5
 mode=sync
 graphs=length
-while [ $# -gt 0 ]; do
-	case $1 in
-	--threads | --epochs | --mode | --graphs)
-		if [ $# -lt 2 ]; then
-			echo "$1 wants a value" >&2
-			exit 2
-		fi
-		case $1 in
-		--threads) threads=$2 ;;
-		--epochs) epochs=$2 ;;
-		--mode) mode=$2 ;;
-		--graphs) graphs=$2 ;;
-		esac
-		shift 2
-		;;
-	*)
-		echo "usage: $0 [--threads LIST] [--epochs E]" \
-			"[--mode sync|hogwild] [--graphs length|word]" >&2
-		exit 2
-		;;
-	esac
-done
+parse_options "threads epochs mode graphs" "$0 [--threads LIST]\
+ [--epochs E] [--mode sync|hogwild] [--graphs length|word]" "$@"
 
 scripts/deps.sh fashion # OpenBLAS and gnuplot
 data=$(scripts/fetch-words.sh)
 dir=build-langid
-if [ ! -f "$dir/build.ninja" ]; then
-	meson setup "$dir" --buildtype=release -Dtests=disabled \
-		-Dmpi=disabled >/dev/null
-fi
-ninja -C "$dir" examples/langid/langid >/dev/null
+build_release "$dir" examples/langid/langid
 mkdir -p results docs/images
 csv=results/langid.csv
 png=docs/images/langid.png
@@ -68,21 +46,9 @@ plot() { # column
 		sep=", "
 	done
 }
-gnuplot <<GNUPLOT
-set terminal pngcairo size 1000,400 font "sans,10"
-set output "$png"
-set datafile separator ","
-set key autotitle columnhead
-set multiplot layout 1,2 title "examples/langid: GRU 32-64 on bytes, 9 languages, $mode SGD, B = 32, $epochs epochs"
-set xlabel "training time (s)"
-set ylabel "training loss"
-set grid
-plot $(plot 8)
-set ylabel "test accuracy (%)"
-set key bottom right
-plot $(plot 10)
-unset multiplot
-GNUPLOT
+plot_against_time "$png" \
+	"examples/langid: GRU 32-64 on bytes, 9 languages, $mode SGD, B = 32, $epochs epochs" \
+	"$(plot 8)" "$(plot 10)"
 
 echo
 echo "| mode | graphs | T | epochs | test accuracy | samples/s | x T = 1 |"

@@ -1,0 +1,152 @@
+# shellcheck shell=bash
+# What the trainer scripts (digits.sh, fashion.sh, langid.sh) and the
+# comparisons with PyTorch (compare-*.sh) share. Sourced, from the
+# repository's root, where each of them starts.
+
+# Sets each "--NAME VALUE" of the arguments into the variable NAME (a dash
+# in NAME becomes an underscore), for the names in $1 only (space
+# separated); prints $2, the usage line, and exits 2 on anything else.
+# Values are checked by the caller.
+parse_options() {
+	local names=" $1 " usage=$2 name
+	shift 2
+	while [ $# -gt 0 ]; do
+		name=${1#--}
+		if [ "$name" = "$1" ] || [[ $names != *" $name "* ]] || [ $# -lt 2 ]; then
+			echo "usage: $usage" >&2
+			exit 2
+		fi
+		printf -v "${name//-/_}" '%s' "$2"
+		shift 2
+	done
+}
+
+# Exits 2 unless $2 (the value of option $1) is a positive whole number.
+want_number() {
+	if ! [[ $2 =~ ^[1-9][0-9]*$ ]]; then
+		echo "$1 wants a positive number, not '$2'" >&2
+		exit 2
+	fi
+}
+
+# Exits 2 unless $2 (the value of option $1) is a list like 1,2,8.
+want_list() {
+	if ! [[ $2 =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]]; then
+		echo "$1 wants a list like 1,2, not '$2'" >&2
+		exit 2
+	fi
+}
+
+# Builds targets $2... in $1, a release build of libadg and its examples
+# (no tests, no MPI) that it sets up when it is not one yet.
+build_release() {
+	local dir=$1
+	shift
+	if [ ! -f "$dir/build.ninja" ]; then
+		meson setup "$dir" --buildtype=release -Dtests=disabled \
+			-Dmpi=disabled >/dev/null
+	fi
+	ninja -C "$dir" "$@" >/dev/null
+}
+
+# Compiles $1, a program on PyTorch's C++ API, into $2 when $2 is missing
+# or older than $1; the rest are more g++ arguments. Debian's libtorch-dev
+# has no pkg-config file: its C++ API's headers are under
+# /usr/include/torch/csrc/api/include, the rest in default paths.
+build_torch() {
+	local src=$1 out=$2
+	shift 2
+	if [ ! -x "$out" ] || [ "$src" -nt "$out" ]; then
+		echo "building $out (libtorch's headers take a minute)" >&2
+		g++ -O3 -std=c++17 -Wall -Wextra -Werror "$@" \
+			-isystem /usr/include/torch/csrc/api/include "$src" \
+			-o "$out" -ltorch -ltorch_cpu -lc10 -pthread
+	fi
+}
+
+# One line naming the machine and what the comparisons depend on.
+describe_machine() {
+	local cpu
+	cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -1)
+	echo "machine: ${cpu:-unknown CPU}, $(nproc) cores (nproc), Debian" \
+		"$(cat /etc/debian_version), gcc $(gcc -dumpfullversion)," \
+		"libtorch $(package_version libtorch-dev), OpenBLAS" \
+		"$(package_version libopenblas0), load average" \
+		"$(cut -d' ' -f1-3 /proc/loadavg) at the start"
+}
+
+package_version() {
+	dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo '?'
+}
+
+# Runs a command whose output has a "result key=value..." line, timed, and
+# appends "$2 key=value... cpu_over_wall=X" to the file $1: $2 says which
+# cell the run is of ("adg-sync 2", say), X is the whole process's CPU time
+# over its wall time (how many cores it kept busy). The rest is the
+# command. Exits when there is no result line.
+timed_result() {
+	local results=$1 cell=$2 timing out line
+	shift 2
+	timing=$(mktemp)
+	out=$(/usr/bin/time -f '%e %U %S' -o "$timing" "$@")
+	line=$(grep '^result ' <<<"$out") || {
+		rm -f "$timing"
+		echo "$cell: no result line" >&2
+		exit 1
+	}
+	echo "$cell ${line#result } cpu_over_wall=$(awk \
+		'{ printf "%.2f", ($1 > 0 ? ($2 + $3) / $1 : 0) }' "$timing")" \
+		>>"$results"
+	rm -f "$timing"
+}
+
+# awk functions for the comparisons' tables, to put before an awk program:
+# median and max_of of a list of numbers separated by spaces, and
+# verdict(ok): PASS or MISS.
+# shellcheck disable=SC2034 # used by the scripts that source this
+stats_awk='
+function median(list,   v, n, i, j, t) {
+	n = split(list, v, " ")
+	for (i = 2; i <= n; i++)
+		for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) {
+			t = v[j]; v[j] = v[j - 1]; v[j - 1] = t
+		}
+	return n % 2 ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2
+}
+function max_of(list,   v, n, i, m) {
+	n = split(list, v, " "); m = v[1]
+	for (i = 2; i <= n; i++) if (v[i] + 0 > m + 0) m = v[i]
+	return m
+}
+function verdict(ok) { return ok ? "PASS" : "MISS" }
+'
+
+# Draws training loss and test accuracy against training time, side by
+# side, into the PNG $1, titled $2, from gnuplot plot clauses $3 (the
+# loss) and $4 (the accuracy); $5, more gnuplot settings for the accuracy
+# (a yrange, say), and "log" as $6 for a loss on a logarithmic scale.
+plot_against_time() {
+	local log_on="" log_off=""
+	if [ "${6:-}" = log ]; then
+		log_on="set logscale y"
+		log_off="unset logscale y"
+	fi
+	gnuplot <<GNUPLOT
+set terminal pngcairo size 1000,400 font "sans,10"
+set output "$1"
+set datafile separator ","
+set key autotitle columnhead
+set multiplot layout 1,2 title "$2"
+set xlabel "training time (s)"
+set ylabel "training loss"
+$log_on
+set grid
+plot $3
+$log_off
+set ylabel "test accuracy (%)"
+${5:-}
+set key bottom right
+plot $4
+unset multiplot
+GNUPLOT
+}
