@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# adg-bench's contention comparison and the two trainers at 1 to 16
+# adg-bench's contention comparison and the three trainers at 1 to 16
 # threads, on a machine that cannot build libadg (no network, no liburcu,
 # ck or OpenBLAS): pack here, run there.
 #
 # pack (on a Debian machine that builds libadg) builds adg-bench,
-# examples/digits and examples/fashion in release mode in build-many/, and
-# packs into .many/many.tar.gz (gzip; about 42 MiB) the binaries, the
-# shared libraries they load that are not glibc's (libadg, liburcu-bp,
-# OpenBLAS, libgfortran, ...: every one ldd names), glibc's own libraries
-# and loader apart (a fallback, below), and the data: .cache/digits and
-# .cache/fashion as the trainers read them. .many/MANIFEST says what is
-# in it and from which commit. Installs missing build tools and fetches
-# missing data first (scripts/deps.sh, scripts/fetch-*.sh).
+# examples/digits, examples/fashion and examples/langid in release mode in
+# build-many/, and packs into .many/many.tar.gz (gzip; about 45 MiB) the
+# binaries, the shared libraries they load that are not glibc's (libadg,
+# liburcu-bp, OpenBLAS, libgfortran, libstdc++, ...: every one ldd
+# names), glibc's own libraries and loader apart (a fallback, below), and
+# the data: .cache/digits, .cache/fashion and .cache/words as the
+# trainers read them. .many/MANIFEST says what is in it and from which
+# commit. Installs missing build tools and fetches missing data first
+# (scripts/deps.sh, scripts/fetch-*.sh).
 #
 # run reads .many/ alone: unpacks it into a temporary folder and runs, with
 # OPENBLAS_NUM_THREADS=1 and OMP_NUM_THREADS=1 (the T threads are the
 # parallelism), the stages below. They share --budget seconds (default
-# 400: with the unpacking, under 7 minutes in all; about 3 expected on 16
+# 440: with the unpacking, under 8 minutes in all; about 3 expected on 16
 # cores), each stage under a cap that keeps a share for those after it:
 #   bench    adg-bench: disjoint, shared-params, merge, lookup and trainer
 #            for adg, seed and floor at each thread count (--runs runs of
@@ -25,18 +26,25 @@
 #            reducer) at B = 16, --digits-epochs epochs
 #   fashion  sync (its default mode, the reducer) at B = 64 and 16, and
 #            Hogwild at B = 64, --epochs epochs
+#   langid   sync (its default mode, the reducer, a graph per group of
+#            words of one length), then --models N for each N of --threads
+#            and twice the largest (oversubscribed): one epoch on the first
+#            --words words of each language, B = 32
 # It prints one Markdown table (a row per figure, a column per thread
 # count) and writes the raw output of each stage, the table and the
 # figures as CSV (results.csv) into $OUT, or results/many-cores/ when OUT
 # is not set. The binaries run on the machine's glibc when it is recent
 # enough (--loader auto tries), else on the packed glibc through its
-# loader. Exit status 1 when a stage failed or ran out of time (the table
-# is printed anyway).
+# loader. The OpenBLAS kernels chosen are printed with the machine:
+# OpenBLAS 0.3.21 takes a CPU it does not know (a virtual machine's, say)
+# for a Prescott and multiplies with SSE3 only, 2 to 3 times slower; set
+# OPENBLAS_CORETYPE (SkylakeX, say) to choose. Exit status 1 when a stage
+# failed or ran out of time (the table is printed anyway).
 # Usage: many-cores.sh pack
 #        many-cores.sh run [--threads LIST] [--ms N] [--runs N]
-#                          [--epochs E] [--digits-epochs E]
+#                          [--epochs E] [--digits-epochs E] [--words N]
 #                          [--loader auto|system|bundled] [--budget S]
-#        (defaults: 1,2,4,8,16; 100; 5; 5; 30; auto; 400)
+#        (defaults: 1,2,4,8,16; 100; 5; 5; 30; 3000; auto; 440)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=.many
@@ -47,26 +55,29 @@ tarball=$pack/many.tar.gz
 usage() {
 	echo "usage: $0 pack" >&2
 	echo "       $0 run [--threads LIST] [--ms N] [--runs N] [--epochs E]" \
-		"[--digits-epochs E] [--loader auto|system|bundled] [--budget S]" >&2
+		"[--digits-epochs E] [--words N] [--loader auto|system|bundled]" \
+		"[--budget S]" >&2
 	exit 2
 }
 
 do_pack() {
 	scripts/deps.sh fashion # meson, liburcu, ck, OpenBLAS
-	local digits fashion dir=build-many stage
+	local digits fashion words dir=build-many stage
 	digits=$(scripts/fetch-digits.sh)
 	fashion=$(scripts/fetch-fashion.sh)
+	words=$(scripts/fetch-words.sh)
 	if [ ! -f "$dir/build.ninja" ]; then
 		meson setup "$dir" --buildtype=release -Dtests=disabled \
 			-Dmpi=disabled >/dev/null
 	fi
 	local bins=(bench/adg-bench examples/digits/digits
-		examples/fashion/fashion)
+		examples/fashion/fashion examples/langid/langid)
 	ninja -C "$dir" "${bins[@]}" >/dev/null
 	stage=$(mktemp -d)
 	# shellcheck disable=SC2064 # $stage is set now, for good
 	trap "rm -rf '$stage'" EXIT
-	mkdir -p "$stage/bin" "$stage/data/digits" "$stage/data/fashion"
+	mkdir -p "$stage/bin" "$stage/data/digits" "$stage/data/fashion" \
+		"$stage/data/words"
 	for b in "${bins[@]}"; do
 		cp "$dir/$b" "$stage/bin/"
 	done
@@ -75,6 +86,7 @@ do_pack() {
 	# The trainer reads the four IDX files whole (it checks their sizes):
 	# all of them, gzip makes them 31 MB.
 	cp "$fashion"/*-ubyte "$stage/data/fashion/"
+	cp "$words"/train.txt "$words"/test.txt "$stage/data/words/"
 	{
 		echo "libadg many-cores pack, $(date -u '+%Y-%m-%d %H:%M UTC')"
 		echo "commit: $(git describe --always --dirty 2>/dev/null || echo unknown)"
@@ -98,9 +110,9 @@ do_pack() {
 }
 
 # The table: rows of results.csv (what,unit,threads,value) in the order
-# they came, a column per thread count of $1, and the last against the
-# first (for ns per step, the first against the last: a speedup either
-# way).
+# they came, a column per thread count of $1, and the row's last figure
+# against its first (for ns per step, the first against the last: a
+# speedup either way).
 table() {
 	awk -F, -v list="$1" '
 	function fmt(v, unit) {
@@ -117,7 +129,7 @@ table() {
 		n = split(list, t, ",")
 		head = "| figure | unit |"; rule = "|---|---|"
 		for (i = 1; i <= n; i++) { head = head " T=" t[i] " |"; rule = rule "---:|" }
-		print head " T=" t[n] " vs T=" t[1] " |"
+		print head " last vs first |"
 		print rule "---:|"
 	}
 	{
@@ -129,7 +141,8 @@ table() {
 		for (r = 1; r <= rows; r++) {
 			k = what[r] SUBSEP unit[r]; line = "| " what[r] " | " unit[r] " |"
 			for (i = 1; i <= n; i++) line = line " " fmt(v[k, t[i]], unit[r]) " |"
-			a = v[k, t[1]]; b = v[k, t[n]]; x = "-"
+			a = v[k, t[1]]; b = ""; x = "-"
+			for (i = 1; i <= n; i++) if (v[k, t[i]] != "") b = v[k, t[i]]
 			if (unit[r] !~ /%/ && a ~ /^[0-9.]+$/ && b ~ /^[0-9.]+$/ && a > 0 && b > 0)
 				x = sprintf("%.2f x", unit[r] ~ /^ns/ ? a / b : b / a)
 			print line " " x " |"
@@ -139,11 +152,11 @@ table() {
 
 do_run() {
 	local threads=1,2,4,8,16 ms=100 runs=5 epochs=5 digits_epochs=30
-	local loader=auto budget=400
+	local words=3000 loader=auto budget=440
 	while [ $# -gt 0 ]; do
 		case $1 in
-		--threads | --ms | --runs | --epochs | --digits-epochs | --loader | \
-			--budget)
+		--threads | --ms | --runs | --epochs | --digits-epochs | --words | \
+			--loader | --budget)
 			[ $# -ge 2 ] || usage
 			case $1 in
 			--threads) threads=$2 ;;
@@ -151,6 +164,7 @@ do_run() {
 			--runs) runs=$2 ;;
 			--epochs) epochs=$2 ;;
 			--digits-epochs) digits_epochs=$2 ;;
+			--words) words=$2 ;;
 			--loader) loader=$2 ;;
 			--budget) budget=$2 ;;
 			esac
@@ -160,7 +174,7 @@ do_run() {
 		esac
 	done
 	[[ $threads =~ ^[0-9]+(,[0-9]+)*$ ]] || usage
-	[[ $budget =~ ^[0-9]+$ ]] || usage
+	[[ $budget$words =~ ^[0-9]+$ ]] || usage
 	case $loader in auto | system | bundled) ;; *) usage ;; esac
 	if [ ! -f "$tarball" ]; then
 		echo "many-cores: no $tarball: run scripts/many-cores.sh pack" \
@@ -185,7 +199,7 @@ do_run() {
 		"$root/glibc/ld-linux-x86-64.so.2" --library-path "$root/lib:$root/glibc")
 	starts() { # every binary starts and says its usage
 		local b
-		for b in adg-bench digits fashion; do
+		for b in adg-bench digits fashion langid; do
 			"${launch[@]}" "$root/bin/$b" --help >/dev/null 2>>"$out/start.txt" ||
 				return 1
 		done
@@ -211,15 +225,18 @@ do_run() {
 	elif [ "$loader" = auto ]; then
 		loader=system
 	fi
-	local cpu
+	local cpu blas
 	cpu=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo 2>/dev/null || true)
+	blas=$(OPENBLAS_VERBOSE=2 "${launch[@]}" "$root/bin/langid" --help 2>&1 \
+		>/dev/null | sed -n 's/^Core: //p' | head -1)
 	{
 		echo "machine: ${cpu:-unknown CPU}, $cores cores online," \
-			"$(uname -srm), $(getconf GNU_LIBC_VERSION 2>/dev/null || echo 'glibc ?')"
+			"$(uname -srm), $(getconf GNU_LIBC_VERSION 2>/dev/null || echo 'glibc ?');" \
+			"OpenBLAS kernels: ${blas:-?}${OPENBLAS_CORETYPE:+ (OPENBLAS_CORETYPE)}"
 		echo "glibc used: $loader"
 		cat "$root/MANIFEST"
 		echo "libraries as loaded:"
-		for b in adg-bench digits fashion; do
+		for b in adg-bench digits fashion langid; do
 			echo "  $b:"
 			"${launch[0]}" LD_TRACE_LOADED_OBJECTS=1 "${launch[@]:1}" \
 				"$root/bin/$b" | sed 's/^[[:space:]]*/    /'
@@ -241,10 +258,11 @@ do_run() {
 	: >"$csv"
 	# The stages share --budget seconds: each may run for what is left but
 	# the shares of the stages after it (the bench 60 s, each digits run
-	# 10, each fashion run 50 or 60: some twice what they should take on
-	# 16 cores at the defaults), so a quick stage leaves its time to the
-	# next, and a slow one cannot take a later one's.
-	local kept=240 # the shares, all together
+	# 10, each fashion run 50 or 60, langid's 20 and 40: some twice what
+	# they should take on 16 cores at the defaults), so a quick stage
+	# leaves its time to the next, and a slow one cannot take a later
+	# one's.
+	local kept=300 # the shares, all together
 	stage() { # name, its share, command...: runs it, logs to name.txt
 		local name=$1 cap t0=$SECONDS rc=0
 		kept=$((kept - $2))
@@ -305,7 +323,29 @@ do_run() {
 		}' "$out/$name.txt" >>"$csv"
 	done
 
-	table "$threads" "$csv" >"$out/table.md"
+	# langid: sync at each thread count in one process, then each --models
+	# N in a process of its own, and twice the largest count.
+	local args=(--epochs 1 --subset "$words" --test-subset 200)
+	local data=$root/data/words models=$threads,$((2 * ${threads##*,}))
+	stage langid-sync 20 "${launch[@]}" "$root/bin/langid" \
+		--threads "$threads" "${args[@]}" "$data"
+	# shellcheck disable=SC2016 # expanded by the inner bash
+	stage langid-models 40 bash -c 'list=$1 data=$2; shift 2
+		for n in ${list//,/ }; do "$@" --models "$n" "$data" || exit; done' \
+		models "$models" "$data" "${launch[@]}" "$root/bin/langid" "${args[@]}"
+	# Their result lines; --models N goes in the column of N threads.
+	awk -v what="langid" '/^result / {
+		for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+		if (f["mode"] == "models") {
+			print what " --models N (total),samples/s," f["models"] "," f["samples_per_s"]
+			print what " --models N (each),samples/s," f["models"] "," f["per_model_samples_per_s"]
+		} else {
+			print what " sync B=32,samples/s," f["threads"] "," f["samples_per_s"]
+			print what " sync B=32,test accuracy %," f["threads"] "," f["test_accuracy"]
+		}
+	}' "$out/langid-sync.txt" "$out/langid-models.txt" >>"$csv"
+
+	table "$models" "$csv" >"$out/table.md"
 	echo
 	head -1 "$out/machine.txt"
 	echo "glibc: $loader; adg-bench $runs runs of $ms ms per cell; stages:" \
@@ -313,8 +353,9 @@ do_run() {
 	echo
 	cat "$out/table.md"
 	echo
-	echo "Last column: the rate at the last thread count over the first's" \
-		"(ns per step: the first's over the last's)."
+	echo "Last column: a row's rate at its last thread count over its first" \
+		"(ns per step: the first over the last); langid's --models N is in" \
+		"the column of N threads."
 	echo "raw output, CSV and this table: $out/"
 	if [ ${#failed[@]} -gt 0 ]; then
 		printf 'FAILED: %s\n' "${failed[@]}"

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# Sourced by scripts/many-cores.sh and scripts/langid-cores.sh: what both
-# pack for a machine that cannot build libadg.
+# Sourced by scripts/many-cores.sh: what it packs for a machine that
+# cannot build libadg.
 #
 # pack_libs STAGE WHO BINARY... copies every shared library the binaries
 # load (ldd follows them through each other), by the name they ask for,
