@@ -16,14 +16,21 @@
  * Buckets. The reducer's apply callback does not update the parameter: it
  * writes the rank's sum into the send buffer of the parameter's bucket and
  * counts it there (one atomic add). The buckets are the model's four
- * tensors, W1 (32 values), b1 (8), W2 (8) and b2 (1): one all-reduce for
+ * tensors, W1 (32 values), b1 (8), W2 (8) and b2 (1): one exchange for
  * each rather than one per scalar. When a bucket's last value is in, the
- * main thread starts one MPI_Iallreduce for it at once, while the workers'
- * backward passes go on with earlier layers. Once all four have completed
- * (MPI_Waitall), the main thread averages over the ranks and applies SGD,
- * then lets the workers start the next step's forward. The last line
- * counts the all-reduces that started before the rank's last bucket was
- * ready, that is, beside a backward still running.
+ * main thread starts its sum across the ranks at once, while the workers'
+ * backward passes go on with earlier layers. Once all four are done, the
+ * main thread averages over the ranks and applies SGD, then lets the
+ * workers start the next step's forward. The last line counts the
+ * exchanges that started before the rank's last bucket was ready, that
+ * is, beside a backward still running.
+ *
+ * Sums across ranks, in rank order (--allreduce ordered, the default):
+ * each bucket's R partial sums are folded part 0 + part 1 + ... + part
+ * R-1 by this program (struct exchange: a reduce-scatter by hand with
+ * MPI_Ialltoallv, each rank folding its slice, then MPI_Iallgatherv), not
+ * by MPI. --allreduce mpi uses MPI_Iallreduce instead, whose order of
+ * additions is the algorithm's Open MPI picks.
  *
  * Who calls MPI: the main thread, and only it, so MPI_THREAD_FUNNELED is
  * enough (asked for, and `provided` checked). The apply callback runs on
@@ -48,15 +55,28 @@
  * over the whole batch (the shards are equal: 64 samples divisible by
  * R x T).
  *
- * Reproducible: the reducer folds in thread order whatever the timing,
- * each bucket is one all-reduce of fixed size on its own communicator,
- * and the update is the same plain arithmetic on every rank. Checked
- * here (Open MPI 4.1.4, shared memory, 2 cores) by running again: the
- * fingerprint of the final weights printed at the end was the same in
- * five runs each of 1, 2 and 4 threads on 2 ranks, 2 and 4 on 4, and 2
- * on 8. Not promised: the same weights for another T (another
- * split of each sum) or R, or under another MPI, or another choice of
- * all-reduce algorithm.
+ * The promise: for a given data order, seed, R and T, the weights are
+ * bitwise the same on every rank, on every run, with any of Open MPI's
+ * all-reduce algorithms (libnbc's for MPI_Iallreduce, tuned's for
+ * MPI_Allreduce, or its default choice), and equal to the same fold
+ * computed in one process (--simulate-ranks R). The reducer folds each
+ * parameter's T gradients in thread order whatever the timing, the ranks'
+ * sums are folded in rank order, element by element, whatever the slices
+ * or bucket sizes, and the update is the same plain arithmetic on every
+ * rank. What changes the weights: R and T (other splits of each sum), the
+ * compiler and its flags, and in a trainer on BLAS its build and thread
+ * count. tests/mpi-sums.sh checks it at 2 x 2 and 4 x 1. With
+ * --allreduce mpi the weights change with the algorithm: at 4 x 1 over
+ * 50 steps, af175420c640d6f7 by default, binomial or recursive doubling,
+ * 77a269bba41c7618 by ring, 63453c69ff37fc25 by Rabenseifner.
+ *
+ * A failed step: a rank whose workers fail (--fail-rank R --fail-step S
+ * makes one fail on purpose) still takes part in every exchange, on
+ * zeros, so that the collectives match; beside them each rank puts
+ * whether its step succeeded into an integer all-reduce (MINLOC, exact
+ * under any algorithm), and no rank applies the step unless all did.
+ * Every rank then stops at that step, rank 0 saying which rank failed,
+ * and the job exits with status 1.
  *
  * It checks itself and exits non-zero when a check fails:
  * - after every step the parameters are bitwise identical on every rank
@@ -66,8 +86,13 @@
  * - the full-batch loss after the last step is below the first.
  *
  *   mpirun -np 4 ./mpi_data_parallel [--threads T] [steps]
+ *       [--allreduce ordered|mpi]        (default: ordered)
+ *   mpirun -np 1 ./mpi_data_parallel --simulate-ranks R [--threads T] [steps]
+ *   mpirun -np R ./mpi_data_parallel --bench-bucket N [exchanges]
  *
- * (defaults: 2 threads, 50 steps).
+ * (defaults: 2 threads, 50 steps). --bench-bucket times the two ways of
+ * summing one bucket of N doubles across the ranks, taking turns
+ * (scripts/bench-mpi.sh runs it).
  */
 #include <adg.h>
 #include <inttypes.h>
@@ -75,6 +100,7 @@
 #include <mpi.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -279,9 +305,150 @@ static int build_loss(adg_registry *reg, adg_node **param, const double *w,
 	return rc;
 }
 
-/* ------------------------------------------------------ the rank */
+/* ------------------------------------------------ sums across ranks */
 
-#define EMPI (ADG_EUSER - 1) /* an MPI call failed */
+#define EMPI	  (ADG_EUSER - 1) /* an MPI call failed */
+#define EINJECTED (ADG_EUSER - 2) /* --fail-step's failure */
+#define EFAILED	  (ADG_EUSER - 3) /* the step failed on some rank */
+
+/* How a bucket's R partial sums (one per rank) become their sum:
+ * - SUM_ORDERED (the default): folded in rank order, part 0 + part 1 +
+ *   ... + part R-1, element by element, by the code below, so that the
+ *   bits depend on R and the parts alone. A reduce-scatter by hand (each
+ *   rank receives slice r of every rank's part with MPI_Ialltoallv and
+ *   folds it), then MPI_Iallgatherv of the folded slices. Both only move
+ *   bytes: whichever algorithm Open MPI picks for them, no addition
+ *   happens inside MPI, and every rank ends with the same bits.
+ * - SUM_MPI: MPI_Iallreduce with MPI_SUM, whose order of additions is its
+ *   algorithm's (ring, recursive doubling, Rabenseifner, ...: Open MPI
+ *   picks by message size, rank count, version and tuning files), so the
+ *   weights' last bits change with it.
+ * This lives in the example, not in libadg: libadg builds and tests
+ * without MPI, and the reducer already hands each rank's sum to the
+ * trainer, which owns the communicator and its threading level. */
+enum sum_mode { SUM_ORDERED, SUM_MPI };
+
+/* One bucket's exchange: count values of send summed over the ranks into
+ * recv. Slice q of the bucket, [lo(q), lo(q + 1)), is folded by rank q. */
+struct exchange {
+	MPI_Comm comm;
+	int rank, world, count;
+	const double *send;
+	double *recv;
+	double *gather;	     /* world x this rank's slice, rank by rank */
+	int *slice, *offset; /* each rank's slice: its length, its start */
+	int *mine, *at;	     /* this rank's slice from each: length, start */
+	int phase;	     /* 0 idle, 1 slices moving, 2 gathering */
+};
+
+static int slice_lo(const struct exchange *x, int q)
+{
+	return (int)((long long)q * x->count / x->world);
+}
+
+/* 0, or ADG_ENOMEM (x is then freed). */
+static int exchange_init(struct exchange *x, MPI_Comm comm, int count,
+			 const double *send, double *recv)
+{
+	*x = (struct exchange){
+		.comm = comm, .count = count, .send = send, .recv = recv};
+	MPI_Comm_rank(comm, &x->rank);
+	MPI_Comm_size(comm, &x->world);
+	int n = x->world, len = slice_lo(x, x->rank + 1) - slice_lo(x, x->rank);
+	x->gather = malloc(((size_t)n * len + 1) * sizeof *x->gather);
+	x->slice = malloc(4 * (size_t)n * sizeof(int));
+	if (x->gather == NULL || x->slice == NULL) {
+		free(x->gather);
+		free(x->slice);
+		return ADG_ENOMEM;
+	}
+	x->offset = x->slice + n;
+	x->mine = x->offset + n;
+	x->at = x->mine + n;
+	for (int q = 0; q < n; q++) {
+		x->offset[q] = slice_lo(x, q);
+		x->slice[q] = slice_lo(x, q + 1) - x->offset[q];
+		x->mine[q] = len;
+		x->at[q] = q * len;
+	}
+	return 0;
+}
+
+static void exchange_free(struct exchange *x)
+{
+	free(x->gather);
+	free(x->slice);
+}
+
+/* Starts the exchange of send into *req; 0 or EMPI. */
+static int exchange_start(struct exchange *x, enum sum_mode mode,
+			  MPI_Request *req)
+{
+	if (mode == SUM_MPI) {
+		x->phase = 2;
+		return MPI_Iallreduce(x->send, x->recv, x->count, MPI_DOUBLE,
+				      MPI_SUM, x->comm, req) == MPI_SUCCESS
+			       ? 0
+			       : EMPI;
+	}
+	/* Slice q of this rank's part goes to rank q; slice rank of every
+	 * rank's part comes here, in rank order. */
+	x->phase = 1;
+	return MPI_Ialltoallv(x->send, x->slice, x->offset, MPI_DOUBLE,
+			      x->gather, x->mine, x->at, MPI_DOUBLE, x->comm,
+			      req) == MPI_SUCCESS
+		       ? 0
+		       : EMPI;
+}
+
+/* The exchange's request completed: after the slices came, fold this
+ * rank's slice in rank order and start gathering every rank's folded
+ * slice; after that, or after MPI_Iallreduce, it is done. 0 or EMPI. */
+static int exchange_advance(struct exchange *x, MPI_Request *req)
+{
+	if (x->phase != 1) {
+		x->phase = 0;
+		return 0;
+	}
+	int len = x->mine[0];
+	double *out = x->recv + x->offset[x->rank];
+	for (int i = 0; i < len; i++) {
+		double sum = x->gather[i];
+		for (int q = 1; q < x->world; q++)
+			sum += x->gather[q * len + i];
+		out[i] = sum;
+	}
+	x->phase = 2;
+	return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x->recv,
+			       x->slice, x->offset, MPI_DOUBLE, x->comm,
+			       req) == MPI_SUCCESS
+		       ? 0
+		       : EMPI;
+}
+
+/* Moves the exchanges x[0..n) on, their requests in req[]: each that has
+ * completed advances. block: until every one is done; else only what has
+ * completed now (Open MPI here has no progress thread: a nonblocking
+ * collective moves only inside MPI calls). 0 or EMPI. */
+static int exchanges_progress(struct exchange *x, MPI_Request *req, int n,
+			      int block)
+{
+	for (;;) {
+		int i, flag = 1;
+		int rc = block ? MPI_Waitany(n, req, &i, MPI_STATUS_IGNORE)
+			       : MPI_Testany(n, req, &i, &flag,
+					     MPI_STATUS_IGNORE);
+		if (rc != MPI_SUCCESS)
+			return EMPI;
+		if (!flag || i == MPI_UNDEFINED)
+			return 0; /* nothing more now, or nothing active */
+		rc = exchange_advance(&x[i], &req[i]);
+		if (rc != 0)
+			return rc;
+	}
+}
+
+/* ------------------------------------------------------ the rank */
 
 /* One rank: its model, its threads and the step's exchange. */
 struct rank {
@@ -294,6 +461,11 @@ struct rank {
 	double w[PARAMS];
 	adg_reducer *reducer;
 	MPI_Comm comm[BUCKETS];
+	MPI_Comm status_comm; /* the step's agreement on failure */
+	enum sum_mode mode;
+	struct exchange exchange[BUCKETS];
+	int exchanges;		  /* whether exchange[] holds memory to free */
+	int fail_rank, fail_step; /* --fail-rank, --fail-step: 0 for none */
 
 	/* The step's exchange. send is written by the apply callbacks,
 	 * each its own parameters; a bucket's count, then the queue's lock,
@@ -358,7 +530,7 @@ struct worker {
 
 /* One step of a worker: the forward and backward of its share. The
  * parameters' gradients go to the reducer from the hook. */
-static int worker_step(struct worker *wk)
+static int worker_step(struct worker *wk, unsigned long step)
 {
 	struct rank *s = wk->s;
 	int stride = s->world * s->threads, count = SAMPLES / stride;
@@ -368,6 +540,13 @@ static int worker_step(struct worker *wk)
 			    stride, SAMPLES / s->world, &loss);
 	if (rc != 0)
 		return rc;
+	/* --fail-step: the rank's last thread fails with its graph built,
+	 * while the others' backward passes run and their sums go out. */
+	if (step == (unsigned long)s->fail_step && s->rank == s->fail_rank &&
+	    wk->part.index + 1 == (size_t)s->threads) {
+		adg_node_unref(loss);
+		return EINJECTED;
+	}
 	rc = backward_hooked(s->reg, loss, boxed(1.0), &boxed_ops,
 			     &wk->part.backward);
 	adg_node_unref(loss);
@@ -391,7 +570,7 @@ static void *worker_main(void *arg)
 		/* Returns once every parameter of the step is reduced and
 		 * handed to its bucket (or the round is abandoned). */
 		int rc = adg_reducer_end(wk->part.reducer, wk->part.index,
-					 worker_step(wk));
+					 worker_step(wk, seen));
 		pthread_mutex_lock(&s->lock);
 		if (rc != 0 && s->rc == 0)
 			s->rc = rc;
@@ -402,16 +581,18 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
-/* One SGD step over the whole batch, on the main thread: the workers run
- * the backward passes, this thread starts each bucket's all-reduce as
- * soon as it is ready, then waits for them all and updates. order[]
- * gets the buckets in the order they started, *early the number started
- * before the rank's last bucket was ready (while backward passes still
- * ran). 0 or an error code. */
-static int train_step(struct rank *s, int *order, int *early)
+/* The workers' part of a step: they run the backward passes while this
+ * thread, the main one, takes each bucket as its last parameter is
+ * reduced and, unless local, starts its exchange at once, then moves the
+ * started ones on. order[] gets the buckets in the order they came,
+ * *early the number started before the rank's last bucket was ready
+ * (while backward passes still ran). Returns the workers' first error
+ * (the round is then abandoned: some buckets never come), or EMPI. */
+static int run_workers(struct rank *s, int local, MPI_Request *req, int *order,
+		       int *n_started, int *early)
 {
-	MPI_Request req[BUCKETS];
-	int started[BUCKETS] = {0}, n_started = 0, mpi_rc = MPI_SUCCESS;
+	int mpi_rc = 0;
+	*n_started = 0;
 	for (int b = 0; b < BUCKETS; b++) {
 		req[b] = MPI_REQUEST_NULL;
 		atomic_store_explicit(&s->reduced[b], 0, memory_order_relaxed);
@@ -424,53 +605,106 @@ static int train_step(struct rank *s, int *order, int *early)
 	pthread_cond_broadcast(&s->go);
 	/* Every bucket is queued before the last worker is done, unless the
 	 * round was abandoned. */
-	while (n_started < BUCKETS) {
-		while (n_started == s->queued && s->done < s->threads)
+	while (*n_started < BUCKETS) {
+		while (*n_started == s->queued && s->done < s->threads)
 			pthread_cond_wait(&s->wake, &s->lock);
-		if (n_started == s->queued)
+		if (*n_started == s->queued)
 			break; /* the workers are done: an abandoned round */
-		int b = s->queue[n_started];
+		int b = s->queue[*n_started];
 		*early += s->queued < BUCKETS;
+		order[(*n_started)++] = b;
 		pthread_mutex_unlock(&s->lock);
-		if (mpi_rc == MPI_SUCCESS)
-			mpi_rc = MPI_Iallreduce(s->send + bucket[b].first,
-						s->recv + bucket[b].first,
-						bucket[b].count, MPI_DOUBLE,
-						MPI_SUM, s->comm[b], &req[b]);
-		int flag;
-		if (mpi_rc == MPI_SUCCESS)
-			mpi_rc = MPI_Testall(BUCKETS, req, &flag,
-					     MPI_STATUSES_IGNORE);
-		order[n_started++] = b;
-		started[b] = 1;
+		if (!local && mpi_rc == 0)
+			mpi_rc = exchange_start(&s->exchange[b], s->mode,
+						&req[b]);
+		if (!local && mpi_rc == 0)
+			mpi_rc = exchanges_progress(s->exchange, req, BUCKETS,
+						    0);
 		pthread_mutex_lock(&s->lock);
 	}
 	while (s->done < s->threads)
 		pthread_cond_wait(&s->wake, &s->lock);
 	int rc = s->rc;
 	pthread_mutex_unlock(&s->lock);
+	return rc != 0 ? rc : mpi_rc;
+}
+
+/* One SGD step over the whole batch across the ranks (run_workers, then
+ * the exchanges). No rank applies a sum unless every rank's workers
+ * succeeded: after its own are done, each rank puts whether they failed
+ * into an integer all-reduce (MINLOC: exact, whatever the algorithm)
+ * beside the buckets' exchanges, and all complete before the update.
+ * Returns 0; EFAILED with *failed_rank the lowest rank whose step failed
+ * (its own error in *own when it is this one), the weights unchanged on
+ * every rank; or EMPI. */
+static int train_step(struct rank *s, int *order, int *early, int *failed_rank,
+		      int *own)
+{
+	MPI_Request req[BUCKETS], status_req;
+	int n_started;
+	int rc = run_workers(s, 0, req, order, &n_started, early);
+	*own = rc;
+	struct {
+		int ok, rank;
+	} mine = {rc == 0, s->rank}, all;
+	if (MPI_Iallreduce(&mine, &all, 1, MPI_2INT, MPI_MINLOC, s->status_comm,
+			   &status_req) != MPI_SUCCESS)
+		return EMPI;
 	/* A failed round still starts every bucket, on zeros, so that the
-	 * ranks' collectives match; the step's check tells every rank. */
-	for (int b = 0; b < BUCKETS; b++) {
+	 * ranks' collectives match. */
+	int started[BUCKETS] = {0};
+	for (int i = 0; i < n_started; i++)
+		started[order[i]] = 1;
+	int mpi_rc = rc == EMPI ? EMPI : 0;
+	for (int b = 0; b < BUCKETS && mpi_rc == 0; b++) {
 		if (started[b])
 			continue;
 		memset(s->send + bucket[b].first, 0,
 		       bucket[b].count * sizeof(double));
-		if (mpi_rc == MPI_SUCCESS)
-			mpi_rc = MPI_Iallreduce(s->send + bucket[b].first,
-						s->recv + bucket[b].first,
-						bucket[b].count, MPI_DOUBLE,
-						MPI_SUM, s->comm[b], &req[b]);
+		mpi_rc = exchange_start(&s->exchange[b], s->mode, &req[b]);
 		order[n_started++] = b;
 	}
-	if (mpi_rc == MPI_SUCCESS)
-		mpi_rc = MPI_Waitall(BUCKETS, req, MPI_STATUSES_IGNORE);
-	if (rc == 0 && mpi_rc != MPI_SUCCESS)
-		rc = EMPI;
-	if (rc != 0)
-		return rc;
+	if (mpi_rc == 0)
+		mpi_rc = exchanges_progress(s->exchange, req, BUCKETS, 1);
+	if (mpi_rc == 0 &&
+	    MPI_Wait(&status_req, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+		mpi_rc = EMPI;
+	if (mpi_rc != 0)
+		return mpi_rc;
+	if (!all.ok) {
+		*failed_rank = all.rank;
+		return EFAILED;
+	}
 	for (int i = 0; i < PARAMS; i++)
 		s->w[i] -= LEARNING_RATE * (s->recv[i] / s->world);
+	return 0;
+}
+
+/* --simulate-ranks R: the same step in this one process, for R ranks of
+ * s->threads threads each: each rank's sums in turn, by the same workers
+ * and reducer (s->rank set to the rank simulated), then folded in rank
+ * order as SUM_ORDERED folds them, and the update. The reference the
+ * runs across ranks must match to the last bit. 0 or an error code. */
+static int simulate_step(struct rank *s, int ranks, double *parts, int *order,
+			 int *early)
+{
+	MPI_Request req[BUCKETS];
+	int n_started, local = 0; /* nothing starts early: no exchange */
+	(void)early;
+	s->world = ranks;
+	for (int r = 0; r < ranks; r++) {
+		s->rank = r;
+		int rc = run_workers(s, 1, req, order, &n_started, &local);
+		if (rc != 0)
+			return rc;
+		memcpy(parts + (size_t)r * PARAMS, s->send, sizeof s->send);
+	}
+	for (int i = 0; i < PARAMS; i++) {
+		double sum = parts[i];
+		for (int r = 1; r < ranks; r++)
+			sum += parts[(size_t)r * PARAMS + i];
+		s->w[i] -= LEARNING_RATE * (sum / ranks);
+	}
 	return 0;
 }
 
@@ -529,26 +763,67 @@ static uint64_t fingerprint(const double *w)
 	return h;
 }
 
-/* Parses [--threads T] [steps]; 0, or -1 on bad usage. */
-static int parse(int argc, char **argv, int *threads, int *steps)
+struct options {
+	int threads, steps;
+	enum sum_mode mode;
+	int simulate_ranks;	  /* --simulate-ranks R; 0: across ranks */
+	int fail_rank, fail_step; /* --fail-rank, --fail-step */
+	int bench_bucket;	  /* --bench-bucket N; 0: train */
+};
+
+/* A whole number in [lo, hi] from text into *v; 0 or -1. */
+static int number(const char *text, int lo, int hi, int *v)
 {
+	char *end;
+	long n = strtol(text, &end, 10);
+	if (end == text || *end != '\0' || n < lo || n > hi)
+		return -1;
+	*v = (int)n;
+	return 0;
+}
+
+/* Parses the options (see main) into o; 0, or -1 on bad usage. */
+static int parse(int argc, char **argv, struct options *o)
+{
+	static const struct {
+		const char *name;
+		size_t at; /* of the int it sets */
+		int lo;
+	} numbers[] = {
+		{"--threads", offsetof(struct options, threads), 1},
+		{"--simulate-ranks", offsetof(struct options, simulate_ranks),
+		 1},
+		{"--fail-rank", offsetof(struct options, fail_rank), 0},
+		{"--fail-step", offsetof(struct options, fail_step), 1},
+		{"--bench-bucket", offsetof(struct options, bench_bucket), 1},
+	};
 	for (int i = 1; i < argc; i++) {
 		const char *arg = argv[i];
-		int *to = steps;
-		if (strcmp(arg, "--threads") == 0 && i + 1 < argc) {
-			arg = argv[++i];
-			to = threads;
-		} else if (strncmp(arg, "--threads=", 10) == 0) {
-			arg += 10;
-			to = threads;
+		if (arg[0] != '-') {
+			if (number(arg, 1, 1000000, &o->steps) != 0)
+				return -1;
+			continue;
 		}
-		char *end;
-		long v = strtol(arg, &end, 10);
-		if (end == arg || *end != '\0' || v < 1 || v > 1000000)
+		if (i + 1 >= argc)
 			return -1;
-		*to = (int)v;
+		const char *value = argv[++i];
+		if (strcmp(arg, "--allreduce") == 0) {
+			if (strcmp(value, "ordered") == 0)
+				o->mode = SUM_ORDERED;
+			else if (strcmp(value, "mpi") == 0)
+				o->mode = SUM_MPI;
+			else
+				return -1;
+			continue;
+		}
+		size_t k = 0, n = sizeof numbers / sizeof numbers[0];
+		while (k < n && strcmp(arg, numbers[k].name) != 0)
+			k++;
+		if (k == n || number(value, numbers[k].lo, 100000000,
+				     (int *)((char *)o + numbers[k].at)) != 0)
+			return -1;
 	}
-	return *threads <= MAX_THREADS ? 0 : -1;
+	return o->threads <= MAX_THREADS ? 0 : -1;
 }
 
 /* Makes the communicators (first: MPI_Comm_dup is collective, so every
@@ -557,11 +832,23 @@ static int parse(int argc, char **argv, int *threads, int *steps)
 static int rank_init(struct rank *s)
 {
 	int rc = 0;
+	s->status_comm = MPI_COMM_NULL;
 	for (int b = 0; b < BUCKETS; b++)
 		s->comm[b] = MPI_COMM_NULL;
 	for (int b = 0; b < BUCKETS; b++)
 		if (MPI_Comm_dup(MPI_COMM_WORLD, &s->comm[b]) != MPI_SUCCESS)
 			rc = EMPI;
+	if (MPI_Comm_dup(MPI_COMM_WORLD, &s->status_comm) != MPI_SUCCESS)
+		rc = EMPI;
+	for (int b = 0; b < BUCKETS && rc == 0; b++) {
+		rc = exchange_init(&s->exchange[b], s->comm[b], bucket[b].count,
+				   s->send + bucket[b].first,
+				   s->recv + bucket[b].first);
+		if (rc != 0)
+			while (b-- > 0)
+				exchange_free(&s->exchange[b]);
+	}
+	s->exchanges = rc == 0;
 	if (rc == 0)
 		rc = adg_registry_new(NULL, &s->reg);
 	for (int i = 0; i < PARAMS && rc == 0; i++)
@@ -582,9 +869,13 @@ static int rank_init(struct rank *s)
 static int rank_free(struct rank *s)
 {
 	int failures = 0;
+	for (int b = 0; b < BUCKETS && s->exchanges; b++)
+		exchange_free(&s->exchange[b]);
 	for (int b = 0; b < BUCKETS; b++)
 		if (s->comm[b] != MPI_COMM_NULL)
 			MPI_Comm_free(&s->comm[b]);
+	if (s->status_comm != MPI_COMM_NULL)
+		MPI_Comm_free(&s->status_comm);
 	if (adg_reducer_free(s->reducer) != 0)
 		failures++;
 	for (int i = 0; i < PARAMS; i++)
@@ -597,19 +888,98 @@ static int rank_free(struct rank *s)
 
 static const char *describe(int rc)
 {
-	return rc == EMPI ? "an MPI call failed" : adg_strerror(rc);
+	return rc == EMPI	 ? "an MPI call failed"
+	       : rc == EINJECTED ? "failed on purpose (--fail-step)"
+				 : adg_strerror(rc);
 }
 
+static int compare_doubles(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+/* The median of v[0..n), which it sorts. */
+static double median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof *v, compare_doubles);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* --bench-bucket N: one bucket of N doubles summed across the ranks,
+ * steps times each way, the two ways taking turns (each starting after a
+ * barrier); prints each way's median time on rank 0 and their ratio.
+ * 0 or an error code. */
+static int bench_bucket(int n, int steps, int me, int world)
+{
+	double *send = malloc((size_t)n * sizeof *send),
+	       *recv = malloc((size_t)n * sizeof *recv),
+	       *took = malloc(2 * (size_t)steps * sizeof *took);
+	MPI_Comm comm = MPI_COMM_NULL;
+	struct exchange x;
+	int rc = send && recv && took ? 0 : ADG_ENOMEM;
+	if (MPI_Comm_dup(MPI_COMM_WORLD, &comm) != MPI_SUCCESS)
+		rc = EMPI;
+	if (rc == 0)
+		rc = exchange_init(&x, comm, n, send, recv);
+	int have_x = rc == 0;
+	for (int i = 0; i < n && rc == 0; i++)
+		send[i] = (me + 1) * 1e-3 * (i % 997);
+	for (int k = 0; k < 2 * steps && rc == 0; k++) {
+		/* ordered first on even rounds, MPI_Iallreduce on odd ones */
+		enum sum_mode mode =
+			(k % 2) ^ (k / 2 % 2) ? SUM_MPI : SUM_ORDERED;
+		MPI_Request req = MPI_REQUEST_NULL;
+		if (MPI_Barrier(comm) != MPI_SUCCESS)
+			rc = EMPI;
+		double start = MPI_Wtime();
+		if (rc == 0)
+			rc = exchange_start(&x, mode, &req);
+		if (rc == 0)
+			rc = exchanges_progress(&x, &req, 1, 1);
+		took[(mode == SUM_MPI) * steps + k / 2] =
+			(MPI_Wtime() - start) * 1e6;
+	}
+	if (rc == 0 && me == 0) {
+		double ordered = median(took, steps),
+		       mpi = median(took + steps, steps);
+		printf("bench bucket=%d doubles ranks=%d steps=%d "
+		       "ordered_us=%.1f mpi_us=%.1f ordered_over_mpi=%.3f\n",
+		       n, world, steps, ordered, mpi, ordered / mpi);
+	}
+	if (have_x)
+		exchange_free(&x);
+	if (comm != MPI_COMM_NULL)
+		MPI_Comm_free(&comm);
+	free(send);
+	free(recv);
+	free(took);
+	return rc;
+}
+
+static void usage(void)
+{
+	fprintf(stderr,
+		"usage: mpi_data_parallel [--threads T] [--allreduce "
+		"ordered|mpi] [--simulate-ranks R]\n"
+		"                         [--fail-rank R --fail-step S] "
+		"[--bench-bucket N] [steps]\n"
+		"  T <= %d, ranks x T dividing %d\n",
+		MAX_THREADS, SAMPLES);
+}
+
+/*   mpirun -np R ./mpi_data_parallel [options] [steps]
+ * (defaults: 2 threads, ordered sums, 50 steps); see the top of the file.
+ * Exit status 0 when every check passed; 1 otherwise; 2 on bad usage. */
 int main(int argc, char **argv)
 {
-	int provided;
+	int provided, me, world;
 	MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-	struct rank s = {.threads = 2};
-	MPI_Comm_rank(MPI_COMM_WORLD, &s.rank);
-	MPI_Comm_size(MPI_COMM_WORLD, &s.world);
-	int steps = 50;
+	MPI_Comm_rank(MPI_COMM_WORLD, &me);
+	MPI_Comm_size(MPI_COMM_WORLD, &world);
+	struct options o = {.threads = 2, .steps = 50, .mode = SUM_ORDERED};
 	if (provided < MPI_THREAD_FUNNELED) {
-		if (s.rank == 0)
+		if (me == 0)
 			fprintf(stderr,
 				"mpi_data_parallel: this MPI gives thread "
 				"level %d, below MPI_THREAD_FUNNELED\n",
@@ -617,25 +987,46 @@ int main(int argc, char **argv)
 		MPI_Finalize();
 		return 1;
 	}
-	if (parse(argc, argv, &s.threads, &steps) != 0 ||
-	    SAMPLES % (s.world * s.threads) != 0) {
-		if (s.rank == 0)
-			fprintf(stderr,
-				"usage: mpi_data_parallel [--threads T] "
-				"[steps], T <= %d, ranks x T dividing %d\n",
-				MAX_THREADS, SAMPLES);
+	int ranks = o.simulate_ranks;
+	if (parse(argc, argv, &o) == 0) {
+		ranks = o.simulate_ranks ? o.simulate_ranks : world;
+		if (o.simulate_ranks && world != 1)
+			ranks = 0; /* simulating wants one process */
+	}
+	if (ranks == 0 || SAMPLES % (ranks * o.threads) != 0) {
+		if (me == 0)
+			usage();
 		MPI_Finalize();
 		return 2;
 	}
+	if (o.bench_bucket) {
+		int rc = bench_bucket(o.bench_bucket, o.steps, me, world);
+		if (rc != 0)
+			fprintf(stderr, "rank %d: %s\n", me, describe(rc));
+		MPI_Finalize();
+		return rc == 0 ? 0 : 1;
+	}
 	make_data();
 
+	struct rank s = {.rank = me,
+			 .world = ranks,
+			 .threads = o.threads,
+			 .mode = o.mode,
+			 .fail_rank = o.fail_rank,
+			 .fail_step = o.fail_step};
 	struct worker workers[MAX_THREADS];
 	int n_workers = 0, failures = 0;
 	double reference[PARAMS];
+	double *parts = o.simulate_ranks
+				? malloc((size_t)ranks * PARAMS * sizeof *parts)
+				: NULL;
+	double *took = malloc((size_t)o.steps * sizeof *took);
 	pthread_mutex_init(&s.lock, NULL);
 	pthread_cond_init(&s.go, NULL);
 	pthread_cond_init(&s.wake, NULL);
 	int rc = rank_init(&s);
+	if (rc == 0 && (took == NULL || (o.simulate_ranks && parts == NULL)))
+		rc = ADG_ENOMEM;
 	init_params(s.w);
 	memcpy(reference, s.w, sizeof s.w);
 	if (rc == 0)
@@ -653,19 +1044,26 @@ int main(int argc, char **argv)
 	double first_loss = full_loss(s.w);
 
 	/* Every rank goes through the same steps, and leaves at the same
-	 * one: a step's failure anywhere shows in the check's all-reduce. */
-	int all_ok = 1, step, early = 0;
-	for (step = 1; step <= steps; step++) {
+	 * one: a step's failure anywhere is agreed inside train_step, and
+	 * a failed set-up shows in the check's all-reduce. */
+	int all_ok = 1, step, early = 0, failed_rank = -1, own = 0;
+	for (step = 1; step <= o.steps; step++) {
 		int order[BUCKETS];
-		if (rc == 0)
-			rc = train_step(&s, order, &early);
+		double start = MPI_Wtime();
+		if (rc == 0 && o.simulate_ranks)
+			rc = simulate_step(&s, ranks, parts, order, &early);
+		else if (rc == 0)
+			rc = train_step(&s, order, &early, &failed_rank, &own);
+		took[step - 1] = (MPI_Wtime() - start) * 1e6;
+		if (rc == EFAILED)
+			break; /* on every rank, at this step */
 		int same = 1, check = agree(s.w, rc == 0, &same, &all_ok);
 		if (rc == 0)
 			rc = check;
 		if (check != 0 || !all_ok)
 			break;
 		if (!same) {
-			if (s.rank == 0)
+			if (me == 0)
 				printf("step %d: parameters differ between "
 				       "ranks\n",
 				       step);
@@ -676,16 +1074,16 @@ int main(int argc, char **argv)
 			for (int i = 0; i < PARAMS; i++)
 				worst = fmax(worst,
 					     fabs(s.w[i] - reference[i]));
-			if (s.rank == 0)
+			if (me == 0)
 				printf("step 1: largest difference from a "
 				       "single-process full-batch step: %.3g\n",
 				       worst);
 			if (worst > 1e-6)
 				failures++;
 		}
-		if (s.rank == 0 && (step == 1 || step % 10 == 0)) {
-			printf("step %d: full-batch loss %.6f; all-reduces "
-			       "started:",
+		if (me == 0 && (step == 1 || step % 10 == 0)) {
+			printf("step %d: full-batch loss %.6f; buckets "
+			       "reduced:",
 			       step, full_loss(s.w));
 			for (int b = 0; b < BUCKETS; b++)
 				printf(" %s", bucket[order[b]].name);
@@ -701,25 +1099,43 @@ int main(int argc, char **argv)
 		pthread_join(workers[t].thread, NULL);
 
 	double last_loss = full_loss(s.w);
-	if (rc == 0 && all_ok && s.rank == 0)
+	const char *how = o.simulate_ranks	  ? "simulated in one process"
+			  : o.mode == SUM_ORDERED ? "sums in rank order"
+						  : "MPI_Iallreduce";
+	if (rc == 0 && all_ok && me == 0)
 		printf("loss %.6f -> %.6f over %d steps on %d ranks x %d "
-		       "threads; %d of %d all-reduces started before the "
-		       "rank's last bucket was ready; weights fingerprint "
-		       "%016" PRIx64 "\n",
-		       first_loss, last_loss, steps, s.world, s.threads, early,
-		       steps * BUCKETS, fingerprint(s.w));
+		       "threads (%s); %d of %d exchanges started before the "
+		       "rank's last bucket was ready; %.1f us a step "
+		       "(median); weights fingerprint %016" PRIx64 "\n",
+		       first_loss, last_loss, o.steps, ranks, s.threads, how,
+		       early, o.steps * BUCKETS, median(took, o.steps),
+		       fingerprint(s.w));
 	if (rc == 0 && all_ok && !(last_loss < first_loss))
 		failures++;
-	if (rc != 0) {
-		fprintf(stderr, "rank %d: %s\n", s.rank, describe(rc));
+	if (rc == EFAILED) {
+		/* Agreed: every rank stopped here, none applied the step. */
+		if (own != 0)
+			fprintf(stderr, "rank %d: step %d: %s\n", me, step,
+				describe(own));
+		if (me == 0)
+			fprintf(stderr,
+				"step %d failed on rank %d; no rank applied "
+				"it; the weights are those after step %d on "
+				"every rank, fingerprint %016" PRIx64 "\n",
+				step, failed_rank, step - 1, fingerprint(s.w));
+		failures++;
+	} else if (rc != 0) {
+		fprintf(stderr, "rank %d: %s\n", me, describe(rc));
 		failures++;
 	} else if (!all_ok) {
-		if (s.rank == 0)
+		if (me == 0)
 			fprintf(stderr, "step %d failed on another rank\n",
 				step);
 		failures++;
 	}
 	failures += rank_free(&s);
+	free(parts);
+	free(took);
 	pthread_cond_destroy(&s.wake);
 	pthread_cond_destroy(&s.go);
 	pthread_mutex_destroy(&s.lock);
@@ -727,7 +1143,7 @@ int main(int argc, char **argv)
 	int all_failures;
 	MPI_Allreduce(&failures, &all_failures, 1, MPI_INT, MPI_SUM,
 		      MPI_COMM_WORLD);
-	if (s.rank == 0)
+	if (me == 0)
 		printf("mpi: %d passed, %d failed\n", all_failures == 0 ? 1 : 0,
 		       all_failures == 0 ? 0 : 1);
 	MPI_Finalize();
