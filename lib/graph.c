@@ -28,10 +28,6 @@
 
 /* Parents held on the stack by adg_graph_place; more use the allocator. */
 #define PLACE_INLINE_PARENTS 8
-/* A shard keeps at most this many retired graphs for reuse. */
-#define GRAPH_POOL_MAX 1024
-/* Retired graphs past the pool, freed together after one grace period. */
-#define GRAPH_LIMBO_MAX 64
 
 #ifdef ADG_ASSERTIONS
 __thread char adg_thread_identity;
@@ -64,7 +60,7 @@ void adg_graph_free_pool(struct adg_shard *shard)
 /* A retired graph that no pool keeps: a thread that read the pointer
  * before it was taken away may still be waiting for the lock, or reading
  * its generation, so the memory goes back only after a grace period. The
- * shard's limbo collects GRAPH_LIMBO_MAX of them for one; the shared
+ * shard's limbo collects ADG_GRAPH_LIMBO_MAX of them for one; the shared
  * fallback shard, which several threads use, waits for one at once. The
  * caller holds no graph lock and is in no section. */
 static void graph_defer(struct adg_shard *shard, struct adg_graph *g)
@@ -76,7 +72,7 @@ static void graph_defer(struct adg_shard *shard, struct adg_graph *g)
 	}
 	g->next_free = shard->graph_limbo;
 	shard->graph_limbo = g;
-	if (++shard->graphs_in_limbo < GRAPH_LIMBO_MAX)
+	if (++shard->graphs_in_limbo < ADG_GRAPH_LIMBO_MAX)
 		return;
 	adg_rcu_synchronize();
 	graph_destroy_list(shard->graph_limbo);
@@ -138,7 +134,7 @@ static void graph_mark_retired(struct adg_graph *g)
 static void graph_retire(struct adg_shard *shard, struct adg_graph *g)
 {
 	adg_count(shard, ADG_C_GRAPHS_RETIRED, 1);
-	if (!shard->shared && shard->graphs_pooled < GRAPH_POOL_MAX) {
+	if (!shard->shared && shard->graphs_pooled < ADG_GRAPH_POOL_MAX) {
 		g->next_free = shard->graph_pool;
 		shard->graph_pool = g;
 		shard->graphs_pooled++;

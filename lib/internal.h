@@ -307,6 +307,12 @@ static inline void adg_node_set_state(struct adg_node *n,
 	n->state = to;
 }
 
+/* A shard keeps at most ADG_GRAPH_POOL_MAX retired graphs for reuse; past
+ * that, they wait in its limbo, and ADG_GRAPH_LIMBO_MAX of them go back to
+ * the allocator together after one grace period (graph.c graph_defer). */
+#define ADG_GRAPH_POOL_MAX  1024
+#define ADG_GRAPH_LIMBO_MAX 64
+
 /* Places a new LIVE node in its parents' graph, creating a graph when no
  * parent is in one and merging when they are in several, and publishes
  * node->graph. Returns 0 or ADG_ENOMEM (then nothing changed). */
@@ -607,18 +613,23 @@ static inline void adg_rcu_read_lock(void)
 		   0); /* sections never nest */
 	/* Acquire: pairs with adg_rcu_synchronize's step of the epoch, made
 	 * after its caller's unlinks: a section that reads the new epoch
-	 * sees them. Relaxed store: the barrier below orders it. */
-	atomic_store_explicit(
-		&me->word,
-		atomic_load_explicit(&adg_rcu_epoch, memory_order_acquire),
-		memory_order_relaxed);
-	/* Orders the store before the section's reads. With membarrier the
-	 * writer's sys_membarrier is the other half, and a compiler barrier
-	 * is enough here (as urcu-memb's reader); without, a full fence. */
+	 * sees them. */
+	uint64_t e = atomic_load_explicit(&adg_rcu_epoch, memory_order_acquire);
+#ifdef ADG_TSAN
+	/* TSan rejects fences: a seq_cst exchange, a full barrier on the
+	 * x86 it runs on, orders the store before the section's reads. */
+	atomic_exchange(&me->word, e);
+#else
+	/* Relaxed store, ordered before the section's reads by what
+	 * follows. With membarrier the writer's sys_membarrier is the other
+	 * half, and a compiler barrier is enough here (as urcu-memb's
+	 * reader); without, a full fence. */
+	atomic_store_explicit(&me->word, e, memory_order_relaxed);
 	if (adg_likely(adg_rcu_membarrier))
 		atomic_signal_fence(memory_order_seq_cst);
 	else
 		atomic_thread_fence(memory_order_seq_cst);
+#endif
 }
 
 static inline void adg_rcu_read_unlock(void)

@@ -111,9 +111,15 @@ void adg_rcu_register(void)
  * without membarrier, on this one (the readers fence). */
 static void readside_barrier_all(void)
 {
-	if (!adg_rcu_membarrier ||
-	    readside_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0)
-		atomic_thread_fence(memory_order_seq_cst);
+	if (adg_rcu_membarrier &&
+	    readside_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0)
+		return;
+#ifdef ADG_TSAN
+		/* TSan rejects fences; the epoch's seq_cst step that follows is
+		 * a locked instruction, a full barrier on x86. */
+#else
+	atomic_thread_fence(memory_order_seq_cst);
+#endif
 }
 
 void adg_rcu_synchronize(void)
@@ -139,10 +145,11 @@ void adg_rcu_synchronize(void)
 			sched_yield();
 		}
 	}
-	/* Acquire, as above. May wait longer than it needs to: these
-	 * threads are the few whose exit hook failed. */
-	while (atomic_load_explicit(&adg_rcu_unregistered_readers,
-				    memory_order_acquire) != 0)
+	/* seq_cst: against the readers' seq_cst increments, after this
+	 * thread's barrier above; and an acquire, as above. May wait longer
+	 * than it needs to: these threads are the few whose exit hook
+	 * failed. */
+	while (atomic_load(&adg_rcu_unregistered_readers) != 0)
 		sched_yield();
 	pthread_mutex_unlock(&readside_lock);
 }
