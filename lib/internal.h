@@ -593,12 +593,10 @@ void adg_rcu_synchronize(void);
 
 static inline void adg_rcu_read_lock(void)
 {
-	struct adg_reader *me = &adg_this_reader;
-
-	if (adg_unlikely(me->state != ADG_READER_OWN)) {
-		if (me->state == ADG_READER_NEW)
+	if (adg_unlikely(adg_this_reader.state != ADG_READER_OWN)) {
+		if (adg_this_reader.state == ADG_READER_NEW)
 			adg_rcu_register();
-		if (me->state == ADG_READER_SHARED) {
+		if (adg_this_reader.state == ADG_READER_SHARED) {
 			/* seq_cst: the writer's fence and its seq_cst load
 			 * of the count order this against its unlinks. */
 			atomic_fetch_add(&adg_rcu_unregistered_readers, 1);
@@ -606,10 +604,11 @@ static inline void adg_rcu_read_lock(void)
 		}
 	}
 #ifdef ADG_TEST_HOOKS
-	if (me->nest++ != 0)
+	if (adg_this_reader.nest++ != 0)
 		return;
 #endif
-	ADG_ASSERT(atomic_load_explicit(&me->word, memory_order_relaxed) ==
+	ADG_ASSERT(atomic_load_explicit(&adg_this_reader.word,
+					memory_order_relaxed) ==
 		   0); /* sections never nest */
 	/* Acquire: pairs with adg_rcu_synchronize's step of the epoch, made
 	 * after its caller's unlinks: a section that reads the new epoch
@@ -618,13 +617,13 @@ static inline void adg_rcu_read_lock(void)
 #ifdef ADG_TSAN
 	/* TSan rejects fences: a seq_cst exchange, a full barrier on the
 	 * x86 it runs on, orders the store before the section's reads. */
-	atomic_exchange(&me->word, e);
+	atomic_exchange(&adg_this_reader.word, e);
 #else
 	/* Relaxed store, ordered before the section's reads by what
 	 * follows. With membarrier the writer's sys_membarrier is the other
 	 * half, and a compiler barrier is enough here (as urcu-memb's
 	 * reader); without, a full fence. */
-	atomic_store_explicit(&me->word, e, memory_order_relaxed);
+	atomic_store_explicit(&adg_this_reader.word, e, memory_order_relaxed);
 	if (adg_likely(adg_rcu_membarrier))
 		atomic_signal_fence(memory_order_seq_cst);
 	else
@@ -634,16 +633,15 @@ static inline void adg_rcu_read_lock(void)
 
 static inline void adg_rcu_read_unlock(void)
 {
-	struct adg_reader *me = &adg_this_reader;
-
 	/* Release, both: what the section read happens before what a
 	 * writer that sees it ended frees (its acquire loads). */
-	if (adg_likely(me->state == ADG_READER_OWN)) {
+	if (adg_likely(adg_this_reader.state == ADG_READER_OWN)) {
 #ifdef ADG_TEST_HOOKS
-		if (--me->nest != 0)
+		if (--adg_this_reader.nest != 0)
 			return;
 #endif
-		atomic_store_explicit(&me->word, 0, memory_order_release);
+		atomic_store_explicit(&adg_this_reader.word, 0,
+				      memory_order_release);
 	} else {
 		atomic_fetch_sub_explicit(&adg_rcu_unregistered_readers, 1,
 					  memory_order_release);
