@@ -40,9 +40,11 @@
 __thread struct adg_reader adg_this_reader
 	__attribute__((tls_model("initial-exec")));
 
-/* Written once, under readside_once, before any reader's first section reads
- * them (registration runs readside_once first), and never again. */
+/* The grace-period epoch: stepped by each grace period, under the readers
+ * lock; 1 at first, so that a reader word of 0 means "in no section". */
 atomic_uint_fast64_t adg_rcu_epoch = 1;
+/* Written once, under readside_once, before any reader's first section
+ * reads it (registration runs readside_once first), and never again. */
 bool adg_rcu_membarrier;
 
 /* Registered readers, and the writers' mutual exclusion: the readers lock
@@ -72,10 +74,42 @@ static void readside_thread_exit(void *arg)
 	pthread_mutex_unlock(&readside_lock);
 }
 
+/* fork: the readers lock is held across it, so that the child inherits a
+ * whole list. Only the forking thread lives on in the child, and it is in
+ * no section (fork is user code); the other threads' reader words, copied
+ * with the address space, may read "in a section" forever, and would hold
+ * up the child's every grace period: they leave the list. */
+static void readside_before_fork(void)
+{
+	pthread_mutex_lock(&readside_lock);
+}
+
+static void readside_after_fork_parent(void)
+{
+	pthread_mutex_unlock(&readside_lock);
+}
+
+static void readside_after_fork_child(void)
+{
+	struct adg_reader *r, *next;
+
+	cds_list_for_each_entry_safe (r, next, &readside_readers, link)
+		if (r != &adg_this_reader)
+			cds_list_del(&r->link);
+	/* Relaxed: the child has one thread. */
+	atomic_store_explicit(&adg_rcu_unregistered_readers, 0,
+			      memory_order_relaxed);
+	pthread_mutex_unlock(&readside_lock);
+}
+
 static void readside_init(void)
 {
 	readside_exit_key_ok = pthread_key_create(&readside_exit_key,
 						  readside_thread_exit) == 0;
+	/* Can fail only for want of memory; a fork then leaves the other
+	 * threads' words on the child's list, as before this hook. */
+	(void)pthread_atfork(readside_before_fork, readside_after_fork_parent,
+			     readside_after_fork_child);
 	/* Private expedited membarrier (Linux 4.14), registered once for the
 	 * process; otherwise, readers fence. ThreadSanitizer does not know
 	 * membarrier: its builds fence. */
@@ -111,6 +145,8 @@ void adg_rcu_register(void)
  * without membarrier, on this one (the readers fence). */
 static void readside_barrier_all(void)
 {
+	/* Registered, the command cannot fail (its errors are for a kernel
+	 * without it and a process that did not register). */
 	if (adg_rcu_membarrier &&
 	    readside_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0)
 		return;

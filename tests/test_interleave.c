@@ -192,6 +192,66 @@ Test(interleave, grace_period_waits_for_a_stalled_reader)
 	cr_assert_eq(adg_registry_free(gp.r), 0);
 }
 
+/* fork while another thread is inside a section: only the forking thread
+ * lives on in the child, and the other's reader word, copied as it was,
+ * must not hold up the child's grace periods. Seen failing without the
+ * fork hooks of lib/readside.c: the child's grace period waits forever
+ * (here: killed by its alarm). */
+static struct {
+	adg_registry *r;
+	adg_node *n;
+	atomic_int stage; /* 1: the reader is in its section; 2: let it go */
+} fk;
+
+static void fk_hook(enum adg_test_point where)
+{
+	if (where != ADG_TP_GRAPH_ID_LOADED)
+		return;
+	atomic_store(&fk.stage, 1);
+	while (atomic_load(&fk.stage) != 2)
+		sched_yield();
+}
+
+static void *fk_reader(void *arg)
+{
+	(void)arg;
+	uint64_t id;
+	cr_assert_eq(adg_node_graph_id(fk.n, &id), 0);
+	return NULL;
+}
+
+Test(interleave, fork_while_another_thread_is_in_a_section)
+{
+	cr_assert_eq(adg_registry_new(NULL, &fk.r), 0);
+	adg_node *leaf;
+	cr_assert_eq(adg_leaf(fk.r, &leaf), 0);
+	fk.n = op(fk.r, leaf, NULL);
+	adg_rcu_synchronize(); /* this thread's read side is set up */
+	adg_test_point = fk_hook;
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, fk_reader, NULL), 0);
+	while (atomic_load(&fk.stage) != 1)
+		sched_yield();
+	pid_t pid = fork();
+	cr_assert_neq(pid, -1);
+	if (pid == 0) {
+		alarm(10);
+		adg_rcu_synchronize();
+		_exit(0);
+	}
+	int status;
+	cr_assert_eq(waitpid(pid, &status, 0), pid);
+	adg_test_point = NULL;
+	atomic_store(&fk.stage, 2);
+	pthread_join(t, NULL);
+	cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+		  "the child's grace period waited for a thread it does not "
+		  "have");
+	adg_node_unref(fk.n);
+	adg_node_unref(leaf);
+	cr_assert_eq(adg_registry_free(fk.r), 0);
+}
+
 /* The child's memory: a static arena, so that a child that dies with its
  * registry alive leaves no heap block behind. */
 static _Alignas(64) char arena[1 << 16];
