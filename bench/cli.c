@@ -40,6 +40,10 @@ void usage(FILE *f)
 		"valgrind instead\n"
 		"  --iterations=N    chains per callgrind run (default "
 		"2000)\n"
+		"  --phases          with --callgrind: adg's and floor's "
+		"instructions\n"
+		"                    per node and per step, split by phase "
+		"(docs/bench.md)\n"
 		"  --wide-workers=LIST\n"
 		"                    worker counts for wide, besides "
 		"sequential "
@@ -246,6 +250,7 @@ bool parse_options(int argc, char **argv, struct options *o)
 		{"out", required_argument, 0, 'o'},
 		{"no-plot", no_argument, &o->plot, 0},
 		{"callgrind", no_argument, &o->callgrind, 1},
+		{"phases", no_argument, &o->phases, 1},
 		{"iterations", required_argument, 0, 'n'},
 		{"count-child", required_argument, 0, 'C'},
 		{"help", no_argument, 0, 'h'},

@@ -8,16 +8,18 @@
  * retires the absorbed graph objects. Graph memory is type-stable (see
  * struct adg_graph): a retired object goes to the retiring thread's pool and
  * comes back as a new graph, and leaves for the allocator only after a
- * grace period (call_rcu), so a reader inside a read-side section always
- * touches a graph object, never freed memory. Retiring costs no grace
- * period on the hot path: a training loop retires graphs by the million.
+ * grace period (adg_rcu_synchronize, for a batch of them: graph_defer), so
+ * a reader inside a read-side section always touches a graph object, never
+ * freed memory. Retiring costs no grace period on the hot path: a training
+ * loop retires graphs by the million.
  *
  * Locking rules:
  * - node->graph, node->link and node->state change only while holding the
  *   lock of the graph the node is in (for a merge, both graphs' locks).
  * - Several graph locks are taken only by a merge, in rank order.
  * - No graph lock is held while a user callback runs, nor while waiting for
- *   a grace period.
+ *   a grace period: a retired graph is put away (graph_retire) only once
+ *   the retiring thread holds no graph lock.
  */
 #include "internal.h"
 
@@ -26,8 +28,6 @@
 
 /* Parents held on the stack by adg_graph_place; more use the allocator. */
 #define PLACE_INLINE_PARENTS 8
-/* A shard keeps at most this many retired graphs for reuse. */
-#define GRAPH_POOL_MAX 1024
 
 #ifdef ADG_ASSERTIONS
 __thread char adg_thread_identity;
@@ -38,28 +38,46 @@ static void graph_destroy(struct adg_graph *g)
 	adg_free(g->registry, g, sizeof *g);
 }
 
-static void graph_free_rcu(struct rcu_head *head)
+static void graph_destroy_list(struct adg_graph *g)
 {
-	struct adg_graph *g = caa_container_of(head, struct adg_graph, rcu);
-	adg_tsan_acquire(head); /* the retiring thread's work on g */
-	struct adg_registry *r = g->registry;
-
-	adg_tsan_acquire(&r->rcu_token); /* every earlier read-side section */
-	graph_destroy(g);
-	/* For adg_registry_free, which frees r after rcu_barrier. */
-	adg_tsan_release(&r->rcu_token);
-}
-
-void adg_graph_free_pool(struct adg_shard *shard)
-{
-	struct adg_graph *g = shard->graph_pool;
 	while (g != NULL) {
 		struct adg_graph *next = g->next_free;
 		graph_destroy(g);
 		g = next;
 	}
+}
+
+void adg_graph_free_pool(struct adg_shard *shard)
+{
+	graph_destroy_list(shard->graph_pool);
 	shard->graph_pool = NULL;
 	shard->graphs_pooled = 0;
+	graph_destroy_list(shard->graph_limbo);
+	shard->graph_limbo = NULL;
+	shard->graphs_in_limbo = 0;
+}
+
+/* A retired graph that no pool keeps: a thread that read the pointer
+ * before it was taken away may still be waiting for the lock, or reading
+ * its generation, so the memory goes back only after a grace period. The
+ * shard's limbo collects ADG_GRAPH_LIMBO_MAX of them for one; the shared
+ * fallback shard, which several threads use, waits for one at once. The
+ * caller holds no graph lock and is in no section. */
+static void graph_defer(struct adg_shard *shard, struct adg_graph *g)
+{
+	if (shard->shared) {
+		adg_rcu_synchronize();
+		graph_destroy(g);
+		return;
+	}
+	g->next_free = shard->graph_limbo;
+	shard->graph_limbo = g;
+	if (++shard->graphs_in_limbo < ADG_GRAPH_LIMBO_MAX)
+		return;
+	adg_rcu_synchronize();
+	graph_destroy_list(shard->graph_limbo);
+	shard->graph_limbo = NULL;
+	shard->graphs_in_limbo = 0;
 }
 
 static struct adg_graph *graph_new(struct adg_shard *shard,
@@ -111,23 +129,18 @@ static void graph_mark_retired(struct adg_graph *g)
 }
 
 /* Puts a retired graph, unlocked, in this thread's pool, or frees it after
- * a grace period when the pool is full or the shard is shared. */
+ * a grace period when the pool is full or the shard is shared. The caller
+ * holds no graph lock (graph_defer may wait for a grace period). */
 static void graph_retire(struct adg_shard *shard, struct adg_graph *g)
 {
 	adg_count(shard, ADG_C_GRAPHS_RETIRED, 1);
-	if (!shard->shared && shard->graphs_pooled < GRAPH_POOL_MAX) {
+	if (!shard->shared && shard->graphs_pooled < ADG_GRAPH_POOL_MAX) {
 		g->next_free = shard->graph_pool;
 		shard->graph_pool = g;
 		shard->graphs_pooled++;
 		return;
 	}
-	/* A thread that read the pointer before it was taken away may still
-	 * be waiting for the lock, or reading its generation: the memory
-	 * goes back only after a grace period. (For TSan: what this thread
-	 * did to g comes before the callback, as call_rcu's queueing
-	 * guarantees.) */
-	adg_tsan_release(&g->rcu);
-	call_rcu(&g->rcu, graph_free_rcu);
+	graph_defer(shard, g);
 }
 
 /* The graph a node is in; call inside a read-side section. */
@@ -167,6 +180,8 @@ void adg_graph_detach_locked(struct adg_graph *g, struct adg_node *n)
 		graph_mark_retired(g);
 }
 
+/* Every caller holds g's lock alone: graph_retire may wait for a grace
+ * period, and a reader in a section may be spinning on another lock. */
 void adg_graph_unlock(struct adg_shard *shard, struct adg_graph *g)
 {
 	/* Read before unlocking: afterwards g belongs to the next holder. */
@@ -180,13 +195,11 @@ void adg_graph_unlock(struct adg_shard *shard, struct adg_graph *g)
 
 struct adg_graph *adg_graph_lock_of(struct adg_node *n)
 {
-	struct adg_registry *r = n->registry;
-
 	for (;;) {
-		rcu_read_lock();
+		adg_rcu_read_lock();
 		struct adg_graph *g = graph_of(n);
 		if (g == NULL) {
-			adg_rcu_read_unlock(r);
+			adg_rcu_read_unlock();
 			return NULL;
 		}
 		/* Blocking inside a read-side section only delays grace
@@ -197,13 +210,13 @@ struct adg_graph *adg_graph_lock_of(struct adg_node *n)
 		 * g, g is the node's graph and stays so, and the read-side
 		 * section may end. */
 		if (graph_of(n) == g) {
-			adg_rcu_read_unlock(r);
+			adg_rcu_read_unlock();
 			return g;
 		}
 		/* The node moved meanwhile (a merge, a backward), or g was
 		 * retired and reused: retry on what the pointer says now. */
 		adg_graph_unlock_plain(g);
-		adg_rcu_read_unlock(r);
+		adg_rcu_read_unlock();
 	}
 }
 
@@ -301,6 +314,26 @@ static struct adg_graph *graph_merge_locked(struct adg_shard *shard,
 	return survivor;
 }
 
+/* Unlocks the n graphs of set, then puts the retired ones away once this
+ * thread holds no graph lock (see adg_graph_unlock); scratch has room for
+ * n. */
+static void graph_unlock_all(struct adg_shard *shard, struct adg_graph **set,
+			     size_t n, struct adg_graph **scratch)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		struct adg_graph *g = set[i];
+		/* Read before unlocking, as adg_graph_unlock does. */
+		if (g->retire_pending)
+			scratch[k++] = g;
+		g->retire_pending = false;
+		adg_graph_unlock_plain(g);
+	}
+	for (size_t i = 0; i < k; i++)
+		graph_retire(shard, scratch[i]);
+}
+
 /* The common case: every non-leaf parent slot names the same node p (or
  * none does). The node goes where p is, or into a new graph. */
 static int graph_place_with(struct adg_shard *shard, struct adg_node *node,
@@ -342,13 +375,13 @@ graph_place_several(struct adg_shard *shard, struct adg_node *node)
 	struct adg_graph **again = found + cap;
 
 	for (;;) {
-		rcu_read_lock();
+		adg_rcu_read_lock();
 		size_t n = graph_parent_graphs(node, found);
 		if (n == 0) {
 			/* No parent is in a graph, and none can join one
 			 * later: leaves never do, consumed nodes never
 			 * again. */
-			adg_rcu_read_unlock(r);
+			adg_rcu_read_unlock();
 			struct adg_graph *g = graph_new(shard, r, node->id);
 			if (g == NULL)
 				rc = ADG_ENOMEM;
@@ -369,17 +402,16 @@ graph_place_several(struct adg_shard *shard, struct adg_node *node)
 			 * be freed as soon as the section ends. */
 			for (size_t i = 0; i < n; i++)
 				adg_graph_unlock_plain(found[i]);
-			adg_rcu_read_unlock(r);
+			adg_rcu_read_unlock();
 			continue;
 		}
 		/* Each graph holds a parent, so none can be retired while we
 		 * hold the locks: the section may end. */
-		adg_rcu_read_unlock(r);
+		adg_rcu_read_unlock();
 		struct adg_graph *g =
 			n == 1 ? found[0] : graph_merge_locked(shard, found, n);
 		graph_link(g, node);
-		for (size_t i = 0; i < n; i++)
-			adg_graph_unlock(shard, found[i]);
+		graph_unlock_all(shard, found, n, again);
 		break;
 	}
 	if (found != inline_sets)
@@ -432,10 +464,9 @@ int adg_node_graph_id(const adg_node *node, uint64_t *graph_id)
 {
 	if (node == NULL || graph_id == NULL)
 		return ADG_EINVAL;
-	struct adg_registry *r = node->registry;
 	uint64_t id;
 
-	rcu_read_lock();
+	adg_rcu_read_lock();
 	for (;;) {
 		struct adg_graph *g = graph_of_acquire(node);
 		if (g == NULL) {
@@ -453,7 +484,7 @@ int adg_node_graph_id(const adg_node *node, uint64_t *graph_id)
 		    atomic_load_explicit(&g->gen, memory_order_acquire) == gen)
 			break;
 	}
-	adg_rcu_read_unlock(r);
+	adg_rcu_read_unlock();
 	*graph_id = id;
 	return 0;
 }

@@ -25,29 +25,27 @@
 #include <stdint.h>
 
 /*
- * RCU flavour: bulletproof (urcu-bp). A library cannot ask its users to call
- * rcu_register_thread() (urcu-memb, urcu-mb, urcu-signal) or to report
- * quiescent states (urcu-qsbr): urcu-bp registers a thread on its first
- * read-side section and forgets it when the thread exits. Its read side
- * costs about what urcu-memb's does where sys_membarrier exists.
+ * liburcu supplies the pointer primitives (rcu_dereference,
+ * rcu_assign_pointer) and the list macros; the read side and grace periods
+ * are libadg's own (readside.c, the RCU section below). liburcu-bp's read-side
+ * calls cost 88 instructions a registration from a shared library, whose
+ * global-dynamic TLS takes two __tls_get_addr calls a section end.
  *
- * _LGPL_SOURCE is not defined: libadg is MIT-licensed, so it calls liburcu's
- * read-lock functions rather than inlining them. The pointer primitives are
- * inlined (URCU_INLINE_SMALL_FUNCTIONS, which liburcu offers non-LGPL code)
- * except in ThreadSanitizer builds, where they stay calls into liburcu so
- * that TSan sees neither side of an RCU publish; the annotations below
- * rely on that.
+ * _LGPL_SOURCE is not defined: libadg is MIT-licensed. The pointer
+ * primitives are inlined (URCU_INLINE_SMALL_FUNCTIONS, which liburcu offers
+ * non-LGPL code) except in ThreadSanitizer builds, where they stay calls
+ * into liburcu so that TSan sees neither side of an RCU publish; the
+ * annotations below rely on that.
  */
 #include <urcu-bp.h>
-#include <urcu-call-rcu.h>
 #include <urcu/list.h>
 
 /*
  * ThreadSanitizer sees neither liburcu's publish and dereference nor its
  * grace periods. In a TSan build these tell it what RCU guarantees: what was
  * written to an object before rcu_assign_pointer happens before what a
- * reader does after rcu_dereference; what a reader did before
- * rcu_read_unlock happens before a call_rcu callback that frees it.
+ * reader does after rcu_dereference. (libadg's own read side and grace
+ * periods, readside.c, are C11 atomics that TSan sees, and need none.)
  * Elsewhere they compile to nothing.
  */
 #if defined(__SANITIZE_THREAD__)
@@ -255,8 +253,8 @@ struct adg_graph {
 	size_t n_members;
 	bool retire_pending; /* emptied or merged away while locked */
 	struct adg_registry *registry;
-	struct adg_graph *next_free; /* in a shard's pool, once retired */
-	struct rcu_head rcu;
+	/* In a shard's pool or limbo, once retired. */
+	struct adg_graph *next_free;
 };
 
 _Static_assert(
@@ -309,6 +307,12 @@ static inline void adg_node_set_state(struct adg_node *n,
 	n->state = to;
 }
 
+/* A shard keeps at most ADG_GRAPH_POOL_MAX retired graphs for reuse; past
+ * that, they wait in its limbo, and ADG_GRAPH_LIMBO_MAX of them go back to
+ * the allocator together after one grace period (graph.c graph_defer). */
+#define ADG_GRAPH_POOL_MAX  1024
+#define ADG_GRAPH_LIMBO_MAX 64
+
 /* Places a new LIVE node in its parents' graph, creating a graph when no
  * parent is in one and merging when they are in several, and publishes
  * node->graph. Returns 0 or ADG_ENOMEM (then nothing changed). */
@@ -325,7 +329,8 @@ void adg_graph_detach_locked(struct adg_graph *g, struct adg_node *node);
  * for reuse (or, past the pool's size, frees it after a grace period). */
 void adg_graph_unlock(struct adg_shard *shard, struct adg_graph *g);
 
-/* Registry teardown, after rcu_barrier: frees the graphs a shard keeps. */
+/* Registry teardown, after adg_rcu_synchronize: frees the graphs a shard
+ * keeps, in its pool and its limbo. */
 void adg_graph_free_pool(struct adg_shard *shard);
 
 /* ------------------------------------------------------- per-thread shard */
@@ -376,6 +381,10 @@ struct adg_shard {
 	 * adg_graph). */
 	struct adg_graph *graph_pool;
 	uint32_t graphs_pooled;
+	/* Retired graphs past the pool's size, freed together after a grace
+	 * period (graph.c graph_defer). */
+	struct adg_graph *graph_limbo;
+	uint32_t graphs_in_limbo;
 
 	/* Read-mostly: written at creation and adoption. */
 	_Alignas(ADG_CACHELINE) struct adg_registry *registry;
@@ -449,9 +458,6 @@ struct adg_registry {
 	_Alignas(ADG_CACHELINE) struct adg_shard *_Atomic shards;
 	/* Counts the frees of threads that have no shard (see shared). */
 	struct adg_shard fallback;
-	/* TSan only: read-side sections release it, call_rcu callbacks
-	 * acquire it (see adg_tsan_release). */
-	char rcu_token;
 };
 
 _Static_assert(offsetof(struct adg_registry, next_free_id) % ADG_CACHELINE ==
@@ -545,12 +551,101 @@ uint64_t adg_next_pass_id(struct adg_shard *s);
 
 /* ------------------------------------------------------------------- RCU */
 
-/* Ends a read-side section; in TSan builds, first orders what the section
- * did before any call_rcu callback that runs after it. */
-static inline void adg_rcu_read_unlock(struct adg_registry *r)
+/*
+ * libadg's own read side (readside.c): a read-side section keeps every graph
+ * object the reader may reach from going back to the allocator, as
+ * liburcu's would, at the cost of an initial-exec TLS access instead of
+ * liburcu-bp's global-dynamic ones. Sections never nest and never run user
+ * code. adg_rcu_synchronize waits for every section open when it began.
+ */
+enum adg_reader_state {
+	ADG_READER_NEW,	   /* not registered yet (or unregistered at exit) */
+	ADG_READER_OWN,	   /* on the readers list: reads with its word */
+	ADG_READER_SHARED, /* no exit hook: reads with the shared counter */
+};
+
+struct adg_reader {
+	/* 0 outside a section; inside, the epoch read when it began. Written
+	 * by its thread, read by adg_rcu_synchronize. */
+	atomic_uint_fast64_t word;
+	uint8_t state; /* enum adg_reader_state; its thread's own */
+#ifdef ADG_TEST_HOOKS
+	/* Sections open on the thread. In the library sections never nest;
+	 * an interleaving test's hook runs another thread's work inside
+	 * one. */
+	uint32_t nest;
+#endif
+	struct cds_list_head link; /* on the readers list, under its lock */
+};
+
+extern __thread struct adg_reader adg_this_reader
+	__attribute__((tls_model("initial-exec")));
+extern atomic_uint_fast64_t adg_rcu_epoch;
+extern bool adg_rcu_membarrier;
+extern atomic_uint_fast64_t adg_rcu_unregistered_readers;
+
+/* The thread's first section: registers it (readside.c). */
+void adg_rcu_register(void);
+
+/* Returns once every read-side section open when it was called has ended.
+ * Call with no graph lock held and outside a section. */
+void adg_rcu_synchronize(void);
+
+static inline void adg_rcu_read_lock(void)
 {
-	adg_tsan_release(&r->rcu_token);
-	rcu_read_unlock();
+	if (adg_unlikely(adg_this_reader.state != ADG_READER_OWN)) {
+		if (adg_this_reader.state == ADG_READER_NEW)
+			adg_rcu_register();
+		if (adg_this_reader.state == ADG_READER_SHARED) {
+			/* seq_cst: the writer's fence and its seq_cst load
+			 * of the count order this against its unlinks. */
+			atomic_fetch_add(&adg_rcu_unregistered_readers, 1);
+			return;
+		}
+	}
+#ifdef ADG_TEST_HOOKS
+	if (adg_this_reader.nest++ != 0)
+		return;
+#endif
+	ADG_ASSERT(atomic_load_explicit(&adg_this_reader.word,
+					memory_order_relaxed) ==
+		   0); /* sections never nest */
+	/* Acquire: pairs with adg_rcu_synchronize's step of the epoch, made
+	 * after its caller's unlinks: a section that reads the new epoch
+	 * sees them. */
+	uint64_t e = atomic_load_explicit(&adg_rcu_epoch, memory_order_acquire);
+#ifdef ADG_TSAN
+	/* TSan rejects fences: a seq_cst exchange, a full barrier on the
+	 * x86 it runs on, orders the store before the section's reads. */
+	atomic_exchange(&adg_this_reader.word, e);
+#else
+	/* Relaxed store, ordered before the section's reads by what
+	 * follows. With membarrier the writer's sys_membarrier is the other
+	 * half, and a compiler barrier is enough here (as urcu-memb's
+	 * reader); without, a full fence. */
+	atomic_store_explicit(&adg_this_reader.word, e, memory_order_relaxed);
+	if (adg_likely(adg_rcu_membarrier))
+		atomic_signal_fence(memory_order_seq_cst);
+	else
+		atomic_thread_fence(memory_order_seq_cst);
+#endif
+}
+
+static inline void adg_rcu_read_unlock(void)
+{
+	/* Release, both: what the section read happens before what a
+	 * writer that sees it ended frees (its acquire loads). */
+	if (adg_likely(adg_this_reader.state == ADG_READER_OWN)) {
+#ifdef ADG_TEST_HOOKS
+		if (--adg_this_reader.nest != 0)
+			return;
+#endif
+		atomic_store_explicit(&adg_this_reader.word, 0,
+				      memory_order_release);
+	} else {
+		atomic_fetch_sub_explicit(&adg_rcu_unregistered_readers, 1,
+					  memory_order_release);
+	}
 }
 
 /* ------------------------------------------------------------- allocation */

@@ -6,8 +6,9 @@
  * from a batch and counts events with plain stores. The registry's shared
  * id counter is touched once per batch. adg_stats sums the shards.
  *
- * RCU thread registration needs nothing here: urcu-bp registers a thread on
- * its first read-side section and unregisters it when the thread exits.
+ * RCU thread registration needs nothing here: libadg's read side (readside.c)
+ * registers a thread on its first read-side section and unregisters it when
+ * the thread exits.
  */
 #include "internal.h"
 
@@ -331,10 +332,9 @@ int adg_registry_free(adg_registry *registry)
 	adg_stats(registry, &stats);
 	if (stats.live_nodes != 0)
 		return ADG_EBUSY;
-	/* Graphs on their way back to the allocator wait for call_rcu
-	 * callbacks, which use the allocator and rcu_token. */
-	rcu_barrier();
-	adg_tsan_acquire(&registry->rcu_token);
+	/* A grace period: no read-side section still touches a graph in a
+	 * shard's pool or limbo, freed below. */
+	adg_rcu_synchronize();
 	/* No thread may find a shard of this registry from now on; the other
 	 * threads that used it are done with it (the contract), so what their
 	 * shards keep may be freed from here. */

@@ -10,6 +10,8 @@
 
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -108,6 +110,150 @@ Test(interleave, graph_id_reader_stalled_across_retire_reuse_and_merge)
 	for (int i = 0; i < sc.n_made; i++)
 		adg_node_unref(sc.made[i]);
 	cr_assert_eq(adg_registry_free(sc.r), 0);
+}
+
+/* A grace period must wait for a reader stalled inside its section. The
+ * reader of n's graph id has loaded n's graph g and stalls there; another
+ * thread, whose pool is full and whose limbo is one short of a flush,
+ * merges n away (g retires into the limbo, which fills) and frees the
+ * limbo after a grace period. That grace period cannot end before the
+ * reader's section does: were it to, g would be freed under the reader,
+ * which reads g's generation next. Seen failing with adg_rcu_synchronize
+ * returning at once: "the grace period ended inside the section" (and a
+ * heap-use-after-free under ASan). */
+static struct {
+	adg_registry *r;
+	adg_node *leaf, *n, *o_tip;
+	atomic_int stage; /* 1: merger ready; 2: go; 3: merged and freed */
+	bool ended_early;
+} gp;
+
+static void *gp_merger(void *arg)
+{
+	(void)arg;
+	enum { K = ADG_GRAPH_POOL_MAX + ADG_GRAPH_LIMBO_MAX - 1 };
+	adg_node **made = malloc(K * sizeof *made);
+	cr_assert_not_null(made);
+	for (int i = 0; i < K; i++)
+		made[i] = op(gp.r, gp.leaf, NULL); /* a graph each */
+	for (int i = 0; i < K; i++)
+		adg_node_unref(made[i]); /* each graph retires here */
+	free(made);
+	struct adg_shard *me = adg_shard_get(gp.r);
+	cr_assert_eq(me->graphs_pooled, ADG_GRAPH_POOL_MAX);
+	cr_assert_eq(me->graphs_in_limbo, ADG_GRAPH_LIMBO_MAX - 1);
+	atomic_store(&gp.stage, 1);
+	while (atomic_load(&gp.stage) != 2)
+		sched_yield();
+	/* n's graph (one member) retires into the bigger one: the limbo is
+	 * full, and freed after a grace period. */
+	adg_node *m = op(gp.r, gp.n, gp.o_tip);
+	cr_assert_eq(me->graphs_in_limbo, 0);
+	atomic_store(&gp.stage, 3);
+	adg_node_unref(m);
+	return NULL;
+}
+
+static void gp_hook(enum adg_test_point where)
+{
+	if (where != ADG_TP_GRAPH_ID_LOADED)
+		return;
+	adg_test_point = NULL;
+	atomic_store(&gp.stage, 2);
+	/* Long enough for the merger to merge, fill its limbo and, were
+	 * the grace period not to wait for this section, free g. */
+	for (int i = 0; i < 200 && atomic_load(&gp.stage) != 3; i++)
+		usleep(1000);
+	gp.ended_early = atomic_load(&gp.stage) == 3;
+}
+
+Test(interleave, grace_period_waits_for_a_stalled_reader)
+{
+	cr_assert_eq(adg_registry_new(NULL, &gp.r), 0);
+	cr_assert_eq(adg_leaf(gp.r, &gp.leaf), 0);
+	gp.n = op(gp.r, gp.leaf, NULL);
+	adg_node *o1 = op(gp.r, gp.leaf, NULL);
+	gp.o_tip = op(gp.r, o1, NULL); /* two members: it survives */
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, gp_merger, NULL), 0);
+	while (atomic_load(&gp.stage) != 1)
+		sched_yield();
+	adg_test_point = gp_hook;
+	uint64_t id;
+	cr_assert_eq(adg_node_graph_id(gp.n, &id), 0);
+	adg_test_point = NULL;
+	pthread_join(t, NULL);
+	cr_expect(!gp.ended_early, "the grace period ended inside the section");
+	cr_expect_eq(atomic_load(&gp.stage), 3);
+	cr_expect_eq(id, id_of(gp.n), "the merged graph keeps n's origin");
+	adg_node *all[] = {gp.n, o1, gp.o_tip, gp.leaf};
+	for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+		adg_node_unref(all[i]);
+	cr_assert_eq(adg_registry_free(gp.r), 0);
+}
+
+/* fork while another thread is inside a section: only the forking thread
+ * lives on in the child, and the other's reader word, copied as it was,
+ * must not hold up the child's grace periods. Seen failing without the
+ * fork hooks of lib/readside.c: the child's grace period waits forever
+ * (here: killed by its alarm). */
+static struct {
+	adg_registry *r;
+	adg_node *n;
+	atomic_int stage; /* 1: the reader is in its section; 2: let it go */
+} fk;
+
+static void fk_hook(enum adg_test_point where)
+{
+	if (where != ADG_TP_GRAPH_ID_LOADED)
+		return;
+	atomic_store(&fk.stage, 1);
+	while (atomic_load(&fk.stage) != 2)
+		sched_yield();
+}
+
+static void *fk_reader(void *arg)
+{
+	(void)arg;
+	uint64_t id;
+	cr_assert_eq(adg_node_graph_id(fk.n, &id), 0);
+	return NULL;
+}
+
+Test(interleave, fork_while_another_thread_is_in_a_section)
+{
+	cr_assert_eq(adg_registry_new(NULL, &fk.r), 0);
+	adg_node *leaf;
+	cr_assert_eq(adg_leaf(fk.r, &leaf), 0);
+	fk.n = op(fk.r, leaf, NULL);
+	adg_rcu_synchronize(); /* this thread's read side is set up */
+	adg_test_point = fk_hook;
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, fk_reader, NULL), 0);
+	while (atomic_load(&fk.stage) != 1)
+		sched_yield();
+	pid_t pid = fork();
+	cr_assert_neq(pid, -1);
+	if (pid == 0) {
+		/* SIGALRM if the grace period hangs. Done, an exec of true:
+		 * an exit would have valgrind report the parent's heap,
+		 * copied into the child, as lost. */
+		alarm(10);
+		adg_rcu_synchronize();
+		execl("/bin/true", "true", (char *)NULL);
+		_exit(1);
+	}
+	int status;
+	cr_assert_eq(waitpid(pid, &status, 0), pid);
+	adg_test_point = NULL;
+	atomic_store(&fk.stage, 2);
+	pthread_join(t, NULL);
+	cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+		  "the child's grace period waited for a thread it does not "
+		  "have");
+	adg_node_unref(fk.n);
+	adg_node_unref(leaf);
+	cr_assert_eq(adg_registry_free(fk.r), 0);
 }
 
 /* The child's memory: a static arena, so that a child that dies with its

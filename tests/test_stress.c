@@ -965,3 +965,120 @@ CHECKED_TEST(stress, a_step_on_many_registries_keeps_its_shard)
 	for (int k = 0; k < SLOT_OTHERS; k++)
 		cr_assert_eq(adg_registry_free(s.others[k]), 0);
 }
+
+/* libadg's read side (lib/readside.c): graphs freed past a thread's pool
+ * after a grace period, while other threads look nodes' graphs up
+ * lock-free and place nodes in them, and the reader threads come and go
+ * (each registers its reader word on its first section and unregisters it
+ * at exit, while grace periods scan the list). The merger retires more
+ * graphs than it makes, so its pool fills and its limbo is freed after a
+ * grace period every ADG_GRAPH_LIMBO_MAX merges; a reader inside a section
+ * on a freed graph is a use-after-free under ASan. */
+#define FREED_SLOTS	 64
+#define FREED_MERGES	 16000
+#define FREED_READERS	 2
+#define FREED_READER_OPS 50
+
+struct freed {
+	pthread_mutex_t lock; /* guards slot */
+	scalar slot[FREED_SLOTS];
+	scalar leaf;
+	atomic_bool done;
+	atomic_long lookups;
+	atomic_int wrong;
+};
+
+static scalar freed_take(struct freed *f, int i)
+{
+	pthread_mutex_lock(&f->lock);
+	scalar x = f->slot[i];
+	adg_node_ref(x.node);
+	pthread_mutex_unlock(&f->lock);
+	return x;
+}
+
+static void freed_put(struct freed *f, int i, scalar x)
+{
+	pthread_mutex_lock(&f->lock);
+	scalar old = f->slot[i];
+	f->slot[i] = x;
+	pthread_mutex_unlock(&f->lock);
+	s_drop(old);
+}
+
+/* Fresh one-node graphs in random slots. */
+static void freed_maker(struct freed *f)
+{
+	unsigned int seed = 17;
+	while (!atomic_load(&f->done))
+		freed_put(f, rand_r(&seed) % FREED_SLOTS,
+			  s_mul(reg, f->leaf, f->leaf));
+}
+
+/* Two slots' graphs merged: one of them retires on this thread. */
+static void freed_merger(struct freed *f)
+{
+	unsigned int seed = 4242;
+	for (int i = 0; i < FREED_MERGES; i++) {
+		int sa = rand_r(&seed) % FREED_SLOTS;
+		int sb = rand_r(&seed) % FREED_SLOTS;
+		scalar a = freed_take(f, sa), b = freed_take(f, sb);
+		freed_put(f, sa, s_mul(reg, a, b));
+		s_drop(a);
+		s_drop(b);
+	}
+	atomic_store(&f->done, true);
+}
+
+static void *freed_short_reader(void *arg)
+{
+	struct freed *f = arg;
+	unsigned int seed = (unsigned int)atomic_load(&f->lookups) + 1;
+	for (int i = 0; i < FREED_READER_OPS; i++) {
+		scalar x = freed_take(f, rand_r(&seed) % FREED_SLOTS);
+		uint64_t g;
+		if (adg_node_graph_id(x.node, &g) != 0 || g == 0)
+			atomic_fetch_add(&f->wrong, 1);
+		scalar y = s_mul(reg, x, f->leaf); /* placed in x's graph */
+		s_drop(y);
+		s_drop(x);
+		atomic_fetch_add(&f->lookups, 1);
+	}
+	return NULL;
+}
+
+static void *freed_role(void *arg)
+{
+	const struct thread *t = arg;
+	struct freed *f = t->s;
+	if (t->i == 0) {
+		freed_maker(f);
+	} else if (t->i == 1) {
+		freed_merger(f);
+	} else {
+		while (!atomic_load(&f->done)) {
+			pthread_t r;
+			if (pthread_create(&r, NULL, freed_short_reader, f) !=
+			    0) {
+				atomic_fetch_add(&f->wrong, 1);
+				break;
+			}
+			pthread_join(r, NULL);
+		}
+	}
+	return NULL;
+}
+
+CHECKED_TEST(stress, lookups_race_graphs_freed_after_a_grace_period)
+{
+	struct freed f = {.lock = PTHREAD_MUTEX_INITIALIZER};
+	f.leaf = s_leaf(reg, 1);
+	for (int i = 0; i < FREED_SLOTS; i++)
+		f.slot[i] = s_mul(reg, f.leaf, f.leaf);
+	run_threads(2 + FREED_READERS, freed_role, &f);
+	cr_expect_eq(atomic_load(&f.wrong), 0);
+	cr_expect_gt(atomic_load(&f.lookups), 0);
+	for (int i = 0; i < FREED_SLOTS; i++)
+		s_drop(f.slot[i]);
+	s_drop(f.leaf);
+}
