@@ -135,13 +135,11 @@ typedef struct adg_grads adg_grads;	  /* gradients of one backward */
 
 /* Every allocation libadg makes for a registry: the registry itself, each
  * thread's slice of it, nodes, graphs, checkpointing records, backward
- * scratch and gradient containers. (liburcu keeps per-thread state of its
- * own, with malloc; so do the executor's jobs, which may outlive the
- * registry.) alloc returns NULL on failure, or memory aligned as
- * malloc's is; free receives the size that was asked of alloc. Both may be
- * called from any thread, and free from liburcu's call_rcu thread; neither
- * may call into libadg, nor wait for an RCU grace period (they may run
- * under locks that RCU readers wait for). */
+ * scratch and gradient containers. (The executor's jobs, which may outlive
+ * the registry, use malloc.) alloc returns NULL on failure, or memory
+ * aligned as malloc's is; free receives the size that was asked of alloc.
+ * Both may be called from any thread that calls libadg; neither may call
+ * into libadg (they may run under libadg's locks). */
 typedef struct adg_allocator {
 	void *(*alloc)(size_t size, void *ctx);
 	void (*free)(void *ptr, size_t size, void *ctx);
@@ -189,8 +187,8 @@ ADG_API int adg_registry_new(const adg_registry_options *options,
  * returns 0 the allocator is no longer used, not even by executor jobs of
  * its backward passes still queued (adg_executor). NULL is a no-op that
  * returns 0. Must not run concurrently with any other call on the same
- * registry, nor inside a step or an RCU read-side section; it waits for
- * pending deferred frees (rcu_barrier).
+ * registry, nor inside a step; it waits for one grace period of libadg's
+ * read side, so that no lock-free lookup still reads its graphs.
  * Errors: ADG_EBUSY (live nodes remain; nothing is freed). */
 ADG_API int adg_registry_free(adg_registry *registry);
 

@@ -220,8 +220,8 @@ void adg_node_release_step(struct adg_shard *shard, struct adg_node *node);
 
 /*
  * A graph object is type-stable: once allocated it stays a graph, with an
- * initialised lock, until its registry is freed or a grace period after
- * call_rcu has passed. Retired graphs are reused at once by the thread that
+ * initialised lock, until its registry is freed or a grace period after it
+ * left its shard's pool has passed (graph.c graph_defer). Retired graphs are reused at once by the thread that
  * retired them, so a thread holding a stale pointer may lock a graph that
  * has since become another one. Every path therefore locks, then checks
  * that the node still points there (adg_graph_lock_of); the lock-free
@@ -559,9 +559,9 @@ uint64_t adg_next_pass_id(struct adg_shard *s);
  * code. adg_rcu_synchronize waits for every section open when it began.
  */
 enum adg_reader_state {
-	ADG_READER_NEW,	   /* not registered yet (or unregistered at exit) */
+	ADG_READER_NEW,	   /* not registered yet */
 	ADG_READER_OWN,	   /* on the readers list: reads with its word */
-	ADG_READER_SHARED, /* no exit hook: reads with the shared counter */
+	ADG_READER_SHARED, /* no exit hook, or past it: the shared counter */
 };
 
 struct adg_reader {
@@ -586,6 +586,11 @@ extern atomic_uint_fast64_t adg_rcu_unregistered_readers;
 
 /* The thread's first section: registers it (readside.c). */
 void adg_rcu_register(void);
+
+#ifdef ADG_TEST_HOOKS
+/* How many threads have a reader word on the readers list. */
+size_t adg_rcu_registered_readers(void);
+#endif
 
 /* Returns once every read-side section open when it was called has ended.
  * Call with no graph lock held and outside a section. */

@@ -27,8 +27,9 @@
  *
  * Readers register lazily, on their first section, without allocating:
  * the word is static TLS. A pthread key's destructor unregisters a thread
- * when it exits. A thread whose exit hook cannot be set up (no key) reads
- * through a shared counter instead, which grace periods wait to see at 0.
+ * when it exits. A thread whose exit hook cannot be set up (no key), or
+ * that calls libadg again after it ran, reads through a shared counter
+ * instead, which grace periods wait to see at 0.
  */
 #include "internal.h"
 
@@ -64,13 +65,18 @@ static long readside_membarrier(int cmd)
 	return syscall(__NR_membarrier, cmd, 0, 0);
 }
 
+/* A thread's word leaves the list as its thread exits. The thread may still
+ * call libadg afterwards, from a later pthread key's destructor: it reads
+ * through the shared counter from then on, rather than registering again,
+ * since a key set in glibc's last destructor round is never destroyed and
+ * its word, freed with the thread, would stay on the list. */
 static void readside_thread_exit(void *arg)
 {
 	struct adg_reader *me = arg;
 
 	pthread_mutex_lock(&readside_lock);
 	cds_list_del(&me->link);
-	me->state = ADG_READER_NEW;
+	me->state = ADG_READER_SHARED;
 	pthread_mutex_unlock(&readside_lock);
 }
 
@@ -120,6 +126,20 @@ static void readside_init(void)
 		adg_rcu_membarrier = true;
 #endif
 }
+
+#ifdef ADG_TEST_HOOKS
+size_t adg_rcu_registered_readers(void)
+{
+	size_t n = 0;
+	struct adg_reader *r;
+
+	pthread_mutex_lock(&readside_lock);
+	cds_list_for_each_entry (r, &readside_readers, link)
+		n++;
+	pthread_mutex_unlock(&readside_lock);
+	return n;
+}
+#endif
 
 void adg_rcu_register(void)
 {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every Criterion test binary of a plain build under valgrind memcheck
 # (errors and definite, indirect or possible leaks fail it; suppressed:
-# liburcu's worker thread only, tests/valgrind.supp) and prints
+# nothing, tests/valgrind.supp) and prints
 # "valgrind: N passed, N failed", one per binary. Criterion ignores a child
 # process's valgrind exit code, so the verdict comes from the ERROR SUMMARY
 # of every process. Usage: valgrind.sh [build folder] (default build).

@@ -37,7 +37,7 @@ void fixture_close(void)
 		     "outputs leaked: %ld of %ld made",
 		     atomic_load(&scalar_outputs_live),
 		     atomic_load(&scalar_outputs_made));
-	/* adg_registry_free waits for what it hands to call_rcu */
+	/* adg_registry_free frees what waits for a grace period */
 	cr_assert_eq(atomic_load(&fixture_alloc.live_bytes), 0,
 		     "the allocator still holds %ld bytes",
 		     atomic_load(&fixture_alloc.live_bytes));

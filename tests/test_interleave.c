@@ -10,6 +10,7 @@
 
 #include <criterion/criterion.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -254,6 +255,67 @@ Test(interleave, fork_while_another_thread_is_in_a_section)
 	adg_node_unref(fk.n);
 	adg_node_unref(leaf);
 	cr_assert_eq(adg_registry_free(fk.r), 0);
+}
+
+/* A thread that calls libadg from its own pthread key's destructor, in
+ * every round glibc runs, after libadg's exit hook took its reader word off
+ * the list. Were it to register again, the word set in the last round
+ * would stay on the list after the thread and its TLS are gone, and the
+ * next grace period would read freed memory. Seen failing with the exit
+ * hook leaving the thread free to register again: "a reader word outlived
+ * its thread" (one word too many). */
+static struct {
+	adg_registry *r;
+	adg_node *leaf;
+	pthread_key_t key;
+	int rounds;
+	bool failed;
+} ex;
+
+static void ex_destructor(void *arg)
+{
+	(void)arg;
+	adg_node *n = op(ex.r, ex.leaf, NULL); /* a read-side section */
+	adg_node *m = n != NULL ? op(ex.r, n, NULL) : NULL;
+	uint64_t id;
+	if (m == NULL || adg_node_graph_id(m, &id) != 0 || id != id_of(n))
+		ex.failed = true;
+	adg_node_unref(m);
+	adg_node_unref(n);
+	/* Again in the next round, up to the last. */
+	if (++ex.rounds < PTHREAD_DESTRUCTOR_ITERATIONS)
+		pthread_setspecific(ex.key, &ex);
+}
+
+static void *ex_thread(void *arg)
+{
+	(void)arg;
+	adg_node *n = op(ex.r, ex.leaf, NULL); /* registers this thread */
+	adg_node_unref(n);
+	pthread_setspecific(ex.key, &ex);
+	return NULL;
+}
+
+Test(interleave, a_thread_that_calls_libadg_from_its_key_destructors)
+{
+	cr_assert_eq(adg_registry_new(NULL, &ex.r), 0);
+	cr_assert_eq(adg_leaf(ex.r, &ex.leaf), 0);
+	/* libadg's exit key exists now, so ex.key comes after it: glibc runs
+	 * ex's destructor after libadg's in each round. */
+	adg_rcu_synchronize();
+	cr_assert_eq(pthread_key_create(&ex.key, ex_destructor), 0);
+	size_t before = adg_rcu_registered_readers();
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, ex_thread, NULL), 0);
+	cr_assert_eq(pthread_join(t, NULL), 0);
+	cr_expect_eq(ex.rounds, PTHREAD_DESTRUCTOR_ITERATIONS);
+	cr_expect(!ex.failed, "libadg failed inside a key destructor");
+	cr_expect_eq(adg_rcu_registered_readers(), before,
+		     "a reader word outlived its thread");
+	adg_rcu_synchronize();
+	pthread_key_delete(ex.key);
+	adg_node_unref(ex.leaf);
+	cr_assert_eq(adg_registry_free(ex.r), 0);
 }
 
 /* The child's memory: a static arena, so that a child that dies with its

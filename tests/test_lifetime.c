@@ -236,8 +236,9 @@ CHECKED_TEST(lifetime, registries_are_independent)
 }
 
 /* More graphs retired on one thread than its pool keeps: the rest go back
- * to the allocator through call_rcu, and adg_registry_free waits for them
- * (the allocator's byte count comes back to zero). */
+ * to the allocator after a grace period, ADG_GRAPH_LIMBO_MAX at a time, and
+ * adg_registry_free frees those still waiting (the allocator's byte count
+ * comes back to zero). */
 CHECKED_TEST(lifetime, retired_graphs_past_the_pool_are_freed)
 {
 	failing_alloc fa = {0};

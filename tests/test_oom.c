@@ -56,7 +56,7 @@ static void oom_free(void *ptr, size_t size, void *ctx)
 {
 	(void)ctx;
 	size_t *p = (size_t *)((char *)ptr - HEADER);
-	/* Counted, not asserted: liburcu's call_rcu thread frees too. */
+	/* Counted, not asserted: every thread that retires a graph frees. */
 	if (p[0] != size)
 		atomic_fetch_add(&oom.bad_frees, 1);
 	atomic_fetch_sub(&oom.live_bytes, (long)size);
