@@ -221,11 +221,12 @@ void adg_node_release_step(struct adg_shard *shard, struct adg_node *node);
 /*
  * A graph object is type-stable: once allocated it stays a graph, with an
  * initialised lock, until its registry is freed or a grace period after it
- * left its shard's pool has passed (graph.c graph_defer). Retired graphs are reused at once by the thread that
- * retired them, so a thread holding a stale pointer may lock a graph that
- * has since become another one. Every path therefore locks, then checks
- * that the node still points there (adg_graph_lock_of); the lock-free
- * reader checks the generation instead (adg_node_graph_id).
+ * left its shard's pool has passed (graph.c graph_defer). Retired graphs are
+ * reused at once by the thread that retired them, so a thread holding a stale
+ * pointer may lock a graph that has since become another one. Every path
+ * therefore locks, then checks that the node still points there
+ * (adg_graph_lock_of); the lock-free reader checks the generation instead
+ * (adg_node_graph_id).
  */
 struct adg_graph {
 	/* Bumped, under the lock, each time the object retires: a lock-free
