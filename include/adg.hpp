@@ -391,16 +391,21 @@ private:
 	detail::registry_core *core_ = nullptr;
 };
 
-/* A parent of op: a node borrowed for the call (a temporary will do). */
+/* A parent of op: a node borrowed for the call, or a node moved in (a
+ * temporary, std::move(x)): its reference becomes the new node's
+ * (adg_op_moving) and the handle is empty once op returns; if op throws,
+ * it keeps its reference. Moves past the 64th parent are borrows. */
 class parent
 {
 public:
 	parent(const node &n) noexcept;
+	parent(node &&n) noexcept;
 	parent(node_ref n) noexcept;
 
 private:
 	friend struct detail::access;
 	adg_node *raw_;
+	node *moved_ = nullptr;
 };
 
 /* A new leaf of reg (adg_leaf): a parameter, an input that wants a
@@ -891,6 +896,10 @@ struct access {
 	{
 		return p.raw_;
 	}
+	static node *moved(const parent &p) noexcept
+	{
+		return p.moved_;
+	}
 	static grad_ref ref(void *value, void **slot,
 			    const std::type_info *type) noexcept
 	{
@@ -1148,8 +1157,18 @@ public:
 	    : parent_list(parents.size())
 	{
 		std::size_t i = 0;
-		for (const parent &p : parents)
+		for (const parent &p : parents) {
+			/* A null handle is no reference to move; one handle
+			 * named twice ({std::move(x), std::move(x)}) holds
+			 * one reference, moved once. */
+			if (i < 64 && access::moved(p) != nullptr &&
+			    access::raw(p) != nullptr &&
+			    !moved_before(parents, p))
+				moved_ |= std::uint64_t{1} << i;
 			data_[i++] = access::raw(p);
+		}
+		if (moved_ != 0)
+			sources_ = parents;
 	}
 	explicit parent_list(const std::vector<node> &parents)
 	    : parent_list(parents.size())
@@ -1167,6 +1186,20 @@ public:
 	{
 		return n_;
 	}
+	/* The slots whose references the op takes over (adg_op_moving). */
+	std::uint64_t moved() const noexcept
+	{
+		return moved_;
+	}
+	/* After a successful op: the moved handles are empty, their
+	 * references the new node's. */
+	void let_go_of_moved() const noexcept
+	{
+		std::size_t i = 0;
+		for (const parent &p : sources_)
+			if (i < 64 && (moved_ >> i++ & 1))
+				access::moved(p)->release();
+	}
 
 private:
 	explicit parent_list(std::size_t n) : n_(n)
@@ -1179,7 +1212,24 @@ private:
 	adg_node *small_[8];
 	std::vector<adg_node *> large_;
 	adg_node **data_ = small_;
+	/* Whether p's handle was moved at an earlier slot of list. */
+	bool moved_before(std::initializer_list<parent> list,
+			  const parent &p) const noexcept
+	{
+		std::size_t k = 0;
+		for (const parent &q : list) {
+			if (&q == &p)
+				break;
+			if ((moved_ >> k++ & 1) &&
+			    access::moved(q) == access::moved(p))
+				return true;
+		}
+		return false;
+	}
+
 	std::size_t n_;
+	std::uint64_t moved_ = 0;
+	std::initializer_list<parent> sources_; /* while moved_ != 0 */
 };
 
 /* op's checkpoint when it has none. */
@@ -1206,10 +1256,11 @@ node make_typed_op(registry_ref reg, const parent_list &parents, F &&step,
 			new base{std::forward<F>(step), core});
 		s.release = &base::release;
 		s.user = owned.get();
-		check(adg_op(core->raw, parents.data(), parents.size(), &s,
-			     &out),
+		check(adg_op_moving(core->raw, parents.data(), parents.size(),
+				    parents.moved(), &s, nullptr, &out),
 		      "op");
 		owned.release(); /* libadg's: release() deletes it */
+		parents.let_go_of_moved();
 	} else {
 		using V = typename C::value_type;
 		using full = ckpt_closure<T, std::decay_t<F>, V>;
@@ -1233,11 +1284,12 @@ node make_typed_op(registry_ref reg, const parent_list &parents, F &&step,
 		o.want_self = ckpt->want_self;
 		o.want_parents = ckpt->want_parents.data();
 		o.n_want_parents = ckpt->want_parents.size();
-		check(adg_op_with(core->raw, parents.data(), parents.size(), &s,
-				  &o, &out),
+		check(adg_op_moving(core->raw, parents.data(), parents.size(),
+				    parents.moved(), &s, &o, &out),
 		      "op_with");
 		value.release(); /* libadg's: output.free deletes it */
 		owned.release();
+		parents.let_go_of_moved();
 	}
 	return access::adopt(out, core);
 }
@@ -1673,6 +1725,10 @@ inline node::operator bool() const noexcept
 }
 
 inline parent::parent(const node &n) noexcept : raw_(n.raw())
+{
+}
+
+inline parent::parent(node &&n) noexcept : raw_(n.raw()), moved_(&n)
 {
 }
 

@@ -109,15 +109,22 @@ int adg_leaf(adg_registry *registry, adg_node **out)
 	return 0;
 }
 
+/* Whether slot i's reference is the caller's, moved in (adg_op_moving). */
+static inline bool node_slot_moved(uint64_t moved, size_t i)
+{
+	return i < 64 && (moved >> i & 1) != 0;
+}
+
 static int node_op_new(adg_registry *registry, adg_node *const *parents,
 		       size_t n_parents, const adg_step *step,
-		       const adg_op_options *options, adg_node **out)
+		       const adg_op_options *options, uint64_t moved,
+		       adg_node **out)
 {
 	if (out != NULL)
 		*out = NULL;
 	if (registry == NULL || parents == NULL || n_parents == 0 ||
 	    n_parents > UINT32_MAX || step == NULL || step->backward == NULL ||
-	    out == NULL)
+	    out == NULL || (n_parents < 64 && moved >> n_parents != 0))
 		return ADG_EINVAL;
 	/* Depth fits 32 bits: a deeper chain would need 2^32 nodes alive. */
 	uint32_t depth = 0;
@@ -154,6 +161,10 @@ static int node_op_new(adg_registry *registry, adg_node *const *parents,
 			continue;
 		}
 		n->parents[i] = p;
+		/* A moved slot's reference is the caller's, taken over: no
+		 * add now, and no drop by the caller later. */
+		if (node_slot_moved(moved, i))
+			continue;
 		/* Relaxed: the caller holds p, so its count cannot reach
 		 * zero meanwhile, and nothing is published by it. */
 		atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
@@ -165,13 +176,20 @@ static int node_op_new(adg_registry *registry, adg_node *const *parents,
 		adg_ckpt_commit(n);
 	adg_count(shard, ADG_C_OPS_MADE, 1);
 	*out = n;
+	/* A moved leaf's reference has no slot to go to (children keep a
+	 * leaf's id only): dropped, as the caller would have. */
+	if (adg_unlikely(moved != 0))
+		for (size_t i = 0; i < n_parents && i < 64; i++)
+			if (node_slot_moved(moved, i) && n->parents[i] == NULL)
+				adg_node_unref(parents[i]);
 	return 0;
 
 out_put_parents:
-	/* Nothing saw the node: take the references back. They are not the
-	 * last ones (the caller holds each parent). */
+	/* Nothing saw the node: take back the references added (not the
+	 * last ones: the caller holds each parent); moved ones stay the
+	 * caller's. */
 	for (size_t i = 0; i < n_parents; i++)
-		if (n->parents[i] != NULL)
+		if (n->parents[i] != NULL && !node_slot_moved(moved, i))
 			atomic_fetch_sub_explicit(&n->parents[i]->refs, 1,
 						  memory_order_relaxed);
 	if (n->ckpt != NULL) {
@@ -187,14 +205,22 @@ out_dealloc:
 int adg_op(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	   const adg_step *step, adg_node **out)
 {
-	return node_op_new(registry, parents, n_parents, step, NULL, out);
+	return node_op_new(registry, parents, n_parents, step, NULL, 0, out);
 }
 
 int adg_op_with(adg_registry *registry, adg_node *const *parents,
 		size_t n_parents, const adg_step *step,
 		const adg_op_options *options, adg_node **out)
 {
-	return node_op_new(registry, parents, n_parents, step, options, out);
+	return node_op_new(registry, parents, n_parents, step, options, 0, out);
+}
+
+int adg_op_moving(adg_registry *registry, adg_node *const *parents,
+		  size_t n_parents, uint64_t moved, const adg_step *step,
+		  const adg_op_options *options, adg_node **out)
+{
+	return node_op_new(registry, parents, n_parents, step, options, moved,
+			   out);
 }
 
 int adg_node_ref(adg_node *node)

@@ -149,6 +149,25 @@ scalar s_prod(adg_registry *r, const scalar *factors, size_t n)
 	return y;
 }
 
+scalar s_prod_moving(adg_registry *r, const scalar *factors, size_t n,
+		     uint64_t moved)
+{
+	adg_node *parents[16];
+	cr_assert(n <= 16);
+	scalar y = {.value = 1};
+	for (size_t i = 0; i < n; i++) {
+		parents[i] = factors[i].node;
+		y.value *= factors[i].value;
+	}
+	adg_step step = {.backward = prod_backward,
+			 .release = prod_release,
+			 .user = prod_step_new(factors, n)};
+	int rc = adg_op_moving(r, parents, n, moved, &step, NULL, &y.node);
+	cr_assert_eq(rc, 0, "adg_op_moving: %s", adg_strerror(rc));
+	cr_assert_eq(adg_node_id(y.node, &y.id), 0);
+	return y;
+}
+
 scalar s_mul(adg_registry *r, scalar a, scalar b)
 {
 	scalar f[2] = {a, b};

@@ -41,6 +41,10 @@ scalar s_mul(adg_registry *r, scalar a, scalar b);
 scalar s_add(adg_registry *r, scalar a, scalar b);
 /* The product of n factors, one node with n parents. */
 scalar s_prod(adg_registry *r, const scalar *factors, size_t n);
+/* s_prod through adg_op_moving: the handles of the factors whose bit is
+ * set in moved go to the new node. */
+scalar s_prod_moving(adg_registry *r, const scalar *factors, size_t n,
+		     uint64_t moved);
 void s_drop(scalar x);
 uint64_t s_graph(scalar x);
 

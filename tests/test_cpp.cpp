@@ -625,6 +625,68 @@ TEST(a_refused_op_keeps_nothing)
 	EXPECT(reg.stats().live_steps == 0);
 }
 
+/* A temporary or std::move(x) parent moves its reference into the op's
+ * node (adg_op_moving): the handle is empty after, the count is what the
+ * drop would have left, the gradients the same; a refused op leaves it
+ * full; one handle moved twice in a list is moved once. */
+TEST(moved_parents_hand_their_reference_over)
+{
+	adg::registry reg;
+	adg::node a = adg::leaf(reg), b = adg::leaf(reg);
+	adg::node x = mul<double>(reg, a, 2.0, b, 3.0);
+	for (int i = 0; i < 5; i++) {
+		adg::node step = adg::op(
+			reg, {std::move(x), b},
+			[p = probe()](adg::step_call<double> &c) {
+				(void)p;
+				c.give(0, *c.grad() * 3.0);
+				c.give(1, 0.0);
+			},
+			"times b");
+		EXPECT(!x); /* moved in */
+		x = std::move(step);
+	}
+	EXPECT(reg.stats().live_nodes == 2 + 6); /* the chain, by its tip */
+	adg::node temp = adg::op(
+		reg, {mul<double>(reg, a, 2.0, b, 3.0), a},
+		[p = probe()](adg::step_call<double> &c) {
+			(void)p;
+			c.give(0, *c.grad());
+			c.give(1, *c.grad());
+		},
+		"temporary");
+	EXPECT(reg.stats().live_nodes == 2 + 6 + 2);
+	EXPECT(adg::backward(x, 1.0).get(a) == 3.0 * 243.0); /* b * 3^5 */
+	EXPECT(adg::backward(temp, 1.0).get(a) == 3.0 + 1.0);
+	EXPECT(reg.stats().live_nodes == 2 + 1 + 1);
+	x.reset();
+	temp.reset();
+	EXPECT(reg.stats().live_nodes == 2 && probe::live == 0);
+
+	/* Refused: the moved handle keeps its reference. */
+	adg::registry other;
+	adg::node stranger = adg::leaf(other);
+	adg::node y = mul<double>(reg, a, 1.0, b, 1.0);
+	EXPECT_THROWS(adg::error,
+		      adg::op(
+			      reg, {std::move(y), stranger},
+			      [](adg::step_call<double> &) {}, "refused"),
+		      EXPECT(e.code().value() == ADG_EFOREIGN));
+	EXPECT(y && reg.stats().live_nodes == 3);
+
+	/* Named twice, moved once: y * y holds y's reference and one more. */
+	adg::node yy = adg::op(
+		reg, {std::move(y), std::move(y)},
+		[](adg::step_call<double> &c) {
+			c.give(0, *c.grad());
+			c.give(1, *c.grad());
+		},
+		"square");
+	EXPECT(!y && reg.stats().live_nodes == 4);
+	yy.reset();
+	EXPECT(reg.stats().live_nodes == 2 && probe::live == 0);
+}
+
 TEST(node_handles_move_and_copy)
 {
 	adg::registry reg;

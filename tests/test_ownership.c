@@ -301,3 +301,117 @@ Test(ownership_own, pool_and_allocator_bad_input)
 	cr_assert_not_null(a.alloc, "malloc's when none was given");
 	cr_assert_eq(adg_registry_free(r), 0);
 }
+
+/* ------------------------------------------------- moved parents */
+
+/* adg_op_moving: a chain x = x * c that moves x's handle into each new
+ * node is the chain that drops it after each adg_op: the same live
+ * counts along the way, the same gradients, and everything freed with the
+ * tip. */
+CHECKED_TEST(ownership, a_moved_chain_is_the_chain_that_drops_its_handles)
+{
+	enum { K = 10 };
+	scalar a = s_leaf(reg, 2), b = s_leaf(reg, 3), c = s_leaf(reg, 1.5);
+	scalar x = s_mul(reg, a, b), y = s_mul(reg, a, b);
+	for (int i = 0; i < K; i++) {
+		scalar fx[2] = {x, c};
+		x = s_prod_moving(reg, fx, 2, 1);
+		scalar ny = s_mul(reg, y, c);
+		s_drop(y);
+		y = ny;
+	}
+	/* 3 leaves, and two chains of K + 1 nodes, each held by its tip. */
+	assert_stats(reg, 3 + 2 * (K + 1), 2 * (K + 1), 2);
+	adg_grads *gx, *gy;
+	cr_assert_eq(s_backward(reg, x, &gx), 0);
+	cr_assert_eq(s_backward(reg, y, &gy), 0);
+	cr_assert_eq(s_grad(gx, a), s_grad(gy, a));
+	cr_assert_eq(s_grad(gx, c), s_grad(gy, c));
+	cr_assert_eq(s_grad(gx, a), 3 * 57.6650390625); /* exact: 1.5^10 */
+	adg_grads_free(gx);
+	adg_grads_free(gy);
+	s_drop(x);
+	s_drop(y);
+	assert_stats(reg, 3, 0, 0);
+	/* Unrun, the tip's drop frees the whole moved chain too. */
+	x = s_mul(reg, a, b);
+	for (int i = 0; i < K; i++) {
+		scalar fx[2] = {x, c};
+		x = s_prod_moving(reg, fx, 2, 1);
+	}
+	s_drop(x);
+	assert_stats(reg, 3, 0, 0);
+	s_drop(a);
+	s_drop(b);
+	s_drop(c);
+}
+
+/* A moved leaf has no slot to take its handle (children keep a leaf's id
+ * only): the op drops it, and the backward still gives its id a
+ * gradient. A parent named twice and moved once keeps one reference of
+ * the new node's and takes one more. */
+CHECKED_TEST(ownership, moved_leaves_are_dropped_and_repeats_counted)
+{
+	scalar a = s_leaf(reg, 2), b = s_leaf(reg, 5);
+	scalar fy[2] = {a, b};
+	scalar y = s_prod_moving(reg, fy, 2, 1); /* a's only handle */
+	assert_stats(reg, 2, 1, 1);		 /* b and y: a is gone */
+	scalar fz[2] = {y, y};
+	scalar z = s_prod_moving(reg, fz, 2, 2); /* y * y, y's handle moved */
+	assert_stats(reg, 3, 2, 1);
+	adg_grads *g;
+	cr_assert_eq(s_backward(reg, z, &g), 0);
+	cr_assert_eq(s_grad(g, a), 2 * 10 * 5); /* d(ab)^2/da */
+	cr_assert_eq(s_grad(g, b), 2 * 10 * 2);
+	adg_grads_free(g);
+	s_drop(z);
+	assert_stats(reg, 1, 0, 0);
+	s_drop(b);
+}
+
+static int moved_noop_backward(adg_step_call *call, void *user)
+{
+	(void)call;
+	(void)user;
+	return 0;
+}
+
+/* On error nothing moved: the handles are the caller's to use and drop. */
+CHECKED_TEST(ownership, a_refused_move_leaves_the_handles_the_callers)
+{
+	scalar a = s_leaf(reg, 2), b = s_leaf(reg, 3), p = s_mul(reg, a, b);
+	adg_node *parents[2] = {p.node, a.node}, *out = NULL;
+	adg_step step = {.backward = moved_noop_backward};
+	cr_assert_eq(adg_op_moving(reg, parents, 2, 4, &step, NULL, &out),
+		     ADG_EINVAL); /* a bit past the parents */
+	cr_assert_null(out);
+	cr_assert_eq(
+		adg_op_moving(reg, parents, 2, UINT64_MAX, &step, NULL, &out),
+		ADG_EINVAL);
+	adg_node *none[2] = {p.node, NULL};
+	cr_assert_eq(adg_op_moving(reg, none, 2, 1, &step, NULL, &out),
+		     ADG_EINVAL);
+	assert_stats(reg, 3, 1, 1);
+	/* A registry out of ids refuses after the parents were looked at. */
+	adg_registry_options o = {.max_node_id = 3};
+	adg_registry *small;
+	cr_assert_eq(adg_registry_new(&o, &small), 0);
+	adg_node *l1, *l2, *q;
+	cr_assert_eq(adg_leaf(small, &l1), 0);
+	cr_assert_eq(adg_leaf(small, &l2), 0);
+	adg_node *lp[2] = {l1, l2};
+	cr_assert_eq(adg_op(small, lp, 2, &step, &q), 0);
+	adg_node *qp[2] = {q, l1};
+	cr_assert_eq(adg_op_moving(small, qp, 2, 3, &step, NULL, &out),
+		     ADG_ENOIDS);
+	cr_assert_null(out);
+	uint64_t id;
+	cr_assert_eq(adg_node_id(q, &id), 0); /* still the caller's */
+	cr_assert_eq(adg_node_unref(q), 0);
+	cr_assert_eq(adg_node_unref(l1), 0);
+	cr_assert_eq(adg_node_unref(l2), 0);
+	cr_assert_eq(adg_registry_free(small), 0);
+	s_drop(p);
+	s_drop(a);
+	s_drop(b);
+}

@@ -1082,3 +1082,62 @@ CHECKED_TEST(stress, lookups_race_graphs_freed_after_a_grace_period)
 		s_drop(f.slot[i]);
 	s_drop(f.leaf);
 }
+
+/* adg_op_moving on many threads at once: each thread takes a reference of
+ * its own to a shared non-leaf node and moves it into the first node of a
+ * chain, then moves each node into the next, while the others do the
+ * same: the shared node's count is written by every thread without the
+ * caller's drops, and its graph merged into by every chain. Every other
+ * chain runs a retained backward (the shared node's step stays for the
+ * others), the rest are dropped unrun. Whatever the interleaving, the
+ * gradients are the closed form's and every node but the shared one and
+ * the leaves is freed (the fixture checks the steps and values). */
+#define MOVED_THREADS 4
+#define MOVED_CHAINS  300
+#define MOVED_LENGTH  20
+
+struct moved {
+	scalar base, leaf;
+	atomic_int wrong;
+};
+
+static void *moved_chains(void *arg)
+{
+	const struct thread *t = arg;
+	struct moved *m = t->s;
+	adg_backward_options retain = {.retain = 1};
+	for (int c = 0; c < MOVED_CHAINS; c++) {
+		cr_assert_eq(adg_node_ref(m->base.node), 0);
+		scalar x = m->base;
+		for (int k = 0; k < MOVED_LENGTH; k++) {
+			scalar f[2] = {x, m->leaf};
+			x = s_prod_moving(reg, f, 2, 1);
+		}
+		if ((c + t->i) % 2 == 0) {
+			adg_grads *g;
+			/* d(base leaf^L)/dleaf, base and leaf 1, base not
+			 * over leaf. */
+			if (adg_backward_with(reg, x.node, scalar_box(1),
+					      &scalar_ops, &retain, &g) != 0 ||
+			    s_grad(g, m->leaf) != MOVED_LENGTH)
+				atomic_fetch_add(&m->wrong, 1);
+			adg_grads_free(g);
+		}
+		s_drop(x);
+	}
+	return NULL;
+}
+
+CHECKED_TEST(stress, moved_references_race_on_a_shared_node)
+{
+	struct moved m = {.leaf = s_leaf(reg, 1)};
+	scalar l2 = s_leaf(reg, 1), l3 = s_leaf(reg, 1);
+	m.base = s_mul(reg, l2, l3);
+	run_threads(MOVED_THREADS, moved_chains, &m);
+	cr_expect_eq(atomic_load(&m.wrong), 0);
+	assert_stats(reg, 4, 1, 1); /* the leaves, and the base alone */
+	s_drop(m.base);
+	s_drop(l3);
+	s_drop(l2);
+	s_drop(m.leaf);
+}
