@@ -115,10 +115,12 @@ static inline bool node_slot_moved(uint64_t moved, size_t i)
 	return i < 64 && (moved >> i & 1) != 0;
 }
 
-static int node_op_new(adg_registry *registry, adg_node *const *parents,
-		       size_t n_parents, const adg_step *step,
-		       const adg_op_options *options, uint64_t moved,
-		       adg_node **out)
+/* Inlined into each entry point, so that adg_op and a call with no options
+ * pay for neither options nor moves. */
+static inline __attribute__((always_inline)) int
+node_op_new(adg_registry *registry, adg_node *const *parents, size_t n_parents,
+	    const adg_step *step, const adg_op_options *options, uint64_t moved,
+	    adg_node **out)
 {
 	if (out != NULL)
 		*out = NULL;
@@ -153,11 +155,14 @@ static int node_op_new(adg_registry *registry, adg_node *const *parents,
 			goto out_dealloc;
 	}
 	uint64_t *ids = (uint64_t *)(n->parents + n_parents);
+	uint64_t moved_leaves = 0; /* dropped once the node is made */
 	for (size_t i = 0; i < n_parents; i++) {
 		struct adg_node *p = parents[i];
 		ids[i] = p->id;
 		if (adg_node_is_leaf(p)) {
 			n->parents[i] = NULL;
+			if (node_slot_moved(moved, i))
+				moved_leaves |= (uint64_t)1 << i;
 			continue;
 		}
 		n->parents[i] = p;
@@ -178,10 +183,10 @@ static int node_op_new(adg_registry *registry, adg_node *const *parents,
 	*out = n;
 	/* A moved leaf's reference has no slot to go to (children keep a
 	 * leaf's id only): dropped, as the caller would have. */
-	if (adg_unlikely(moved != 0))
-		for (size_t i = 0; i < n_parents && i < 64; i++)
-			if (node_slot_moved(moved, i) && n->parents[i] == NULL)
-				adg_node_unref(parents[i]);
+	while (adg_unlikely(moved_leaves != 0)) {
+		adg_node_unref(parents[__builtin_ctzll(moved_leaves)]);
+		moved_leaves &= moved_leaves - 1;
+	}
 	return 0;
 
 out_put_parents:
@@ -219,6 +224,9 @@ int adg_op_moving(adg_registry *registry, adg_node *const *parents,
 		  size_t n_parents, uint64_t moved, const adg_step *step,
 		  const adg_op_options *options, adg_node **out)
 {
+	if (options == NULL) /* the common case, without the options' code */
+		return node_op_new(registry, parents, n_parents, step, NULL,
+				   moved, out);
 	return node_op_new(registry, parents, n_parents, step, options, moved,
 			   out);
 }
