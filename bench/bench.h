@@ -49,6 +49,10 @@ typedef struct bench_impl {
 	void *(*op)(void *reg, void *const *parents, size_t n,
 		    const bench_step *step);
 	void (*unref)(void *reg, void *node);
+	/* op, then unref of the parents whose bit is set in moved, in one
+	 * call (adg_op_moving); NULL: the workloads call op and unref. */
+	void *(*op_moving)(void *reg, void *const *parents, size_t n,
+			   uint64_t moved, const bench_step *step);
 	uint64_t (*id)(void *node);
 	/* Backward from root with seed 1: 0 and *grads, or nonzero. */
 	int (*backward)(void *reg, void *root, void **grads);

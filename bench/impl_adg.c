@@ -63,6 +63,18 @@ static void *a_op(void *reg, void *const *parents, size_t n,
 									 : NULL;
 }
 
+static void *a_op_moving(void *reg, void *const *parents, size_t n,
+			 uint64_t moved, const bench_step *step)
+{
+	adg_step s = {
+		.backward = trampoline, .release = NULL, .user = (void *)step};
+	adg_node *out;
+	return adg_op_moving(reg, (adg_node *const *)parents, n, moved, &s,
+			     NULL, &out) == 0
+		       ? out
+		       : NULL;
+}
+
 static void a_unref(void *reg, void *node)
 {
 	(void)reg;
@@ -142,6 +154,7 @@ const bench_impl bench_adg = {
 	.leaf = a_leaf,
 	.op = a_op,
 	.unref = a_unref,
+	.op_moving = a_op_moving,
 	.id = a_id,
 	.backward = a_backward,
 	.grad = a_grad,

@@ -77,30 +77,48 @@ struct value {
 	double v;
 };
 
+/* An op that also drops the caller's handles on the parents whose bit is
+ * set in moved, as a temporary's last use does: in one call where the
+ * implementation has one (adg_op_moving), else the op and the drops. */
+static void *op_moving(const bench_impl *impl, void *reg, void *const *parents,
+		       size_t n, uint64_t moved, const bench_step *step)
+{
+	if (impl->op_moving != NULL)
+		return impl->op_moving(reg, parents, n, moved, step);
+	void *out = impl->op(reg, parents, n, step);
+	for (size_t i = 0; i < n; i++)
+		if (moved >> i & 1)
+			impl->unref(reg, parents[i]);
+	return out;
+}
+
 static struct value mul(const bench_impl *impl, void *reg,
 			struct mul_step *closure, struct value a,
-			struct value b)
+			struct value b, uint64_t moved)
 {
 	*closure = (struct mul_step){{mul_run}, a.v, b.v};
 	void *parents[2] = {a.node, b.node};
-	return (struct value){impl->op(reg, parents, 2, &closure->base),
-			      a.v * b.v};
+	return (struct value){
+		op_moving(impl, reg, parents, 2, moved, &closure->base),
+		a.v * b.v};
 }
 
 static struct value sum2(const bench_impl *impl, void *reg, struct value a,
-			 struct value b)
+			 struct value b, uint64_t moved)
 {
 	void *parents[2] = {a.node, b.node};
-	return (struct value){impl->op(reg, parents, 2, &bench_sum_step),
-			      a.v + b.v};
+	return (struct value){
+		op_moving(impl, reg, parents, 2, moved, &bench_sum_step),
+		a.v + b.v};
 }
 
 static struct value unary(const bench_impl *impl, void *reg,
 			  struct unary_step *closure, struct value x, double y,
-			  double slope)
+			  double slope, uint64_t moved)
 {
 	*closure = (struct unary_step){{unary_run}, slope};
-	return (struct value){impl->op(reg, &x.node, 1, &closure->base), y};
+	return (struct value){
+		op_moving(impl, reg, &x.node, 1, moved, &closure->base), y};
 }
 
 /* ----------------------------------------------- shared per-run state */
@@ -167,13 +185,10 @@ static struct value chain(struct run *r, struct value *leaves, int n_leaves,
 			  int k, struct mul_step *closures)
 {
 	struct value x = mul(r->impl, r->reg, &closures[0], leaves[0],
-			     leaves[1 % n_leaves]);
-	for (int i = 1; i < k; i++) {
-		struct value y = mul(r->impl, r->reg, &closures[i], x,
-				     leaves[(i + 1) % n_leaves]);
-		r->impl->unref(r->reg, x.node);
-		x = y;
-	}
+			     leaves[1 % n_leaves], 0);
+	for (int i = 1; i < k; i++)
+		x = mul(r->impl, r->reg, &closures[i], x,
+			leaves[(i + 1) % n_leaves], 1); /* x's last use */
 	return x;
 }
 
@@ -183,16 +198,13 @@ static struct value tree(struct run *r, struct value *leaves, int n_leaves,
 {
 	int width = k / 2, used = 0;
 	for (int i = 0; i < width; i++)
-		level[i] =
-			mul(r->impl, r->reg, &closures[used++],
-			    leaves[i % n_leaves], leaves[(i + 1) % n_leaves]);
+		level[i] = mul(r->impl, r->reg, &closures[used++],
+			       leaves[i % n_leaves], leaves[(i + 1) % n_leaves],
+			       0);
 	while (width > 1) {
 		for (int i = 0; i < width / 2; i++) {
-			struct value y = mul(r->impl, r->reg, &closures[used++],
-					     level[2 * i], level[2 * i + 1]);
-			r->impl->unref(r->reg, level[2 * i].node);
-			r->impl->unref(r->reg, level[2 * i + 1].node);
-			level[i] = y;
+			level[i] = mul(r->impl, r->reg, &closures[used++],
+				       level[2 * i], level[2 * i + 1], 3);
 		}
 		width /= 2;
 	}
@@ -271,48 +283,40 @@ static void shared_thread(void *shared, int index, const atomic_int *stop,
 			for (int i = 0; i < MLP_IN; i++) {
 				struct value w = r->params[(offset + used) %
 							   r->n_params];
-				struct value m =
-					mul(impl, r->reg, &muls[used], w, x[i]);
+				struct value m = mul(impl, r->reg, &muls[used],
+						     w, x[i], 0);
 				used++;
 				nodes++;
 				if (i == 0) {
 					h = m;
 					continue;
 				}
-				struct value s = sum2(impl, r->reg, h, m);
+				h = sum2(impl, r->reg, h, m, 3);
 				nodes++;
-				impl->unref(r->reg, h.node);
-				impl->unref(r->reg, m.node);
-				h = s;
 			}
 			double t = tanh(h.v);
-			a[j] = unary(impl, r->reg, &acts[j], h, t, 1 - t * t);
+			a[j] = unary(impl, r->reg, &acts[j], h, t, 1 - t * t,
+				     1);
 			nodes++;
-			impl->unref(r->reg, h.node);
 		}
 		struct value o = {0};
 		for (int j = 0; j < MLP_HIDDEN; j++) {
 			struct value w =
 				r->params[(offset + used) % r->n_params];
 			struct value m =
-				mul(impl, r->reg, &muls[used], w, a[j]);
+				mul(impl, r->reg, &muls[used], w, a[j], 2);
 			used++;
 			nodes++;
-			impl->unref(r->reg, a[j].node);
 			if (j == 0) {
 				o = m;
 				continue;
 			}
-			struct value s = sum2(impl, r->reg, o, m);
+			o = sum2(impl, r->reg, o, m, 3);
 			nodes++;
-			impl->unref(r->reg, o.node);
-			impl->unref(r->reg, m.node);
-			o = s;
 		}
 		struct value loss = unary(impl, r->reg, &acts[MLP_HIDDEN], o,
-					  o.v * o.v, 2 * o.v);
+					  o.v * o.v, 2 * o.v, 1);
 		nodes++;
-		impl->unref(r->reg, o.node);
 		for (int i = 0; i < MLP_IN; i++)
 			impl->unref(r->reg, x[i].node);
 		uint64_t t1 = bench_now_ns();
@@ -346,10 +350,10 @@ static void merge_thread(void *shared, int index, const atomic_int *stop,
 		for (int g = 0; g < 4; g++)
 			part[g] = chain(r, leaves, 2, 4, &closures[4 * g]);
 		struct value j1 =
-			mul(impl, r->reg, &closures[16], part[0], part[1]);
+			mul(impl, r->reg, &closures[16], part[0], part[1], 0);
 		struct value j2 =
-			mul(impl, r->reg, &closures[17], part[2], part[3]);
-		struct value root = mul(impl, r->reg, &closures[18], j1, j2);
+			mul(impl, r->reg, &closures[17], part[2], part[3], 0);
+		struct value root = mul(impl, r->reg, &closures[18], j1, j2, 0);
 		for (int g = 0; g < 4; g++)
 			impl->unref(r->reg, part[g].node);
 		impl->unref(r->reg, j1.node);
@@ -581,8 +585,8 @@ static void trainer_thread(void *shared, int index, const atomic_int *stop,
 			for (int i = 0; i < TR_IN; i++) {
 				struct value wx = w1[j * TR_IN + i];
 				wx = unary(impl, reg, &un[nu++], wx,
-					   wx.v * x[i], x[i]);
-				struct value s = sum2(impl, reg, z, wx);
+					   wx.v * x[i], x[i], 0);
+				struct value s = sum2(impl, reg, z, wx, 0);
 				nodes += 2;
 				if (owned)
 					impl->unref(reg, z.node);
@@ -592,15 +596,15 @@ static void trainer_thread(void *shared, int index, const atomic_int *stop,
 			}
 			double a = tanh(z.v);
 			struct value av =
-				unary(impl, reg, &un[nu++], z, a, 1 - a * a);
+				unary(impl, reg, &un[nu++], z, a, 1 - a * a, 0);
 			impl->unref(reg, z.node);
-			struct value m = mul(impl, reg, &mu[j], w2[j], av);
+			struct value m = mul(impl, reg, &mu[j], w2[j], av, 0);
 			impl->unref(reg, av.node);
 			nodes += 2;
 			if (j == 0) {
-				o = sum2(impl, reg, m, b2[0]);
+				o = sum2(impl, reg, m, b2[0], 0);
 			} else {
-				struct value s = sum2(impl, reg, o, m);
+				struct value s = sum2(impl, reg, o, m, 0);
 				impl->unref(reg, o.node);
 				o = s;
 			}
@@ -609,7 +613,7 @@ static void trainer_thread(void *shared, int index, const atomic_int *stop,
 		}
 		double err = o.v - target(x);
 		struct value loss =
-			unary(impl, reg, &un[nu++], o, err * err, 2 * err);
+			unary(impl, reg, &un[nu++], o, err * err, 2 * err, 0);
 		impl->unref(reg, o.node);
 		nodes++;
 		uint64_t t1 = bench_now_ns();
@@ -770,7 +774,7 @@ double bench_overlap_fraction(const bench_params *p, int iterations,
 			for (int i = 0; i < MLP_IN; i++) {
 				struct value m = mul(
 					impl, reg, &muls[used],
-					r->params[used % r->n_params], x[i]);
+					r->params[used % r->n_params], x[i], 0);
 				muls[used++].base.run = counting_mul_run;
 				temps[nt++] = m.node;
 				count.total_steps++;
@@ -786,7 +790,7 @@ double bench_overlap_fraction(const bench_params *p, int iterations,
 				count.total_steps++;
 			}
 			double t = tanh(h.v);
-			a[j] = unary(impl, reg, &acts[j], h, t, 1 - t * t);
+			a[j] = unary(impl, reg, &acts[j], h, t, 1 - t * t, 0);
 			acts[j].base.run = counting_unary_run;
 			temps[nt++] = a[j].node;
 			count.total_steps++;
@@ -794,7 +798,7 @@ double bench_overlap_fraction(const bench_params *p, int iterations,
 		for (int j = 0; j < MLP_HIDDEN; j++) {
 			struct value m =
 				mul(impl, reg, &muls[used],
-				    r->params[used % r->n_params], a[j]);
+				    r->params[used % r->n_params], a[j], 0);
 			muls[used++].base.run = counting_mul_run;
 			temps[nt++] = m.node;
 			count.total_steps++;
@@ -809,7 +813,7 @@ double bench_overlap_fraction(const bench_params *p, int iterations,
 			count.total_steps++;
 		}
 		struct value loss = unary(impl, reg, &acts[MLP_HIDDEN], o,
-					  o.v * o.v, 2 * o.v);
+					  o.v * o.v, 2 * o.v, 0);
 		acts[MLP_HIDDEN].base.run = counting_unary_run;
 		count.total_steps++;
 		for (int i = 0; i < nt; i++)
