@@ -761,12 +761,22 @@ static struct step *step_new(struct fuzz *f, uint8_t p, const uint8_t *idx,
 static void do_op(struct fuzz *f, uint8_t p, const uint8_t *idx)
 {
 	adg_node *parents[MODEL_MAX_PARENTS];
+	/* Read before step_new: the handle the first index names. */
+	size_t first = idx[0] % f->nh;
+	bool moves = p / 3 / 16 % 2 == 1;
 	struct step *s = step_new(f, p, idx, parents);
 	adg_step step = {
 		.backward = step_backward, .release = step_release, .user = s};
 	adg_node *node;
 	uint64_t id = 0;
-	expect_rc(f, "adg_op", adg_op(f->reg, parents, s->n, &step, &node), 0);
+	if (moves)
+		expect_rc(f, "adg_op_moving",
+			  adg_op_moving(f->reg, parents, s->n, 1, &step, NULL,
+					&node),
+			  0);
+	else
+		expect_rc(f, "adg_op",
+			  adg_op(f->reg, parents, s->n, &step, &node), 0);
 	expect_rc(f, "adg_node_id", adg_node_id(node, &id), 0);
 	uint64_t want = model_op(&f->model, s->parent_ids, s->n, s->fails);
 	expect_u64(f, "new node id", id, want);
@@ -774,6 +784,13 @@ static void do_op(struct fuzz *f, uint8_t p, const uint8_t *idx)
 	push(f, node, id, s->value);
 	f->cov.nodes++;
 	f->cov.failing_steps += s->fails;
+	if (moves) {
+		/* The first parent's handle is the node's now: to the model,
+		 * a drop right after the op. */
+		model_unref(&f->model, f->h[first].id);
+		f->h[first] = f->h[--f->nh];
+		f->cov.moves++;
+	}
 }
 
 /* Whether the op of s names a consumed parent whose output it needs. */

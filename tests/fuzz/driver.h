@@ -20,7 +20,9 @@
  *                             indices i (each taken modulo the handle
  *                             count, repeats allowed); f = p/3: its step
  *                             fails if f%8 == 7, and takes ownership of its
- *                             gradient if (f/8)%2 == 1
+ *                             gradient if (f/8)%2 == 1; if (f/16)%2 == 1
+ *                             the first index's handle moves into the
+ *                             node (adg_op_moving), a drop to the model
  *   7      ref       i        a second handle to handle i
  *   8-10   drop      i        drops handle i
  *   11     backward  i s x    backward from handle i with seed 2s+1, run
@@ -153,6 +155,7 @@ _Static_assert(ADG_FUZZ_OPCODES <= 256, "ops.def: more codes than a byte");
 	X(ops_run)		/* operations decoded and not skipped */       \
 	X(leaves)		/* adg_leaf */                                 \
 	X(nodes)		/* adg_op */                                   \
+	X(moves)		/* adg_op_moving: a handle moved in */         \
 	X(refs)			/* adg_node_ref */                             \
 	X(drops)		/* adg_node_unref, the final ones included */  \
 	X(stats)		/* stats operations */                         \
