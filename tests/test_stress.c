@@ -451,21 +451,24 @@ struct churn {
 	atomic_int wrong;
 };
 
-static scalar churn_take(struct churn *c, int slot)
+/* A reference of the caller's own to slots[i], a handle that other
+ * threads replace under lock. */
+static scalar slot_take(pthread_mutex_t *lock, scalar *slots, int i)
 {
-	pthread_mutex_lock(&c->lock);
-	scalar x = c->pool[slot];
+	pthread_mutex_lock(lock);
+	scalar x = slots[i];
 	adg_node_ref(x.node);
-	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_unlock(lock);
 	return x;
 }
 
-static void churn_put(struct churn *c, int slot, scalar x)
+/* Puts x in slots[i], under lock, and drops the handle it replaces. */
+static void slot_put(pthread_mutex_t *lock, scalar *slots, int i, scalar x)
 {
-	pthread_mutex_lock(&c->lock);
-	scalar old = c->pool[slot];
-	c->pool[slot] = x;
-	pthread_mutex_unlock(&c->lock);
+	pthread_mutex_lock(lock);
+	scalar old = slots[i];
+	slots[i] = x;
+	pthread_mutex_unlock(lock);
 	s_drop(old); /* may free an unrun graph, or part of one */
 }
 
@@ -478,10 +481,10 @@ static void *churn_worker(void *arg)
 		int kind = rand_r(&seed) % 10;
 		int sa = rand_r(&seed) % POOL, sb = rand_r(&seed) % POOL;
 		int sc = rand_r(&seed) % POOL;
-		scalar a = churn_take(c, sa);
+		scalar a = slot_take(&c->lock, c->pool, sa);
 		if (kind < 6) {
-			scalar b = churn_take(c, sb);
-			churn_put(c, sc, s_mul(reg, a, b));
+			scalar b = slot_take(&c->lock, c->pool, sb);
+			slot_put(&c->lock, c->pool, sc, s_mul(reg, a, b));
 			s_drop(b);
 		} else if (kind < 8) {
 			adg_grads *g;
@@ -492,7 +495,8 @@ static void *churn_worker(void *arg)
 				    *(double *)v < 1)
 					atomic_fetch_add(&c->wrong, 1);
 				adg_grads_free(g);
-				churn_put(c, sa, s_mul(reg, c->leaf, c->leaf));
+				slot_put(&c->lock, c->pool, sa,
+					 s_mul(reg, c->leaf, c->leaf));
 			} else if (rc != ADG_EUNAVAILABLE &&
 				   rc != ADG_ECONSUMED) {
 				atomic_fetch_add(&c->wrong, 1);
@@ -988,31 +992,13 @@ struct freed {
 	atomic_int wrong;
 };
 
-static scalar freed_take(struct freed *f, int i)
-{
-	pthread_mutex_lock(&f->lock);
-	scalar x = f->slot[i];
-	adg_node_ref(x.node);
-	pthread_mutex_unlock(&f->lock);
-	return x;
-}
-
-static void freed_put(struct freed *f, int i, scalar x)
-{
-	pthread_mutex_lock(&f->lock);
-	scalar old = f->slot[i];
-	f->slot[i] = x;
-	pthread_mutex_unlock(&f->lock);
-	s_drop(old);
-}
-
 /* Fresh one-node graphs in random slots. */
 static void freed_maker(struct freed *f)
 {
 	unsigned int seed = 17;
 	while (!atomic_load(&f->done))
-		freed_put(f, rand_r(&seed) % FREED_SLOTS,
-			  s_mul(reg, f->leaf, f->leaf));
+		slot_put(&f->lock, f->slot, rand_r(&seed) % FREED_SLOTS,
+			 s_mul(reg, f->leaf, f->leaf));
 }
 
 /* Two slots' graphs merged: one of them retires on this thread. */
@@ -1022,8 +1008,9 @@ static void freed_merger(struct freed *f)
 	for (int i = 0; i < FREED_MERGES; i++) {
 		int sa = rand_r(&seed) % FREED_SLOTS;
 		int sb = rand_r(&seed) % FREED_SLOTS;
-		scalar a = freed_take(f, sa), b = freed_take(f, sb);
-		freed_put(f, sa, s_mul(reg, a, b));
+		scalar a = slot_take(&f->lock, f->slot, sa),
+		       b = slot_take(&f->lock, f->slot, sb);
+		slot_put(&f->lock, f->slot, sa, s_mul(reg, a, b));
 		s_drop(a);
 		s_drop(b);
 	}
@@ -1035,7 +1022,8 @@ static void *freed_short_reader(void *arg)
 	struct freed *f = arg;
 	unsigned int seed = (unsigned int)atomic_load(&f->lookups) + 1;
 	for (int i = 0; i < FREED_READER_OPS; i++) {
-		scalar x = freed_take(f, rand_r(&seed) % FREED_SLOTS);
+		scalar x = slot_take(&f->lock, f->slot,
+				     rand_r(&seed) % FREED_SLOTS);
 		uint64_t g;
 		if (adg_node_graph_id(x.node, &g) != 0 || g == 0)
 			atomic_fetch_add(&f->wrong, 1);
