@@ -180,17 +180,33 @@ void adg_graph_detach_locked(struct adg_graph *g, struct adg_node *n)
 		graph_mark_retired(g);
 }
 
+/* Unlocks the n graphs of set, then puts the retired ones away once this
+ * thread holds no graph lock (see adg_graph_unlock); scratch has room for
+ * n. */
+static void graph_unlock_all(struct adg_shard *shard, struct adg_graph **set,
+			     size_t n, struct adg_graph **scratch)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		struct adg_graph *g = set[i];
+		/* Read before unlocking: afterwards g belongs to the
+		 * next holder. */
+		if (g->retire_pending)
+			scratch[k++] = g;
+		g->retire_pending = false;
+		adg_graph_unlock_plain(g);
+	}
+	for (size_t i = 0; i < k; i++)
+		graph_retire(shard, scratch[i]);
+}
+
 /* Every caller holds g's lock alone: graph_retire may wait for a grace
  * period, and a reader in a section may be spinning on another lock. */
 void adg_graph_unlock(struct adg_shard *shard, struct adg_graph *g)
 {
-	/* Read before unlocking: afterwards g belongs to the next holder. */
-	bool retired = g->retire_pending;
-
-	g->retire_pending = false;
-	adg_graph_unlock_plain(g);
-	if (retired)
-		graph_retire(shard, g);
+	struct adg_graph *retired;
+	graph_unlock_all(shard, &g, 1, &retired);
 }
 
 struct adg_graph *adg_graph_lock_of(struct adg_node *n)
@@ -312,26 +328,6 @@ static struct adg_graph *graph_merge_locked(struct adg_shard *shard,
 		adg_count(shard, ADG_C_MERGES, 1);
 	}
 	return survivor;
-}
-
-/* Unlocks the n graphs of set, then puts the retired ones away once this
- * thread holds no graph lock (see adg_graph_unlock); scratch has room for
- * n. */
-static void graph_unlock_all(struct adg_shard *shard, struct adg_graph **set,
-			     size_t n, struct adg_graph **scratch)
-{
-	size_t k = 0;
-
-	for (size_t i = 0; i < n; i++) {
-		struct adg_graph *g = set[i];
-		/* Read before unlocking, as adg_graph_unlock does. */
-		if (g->retire_pending)
-			scratch[k++] = g;
-		g->retire_pending = false;
-		adg_graph_unlock_plain(g);
-	}
-	for (size_t i = 0; i < k; i++)
-		graph_retire(shard, scratch[i]);
 }
 
 /* The common case: every non-leaf parent slot names the same node p (or
