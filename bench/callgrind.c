@@ -35,37 +35,6 @@ int count_child(const struct options *o)
 	return 2;
 }
 
-/* Inclusive instruction count of a function in a callgrind profile. */
-static double inclusive_ir(const char *profile, const char *function)
-{
-	char cmd[8192], line[4096];
-	snprintf(cmd, sizeof cmd, "callgrind_annotate --inclusive=yes '%s'",
-		 profile);
-	FILE *p = popen(cmd, "r");
-	if (p == NULL)
-		return NAN;
-	double ir = NAN;
-	while (fgets(line, sizeof line, p)) {
-		if (strstr(line, function) == NULL)
-			continue;
-		char digits[64];
-		int k = 0;
-		for (const char *s = line; *s && k < 63; s++) {
-			if (*s >= '0' && *s <= '9')
-				digits[k++] = *s;
-			else if (*s != ',' && k > 0)
-				break;
-		}
-		digits[k] = 0;
-		if (k > 0) {
-			ir = atof(digits);
-			break;
-		}
-	}
-	pclose(p);
-	return ir;
-}
-
 /* The inclusive counts of every function of a profile, one per line, as
  * callgrind_annotate prints them, in a temporary file; NULL on failure. */
 static FILE *annotate(const char *profile)
@@ -107,6 +76,18 @@ static double function_ir(FILE *annotation, const char *function)
 		return ir;
 	}
 	return 0;
+}
+
+/* Inclusive instruction count of a function in a callgrind profile; NAN
+ * when it cannot be read or the function never ran. */
+static double inclusive_ir(const char *profile, const char *function)
+{
+	FILE *a = annotate(profile);
+	if (a == NULL)
+		return NAN;
+	double ir = function_ir(a, function);
+	fclose(a);
+	return ir > 0 ? ir : NAN;
 }
 
 /* Runs the count child of impl under callgrind, collecting only inside
