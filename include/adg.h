@@ -136,9 +136,10 @@ typedef struct adg_grads adg_grads;	  /* gradients of one backward */
 /* ---------------------------------------------------------------- registry */
 
 /* Every allocation libadg makes for a registry: the registry itself, each
- * thread's slice of it, nodes, graphs, checkpointing records, backward
- * scratch and gradient containers. (The executor's jobs, which may outlive
- * the registry, use malloc.) alloc returns NULL on failure, or memory
+ * thread's slice of it, nodes (in slabs of 16 KiB to 1 MiB, each holding
+ * many, for nodes of fewer than 8 parents), graphs, checkpointing records,
+ * backward scratch and gradient containers. (The executor's jobs, which may
+ * outlive the registry, use malloc.) alloc returns NULL on failure, or memory
  * aligned as malloc's is; free receives the size that was asked of alloc.
  * Both may be called from any thread that calls libadg; neither may call
  * into libadg (they may run under libadg's locks). */

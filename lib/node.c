@@ -13,19 +13,13 @@
 
 #include <string.h>
 
-/* Node memory: the shard's cache first, then the allocator. Cached nodes
- * came from this registry's allocator; adg_node_free_cache returns them. */
-static struct adg_node *node_alloc(struct adg_shard *shard,
-				   struct adg_registry *r, uint32_t n_parents)
+/* Node memory: a slab of the shard's for nodes of up to
+ * ADG_SLAB_CLASSES - 1 parents, a block of the allocator's for the rest. */
+static inline struct adg_node *
+node_alloc(struct adg_shard *shard, struct adg_registry *r, uint32_t n_parents)
 {
-	if (n_parents < ADG_NODE_CACHE_CLASSES) {
-		struct adg_node *n = shard->node_cache[n_parents];
-		if (n != NULL) {
-			shard->node_cache[n_parents] = n->next_doomed;
-			shard->node_cached[n_parents]--;
-			return n;
-		}
-	}
+	if (adg_likely(n_parents < ADG_SLAB_CLASSES))
+		return adg_slab_alloc(shard, n_parents);
 	return adg_alloc(r, adg_node_size(n_parents));
 }
 
@@ -34,32 +28,14 @@ static void node_dealloc(struct adg_shard *shard, struct adg_node *n)
 	uint32_t k = n->n_parents;
 #ifdef ADG_ASSERTIONS
 	/* The last drop may skip the subtraction (node_put_refs): zero the
-	 * count, so that a drop of a freed, cached node trips I5. */
+	 * count, so that a drop of a freed node trips I5 (where the free
+	 * list's link or the poison leave it readable). */
 	atomic_store_explicit(&n->refs, 0, memory_order_relaxed);
 #endif
-	/* The fallback shard is shared by threads: it keeps nothing. */
-	if (k < ADG_NODE_CACHE_CLASSES && !shard->shared &&
-	    shard->node_cached[k] < ADG_NODE_CACHE_MAX) {
-		n->next_doomed = shard->node_cache[k];
-		shard->node_cache[k] = n;
-		shard->node_cached[k]++;
-		return;
-	}
-	adg_free(n->registry, n, adg_node_size(k));
-}
-
-void adg_node_free_cache(struct adg_shard *shard)
-{
-	for (uint32_t k = 0; k < ADG_NODE_CACHE_CLASSES; k++) {
-		struct adg_node *n = shard->node_cache[k];
-		while (n != NULL) {
-			struct adg_node *next = n->next_doomed;
-			adg_free(n->registry, n, adg_node_size(k));
-			n = next;
-		}
-		shard->node_cache[k] = NULL;
-		shard->node_cached[k] = 0;
-	}
+	if (adg_likely(k < ADG_SLAB_CLASSES))
+		adg_slab_free(shard, n);
+	else
+		adg_free(n->registry, n, adg_node_size(k));
 }
 
 /* Inlined: on adg_op's path, the stores that node_op_new overwrites go. */

@@ -359,7 +359,7 @@ int adg_registry_free(adg_registry *registry)
 	while (s != NULL) {
 		struct adg_shard *next = s->next_in_registry;
 		adg_graph_free_pool(s);
-		adg_node_free_cache(s);
+		adg_slab_free_all(s);
 		adg_tape_free(registry, s->tape_cache);
 		registry_free_aligned(&a, s->alloc_base, sizeof *s);
 		s = next;

@@ -339,15 +339,20 @@ CHECKED_TEST(nomem, leaf_and_op)
 		cr_assert_lt(k, 10);
 	}
 	cr_assert_eq(adg_op(reg, ab, 2, &noop, &y), 0);
-	/* A merge needs no allocation beyond the node. */
-	adg_node *xy[2] = {x, y};
+	/* A merge needs no allocation beyond the node's: a node of a size
+	 * with no slab yet (three parents) fails, and nothing merges... */
+	adg_node *xyx[3] = {x, y, x};
 	atomic_store(&fixture_alloc.fail_in, 1);
-	cr_expect_eq(adg_op(reg, xy, 2, &noop, &z), ADG_ENOMEM);
+	cr_expect_eq(adg_op(reg, xyx, 3, &noop, &z), ADG_ENOMEM);
 	struct adg_stats st;
 	adg_stats(reg, &st);
 	cr_expect_eq(st.merges, 0);
 	cr_expect_eq(st.live_graphs, 2);
+	/* ...and one whose slab has room (x's and y's) allocates nothing. */
+	adg_node *xy[2] = {x, y};
+	atomic_store(&fixture_alloc.fail_in, 1);
 	cr_assert_eq(adg_op(reg, xy, 2, &noop, &z), 0);
+	atomic_store(&fixture_alloc.fail_in, 0);
 	adg_stats(reg, &st);
 	cr_expect_eq(st.merges, 1);
 	/* Many parents (more than fit on the stack) use the allocator. */

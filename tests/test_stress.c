@@ -924,7 +924,7 @@ static void *start_on_reg(void *arg)
 	while (atomic_load(&s->stage) != 1)
 		sched_yield();
 	/* Ops and backward passes, which use the shard's ids, counters,
-	 * node cache and tape, as the backward on the other thread does
+	 * node slabs and tape, as the backward on the other thread does
 	 * once its step returns. */
 	for (int i = 0; i < 64; i++) {
 		scalar x = s_leaf(reg, 3), y = s_mul(reg, x, x);

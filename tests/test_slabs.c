@@ -1,0 +1,201 @@
+/*
+ * Node slabs (lib/slab.c): nodes freed by threads other than the one that
+ * made them go back to their slab, and the slab to the allocator, while
+ * the threads that made them run on or exit.
+ */
+#include "fixture.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+/* On fixture_alloc, whose bytes the tests read. */
+static void open_counted(void)
+{
+	adg_registry_options o = {.allocator =
+					  failing_allocator(&fixture_alloc)};
+	fixture_open(&o);
+}
+
+TestSuite(slabs, .init = open_counted);
+
+struct handles {
+	scalar *x;
+	size_t n;
+};
+
+static void *drop_all(void *arg)
+{
+	struct handles *h = arg;
+	for (size_t i = 0; i < h->n; i++)
+		s_drop(h->x[i]);
+	return NULL;
+}
+
+/* Nodes made on this thread and freed on another: their slabs go back
+ * once this thread, making more, takes those frees. Without that, the
+ * bytes would stay at their peak. */
+CHECKED_TEST(slabs, slabs_freed_by_another_thread_go_back)
+{
+	enum { N = 20000 };
+	struct handles h = {calloc(N, sizeof(scalar)), N};
+	cr_assert_not_null(h.x);
+	long before = atomic_load(&fixture_alloc.live_bytes);
+	for (size_t i = 0; i < N; i++)
+		h.x[i] = s_leaf(reg, (double)i);
+	long peak = atomic_load(&fixture_alloc.live_bytes) - before;
+	cr_assert_gt(peak, (long)N * 100, "one slab byte or more a leaf");
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, drop_all, &h), 0);
+	pthread_join(t, NULL);
+	/* More than a page of nodes, so that the maker runs out of room in
+	 * one and takes the other thread's frees. */
+	scalar more[64];
+	for (int i = 0; i < 64; i++)
+		more[i] = s_leaf(reg, i);
+	long after = atomic_load(&fixture_alloc.live_bytes) - before;
+	cr_expect_lt(after, peak / 2, "%ld bytes left of %ld", after, peak);
+	for (int i = 0; i < 64; i++)
+		s_drop(more[i]);
+	assert_stats(reg, 0, 0, 0);
+	free(h.x);
+}
+
+/* Makers build graphs (leaves, ops of 1 to 3 parents from slabs, and of
+ * 9 parents from the allocator), hand every handle over and exit; other
+ * threads run backward on some roots, check the gradients and drop
+ * everything, while the makers exit and new makers adopt their shards. */
+#define MAKERS	    4
+#define DROPPERS    3
+#define ROUNDS	    10
+#define PER_MAKER   2000
+#define QUEUE_SLOTS (MAKERS * PER_MAKER * 3)
+
+/* What a maker hands over: a root, its two leaves, and which graph it is
+ * (make_then_exit), for the gradient of a. */
+struct made {
+	scalar y, a, b;
+	int kind;
+};
+
+struct exchange {
+	pthread_mutex_t lock;
+	struct made queue[QUEUE_SLOTS];
+	size_t head, tail;
+	atomic_int makers_left;
+	atomic_int wrong;
+};
+
+static void put(struct exchange *e, struct made m)
+{
+	pthread_mutex_lock(&e->lock);
+	e->queue[e->tail++ % QUEUE_SLOTS] = m;
+	pthread_mutex_unlock(&e->lock);
+}
+
+static bool take(struct exchange *e, struct made *m)
+{
+	pthread_mutex_lock(&e->lock);
+	bool some = e->head != e->tail;
+	if (some)
+		*m = e->queue[e->head++ % QUEUE_SLOTS];
+	pthread_mutex_unlock(&e->lock);
+	return some;
+}
+
+static void *make_then_exit(void *arg)
+{
+	struct thread *t = arg;
+	struct exchange *e = t->s;
+	for (int i = 0; i < PER_MAKER; i++) {
+		scalar a = s_leaf(reg, 2), b = s_leaf(reg, 3);
+		scalar f[9] = {a, b, a, b, a, b, a, b, a};
+		scalar y;
+		switch (i % 4) {
+		case 0: /* one parent: a */
+			y = s_prod(reg, f, 1);
+			break;
+		case 1:
+			y = s_mul(reg, a, b);
+			break;
+		case 2: /* (a b) b a */
+			f[0] = s_mul(reg, a, b);
+			y = s_prod(reg, f, 3);
+			s_drop(f[0]);
+			break;
+		default: /* a^5 b^4, from the allocator */
+			y = s_prod(reg, f, 9);
+			break;
+		}
+		put(e, (struct made){y, a, b, i % 4});
+	}
+	atomic_fetch_sub(&e->makers_left, 1);
+	return NULL;
+}
+
+/* d/da of each kind of root at a = 2, b = 3: a, a b, a^2 b^2, a^5 b^4. */
+static const double expected_da[] = {1, 3, 2 * 2 * 9, 5 * 16 * 81};
+
+static void *drop_what_comes(void *arg)
+{
+	struct thread *t = arg;
+	struct exchange *e = t->s;
+	struct made m;
+	for (unsigned seen = 0;; seen++) {
+		if (!take(e, &m)) {
+			if (atomic_load(&e->makers_left) == 0 && !take(e, &m))
+				return NULL;
+			sched_yield();
+			continue;
+		}
+		/* Every other root runs backward first; the drops come in
+		 * three orders, so that leaves go first, last or between. */
+		if (seen % 2 == 0) {
+			adg_grads *g;
+			if (s_backward(reg, m.y, &g) != 0) {
+				atomic_fetch_add(&e->wrong, 1);
+			} else {
+				if (s_grad(g, m.a) != expected_da[m.kind])
+					atomic_fetch_add(&e->wrong, 1);
+				adg_grads_free(g);
+			}
+		}
+		scalar order[3][3] = {
+			{m.y, m.a, m.b}, {m.a, m.b, m.y}, {m.a, m.y, m.b}};
+		for (int k = 0; k < 3; k++)
+			s_drop(order[seen % 3][k]);
+	}
+}
+
+CHECKED_TEST(slabs_stress, nodes_freed_by_other_threads_while_makers_exit,
+	     .init = open_counted)
+{
+	struct exchange *e = calloc(1, sizeof *e);
+	cr_assert_not_null(e);
+	pthread_mutex_init(&e->lock, NULL);
+	for (int round = 0; round < ROUNDS; round++) {
+		atomic_store(&e->makers_left, MAKERS);
+		pthread_t m[MAKERS], d[DROPPERS];
+		struct thread ma[MAKERS], da[DROPPERS];
+		for (int i = 0; i < MAKERS; i++) {
+			ma[i] = (struct thread){e, i};
+			cr_assert_eq(pthread_create(&m[i], NULL, make_then_exit,
+						    &ma[i]),
+				     0);
+		}
+		for (int i = 0; i < DROPPERS; i++) {
+			da[i] = (struct thread){e, i};
+			cr_assert_eq(pthread_create(&d[i], NULL,
+						    drop_what_comes, &da[i]),
+				     0);
+		}
+		for (int i = 0; i < MAKERS; i++)
+			pthread_join(m[i], NULL);
+		for (int i = 0; i < DROPPERS; i++)
+			pthread_join(d[i], NULL);
+		cr_assert_eq(e->head, e->tail);
+		assert_stats(reg, 0, 0, 0);
+	}
+	cr_expect_eq(atomic_load(&e->wrong), 0);
+	pthread_mutex_destroy(&e->lock);
+	free(e);
+}
