@@ -144,7 +144,10 @@ enum adg_node_state {
 };
 
 struct adg_node {
-	struct adg_registry *registry;
+	/* What the step does, interned per registry (kind.c), and so the
+	 * node's registry (adg_node_registry_of); a leaf's is its registry's
+	 * leaf_kind. Set before the node is published and never changed. */
+	const struct adg_step_kind *kind;
 	uint64_t id;
 	/* The caller's handles, plus one per parent slot of an unconsumed
 	 * child. Leaves are not counted by their children (see parents). */
@@ -194,7 +197,9 @@ struct adg_node {
 	uint32_t retained_runs;
 	/* The node's checkpointing record (adg_op_with), or NULL. */
 	struct adg_ckpt *ckpt;
-	adg_step step;
+	/* The step's user pointer (adg_step.user), NULL for a leaf; the rest
+	 * of the adg_step is in kind. */
+	void *user;
 	/* n_parents pointers, then n_parents ids (see adg_node_parent_ids).
 	 * A leaf parent's pointer is NULL: children never touch a leaf after
 	 * creating it, so a parameter shared by every thread is a cache line
@@ -203,12 +208,27 @@ struct adg_node {
 	struct adg_node *parents[];
 };
 
+/* 88 bytes on LP64, 24 fewer than with an adg_step and a registry pointer:
+ * a product of two parents is 120 bytes, a 128-byte malloc chunk, one
+ * parent 104 (docs/concurrency.md, "Cost as a graph grows", says what
+ * that does to a backward's memory order). */
+_Static_assert(sizeof(void *) != 8 || sizeof(struct adg_node) == 88,
+	       "struct adg_node's size is stated above and in the docs");
+
 /* The graph node n is in, read without following it: for comparing with a
  * graph the caller has locked (see adg_graph_lock_of), which needs no
  * read-side section. */
 static inline struct adg_graph *adg_node_graph(const struct adg_node *n)
 {
 	return rcu_dereference(n->graph);
+}
+
+/* The node's registry: its kind's, set before the node is published and
+ * never changed, so any holder may read it. */
+static inline struct adg_registry *
+adg_node_registry_of(const struct adg_node *n)
+{
+	return n->kind->registry;
 }
 
 /* Leaves are the only nodes without parents: adg_op requires one. */
