@@ -609,6 +609,21 @@ uint64_t adg_next_pass_id(struct adg_shard *s);
 /* The first size of a registry's kind table (kind.c); a power of two. */
 #define ADG_KIND_TABLE_MIN 16
 
+/* A registry's table of kinds (kind.c): linear probing, at most half full,
+ * so that a probe always meets an empty slot; its size a power of two. In
+ * this header for the white-box tests (tests/test_kinds.c). */
+struct adg_kind_table {
+	/* The table this one replaced, kept for its readers until the
+	 * registry goes; NULL for the first. */
+	struct adg_kind_table *older;
+	unsigned int shift; /* 64 - log2(size): the top bits of the hash */
+	size_t size;
+	size_t count; /* under the kinds lock */
+	/* Each NULL until a kind is stored there, under the lock, with a
+	 * release store; never changed after. */
+	const struct adg_step_kind *_Atomic slots[];
+};
+
 /* The hash of a kind's triple: a product per pointer, combined, whose top
  * bits (as adg_id_hash's) pick a shard cache entry and a table slot. */
 static inline uint64_t adg_kind_hash(adg_backward_fn backward,

@@ -25,20 +25,6 @@
  */
 #include "internal.h"
 
-/* A table of kinds: linear probing, at most half full, so that a probe
- * always meets an empty slot. Its size is a power of two. */
-struct adg_kind_table {
-	/* The table this one replaced, kept for its readers until the
-	 * registry goes; NULL for the first. */
-	struct adg_kind_table *older;
-	unsigned int shift; /* 64 - log2(size): the top bits of the hash */
-	size_t size;
-	size_t count; /* under the kinds lock */
-	/* Each NULL until a kind is stored there, under the lock, with a
-	 * release store; never changed after. */
-	const struct adg_step_kind *_Atomic slots[];
-};
-
 _Static_assert((ADG_KIND_TABLE_MIN & (ADG_KIND_TABLE_MIN - 1)) == 0 &&
 		       ADG_KIND_TABLE_MIN >= 2,
 	       "a kind table's size is a power of two (kind_find masks)");
