@@ -62,8 +62,8 @@ kind_find(const struct adg_kind_table *t, const adg_step *step, uint64_t hash)
 	size_t mask = t->size - 1;
 	for (size_t i = hash >> t->shift;; i = (i + 1) & mask) {
 		/* Acquire: pairs with the release store that put the kind
-		 * there (kind_insert_locked, kind_grow_locked), so its fields
-		 * are read as they were written. */
+		 * there (kind_place_locked), so its fields are read as they
+		 * were written. */
 		const struct adg_step_kind *k = atomic_load_explicit(
 			&t->slots[i], memory_order_acquire);
 		if (k == NULL)
