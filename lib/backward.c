@@ -198,7 +198,7 @@ static int backward_check(adg_registry *registry, adg_node *root, void *seed,
 	    (executor->submit == NULL ||
 	     executor->n_workers > ADG_EXECUTOR_MAX_WORKERS))
 		return ADG_EINVAL;
-	if (root->registry != registry)
+	if (adg_node_registry_of(root) != registry)
 		return ADG_EFOREIGN;
 	return 0;
 }

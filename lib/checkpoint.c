@@ -97,7 +97,7 @@ int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
 			    !ckpt_offers(parents[k]))
 				return ADG_EINVAL; /* nothing to rebuild from */
 
-	struct adg_registry *r = node->registry;
+	struct adg_registry *r = adg_node_registry_of(node);
 	struct adg_ckpt *c = adg_alloc(r, ckpt_size(o->n_want_parents));
 	if (c == NULL)
 		return ADG_ENOMEM;
@@ -129,7 +129,8 @@ void adg_ckpt_commit(struct adg_node *node)
 	/* The strategy, once the op is in: balanced drops at once what it can
 	 * rebuild cheaply. */
 	if (c->memory_bound && c->recompute != NULL &&
-	    node->registry->checkpointing == ADG_CHECKPOINT_BALANCED)
+	    adg_node_registry_of(node)->checkpointing ==
+		    ADG_CHECKPOINT_BALANCED)
 		ckpt_drop_value(node, NULL);
 }
 
@@ -226,7 +227,7 @@ void adg_ckpt_drop(struct adg_node *n)
 	struct adg_ckpt *c = n->ckpt;
 	ckpt_drop_value(n, NULL);
 	n->ckpt = NULL;
-	adg_free(n->registry, c, ckpt_size(c->n_want_parents));
+	adg_free(adg_node_registry_of(n), c, ckpt_size(c->n_want_parents));
 }
 
 /* n's output, or NULL. Acquire: pairs with ckpt_publish, so that a retained
@@ -266,7 +267,7 @@ static int ckpt_recompute(struct adg_backward_context *ctx, struct adg_node *n,
 		.parent_outputs = outputs,
 		.output = NULL,
 	};
-	int rc = adg_callback_result(n->ckpt->recompute(&call, n->step.user));
+	int rc = adg_callback_result(n->ckpt->recompute(&call, n->user));
 	if (rc == 0 && call.output == NULL)
 		rc = ADG_ECALLBACK; /* said yes, gave nothing */
 	if (rc != 0 && call.output != NULL)

@@ -241,7 +241,7 @@ static int grad_table_node_id(const adg_grads *grads, const adg_node *node,
 	const struct adg_grad_table *g = adg_grad_table_of(grads);
 	if (g == NULL || node == NULL || value == NULL)
 		return ADG_EINVAL;
-	if (node->registry->serial != g->registry_serial)
+	if (adg_node_registry_of(node)->serial != g->registry_serial)
 		return ADG_EFOREIGN;
 	*id = node->id;
 	return 0;

@@ -338,7 +338,7 @@ static int graph_place_with(struct adg_shard *shard, struct adg_node *node,
 	struct adg_graph *g = p != NULL ? adg_graph_lock_of(p) : NULL;
 	if (g == NULL) {
 		/* p is a leaf or consumed, and neither ever joins a graph. */
-		g = graph_new(shard, node->registry, node->id);
+		g = graph_new(shard, adg_node_registry_of(node), node->id);
 		if (g == NULL)
 			return ADG_ENOMEM;
 		graph_link(g, node);
@@ -355,7 +355,7 @@ static int graph_place_with(struct adg_shard *shard, struct adg_node *node,
 __attribute__((noinline)) static int
 graph_place_several(struct adg_shard *shard, struct adg_node *node)
 {
-	struct adg_registry *r = node->registry;
+	struct adg_registry *r = adg_node_registry_of(node);
 	struct adg_graph *inline_sets[2 * PLACE_INLINE_PARENTS];
 	struct adg_graph **found = inline_sets;
 	size_t cap = node->n_parents;

@@ -61,7 +61,7 @@ static int snapshot_by_depth_then_id(const void *a, const void *b)
 
 static int snapshot_take(adg_node *node, struct snapshot *s)
 {
-	*s = (struct snapshot){.registry = node->registry};
+	*s = (struct snapshot){.registry = adg_node_registry_of(node)};
 	if (adg_node_is_leaf(node))
 		return ADG_EINVAL; /* a leaf is in no graph */
 	struct adg_graph *g = adg_graph_lock_of(node);
@@ -92,7 +92,7 @@ static int snapshot_take(adg_node *node, struct snapshot *s)
 		s->ops[i++] = (adg_graph_node){
 			.graph_id = s->graph_id,
 			.id = m->id,
-			.name = m->step.name,
+			.name = m->kind->name,
 			.depth = m->depth,
 			.n_parents = m->n_parents,
 			.parent_ids = &s->parent_ids[slot],

@@ -6,9 +6,9 @@
  * (run.h): backward.c is its entry point and the sequential loop, tape.c
  * takes the tape, run.c is the step protocol every mode shares, and
  * parallel.c runs a tape on an executor's workers. registry.c owns the
- * per-thread shards that carry ids and counters; grads.c the gradient
- * table a backward returns. The annexes (pool.c, reducer.c) need none of
- * this: they stand on adg.h and util.h alone.
+ * per-thread shards that carry ids and counters, kind.c the step kinds
+ * nodes point at; grads.c the gradient table a backward returns. The annexes
+ * (pool.c, reducer.c) need none of this: they stand on adg.h and util.h alone.
  */
 #ifndef ADG_INTERNAL_H
 #define ADG_INTERNAL_H
@@ -98,7 +98,8 @@ extern void (*adg_test_point)(enum adg_test_point where);
 
 struct adg_shard;
 struct adg_graph;
-struct adg_tape; /* a backward's scratch, reused by its thread (tape.h) */
+struct adg_kind_table; /* a registry's interned step kinds (kind.c) */
+struct adg_tape;       /* a backward's scratch, reused by its thread (tape.h) */
 
 /* -------------------------------------------------------------- spinlocks */
 
@@ -129,6 +130,21 @@ static inline void adg_spin_unlock(ck_spinlock_fas_t *lock)
 
 /* ------------------------------------------------------------------ nodes */
 
+/*
+ * What a step does, apart from its user pointer: the (backward, release,
+ * name) of an adg_step, interned per registry (kind.c), so that every node
+ * of one kind points at one record instead of carrying the three pointers
+ * and its registry's (24 bytes a node less). Immutable once published, and
+ * freed with its registry. A registry's leaves share its leaf_kind, whose
+ * backward is NULL.
+ */
+struct adg_step_kind {
+	struct adg_registry *registry;
+	adg_backward_fn backward;
+	adg_release_fn release;
+	const char *name;
+};
+
 enum adg_node_state {
 	ADG_NODE_LEAF,	   /* never changes */
 	ADG_NODE_LIVE,	   /* step registered, in a graph */
@@ -137,7 +153,10 @@ enum adg_node_state {
 };
 
 struct adg_node {
-	struct adg_registry *registry;
+	/* What the step does, interned per registry (kind.c), and so the
+	 * node's registry (adg_node_registry_of); a leaf's is its registry's
+	 * leaf_kind. Set before the node is published and never changed. */
+	const struct adg_step_kind *kind;
 	uint64_t id;
 	/* The caller's handles, plus one per parent slot of an unconsumed
 	 * child. Leaves are not counted by their children (see parents). */
@@ -187,7 +206,9 @@ struct adg_node {
 	uint32_t retained_runs;
 	/* The node's checkpointing record (adg_op_with), or NULL. */
 	struct adg_ckpt *ckpt;
-	adg_step step;
+	/* The step's user pointer (adg_step.user), NULL for a leaf; the rest
+	 * of the adg_step is in kind. */
+	void *user;
 	/* n_parents pointers, then n_parents ids (see adg_node_parent_ids).
 	 * A leaf parent's pointer is NULL: children never touch a leaf after
 	 * creating it, so a parameter shared by every thread is a cache line
@@ -196,12 +217,27 @@ struct adg_node {
 	struct adg_node *parents[];
 };
 
+/* 88 bytes on LP64, 24 fewer than with an adg_step and a registry pointer:
+ * a product of two parents is 120 bytes, a 128-byte malloc chunk, one
+ * parent 104 (docs/concurrency.md, "Cost as a graph grows", says what
+ * that does to a backward's memory order). */
+_Static_assert(sizeof(void *) != 8 || sizeof(struct adg_node) == 88,
+	       "struct adg_node's size is stated above and in the docs");
+
 /* The graph node n is in, read without following it: for comparing with a
  * graph the caller has locked (see adg_graph_lock_of), which needs no
  * read-side section. */
 static inline struct adg_graph *adg_node_graph(const struct adg_node *n)
 {
 	return rcu_dereference(n->graph);
+}
+
+/* The node's registry: its kind's, set before the node is published and
+ * never changed, so any holder may read it. */
+static inline struct adg_registry *
+adg_node_registry_of(const struct adg_node *n)
+{
+	return n->kind->registry;
 }
 
 /* Leaves are the only nodes without parents: adg_op requires one. */
@@ -364,6 +400,11 @@ enum adg_counter {
 
 struct adg_slab;
 
+/* A shard's cache of step kinds (struct adg_shard kind_cache): entries, a
+ * power of two, indexed by the top ADG_KIND_CACHE_BITS of adg_kind_hash. */
+#define ADG_KIND_CACHE_BITS 5
+#define ADG_KIND_CACHE_SIZE (1u << ADG_KIND_CACHE_BITS)
+
 /*
  * One thread's slice of a registry: its batch of node ids and its counters,
  * on cache lines no other thread writes. The registry keeps every shard on
@@ -398,6 +439,10 @@ struct adg_shard {
 	 * period (graph.c graph_defer). */
 	struct adg_graph *graph_limbo;
 	uint32_t graphs_in_limbo;
+	/* Step kinds this thread interned or found, direct-mapped by
+	 * adg_kind_hash (adg_kind_intern); NULL entries are empty. Never used
+	 * on the fallback shard, which threads share. */
+	const struct adg_step_kind *kind_cache[ADG_KIND_CACHE_SIZE];
 
 	/* Slabs of this shard's that other threads freed nodes of, pushed by
 	 * them, taken all at once by the owner (slab.c): a line of its own,
@@ -468,6 +513,15 @@ struct adg_registry {
 	/* Set when the first node gets a checkpointing record; until then a
 	 * backward skips the checkpointing passes. Written once. */
 	atomic_bool uses_checkpoints;
+	/* Step kinds (kind.c): the one every leaf points at, and the table
+	 * the others are interned in, NULL until the first op. The table
+	 * pointer is read lock-free (acquire) on a shard cache miss and
+	 * written, as the table's slots are, under kinds_lock, taken only to
+	 * intern a kind not seen before: rare, so the lock shares the
+	 * read-mostly line. */
+	struct adg_step_kind leaf_kind;
+	struct adg_kind_table *_Atomic kinds;
+	ck_spinlock_fas_t kinds_lock;
 	/* Written once per id batch of any thread, and once per pass id
 	 * batch (adg_next_pass_id): both rare, so they share a line. */
 	_Alignas(ADG_CACHELINE) atomic_uint_fast64_t next_free_id;
@@ -566,6 +620,73 @@ static inline void adg_put_id(struct adg_shard *s, uint64_t id)
  * registry, never 0. From this thread's batch, so that a backward writes
  * no shared line for it; the fallback shard, shared, takes one at a time. */
 uint64_t adg_next_pass_id(struct adg_shard *s);
+
+/* ------------------------------------------------------------- step kinds */
+
+/* The first size of a registry's kind table (kind.c); a power of two. */
+#define ADG_KIND_TABLE_MIN 16
+
+/* A registry's table of kinds (kind.c): linear probing, at most half full,
+ * so that a probe always meets an empty slot; its size a power of two. In
+ * this header for the white-box tests (tests/test_kinds.c). */
+struct adg_kind_table {
+	/* The table this one replaced, kept for its readers until the
+	 * registry goes; NULL for the first. */
+	struct adg_kind_table *older;
+	unsigned int shift; /* 64 - log2(size): the top bits of the hash */
+	size_t size;
+	size_t count; /* under the kinds lock */
+	/* Each NULL until a kind is stored there, under the lock, with a
+	 * release store; never changed after. */
+	const struct adg_step_kind *_Atomic slots[];
+};
+
+/* The hash of a kind's triple: a product per pointer, combined, whose top
+ * bits (as adg_id_hash's) pick a shard cache entry and a table slot. */
+static inline uint64_t adg_kind_hash(adg_backward_fn backward,
+				     adg_release_fn release, const char *name)
+{
+	uint64_t h =
+		(uint64_t)(uintptr_t)backward * UINT64_C(0x9e3779b97f4a7c15);
+	h ^= (uint64_t)(uintptr_t)release * UINT64_C(0xc2b2ae3d27d4eb4f);
+	h ^= (uint64_t)(uintptr_t)name * UINT64_C(0x165667b19e3779f9);
+	return h;
+}
+
+static inline bool adg_kind_is(const struct adg_step_kind *k,
+			       const adg_step *step)
+{
+	return k->backward == step->backward && k->release == step->release &&
+	       k->name == step->name;
+}
+
+/* adg_kind_intern past the shard's cache: the registry's table, lock-free,
+ * then an insert under its lock (kind.c). */
+const struct adg_step_kind *
+adg_kind_intern_slow(struct adg_shard *s, const adg_step *step, uint64_t hash);
+
+/* The kind of step's (backward, release, name) in s's registry, interned
+ * on first sight; NULL on allocation failure, when nothing changed. On
+ * adg_op's path: a hit in the thread's cache is a hash, a load and three
+ * compares. The record is this thread's to read: it was published before
+ * it went into the cache (kind.c). */
+static inline const struct adg_step_kind *adg_kind_intern(struct adg_shard *s,
+							  const adg_step *step)
+{
+	uint64_t h = adg_kind_hash(step->backward, step->release, step->name);
+	if (adg_likely(!s->shared)) {
+		const struct adg_step_kind *k =
+			s->kind_cache[h >> (64 - ADG_KIND_CACHE_BITS)];
+		if (adg_likely(k != NULL && adg_kind_is(k, step)))
+			return k;
+	}
+	return adg_kind_intern_slow(s, step, h);
+}
+
+/* Registry setup and teardown: the leaf kind, and freeing every kind and
+ * table (after the shards, whose caches point at kinds, are done). */
+void adg_kind_init(struct adg_registry *r);
+void adg_kind_free_all(struct adg_registry *r);
 
 /* ------------------------------------------------------------------- RCU */
 

@@ -35,20 +35,20 @@ static void node_dealloc(struct adg_shard *shard, struct adg_node *n)
 	if (adg_likely(k < ADG_SLAB_CLASSES))
 		adg_slab_free(shard, n);
 	else
-		adg_free(n->registry, n, adg_node_size(k));
+		adg_free(adg_node_registry_of(n), n, adg_node_size(k));
 }
 
 /* Inlined: on adg_op's path, the stores that node_op_new overwrites go. */
 static inline __attribute__((always_inline)) struct adg_node *
-node_new(struct adg_shard *shard, struct adg_registry *r, uint32_t n_parents,
-	 int *rc)
+node_new(struct adg_shard *shard, const struct adg_step_kind *kind,
+	 uint32_t n_parents, int *rc)
 {
-	struct adg_node *n = node_alloc(shard, r, n_parents);
+	struct adg_node *n = node_alloc(shard, kind->registry, n_parents);
 	if (n == NULL) {
 		*rc = ADG_ENOMEM;
 		return NULL;
 	}
-	n->registry = r;
+	n->kind = kind;
 	n->n_parents = n_parents;
 	*rc = adg_next_id(shard, &n->id);
 	if (*rc != 0) {
@@ -76,10 +76,10 @@ int adg_leaf(adg_registry *registry, adg_node **out)
 	if (shard == NULL)
 		return ADG_ENOMEM;
 	int rc;
-	struct adg_node *n = node_new(shard, registry, 0, &rc);
+	struct adg_node *n = node_new(shard, &registry->leaf_kind, 0, &rc);
 	if (n == NULL)
 		return rc;
-	n->step = (adg_step){0};
+	n->user = NULL;
 	adg_count(shard, ADG_C_LEAVES_MADE, 1);
 	*out = n;
 	return 0;
@@ -109,7 +109,7 @@ node_op_new(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	for (size_t i = 0; i < n_parents; i++) {
 		if (parents[i] == NULL)
 			return ADG_EINVAL;
-		if (parents[i]->registry != registry)
+		if (adg_node_registry_of(parents[i]) != registry)
 			return ADG_EFOREIGN;
 		if (parents[i]->depth > depth)
 			depth = parents[i]->depth;
@@ -117,14 +117,17 @@ node_op_new(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	struct adg_shard *shard = adg_shard_get(registry);
 	if (shard == NULL)
 		return ADG_ENOMEM;
+	/* Before anything is taken: a failed intern changes nothing. */
+	const struct adg_step_kind *kind = adg_kind_intern(shard, step);
+	if (kind == NULL)
+		return ADG_ENOMEM;
 	int rc;
-	struct adg_node *n =
-		node_new(shard, registry, (uint32_t)n_parents, &rc);
+	struct adg_node *n = node_new(shard, kind, (uint32_t)n_parents, &rc);
 	if (n == NULL)
 		return rc;
 	n->depth = depth + 1;
 	n->state = ADG_NODE_LIVE; /* I1: before it is published */
-	n->step = *step;
+	n->user = step->user;
 	if (options != NULL) {
 		rc = adg_ckpt_attach(n, parents, options);
 		if (rc != 0)
@@ -233,14 +236,14 @@ int adg_node_registry(const adg_node *node, adg_registry **registry)
 	if (node == NULL || registry == NULL)
 		return ADG_EINVAL;
 	/* Set before the node is published and never changed. */
-	*registry = node->registry;
+	*registry = adg_node_registry_of(node);
 	return 0;
 }
 
 void adg_node_release_step(struct adg_shard *shard, struct adg_node *node)
 {
-	if (node->step.release != NULL)
-		node->step.release(node->step.user);
+	if (node->kind->release != NULL)
+		node->kind->release(node->user);
 	adg_count(shard, ADG_C_STEPS_RELEASED, 1);
 }
 
@@ -399,7 +402,8 @@ int adg_node_unref(adg_node *node)
 	/* Most drops are not the last one and need nothing else. */
 	if (!node_put_refs(node, 1))
 		return 0;
-	struct reaper rp = {.shard = adg_shard_get_or_shared(node->registry)};
+	struct reaper rp = {
+		.shard = adg_shard_get_or_shared(adg_node_registry_of(node))};
 	node_doom(&rp, node);
 	node_reap(&rp);
 	return 0;

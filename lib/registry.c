@@ -271,6 +271,7 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 	atomic_init(&r->shards, NULL);
 	r->fallback.shared = true;
 	r->fallback.registry = r;
+	adg_kind_init(r);
 	*out = r;
 	return 0;
 }
@@ -364,6 +365,8 @@ int adg_registry_free(adg_registry *registry)
 		registry_free_aligned(&a, s->alloc_base, sizeof *s);
 		s = next;
 	}
+	/* After the shards: their node caches' nodes point at kinds. */
+	adg_kind_free_all(registry);
 	registry_free_aligned(&a, registry->alloc_base, sizeof *registry);
 	return 0;
 }

@@ -302,14 +302,14 @@ int adg_step_give(adg_step_call *call, size_t slot, void *value)
 int adg_run_step_hooked(const struct adg_run *run, struct adg_node *n,
 			adg_step_call *call, adg_failure_site *site)
 {
-	adg_step_event event = {.node_id = n->id, .name = n->step.name};
+	adg_step_event event = {.node_id = n->id, .name = n->kind->name};
 	int rc = adg_callback_result(run->on_step(&event, run->step_ctx));
 	if (rc != 0) {
 		*site = ADG_FAILED_ON_STEP;
 		return rc;
 	}
 	uint64_t start = adg_now_ns();
-	int step_rc = adg_callback_result(n->step.backward(call, n->step.user));
+	int step_rc = adg_callback_result(n->kind->backward(call, n->user));
 	event.after = 1;
 	event.duration_ns = adg_now_ns() - start;
 	event.result = step_rc;

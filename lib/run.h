@@ -145,7 +145,7 @@ static inline adg_failure adg_run_failure_at(adg_failure_site site, int code,
 	return (adg_failure){.code = code,
 			     .site = site,
 			     .node_id = id,
-			     .name = n != NULL ? n->step.name : NULL};
+			     .name = n != NULL ? n->kind->name : NULL};
 }
 
 /* on_ready for the root, before any step: on failure records it (key 0)
@@ -197,7 +197,7 @@ static inline int adg_run_step(struct adg_run_thread *th, size_t pos,
 	if (slots != NULL)
 		th->out.slots = slots;
 	adg_step_call call = {
-		.registry = n->registry,
+		.registry = adg_node_registry_of(n),
 		.grads = run->mode == ADG_RUN_SEQUENTIAL ? &run->grads->as_grads
 							 : &th->out.as_grads,
 		.node_id = n->id,
@@ -209,10 +209,10 @@ static inline int adg_run_step(struct adg_run_thread *th, size_t pos,
 		.pass_id = run->pass_id,
 	};
 	adg_failure_site site = ADG_FAILED_STEP;
-	int rc = adg_likely(run->on_step == NULL)
-			 ? adg_callback_result(
-				   n->step.backward(&call, n->step.user))
-			 : adg_run_step_hooked(run, n, &call, &site);
+	int rc =
+		adg_likely(run->on_step == NULL)
+			? adg_callback_result(n->kind->backward(&call, n->user))
+			: adg_run_step_hooked(run, n, &call, &site);
 	if (adg_unlikely(run->value_check != NULL) && th->out.node == n &&
 	    th->out.rejected != 0) {
 		rc = th->out.rejected;

@@ -290,7 +290,7 @@ static int tape_walk(struct adg_tape *t, struct adg_graph *g,
 		     struct adg_node *root, struct tape_needs needs,
 		     size_t *len, size_t *leaves)
 {
-	struct adg_registry *r = root->registry;
+	struct adg_registry *r = adg_node_registry_of(root);
 	size_t n = 0;
 	struct tape_leaf_filter leaf_ids = {0};
 	uint32_t most_parents = 0;
@@ -419,7 +419,7 @@ static inline bool tape_links_add_up(struct adg_tape *t, size_t len)
 
 int adg_tape_take(struct adg_run *run, struct adg_node *root)
 {
-	struct adg_registry *r = root->registry;
+	struct adg_registry *r = adg_node_registry_of(root);
 	struct adg_tape *t = run->tape;
 	uint32_t workers = run->mode == ADG_RUN_PARALLEL
 				   ? adg_par_slots(run->executor)
