@@ -41,7 +41,7 @@ static size_t ckpt_size(size_t n_want_parents)
  * lock is held: its count reaches zero once, and nothing refills it. */
 static void ckpt_drop_value(struct adg_node *n, struct adg_drops *drops)
 {
-	struct adg_ckpt *c = n->ckpt;
+	struct adg_ckpt *c = adg_node_ckpt(n);
 	if (c->value == NULL)
 		return;
 	if (drops == NULL) {
@@ -58,7 +58,7 @@ static void ckpt_drop_value(struct adg_node *n, struct adg_drops *drops)
 void adg_ckpt_free_drops(struct adg_drops *drops)
 {
 	while (drops->head != NULL) {
-		struct adg_ckpt *c = drops->head->ckpt;
+		struct adg_ckpt *c = adg_node_ckpt(drops->head);
 		void *value = c->dropped;
 		drops->head = c->drop_next;
 		c->dropped = NULL;
@@ -66,12 +66,12 @@ void adg_ckpt_free_drops(struct adg_drops *drops)
 	}
 }
 
-/* Whether n offers an output. Not n->ckpt: the caller holds n, but a
+/* Whether n offers an output. Not its record: the caller holds n, but a
  * backward on another thread may be consuming n and freeing its record;
  * the flag never changes, so the answer does not depend on timing. */
 static bool ckpt_offers(const struct adg_node *n)
 {
-	return n->offers_output;
+	return (n->flags & ADG_NODE_F_OFFERS_OUTPUT) != 0;
 }
 
 int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
@@ -112,8 +112,9 @@ int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
 		c->want_parents[i] = o->want_parents[i];
 	c->value = out ? out->value : NULL;
 	c->memory_bound = out && out->memory_bound;
-	node->ckpt = c;
-	node->offers_output = out != NULL;
+	*adg_node_ckpt_slot(node) = c;
+	if (out != NULL)
+		node->flags |= ADG_NODE_F_OFFERS_OUTPUT;
 	/* Relaxed: a hint that backward passes read to skip the work when no
 	 * node has a record; a node with one is published to them by the
 	 * caller, after this. */
@@ -125,7 +126,7 @@ int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
 
 void adg_ckpt_commit(struct adg_node *node)
 {
-	struct adg_ckpt *c = node->ckpt;
+	struct adg_ckpt *c = adg_node_ckpt(node);
 	/* The strategy, once the op is in: balanced drops at once what it can
 	 * rebuild cheaply. */
 	if (c->memory_bound && c->recompute != NULL &&
@@ -136,7 +137,7 @@ void adg_ckpt_commit(struct adg_node *node)
 
 static void ckpt_request(struct adg_node *n)
 {
-	n->ckpt->pending++;
+	adg_node_ckpt(n)->pending++;
 }
 
 /* One request on n served: the output goes with the last. A node planned
@@ -146,7 +147,7 @@ static void ckpt_request(struct adg_node *n)
 static void ckpt_serve_one(struct adg_node *n, struct adg_node **unbuilt,
 			   struct adg_drops *drops)
 {
-	struct adg_ckpt *c = n->ckpt;
+	struct adg_ckpt *c = adg_node_ckpt(n);
 	ADG_ASSERT(c->pending > 0); /* I8: every serve had its request */
 	if (--c->pending != 0)
 		return;
@@ -168,7 +169,7 @@ static void ckpt_serve(struct adg_node *n, struct adg_drops *drops)
 	ckpt_serve_one(n, &unbuilt, drops);
 	while (unbuilt != NULL) {
 		struct adg_node *u = unbuilt;
-		unbuilt = u->ckpt->unbuilt_next;
+		unbuilt = adg_node_ckpt(u)->unbuilt_next;
 		for (uint32_t k = 0; k < u->n_parents; k++)
 			if (u->parents[k] != NULL)
 				ckpt_serve_one(u->parents[k], &unbuilt, drops);
@@ -182,7 +183,7 @@ void adg_ckpt_plan(struct adg_node **tape, size_t len)
 	 * a leaf, and the walk took every non-leaf parent. */
 	for (size_t i = 0; i < len; i++) {
 		struct adg_node *n = tape[i];
-		struct adg_ckpt *c = n->ckpt;
+		struct adg_ckpt *c = adg_node_ckpt(n);
 		if (c == NULL)
 			continue;
 
@@ -197,7 +198,7 @@ void adg_ckpt_plan(struct adg_node **tape, size_t len)
 	 * when its turn comes. A node rebuilt once needs each parent once. */
 	for (size_t i = 0; i < len; i++) {
 		struct adg_node *n = tape[i];
-		struct adg_ckpt *c = n->ckpt;
+		struct adg_ckpt *c = adg_node_ckpt(n);
 		if (c == NULL || c->pending == 0 || c->value != NULL)
 			continue;
 		c->rebuild_planned = true;
@@ -207,7 +208,7 @@ void adg_ckpt_plan(struct adg_node **tape, size_t len)
 	}
 	/* What nothing asks for goes now, not at the end. */
 	for (size_t i = 0; i < len; i++) {
-		struct adg_ckpt *c = tape[i]->ckpt;
+		struct adg_ckpt *c = adg_node_ckpt(tape[i]);
 		if (c != NULL && c->pending == 0)
 			ckpt_drop_value(tape[i], NULL);
 	}
@@ -215,7 +216,7 @@ void adg_ckpt_plan(struct adg_node **tape, size_t len)
 
 void adg_ckpt_served(struct adg_node *n, struct adg_drops *drops)
 {
-	struct adg_ckpt *c = n->ckpt;
+	struct adg_ckpt *c = adg_node_ckpt(n);
 	if (c->want_self)
 		ckpt_serve(n, drops);
 	for (uint32_t k = 0; k < c->n_want_parents; k++)
@@ -224,9 +225,9 @@ void adg_ckpt_served(struct adg_node *n, struct adg_drops *drops)
 
 void adg_ckpt_drop(struct adg_node *n)
 {
-	struct adg_ckpt *c = n->ckpt;
+	struct adg_ckpt *c = adg_node_ckpt(n);
 	ckpt_drop_value(n, NULL);
-	n->ckpt = NULL;
+	*adg_node_ckpt_slot(n) = NULL;
 	adg_free(adg_node_registry_of(n), c, ckpt_size(c->n_want_parents));
 }
 
@@ -235,7 +236,7 @@ void adg_ckpt_drop(struct adg_node *n)
  * the records it reads; the load costs it nothing more. */
 static void *ckpt_held(const struct adg_node *n)
 {
-	return __atomic_load_n(&n->ckpt->value, __ATOMIC_ACQUIRE);
+	return __atomic_load_n(&adg_node_ckpt(n)->value, __ATOMIC_ACQUIRE);
 }
 
 /* A retained pass's rebuilt output: published unless another pass
@@ -245,8 +246,9 @@ static void *ckpt_held(const struct adg_node *n)
 static void *ckpt_publish(struct adg_node *n, void *output)
 {
 	void *none = NULL;
-	if (!__atomic_compare_exchange_n(&n->ckpt->value, &none, output, false,
-					 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+	if (!__atomic_compare_exchange_n(&adg_node_ckpt(n)->value, &none,
+					 output, false, __ATOMIC_ACQ_REL,
+					 __ATOMIC_ACQUIRE))
 		return output;
 	return NULL;
 }
@@ -267,13 +269,15 @@ static int ckpt_recompute(struct adg_backward_context *ctx, struct adg_node *n,
 		.parent_outputs = outputs,
 		.output = NULL,
 	};
-	int rc = adg_callback_result(n->ckpt->recompute(&call, n->user));
+	int rc = adg_callback_result(
+		adg_node_ckpt(n)->recompute(&call, n->user));
 	if (rc == 0 && call.output == NULL)
 		rc = ADG_ECALLBACK; /* said yes, gave nothing */
 	if (rc != 0 && call.output != NULL)
-		n->ckpt->free(
+		adg_node_ckpt(n)->free(
 			call.output,
-			n->ckpt->free_ctx); /* set before failing: ours too */
+			adg_node_ckpt(n)
+				->free_ctx); /* set before failing: ours too */
 	*output = rc == 0 ? call.output : NULL;
 	return rc;
 }
@@ -296,7 +300,7 @@ static struct adg_node *ckpt_next_rebuild(struct adg_backward_context *ctx,
 			(*top)--;
 			continue;
 		}
-		if (n->ckpt->recompute == NULL) {
+		if (adg_node_ckpt(n)->recompute == NULL) {
 			*rc = ADG_EUNAVAILABLE; /* a count went wrong */
 			return NULL;
 		}
@@ -323,7 +327,7 @@ static struct adg_node *ckpt_next_rebuild(struct adg_backward_context *ctx,
 static void *ckpt_keep(struct adg_node *n, void *output,
 		       struct adg_drops *drops)
 {
-	struct adg_ckpt *c = n->ckpt;
+	struct adg_ckpt *c = adg_node_ckpt(n);
 	if (ckpt_held(n) != NULL || c->pending == 0)
 		return output;
 	c->value = output;
@@ -354,7 +358,8 @@ static int ckpt_materialise(struct adg_backward_context *ctx,
 		void *surplus = ctx->retained ? ckpt_publish(n, output)
 					      : ckpt_keep(n, output, NULL);
 		if (surplus != NULL)
-			n->ckpt->free(surplus, n->ckpt->free_ctx);
+			adg_node_ckpt(n)->free(surplus,
+					       adg_node_ckpt(n)->free_ctx);
 	}
 	return rc;
 }
@@ -401,7 +406,7 @@ static void ckpt_free_unlocked(struct adg_backward_context *ctx,
 		return;
 	pthread_mutex_unlock(ctx->serialize);
 	if (surplus != NULL)
-		n->ckpt->free(surplus, n->ckpt->free_ctx);
+		adg_node_ckpt(n)->free(surplus, adg_node_ckpt(n)->free_ctx);
 	adg_ckpt_free_drops(drops);
 	pthread_mutex_lock(ctx->serialize);
 }
@@ -429,7 +434,7 @@ static int ckpt_materialise_shared(struct adg_backward_context *ctx,
 		struct adg_node *n = ckpt_next_rebuild(ctx, target, &top, &rc);
 		if (n == NULL)
 			break;
-		struct adg_ckpt *c = n->ckpt;
+		struct adg_ckpt *c = adg_node_ckpt(n);
 		/* The claim names the run (its lock's address): retained
 		 * passes share records, so a claim of another pass is not one
 		 * this run's sleepers would be woken for; its output is then
@@ -492,7 +497,7 @@ int adg_output_get(adg_step_call *call, uint64_t id, void **value)
 		return ADG_EINVAL;
 	struct adg_backward_context *ctx = call->context;
 	struct adg_node *n = ctx->node, *target = NULL;
-	struct adg_ckpt *c = n->ckpt;
+	struct adg_ckpt *c = adg_node_ckpt(n);
 	if (c == NULL)
 		return ADG_EINVAL;
 	if (c->want_self && id == n->id)

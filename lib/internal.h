@@ -179,11 +179,9 @@ struct adg_node {
 	 * only under the lock of the graph the node is in, and read only
 	 * under it (backward.c) or by the thread that freed the node. */
 	uint8_t state;
-	/* The node offers a forward output (adg_op_with). Set before the node
-	 * is published and never changed, so any holder may read it, while
-	 * the checkpointing record (ckpt) belongs to the node's owner and
-	 * goes when a backward has run the step. */
-	bool offers_output;
+	/* ADG_NODE_F_*: set before the node is published and never changed
+	 * after, so any holder may read them. */
+	uint8_t flags;
 	/* While on a tape being taken or run: how many of the tape's parent
 	 * slots name this node. The backward drops them in one go. */
 	uint32_t tape_links;
@@ -204,8 +202,6 @@ struct adg_node {
 	 * retained passes may be running over the node, so theirs read none
 	 * of them once the lock is released. */
 	uint32_t retained_runs;
-	/* The node's checkpointing record (adg_op_with), or NULL. */
-	struct adg_ckpt *ckpt;
 	/* The step's user pointer (adg_step.user), NULL for a leaf; the rest
 	 * of the adg_step is in kind. */
 	void *user;
@@ -217,12 +213,19 @@ struct adg_node {
 	struct adg_node *parents[];
 };
 
-/* 88 bytes on LP64, 24 fewer than with an adg_step and a registry pointer:
- * a product of two parents is 120 bytes, a 128-byte malloc chunk, one
- * parent 104 (docs/concurrency.md, "Cost as a graph grows", says what
- * that does to a backward's memory order). */
-_Static_assert(sizeof(void *) != 8 || sizeof(struct adg_node) == 88,
+/* 80 bytes on LP64: a product of two parents is a 112-byte node in its
+ * slab, one parent 96 (docs/concurrency.md, "Cost as a graph grows"). */
+_Static_assert(sizeof(void *) != 8 || sizeof(struct adg_node) == 80,
 	       "struct adg_node's size is stated above and in the docs");
+
+/* The node offers a forward output (adg_op_with). Any holder may test
+ * it, while the checkpointing record belongs to the node's owner and goes
+ * when a backward has run the step. */
+#define ADG_NODE_F_OFFERS_OUTPUT 0x1
+/* The node was made with options: a slot for its checkpointing record
+ * follows its parents (adg_node_ckpt_slot). Nodes without one, nearly all,
+ * spare its 8 bytes. */
+#define ADG_NODE_F_CKPT_SLOT 0x2
 
 /* The graph node n is in, read without following it: for comparing with a
  * graph the caller has locked (see adg_graph_lock_of), which needs no
@@ -937,6 +940,28 @@ static inline void adg_slab_free(struct adg_shard *shard, void *p)
 	/* The slab goes back, or gets listed as having room. */
 	if (adg_unlikely(--s->used == 0 || !s->findable))
 		adg_slab_free_slow(shard, s);
+}
+
+/* What a node takes: with a checkpointing slot, 8 bytes more. */
+static inline size_t adg_node_alloc_size(size_t n_parents, bool ckpt_slot)
+{
+	return adg_node_size(n_parents) +
+	       (ckpt_slot ? sizeof(struct adg_ckpt *) : 0);
+}
+
+/* The slot of a node made with options (ADG_NODE_F_CKPT_SLOT). */
+static inline struct adg_ckpt **adg_node_ckpt_slot(const struct adg_node *n)
+{
+	ADG_ASSERT((n->flags & ADG_NODE_F_CKPT_SLOT) != 0);
+	return (struct adg_ckpt **)((uintptr_t)n + adg_node_size(n->n_parents));
+}
+
+/* The node's checkpointing record, or NULL. */
+static inline struct adg_ckpt *adg_node_ckpt(const struct adg_node *n)
+{
+	if ((n->flags & ADG_NODE_F_CKPT_SLOT) == 0)
+		return NULL;
+	return *adg_node_ckpt_slot(n);
 }
 
 /* ---------------------------------------------------------- checkpointing */

@@ -14,42 +14,50 @@
 #include <string.h>
 
 /* Node memory: a slab of the shard's for nodes of up to
- * ADG_SLAB_CLASSES - 1 parents, a block of the allocator's for the rest. */
-static inline struct adg_node *
-node_alloc(struct adg_shard *shard, struct adg_registry *r, uint32_t n_parents)
+ * ADG_SLAB_CLASSES - 1 parents, a block of the allocator's for the rest
+ * and for nodes with a checkpointing slot (made with options: few). */
+static inline struct adg_node *node_alloc(struct adg_shard *shard,
+					  struct adg_registry *r,
+					  uint32_t n_parents, bool ckpt_slot)
 {
-	if (adg_likely(n_parents < ADG_SLAB_CLASSES))
+	if (adg_likely(n_parents < ADG_SLAB_CLASSES && !ckpt_slot))
 		return adg_slab_alloc(shard, n_parents);
-	return adg_alloc(r, adg_node_size(n_parents));
+	return adg_alloc(r, adg_node_alloc_size(n_parents, ckpt_slot));
 }
 
 static void node_dealloc(struct adg_shard *shard, struct adg_node *n)
 {
 	uint32_t k = n->n_parents;
+	bool ckpt_slot = (n->flags & ADG_NODE_F_CKPT_SLOT) != 0;
 #ifdef ADG_ASSERTIONS
 	/* The last drop may skip the subtraction (node_put_refs): zero the
 	 * count, so that a drop of a freed node trips I5 (where the free
 	 * list's link or the poison leave it readable). */
 	atomic_store_explicit(&n->refs, 0, memory_order_relaxed);
 #endif
-	if (adg_likely(k < ADG_SLAB_CLASSES))
+	if (adg_likely(k < ADG_SLAB_CLASSES && !ckpt_slot))
 		adg_slab_free(shard, n);
 	else
-		adg_free(adg_node_registry_of(n), n, adg_node_size(k));
+		adg_free(adg_node_registry_of(n), n,
+			 adg_node_alloc_size(k, ckpt_slot));
 }
 
 /* Inlined: on adg_op's path, the stores that node_op_new overwrites go. */
 static inline __attribute__((always_inline)) struct adg_node *
 node_new(struct adg_shard *shard, const struct adg_step_kind *kind,
-	 uint32_t n_parents, int *rc)
+	 uint32_t n_parents, bool ckpt_slot, int *rc)
 {
-	struct adg_node *n = node_alloc(shard, kind->registry, n_parents);
+	struct adg_node *n =
+		node_alloc(shard, kind->registry, n_parents, ckpt_slot);
 	if (n == NULL) {
 		*rc = ADG_ENOMEM;
 		return NULL;
 	}
 	n->kind = kind;
 	n->n_parents = n_parents;
+	n->flags = ckpt_slot ? ADG_NODE_F_CKPT_SLOT : 0;
+	if (ckpt_slot)
+		*adg_node_ckpt_slot(n) = NULL;
 	*rc = adg_next_id(shard, &n->id);
 	if (*rc != 0) {
 		node_dealloc(shard, n);
@@ -59,10 +67,8 @@ node_new(struct adg_shard *shard, const struct adg_step_kind *kind,
 	n->graph = NULL;
 	n->depth = 0;
 	n->state = ADG_NODE_LEAF;
-	n->offers_output = false;
 	n->tape_links = 0;
 	n->retained_runs = 0;
-	n->ckpt = NULL;
 	return n;
 }
 
@@ -76,7 +82,8 @@ int adg_leaf(adg_registry *registry, adg_node **out)
 	if (shard == NULL)
 		return ADG_ENOMEM;
 	int rc;
-	struct adg_node *n = node_new(shard, &registry->leaf_kind, 0, &rc);
+	struct adg_node *n =
+		node_new(shard, &registry->leaf_kind, 0, false, &rc);
 	if (n == NULL)
 		return rc;
 	n->user = NULL;
@@ -122,7 +129,8 @@ node_op_new(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	if (kind == NULL)
 		return ADG_ENOMEM;
 	int rc;
-	struct adg_node *n = node_new(shard, kind, (uint32_t)n_parents, &rc);
+	struct adg_node *n = node_new(shard, kind, (uint32_t)n_parents,
+				      options != NULL, &rc);
 	if (n == NULL)
 		return rc;
 	n->depth = depth + 1;
@@ -156,7 +164,7 @@ node_op_new(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	rc = adg_graph_place(shard, n);
 	if (rc != 0)
 		goto out_put_parents;
-	if (n->ckpt != NULL)
+	if (adg_node_ckpt(n) != NULL)
 		adg_ckpt_commit(n);
 	adg_count(shard, ADG_C_OPS_MADE, 1);
 	*out = n;
@@ -176,8 +184,9 @@ out_put_parents:
 		if (n->parents[i] != NULL && !node_slot_moved(moved, i))
 			atomic_fetch_sub_explicit(&n->parents[i]->refs, 1,
 						  memory_order_relaxed);
-	if (n->ckpt != NULL) {
-		n->ckpt->value = NULL; /* the caller keeps what it offered */
+	if (adg_node_ckpt(n) != NULL) {
+		/* the caller keeps what it offered */
+		adg_node_ckpt(n)->value = NULL;
 		adg_ckpt_drop(n);
 	}
 out_dealloc:
@@ -341,7 +350,7 @@ static void node_free(struct adg_shard *shard, struct adg_node *node)
 	 * the backward that took it. */
 	if (node->state == ADG_NODE_LIVE)
 		adg_node_release_step(shard, node);
-	if (node->ckpt != NULL)
+	if (adg_node_ckpt(node) != NULL)
 		adg_ckpt_drop(node); /* a LIVE node's kept output goes */
 	adg_count(shard, ADG_C_NODES_FREED, 1);
 	node_dealloc(shard, node);

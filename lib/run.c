@@ -353,9 +353,10 @@ void adg_run_let_go(struct adg_run *run, size_t pos)
 	 * for its output was served (its children's steps and its own have
 	 * run) and the output is gone. What a failure left goes now,
 	 * exactly once. */
-	if (n->ckpt != NULL) {
+	if (adg_node_ckpt(n) != NULL) {
 		ADG_ASSERT(run->first.code != 0 ||
-			   (n->ckpt->pending == 0 && n->ckpt->value == NULL));
+			   (adg_node_ckpt(n)->pending == 0 &&
+			    adg_node_ckpt(n)->value == NULL));
 		adg_ckpt_drop(n);
 	}
 	/* tape_links counts the references n's tape children hold on it:

@@ -218,7 +218,7 @@ static inline int adg_run_step(struct adg_run_thread *th, size_t pos,
 		rc = th->out.rejected;
 		site = ADG_FAILED_CHECK;
 	}
-	if (n->ckpt != NULL && !run->retained)
+	if (adg_node_ckpt(n) != NULL && !run->retained)
 		adg_run_serve(th, n);
 	if (call.grad != NULL)
 		run->ops->free(call.grad, run->ops->ctx);
