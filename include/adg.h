@@ -237,7 +237,9 @@ typedef struct adg_step_call {
 	 * registered one. The step may take ownership by setting it to NULL;
 	 * whatever is left here is freed when the step returns. */
 	void *grad;
-	const uint64_t *parent_ids; /* in adg_op's order, repeats kept */
+	/* In adg_op's order, repeats kept; valid during the call only (it is
+	 * the running thread's scratch): copy what the step keeps. */
+	const uint64_t *parent_ids;
 	size_t n_parents;
 	/* libadg's, for adg_output_get: leave it alone. */
 	struct adg_backward_context *context;
@@ -352,7 +354,7 @@ ADG_API int adg_node_registry(const adg_node *node, adg_registry **registry);
 typedef struct adg_recompute_call {
 	uint64_t node_id;
 	size_t n_parents;
-	const uint64_t *parent_ids;
+	const uint64_t *parent_ids; /* as adg_step_call's: the call's only */
 	/* One per parent slot: its output, or NULL for a leaf (a leaf's value
 	 * is the caller's, and the step's closure keeps what it needs). */
 	void *const *parent_outputs;
