@@ -160,15 +160,21 @@ enum adg_checkpointing {
 	ADG_CHECKPOINT_BALANCED = 1,
 };
 
+/* The largest node id a registry hands out, 2^63 - 1: a node keeps a leaf
+ * parent as its id shifted left by one (docs/concurrency.md, "Cost as a
+ * graph grows"). Past it, making a node fails with ADG_ENOIDS. */
+#define ADG_ID_MAX ((uint64_t)INT64_MAX)
+
 /* Zero-initialise, then set what you need. */
 typedef struct adg_registry_options {
 	/* Both callbacks, or neither (malloc and free). adg_registry_free
 	 * gives back all that the registry took, except gradient containers,
 	 * which may outlive it: the allocator must outlive every container. */
 	adg_allocator allocator;
-	/* Largest node id to hand out; 0 means UINT64_MAX. Ids start at 1 and
-	 * are handed to threads in batches, so a thread may see ADG_ENOIDS
-	 * while another still holds unused ids of its batch. */
+	/* Largest node id to hand out; 0 means ADG_ID_MAX, as does anything
+	 * above it. Ids start at 1 and are handed to threads in batches, so
+	 * a thread may see ADG_ENOIDS while another still holds unused ids of
+	 * its batch. */
 	uint64_t max_node_id;
 	/* enum adg_checkpointing; 0 is ADG_CHECKPOINT_NONE. */
 	int checkpointing;
@@ -231,7 +237,9 @@ typedef struct adg_step_call {
 	 * registered one. The step may take ownership by setting it to NULL;
 	 * whatever is left here is freed when the step returns. */
 	void *grad;
-	const uint64_t *parent_ids; /* in adg_op's order, repeats kept */
+	/* In adg_op's order, repeats kept; valid during the call only (it is
+	 * the running thread's scratch): copy what the step keeps. */
+	const uint64_t *parent_ids;
 	size_t n_parents;
 	/* libadg's, for adg_output_get: leave it alone. */
 	struct adg_backward_context *context;
@@ -346,7 +354,7 @@ ADG_API int adg_node_registry(const adg_node *node, adg_registry **registry);
 typedef struct adg_recompute_call {
 	uint64_t node_id;
 	size_t n_parents;
-	const uint64_t *parent_ids;
+	const uint64_t *parent_ids; /* as adg_step_call's: the call's only */
 	/* One per parent slot: its output, or NULL for a leaf (a leaf's value
 	 * is the caller's, and the step's closure keeps what it needs). */
 	void *const *parent_outputs;

@@ -28,15 +28,16 @@ static int seq_fire(struct adg_run *run, const struct adg_node *n, uint64_t id,
 static void seq_fire_parents(struct adg_run *run, size_t pos)
 {
 	struct adg_node *n = run->tape->sorted[pos];
-	const uint64_t *ids = adg_node_parent_ids(n);
 	for (uint32_t k = 0; k < n->n_parents; k++) {
-		struct adg_node *p = n->parents[k];
+		uint64_t word = n->parents[k];
+		struct adg_node *p = adg_parent_node(word);
+		uint64_t id = adg_parent_id(word);
 		uint32_t *pending =
 			p == NULL || run->retained
-				? &adg_tape_key(run->tape, ids[k])->pending
+				? &adg_tape_key(run->tape, id)->pending
 				: &p->tape_pending;
 		if (--*pending == 0 && (p == NULL || !run->leaves_only) &&
-		    seq_fire(run, p, ids[k], adg_run_after_key(run, pos)) != 0)
+		    seq_fire(run, p, id, adg_run_after_key(run, pos)) != 0)
 			return;
 	}
 }

@@ -171,8 +171,9 @@ static void ckpt_serve(struct adg_node *n, struct adg_drops *drops)
 		struct adg_node *u = unbuilt;
 		unbuilt = adg_node_ckpt(u)->unbuilt_next;
 		for (uint32_t k = 0; k < u->n_parents; k++)
-			if (u->parents[k] != NULL)
-				ckpt_serve_one(u->parents[k], &unbuilt, drops);
+			if (adg_node_parent(u, k) != NULL)
+				ckpt_serve_one(adg_node_parent(u, k), &unbuilt,
+					       drops);
 	}
 }
 
@@ -190,7 +191,7 @@ void adg_ckpt_plan(struct adg_node **tape, size_t len)
 		if (c->want_self)
 			ckpt_request(n);
 		for (uint32_t k = 0; k < c->n_want_parents; k++)
-			ckpt_request(n->parents[c->want_parents[k]]);
+			ckpt_request(adg_node_parent(n, c->want_parents[k]));
 	}
 	/* Then what recomputing needs, in tape order: every request on a
 	 * node comes from it or from its descendants, earlier on the tape
@@ -203,8 +204,8 @@ void adg_ckpt_plan(struct adg_node **tape, size_t len)
 			continue;
 		c->rebuild_planned = true;
 		for (uint32_t k = 0; k < n->n_parents; k++)
-			if (n->parents[k] != NULL)
-				ckpt_request(n->parents[k]);
+			if (adg_node_parent(n, k) != NULL)
+				ckpt_request(adg_node_parent(n, k));
 	}
 	/* What nothing asks for goes now, not at the end. */
 	for (size_t i = 0; i < len; i++) {
@@ -220,7 +221,7 @@ void adg_ckpt_served(struct adg_node *n, struct adg_drops *drops)
 	if (c->want_self)
 		ckpt_serve(n, drops);
 	for (uint32_t k = 0; k < c->n_want_parents; k++)
-		ckpt_serve(n->parents[c->want_parents[k]], drops);
+		ckpt_serve(adg_node_parent(n, c->want_parents[k]), drops);
 }
 
 void adg_ckpt_drop(struct adg_node *n)
@@ -260,12 +261,17 @@ static int ckpt_recompute(struct adg_backward_context *ctx, struct adg_node *n,
 			  void **output)
 {
 	void **outputs = ctx->outputs;
-	for (uint32_t k = 0; k < n->n_parents; k++)
-		outputs[k] = n->parents[k] ? ckpt_held(n->parents[k]) : NULL;
+	for (uint32_t k = 0; k < n->n_parents; k++) {
+		struct adg_node *p = adg_node_parent(n, k);
+		outputs[k] = p != NULL ? ckpt_held(p) : NULL;
+	}
+	/* The running step's ids are in its thread's scratch: these go in
+	 * the recompute's own. */
+	adg_node_fill_parent_ids(n, ctx->ids);
 	adg_recompute_call call = {
 		.node_id = n->id,
 		.n_parents = n->n_parents,
-		.parent_ids = adg_node_parent_ids(n),
+		.parent_ids = ctx->ids,
 		.parent_outputs = outputs,
 		.output = NULL,
 	};
@@ -306,7 +312,7 @@ static struct adg_node *ckpt_next_rebuild(struct adg_backward_context *ctx,
 		}
 		struct adg_node *missing = NULL;
 		for (uint32_t k = 0; k < n->n_parents && missing == NULL; k++) {
-			struct adg_node *p = n->parents[k];
+			struct adg_node *p = adg_node_parent(n, k);
 			if (p != NULL && ckpt_held(p) == NULL)
 				missing = p;
 		}
@@ -334,8 +340,8 @@ static void *ckpt_keep(struct adg_node *n, void *output,
 	if (c->rebuild_planned) {
 		c->rebuild_planned = false;
 		for (uint32_t k = 0; k < n->n_parents; k++)
-			if (n->parents[k] != NULL)
-				ckpt_serve(n->parents[k], drops);
+			if (adg_node_parent(n, k) != NULL)
+				ckpt_serve(adg_node_parent(n, k), drops);
 	}
 	return NULL;
 }
@@ -457,8 +463,8 @@ static int ckpt_materialise_shared(struct adg_backward_context *ctx,
 			rebuilds_held++;
 		if (!ctx->retained)
 			for (uint32_t k = 0; k < n->n_parents; k++)
-				if (n->parents[k] != NULL)
-					ckpt_request(n->parents[k]);
+				if (adg_node_parent(n, k) != NULL)
+					ckpt_request(adg_node_parent(n, k));
 		pthread_mutex_unlock(ctx->serialize);
 		void *output;
 		rc = ckpt_recompute(ctx, n, &output);
@@ -477,8 +483,9 @@ static int ckpt_materialise_shared(struct adg_backward_context *ctx,
 			if (rc == 0)
 				surplus = ckpt_keep(n, output, &drops);
 			for (uint32_t k = 0; k < n->n_parents; k++)
-				if (n->parents[k] != NULL)
-					ckpt_serve(n->parents[k], &drops);
+				if (adg_node_parent(n, k) != NULL)
+					ckpt_serve(adg_node_parent(n, k),
+						   &drops);
 		}
 		ckpt_free_unlocked(ctx, n, surplus, &drops);
 		if (rc != 0)
@@ -502,10 +509,9 @@ int adg_output_get(adg_step_call *call, uint64_t id, void **value)
 		return ADG_EINVAL;
 	if (c->want_self && id == n->id)
 		target = n;
-	const uint64_t *ids = adg_node_parent_ids(n);
 	for (uint32_t k = 0; k < c->n_want_parents && target == NULL; k++)
-		if (ids[c->want_parents[k]] == id)
-			target = n->parents[c->want_parents[k]];
+		if (adg_node_parent_id(n, c->want_parents[k]) == id)
+			target = adg_node_parent(n, c->want_parents[k]);
 	if (target == NULL)
 		return ADG_EINVAL; /* not an output this step asked for */
 	int rc = ctx->serialize != NULL ? ckpt_materialise_shared(ctx, target)

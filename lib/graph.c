@@ -244,7 +244,7 @@ static size_t graph_parent_graphs(const struct adg_node *node,
 	size_t n = 0;
 
 	for (uint32_t i = 0; i < node->n_parents; i++) {
-		const struct adg_node *p = node->parents[i];
+		const struct adg_node *p = adg_node_parent(node, i);
 		if (p == NULL)
 			continue; /* a leaf: leaves never join graphs */
 		struct adg_graph *g = graph_of(p);
@@ -419,7 +419,7 @@ int adg_graph_place(struct adg_shard *shard, struct adg_node *node)
 {
 	struct adg_node *only = NULL;
 	for (uint32_t i = 0; i < node->n_parents; i++) {
-		struct adg_node *p = node->parents[i];
+		struct adg_node *p = adg_node_parent(node, i);
 		if (p == NULL || p == only)
 			continue;
 		if (only != NULL)

@@ -88,7 +88,6 @@ static int snapshot_take(adg_node *node, struct snapshot *s)
 	s->graph_id = atomic_load_explicit(&g->origin, memory_order_relaxed);
 	size_t i = 0, slot = 0;
 	cds_list_for_each_entry (m, &g->members, link) {
-		const uint64_t *ids = adg_node_parent_ids(m);
 		s->ops[i++] = (adg_graph_node){
 			.graph_id = s->graph_id,
 			.id = m->id,
@@ -99,8 +98,10 @@ static int snapshot_take(adg_node *node, struct snapshot *s)
 			.parent_kinds = &s->parent_kinds[slot],
 		};
 		for (uint32_t k = 0; k < m->n_parents; k++, slot++) {
-			struct adg_node *p = m->parents[k];
-			s->parent_ids[slot] = ids[k];
+			/* An op parent's id from the op, which m holds (a
+			 * LIVE node keeps its parents), consumed or not. */
+			struct adg_node *p = adg_node_parent(m, k);
+			s->parent_ids[slot] = adg_node_parent_id(m, k);
 			s->parent_kinds[slot] = p == NULL ? ADG_PARENT_LEAF
 						: adg_node_graph(p) == g
 							? ADG_PARENT_OP

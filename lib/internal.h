@@ -205,16 +205,19 @@ struct adg_node {
 	/* The step's user pointer (adg_step.user), NULL for a leaf; the rest
 	 * of the adg_step is in kind. */
 	void *user;
-	/* n_parents pointers, then n_parents ids (see adg_node_parent_ids).
-	 * A leaf parent's pointer is NULL: children never touch a leaf after
-	 * creating it, so a parameter shared by every thread is a cache line
-	 * nobody writes, and its handle may go while children still use its
-	 * id. */
-	struct adg_node *parents[];
+	/* One word per parent slot, in adg_op's order (repeats kept): an op
+	 * parent's pointer (nodes are 8-aligned, so its low bit is 0) or a
+	 * leaf's (id << 1) | 1 (adg_parent_node, adg_parent_id). A leaf is
+	 * kept by id alone: children never touch a leaf after creating it, so
+	 * a parameter shared by every thread is a cache line nobody writes,
+	 * and its handle may go while children still use its id. Hence ids
+	 * stop at ADG_ID_MAX. */
+	uint64_t parents[];
 };
 
-/* 80 bytes on LP64: a product of two parents is a 112-byte node in its
- * slab, one parent 96 (docs/concurrency.md, "Cost as a graph grows"). */
+/* 80 bytes on LP64, plus 8 per parent slot: a product of two parents is
+ * a 96-byte node in its slab, one parent 88 (docs/concurrency.md, "Cost
+ * as a graph grows"). */
 _Static_assert(sizeof(void *) != 8 || sizeof(struct adg_node) == 80,
 	       "struct adg_node's size is stated above and in the docs");
 
@@ -249,9 +252,50 @@ static inline bool adg_node_is_leaf(const struct adg_node *n)
 	return n->n_parents == 0;
 }
 
-static inline const uint64_t *adg_node_parent_ids(const struct adg_node *n)
+/* A parent slot's word for parent p (see parents). */
+static inline uint64_t adg_parent_word(const struct adg_node *p)
 {
-	return (const uint64_t *)(n->parents + n->n_parents);
+	ADG_ASSERT(p->id <= ADG_ID_MAX);
+	if (adg_node_is_leaf(p))
+		return (p->id << 1) | 1;
+	ADG_ASSERT(((uintptr_t)p & 1) == 0);
+	return (uint64_t)(uintptr_t)p;
+}
+
+/* The op parent a slot's word names, NULL for a leaf. */
+static inline struct adg_node *adg_parent_node(uint64_t word)
+{
+	return (word & 1) ? NULL : (struct adg_node *)(uintptr_t)word;
+}
+
+/* The id of the parent a slot's word names: the leaf's, or the op's. */
+static inline uint64_t adg_parent_id(uint64_t word)
+{
+	return (word & 1) ? word >> 1
+			  : ((const struct adg_node *)(uintptr_t)word)->id;
+}
+
+/* Slot k's op parent, NULL for a leaf. */
+static inline struct adg_node *adg_node_parent(const struct adg_node *n,
+					       uint32_t k)
+{
+	return adg_parent_node(n->parents[k]);
+}
+
+/* Slot k's parent id. */
+static inline uint64_t adg_node_parent_id(const struct adg_node *n, uint32_t k)
+{
+	return adg_parent_id(n->parents[k]);
+}
+
+/* Writes n's parent ids, in slot order, to ids (room for n_parents): the
+ * contiguous array a step call, a visitor or a failure report hands
+ * out. */
+static inline void adg_node_fill_parent_ids(const struct adg_node *n,
+					    uint64_t *ids)
+{
+	for (uint32_t k = 0; k < n->n_parents; k++)
+		ids[k] = adg_parent_id(n->parents[k]);
 }
 
 /* Drops one reference; frees the node and whatever becomes unreachable. */
@@ -809,8 +853,7 @@ static inline void adg_free(struct adg_registry *r, void *p, size_t size)
 
 static inline size_t adg_node_size(size_t n_parents)
 {
-	return sizeof(struct adg_node) +
-	       n_parents * (sizeof(struct adg_node *) + sizeof(uint64_t));
+	return sizeof(struct adg_node) + n_parents * sizeof(uint64_t);
 }
 
 /* ------------------------------------------------------------ node slabs */
@@ -1017,6 +1060,8 @@ struct adg_backward_context {
 	 * node has, reserved when the tape was taken, so that adg_output_get
 	 * never allocates. */
 	void **outputs;
+	/* And their ids, the recompute call's parent_ids: as many. */
+	uint64_t *ids;
 	/* With an executor's workers: held around every use of the records
 	 * and of stack, which the backward's workers share, and never across
 	 * a recompute (outputs is the worker's own); rebuilt is signalled

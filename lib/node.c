@@ -141,18 +141,15 @@ node_op_new(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 		if (rc != 0)
 			goto out_dealloc;
 	}
-	uint64_t *ids = (uint64_t *)(n->parents + n_parents);
 	uint64_t moved_leaves = 0; /* dropped once the node is made */
 	for (size_t i = 0; i < n_parents; i++) {
 		struct adg_node *p = parents[i];
-		ids[i] = p->id;
+		n->parents[i] = adg_parent_word(p);
 		if (adg_node_is_leaf(p)) {
-			n->parents[i] = NULL;
 			if (node_slot_moved(moved, i))
 				moved_leaves |= (uint64_t)1 << i;
 			continue;
 		}
-		n->parents[i] = p;
 		/* A moved slot's reference is the caller's, taken over: no
 		 * add now, and no drop by the caller later. */
 		if (node_slot_moved(moved, i))
@@ -180,10 +177,12 @@ out_put_parents:
 	/* Nothing saw the node: take back the references added (not the
 	 * last ones: the caller holds each parent); moved ones stay the
 	 * caller's. */
-	for (size_t i = 0; i < n_parents; i++)
-		if (n->parents[i] != NULL && !node_slot_moved(moved, i))
-			atomic_fetch_sub_explicit(&n->parents[i]->refs, 1,
+	for (size_t i = 0; i < n_parents; i++) {
+		struct adg_node *p = adg_node_parent(n, (uint32_t)i);
+		if (p != NULL && !node_slot_moved(moved, i))
+			atomic_fetch_sub_explicit(&p->refs, 1,
 						  memory_order_relaxed);
+	}
 	if (adg_node_ckpt(n) != NULL) {
 		/* the caller keeps what it offered */
 		adg_node_ckpt(n)->value = NULL;
@@ -379,7 +378,7 @@ static void node_reap(struct reaper *rp)
 		 * them up to the backward that took it. */
 		if (n->state == ADG_NODE_LIVE)
 			for (uint32_t i = 0; i < n->n_parents; i++)
-				node_drop_refs(rp, n->parents[i], 1);
+				node_drop_refs(rp, adg_node_parent(n, i), 1);
 	}
 	node_reaper_unlock(rp);
 	for (struct adg_node *n = rp->found; n != NULL;) {

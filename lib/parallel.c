@@ -199,7 +199,6 @@ static uint32_t par_plan(struct adg_tape *t, size_t len, bool retained)
 	 * these before it. */
 	for (size_t p = len; p-- > 0;) {
 		struct adg_node *n = t->sorted[p];
-		const uint64_t *ids = adg_node_parent_ids(n);
 		if (retained) /* pending 0: a node's key, not a leaf's */
 			*adg_tape_key(t, n->id) = (struct adg_tape_key){
 				.id = n->id, .index = (uint32_t)p};
@@ -217,21 +216,20 @@ static uint32_t par_plan(struct adg_tape *t, size_t len, bool retained)
 		 * edge order: by contributing position, then slot. */
 		for (uint32_t k = n->n_parents; k-- > 0;) {
 			uint32_t e = edges + k, target;
-			if (n->parents[k] != NULL) {
-				target =
-					retained
-						? adg_tape_key(t, ids[k])->index
-						: n->parents[k]->tape_pos;
+			uint64_t id = adg_node_parent_id(n, k);
+			struct adg_node *pk = adg_node_parent(n, k);
+			if (pk != NULL) {
+				target = retained ? adg_tape_key(t, id)->index
+						  : pk->tape_pos;
 				par_count_up(&a->pending[target]);
 			} else {
-				struct adg_tape_key *l =
-					adg_tape_key(t, ids[k]);
+				struct adg_tape_key *l = adg_tape_key(t, id);
 				target = (uint32_t)len + l->index;
 				if (l->id == 0) { /* the leaf's first edge */
 					*l = (struct adg_tape_key){
-						.id = ids[k], .index = leaves};
+						.id = id, .index = leaves};
 					target = (uint32_t)len + leaves++;
-					a->leaf_id[l->index] = ids[k];
+					a->leaf_id[l->index] = id;
 					a->grad[target] = NULL;
 					a->state[target] = WAITING;
 					a->last[target] = NONE;

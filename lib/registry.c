@@ -189,8 +189,9 @@ int adg_shard_refill_ids(struct adg_shard *s)
 	/* Relaxed: ids need only be unique, which read-modify-writes of one
 	 * location guarantee; nothing else is published through it. */
 	do {
-		/* 0: the counter wrapped after handing out UINT64_MAX. */
-		if (first == 0 || first > r->max_node_id)
+		/* max_node_id <= ADG_ID_MAX, so the counter cannot wrap. */
+		ADG_ASSERT(r->max_node_id <= ADG_ID_MAX);
+		if (first > r->max_node_id)
 			return ADG_ENOIDS;
 		n = r->max_node_id - first + 1;
 		if (n > ID_BATCH)
@@ -232,14 +233,17 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 	if (out == NULL)
 		return ADG_EINVAL;
 	adg_allocator allocator = adg_default_allocator;
-	uint64_t max_node_id = UINT64_MAX;
+	/* A leaf parent's slot holds (id << 1) | 1 (internal.h): no id
+	 * beyond ADG_ID_MAX. */
+	uint64_t max_node_id = ADG_ID_MAX;
 	if (options != NULL) {
 		const adg_allocator *a = &options->allocator;
 		if ((a->alloc == NULL) != (a->free == NULL))
 			return ADG_EINVAL;
 		if (a->alloc != NULL)
 			allocator = *a;
-		if (options->max_node_id != 0)
+		if (options->max_node_id != 0 &&
+		    options->max_node_id < ADG_ID_MAX)
 			max_node_id = options->max_node_id;
 		if (options->checkpointing != ADG_CHECKPOINT_NONE &&
 		    options->checkpointing != ADG_CHECKPOINT_BALANCED)

@@ -32,6 +32,11 @@ void adg_run_thread_init(struct adg_run_thread *th, struct adg_run *run,
 						: t->outputs +
 							  (size_t)slot *
 								  t->outputs_stride,
+				.ids = t->recompute_ids == NULL
+					       ? NULL
+					       : t->recompute_ids +
+							 (size_t)slot *
+								 t->outputs_stride,
 				.serialize = serialize,
 				.rebuilt = rebuilt,
 				.retained = run->retained,
@@ -43,6 +48,9 @@ void adg_run_thread_init(struct adg_run_thread *th, struct adg_run *run,
 				.direct = run->mode == ADG_RUN_SEQUENTIAL &&
 					  run->value_check == NULL,
 			},
+		.more_ids = t->ids_stride == 0
+				    ? NULL
+				    : t->ids + (size_t)slot * t->ids_stride,
 	};
 }
 
@@ -155,15 +163,16 @@ static inline uint32_t step_out_take(struct adg_step_out *o, uint32_t k,
  * when id is not a parent or its slots are all taken. */
 static uint32_t step_out_claim(struct adg_step_out *o, uint64_t id, void *value)
 {
-	const uint64_t *ids = adg_node_parent_ids(o->node);
-	uint32_t k = o->filled, end = o->node->n_parents;
+	const struct adg_node *n = o->node;
+	uint32_t k = o->filled, end = n->n_parents;
 
 	/* Most steps give in slot order: slot k is then the one. */
-	if (adg_likely(k < end && ids[k] == id))
+	if (adg_likely(k < end && adg_node_parent_id(n, k) == id))
 		return step_out_take(o, k, value);
 	if (!o->marked)
 		step_out_mark(o);
-	while (k < end && (ids[k] != id || o->slots[k] != NULL))
+	while (k < end &&
+	       (adg_node_parent_id(n, k) != id || o->slots[k] != NULL))
 		k++;
 	return k == end ? NO_SLOT : step_out_take(o, k, value);
 }
@@ -177,15 +186,15 @@ static uint32_t step_out_claim(struct adg_step_out *o, uint64_t id, void *value)
 static void step_out_add_failed(struct adg_step_out *o, uint32_t slot, int rc)
 {
 	struct adg_run *run = step_out_run(o);
-	uint64_t id = adg_node_parent_ids(o->node)[slot];
+	uint64_t id = adg_node_parent_id(o->node, slot);
 	for (size_t p = run->len; p-- > 0;) {
 		const struct adg_node *n = run->tape->sorted[p];
-		const uint64_t *ids = adg_node_parent_ids(n);
 		for (uint32_t k = 0; k < n->n_parents; k++) {
-			if (ids[k] != id)
+			if (adg_node_parent_id(n, k) != id)
 				continue;
 			adg_failure f = adg_run_failure_at(
-				ADG_FAILED_ADD, rc, o->node->parents[slot], id);
+				ADG_FAILED_ADD, rc,
+				adg_node_parent(o->node, slot), id);
 			adg_run_fail(run, adg_run_after_key(run, p), &f);
 			return;
 		}
@@ -203,7 +212,7 @@ static int step_out_deliver(struct adg_step_out *o, uint32_t k, void *value)
 	if (run->mode == ADG_RUN_PARALLEL)
 		return 0;
 	int rc = adg_grad_table_insert(run->grads,
-				       adg_node_parent_ids(o->node)[k], value);
+				       adg_node_parent_id(o->node, k), value);
 	if (adg_likely(rc == 0) || run->mode == ADG_RUN_SEQUENTIAL)
 		return rc; /* the step's, as any registration's */
 	/* With an executor an add error is the backward's, not the step's:
@@ -264,7 +273,8 @@ step_out_give_slow(struct adg_run_thread *th, struct adg_step_out *o,
 		k = adg_likely(slot == o->filled)
 			    ? step_out_take(o, (uint32_t)slot, value)
 			    : step_out_claim(o,
-					     adg_node_parent_ids(o->node)[slot],
+					     adg_node_parent_id(o->node,
+								(uint32_t)slot),
 					     value);
 	if (k == NO_SLOT) {
 		ops->free(value, ops->ctx);

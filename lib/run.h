@@ -95,7 +95,27 @@ struct adg_run_thread {
 	/* call->context: what adg_output_get needs. */
 	struct adg_backward_context ckpt;
 	struct adg_step_out out;
+	/* The running step's parent ids (adg_step_call.parent_ids), filled
+	 * from its parent slots, which hold a leaf's id but an op's pointer
+	 * (internal.h): ids for up to ADG_RUN_INLINE_IDS parents, the
+	 * common case, more_ids (the tape's, this worker slot's, reserved
+	 * when the tape was taken; NULL when no tape node needs it) for
+	 * more. Each thread of a run has its own. */
+	uint64_t *more_ids;
+	uint64_t ids[ADG_RUN_INLINE_IDS];
 };
+
+/* Fills th's array for n's parent ids and returns it. */
+static inline const uint64_t *adg_run_step_ids(struct adg_run_thread *th,
+					       const struct adg_node *n)
+{
+	uint64_t *ids = adg_likely(n->n_parents <= ADG_RUN_INLINE_IDS)
+				? th->ids
+				: th->more_ids;
+	ADG_ASSERT(ids != NULL);
+	adg_node_fill_parent_ids(n, ids);
+	return ids;
+}
 
 /* Fills th for run, on the thread with worker slot `slot` (0: the
  * caller's); serialize and rebuilt with workers, else NULL. */
@@ -202,7 +222,7 @@ static inline int adg_run_step(struct adg_run_thread *th, size_t pos,
 							 : &th->out.as_grads,
 		.node_id = n->id,
 		.grad = grad,
-		.parent_ids = adg_node_parent_ids(n),
+		.parent_ids = adg_run_step_ids(th, n),
 		.n_parents = n->n_parents,
 		.context = &th->ckpt,
 		.retained = run->retained,

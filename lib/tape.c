@@ -33,6 +33,11 @@ void adg_tape_free(struct adg_registry *r, struct adg_tape *t)
 		adg_free(r, t->outputs, t->outputs_cap * sizeof *t->outputs);
 	if (t->marks_cap != 0)
 		adg_free(r, t->marks, t->marks_cap * sizeof *t->marks);
+	if (t->ids_cap != 0)
+		adg_free(r, t->ids, t->ids_cap * sizeof *t->ids);
+	if (t->recompute_ids_cap != 0)
+		adg_free(r, t->recompute_ids,
+			 t->recompute_ids_cap * sizeof *t->recompute_ids);
 	if (t->par_cap != 0)
 		adg_free(r, t->par_block, t->par_cap);
 	if (t->window_cap != 0)
@@ -105,6 +110,22 @@ static bool tape_reserve_pointers(struct adg_registry *r, void ***array,
 	return true;
 }
 
+/* Grows a scratch array of ids (a step's or a recompute's parent ids) to
+ * hold n; nothing in it is kept. */
+static bool tape_reserve_ids(struct adg_registry *r, uint64_t **array,
+			     size_t *cap, size_t n)
+{
+	if (n <= *cap)
+		return true;
+	uint64_t *grown =
+		tape_regrow(r, *array, *cap * sizeof *grown, n * sizeof *grown);
+	if (grown == NULL)
+		return false;
+	*array = grown;
+	*cap = n;
+	return true;
+}
+
 /* On one thread, a tape whose ids are dense (at most twice as many ids in
  * its span as nodes, as a graph recorded by one thread has) gets a window
  * for its gradients (struct adg_grad_table), read and written by id in
@@ -160,14 +181,14 @@ static void tape_count_pending(struct adg_tape *t, size_t len, bool retained)
 	memset(t->keys, 0, t->keys_cap * sizeof *t->keys);
 	for (size_t i = 0; i < len; i++) {
 		struct adg_node *n = t->sorted[i]; /* any order: counts */
-		const uint64_t *ids = adg_node_parent_ids(n);
 		if (!retained)
 			n->tape_pending = n->tape_links;
 		for (uint32_t k = 0; k < n->n_parents; k++) {
-			if (n->parents[k] != NULL && !retained)
+			if (adg_node_parent(n, k) != NULL && !retained)
 				continue;
-			struct adg_tape_key *l = adg_tape_key(t, ids[k]);
-			l->id = ids[k];
+			uint64_t id = adg_node_parent_id(n, k);
+			struct adg_tape_key *l = adg_tape_key(t, id);
+			l->id = id;
 			l->pending++;
 		}
 	}
@@ -230,12 +251,21 @@ static bool tape_reserve_run(struct adg_registry *r, struct adg_tape *t,
 {
 	/* A retained backward's table keys the tape's nodes too. */
 	size_t keys = w.leaves + (needs.retained ? w.n : 0);
-	size_t outputs =
-		(size_t)w.most_parents * (needs.workers ? needs.workers : 1);
+	size_t slots = needs.workers ? needs.workers : 1;
+	size_t outputs = (size_t)w.most_parents * slots;
+	/* A node of more parents than the inline array holds: the step's
+	 * ids go here (run.h adg_run_step_ids). */
+	t->ids_stride =
+		w.most_parents > ADG_RUN_INLINE_IDS ? w.most_parents : 0;
 	return (!needs.counting || tape_reserve_keys(r, t, keys)) &&
+	       (t->ids_stride == 0 ||
+		tape_reserve_ids(r, &t->ids, &t->ids_cap,
+				 t->ids_stride * slots)) &&
 	       (!needs.checkpoints ||
-		tape_reserve_pointers(r, &t->outputs, &t->outputs_cap,
-				      outputs)) &&
+		(tape_reserve_pointers(r, &t->outputs, &t->outputs_cap,
+				       outputs) &&
+		 tape_reserve_ids(r, &t->recompute_ids, &t->recompute_ids_cap,
+				  outputs))) &&
 	       (!needs.marks ||
 		(tape_reserve_pointers(r, &t->marks, &t->marks_cap,
 				       w.most_parents) &&
@@ -323,11 +353,11 @@ static int tape_walk(struct adg_tape *t, struct adg_graph *g,
 		lo = node->id < lo ? node->id : lo;
 		hi = node->id > hi ? node->id : hi;
 		for (uint32_t k = 0; k < node->n_parents; k++) {
-			struct adg_node *p = node->parents[k];
+			uint64_t word = node->parents[k];
+			struct adg_node *p = adg_parent_node(word);
 			if (p == NULL) {
 				/* A leaf: nothing to take. */
-				tape_count_leaf(&leaf_ids,
-						adg_node_parent_ids(node)[k]);
+				tape_count_leaf(&leaf_ids, adg_parent_id(word));
 				continue;
 			}
 			rc = tape_walk_parent(r, t, g, p, refused_runs, &n,
@@ -395,7 +425,7 @@ static void tape_order(struct adg_tape *t, struct adg_graph *g, size_t len,
 			adg_graph_detach_locked(g, n);
 		}
 		for (uint32_t k = 0; k < n->n_parents; k++) {
-			struct adg_node *p = n->parents[k];
+			struct adg_node *p = adg_node_parent(n, k);
 			if (p != NULL && --p->tape_pending == 0)
 				stack[top++] = p;
 		}
@@ -412,7 +442,7 @@ static inline bool tape_links_add_up(struct adg_tape *t, size_t len)
 	for (size_t i = 0; i < len; i++) {
 		links += t->walked[i]->tape_links;
 		for (uint32_t k = 0; k < t->walked[i]->n_parents; k++)
-			slots += t->walked[i]->parents[k] != NULL;
+			slots += adg_node_parent(t->walked[i], k) != NULL;
 	}
 	return links == slots && t->walked[0]->tape_links == 0;
 }

@@ -41,6 +41,10 @@ struct adg_par_arrays {
 	struct adg_ready_queue *queues; /* one per worker slot */
 };
 
+/* How many parent ids a step's call finds in its thread's inline array
+ * (struct adg_run_thread); a node of more takes the tape's ids. */
+#define ADG_RUN_INLINE_IDS 8
+
 /* Scratch arrays, reused by a thread's backward passes. All from the
  * registry's allocator. */
 struct adg_tape {
@@ -60,6 +64,18 @@ struct adg_tape {
 	void **outputs;
 	size_t outputs_cap;
 	size_t outputs_stride;
+	/* A step's parent ids (adg_step_call.parent_ids) for a node of more
+	 * parents than the inline array of struct adg_run_thread holds: as
+	 * many as the most parents a tape node has (ids_stride), once per
+	 * worker slot; ids_stride 0 when no tape node needs it. */
+	uint64_t *ids;
+	size_t ids_cap;
+	size_t ids_stride;
+	/* With checkpointing: a recompute's parent ids, outputs_stride per
+	 * worker slot, as outputs (a recompute runs inside a step, whose
+	 * ids must stay as they are). */
+	uint64_t *recompute_ids;
+	size_t recompute_ids_cap;
 	/* On one thread: one step's marks of the parent slots it gave (struct
 	 * adg_step_out), as many as the most parents a tape node has. */
 	void **marks;
