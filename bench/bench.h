@@ -69,6 +69,11 @@ typedef struct bench_impl {
 
 extern const bench_impl bench_adg, bench_seed, bench_floor;
 
+/* --heap-slabs: adg's registries get malloc and free as their allocator,
+ * so that libadg maps no node slab for huge pages (adg.h, adg_allocator):
+ * the other side of the huge-pages comparison. */
+extern bool bench_adg_heap_slabs;
+
 /* ---------------------------------------------------------------- u64map */
 
 /* Open addressing, linear probing, key 0 reserved; values are 64 bits. */

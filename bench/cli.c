@@ -58,7 +58,11 @@ void usage(FILE *f)
 		"                    1000000 when --workloads names big, "
 		"100000 when it runs as\n"
 		"                    one of all; at most 10000000: some 2 GB)"
-		"\n\n");
+		"\n"
+		"  --heap-slabs      give adg's registries malloc as their "
+		"allocator, so that\n"
+		"                    no node slab is mapped for huge pages "
+		"(to compare)\n\n");
 	for (int i = 0; i < bench_n_workloads; i++)
 		fprintf(f, "  %-14s %s\n", bench_workloads[i].name,
 			bench_workloads[i].about);
@@ -249,6 +253,7 @@ bool parse_options(int argc, char **argv, struct options *o)
 		{"no-checkpoint", no_argument, &o->checkpoint, 0},
 		{"out", required_argument, 0, 'o'},
 		{"no-plot", no_argument, &o->plot, 0},
+		{"heap-slabs", no_argument, &o->heap_slabs, 1},
 		{"callgrind", no_argument, &o->callgrind, 1},
 		{"phases", no_argument, &o->phases, 1},
 		{"iterations", required_argument, 0, 'n'},

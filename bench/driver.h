@@ -36,7 +36,7 @@ struct options {
 	bench_params p;
 	const char *out_dir;
 	/* ints, for getopt_long to set: --no-plot, --no-idle, ... */
-	int plot, idle, checkpoint, callgrind, phases;
+	int plot, idle, checkpoint, callgrind, phases, heap_slabs;
 	long iterations;
 	const char *count_child; /* internal: the process callgrind runs */
 	/* The wide check's worker counts, 1 first (--wide-workers). */

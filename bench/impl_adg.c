@@ -35,10 +35,29 @@ static int trampoline(adg_step_call *call, void *user)
 	return step->run(&c, step);
 }
 
+bool bench_adg_heap_slabs;
+
+static void *heap_alloc(size_t size, void *ctx)
+{
+	(void)ctx;
+	return malloc(size);
+}
+
+static void heap_free(void *p, size_t size, void *ctx)
+{
+	(void)size;
+	(void)ctx;
+	free(p);
+}
+
 static void *a_open(void)
 {
+	adg_registry_options o = {
+		.allocator = {.alloc = heap_alloc, .free = heap_free}};
 	adg_registry *r;
-	return adg_registry_new(NULL, &r) == 0 ? r : NULL;
+	return adg_registry_new(bench_adg_heap_slabs ? &o : NULL, &r) == 0
+		       ? r
+		       : NULL;
 }
 
 static void a_close(void *reg)

@@ -26,6 +26,7 @@ int main(int argc, char **argv)
 		usage(stderr);
 		return 2;
 	}
+	bench_adg_heap_slabs = o.heap_slabs;
 	if (o.count_child)
 		return count_child(&o);
 	if (o.callgrind)

@@ -139,9 +139,12 @@ typedef struct adg_grads adg_grads;	  /* gradients of one backward */
  * thread's slice of it, nodes (in slabs of 16 KiB to 1 MiB, each holding
  * many, for nodes of fewer than 8 parents), graphs, checkpointing records,
  * backward scratch and gradient containers. (The executor's jobs, which may
- * outlive the registry, use malloc.) alloc returns NULL on failure, or memory
- * aligned as malloc's is; free receives the size that was asked of alloc.
- * Both may be called from any thread that calls libadg; neither may call
+ * outlive the registry, use malloc.) With no allocator given, a thread's
+ * node slabs past some 19 MiB are 2 MiB mappings of libadg's own, advised
+ * for transparent huge pages (adg_stats counts them); malloc and free
+ * passed here keep every slab on the heap. alloc returns NULL on failure, or
+ * memory aligned as malloc's is; free receives the size that was asked of
+ * alloc. Both may be called from any thread that calls libadg; neither may call
  * into libadg (they may run under libadg's locks). */
 typedef struct adg_allocator {
 	void *(*alloc)(size_t size, void *ctx);
@@ -216,6 +219,13 @@ struct adg_stats {
 	uint64_t live_graphs; /* graphs with at least one unconsumed step */
 	uint64_t merges;      /* graphs absorbed into another, so far */
 	uint64_t nodes_freed; /* nodes freed, so far */
+	/* Memory held in node slabs (nodes of fewer than 8 parents, see
+	 * adg_allocator), and how much of it is in 2 MiB slabs that libadg
+	 * mapped itself and advised for transparent huge pages: with the
+	 * default allocator, once a thread holds some 19 MiB of nodes of one
+	 * parent count. */
+	uint64_t slab_bytes;
+	uint64_t slab_bytes_huge;
 };
 
 /* Fills *out. Costs one read per thread that has used the registry; takes

@@ -433,11 +433,15 @@ enum adg_counter {
 	ADG_C_STEPS_RELEASED,
 	ADG_C_GRAPHS_RETIRED,
 	ADG_C_MERGES,
+	ADG_C_SLAB_BYTES_FREED, /* node slabs given back */
+	ADG_C_HUGE_BYTES_FREED, /* of them, mapped for huge pages */
 	/* Creation counters come after the retirement counters: adg_stats
 	 * reads all of the latter first (see registry.c). */
 	ADG_C_LEAVES_MADE,
 	ADG_C_OPS_MADE, /* nodes with a step */
 	ADG_C_GRAPHS_MADE,
+	ADG_C_SLAB_BYTES_TAKEN, /* node slabs taken */
+	ADG_C_HUGE_BYTES_TAKEN, /* of them, mapped for huge pages */
 	ADG_C_COUNT,
 };
 
@@ -478,6 +482,8 @@ struct adg_shard {
 	struct adg_slab *slabs_with_room[ADG_SLAB_CLASSES];
 	struct adg_slab *slabs;
 	uint32_t slabs_held[ADG_SLAB_CLASSES];
+	/* Empty huge slabs, of any class, linked through next (slab.c). */
+	struct adg_slab *huge_spares;
 	/* Retired graphs, ready for reuse by this thread (see struct
 	 * adg_graph). */
 	struct adg_graph *graph_pool;
@@ -557,6 +563,9 @@ struct adg_registry {
 	/* A backward's ops when it is passed none (adg_registry_options). */
 	adg_grad_ops grad_ops;
 	bool has_grad_ops;
+	/* No allocator was given: big node slabs may be libadg's own
+	 * mappings, advised for huge pages (slab.c). */
+	bool maps_huge_slabs;
 	/* Set when the first node gets a checkpointing record; until then a
 	 * backward skips the checkpointing passes. Written once. */
 	atomic_bool uses_checkpoints;
@@ -887,7 +896,8 @@ struct adg_slab {
 	struct adg_shard *owner;
 	uint32_t cls;
 	uint32_t node_size;
-	size_t bytes; /* asked of the allocator */
+	size_t bytes; /* asked of the allocator, or mapped */
+	bool mapped;  /* a mapping of libadg's own, for huge pages */
 	char *first_page;
 	char *end; /* of the last whole page */
 

@@ -263,6 +263,8 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 					      memory_order_relaxed) +
 		    1;
 	r->allocator = allocator;
+	r->maps_huge_slabs =
+		options == NULL || options->allocator.alloc == NULL;
 	r->max_node_id = max_node_id;
 	r->checkpointing = options ? options->checkpointing : 0;
 	if (options != NULL && options->grad_ops != NULL) {
@@ -325,6 +327,9 @@ int adg_stats(adg_registry *registry, struct adg_stats *out)
 	out->live_graphs = c[ADG_C_GRAPHS_MADE] - c[ADG_C_GRAPHS_RETIRED];
 	out->merges = c[ADG_C_MERGES];
 	out->nodes_freed = c[ADG_C_NODES_FREED];
+	out->slab_bytes = c[ADG_C_SLAB_BYTES_TAKEN] - c[ADG_C_SLAB_BYTES_FREED];
+	out->slab_bytes_huge =
+		c[ADG_C_HUGE_BYTES_TAKEN] - c[ADG_C_HUGE_BYTES_FREED];
 	return 0;
 }
 

@@ -18,11 +18,102 @@
  */
 #include "internal.h"
 
+#include <sys/mman.h>
+#if defined(ADG_SLAB_ASAN) && __has_include(<sanitizer/lsan_interface.h>)
+#include <sanitizer/lsan_interface.h>
+#define SLAB_LSAN_ROOTS 1
+#endif
+
 /* 16 KiB, doubling with each slab the class holds, up to 1 MiB: a thread
  * that makes small graphs holds little, and the partial pages at a slab's
  * two ends (4 KiB together, on average) are a small part of a big one. */
 #define SLAB_BYTES_MIN ((size_t)16 << 10)
 #define SLAB_DOUBLINGS 6
+
+/*
+ * Huge pages. A graph of millions of nodes on memory never touched pays a
+ * page fault per 4 KiB page, some 40 nodes. With the default allocator, a
+ * class that already holds SLAB_HUGE_AFTER slabs (some 19 MiB) takes its
+ * next ones as mappings of libadg's own, 2 MiB long and 2 MiB aligned and
+ * advised for transparent huge pages (MADV_HUGEPAGE), so that where the
+ * system allows them (THP "madvise" or "always") one fault maps 2 MiB.
+ * Not sooner, because the kernel backs the whole 2 MiB at the first touch:
+ * a small graph would hold memory it never uses. Not with an allocator of
+ * the caller's: its memory is the caller's to advise. Such a slab, once
+ * its last node is freed, stays mapped as a spare for the shard's next big
+ * graph: a trainer that builds one of the same size each step maps and
+ * faults its memory in once. The spares go with the registry.
+ */
+#if defined(MADV_HUGEPAGE)
+#define SLAB_HUGE_BYTES ((size_t)2 << 20)
+#define SLAB_HUGE_AFTER 24
+
+/* A 2 MiB mapping, 2 MiB aligned, advised for huge pages; NULL when the
+ * system refuses the mapping (the caller takes a slab of the allocator's
+ * instead). */
+static char *slab_map_huge(void)
+{
+	/* Twice the length, to cut an aligned 2 MiB out of it. */
+	size_t len = 2 * SLAB_HUGE_BYTES;
+	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	char *base = (char *)(((uintptr_t)p + SLAB_HUGE_BYTES - 1) &
+			      ~(uintptr_t)(SLAB_HUGE_BYTES - 1));
+	char *end = base + SLAB_HUGE_BYTES;
+	if (base > p)
+		munmap(p, (size_t)(base - p));
+	if (p + len > end)
+		munmap(end, (size_t)(p + len - end));
+	/* Advice only: where the kernel has no huge pages it fails, and the
+	 * slab has 4 KiB pages, as one of the allocator's would. */
+	(void)madvise(base, SLAB_HUGE_BYTES, MADV_HUGEPAGE);
+#ifdef SLAB_LSAN_ROOTS
+	/* LeakSanitizer scans the heap and the stacks, not mappings: the
+	 * blocks that only nodes point at (graphs, users' closures) would
+	 * read as leaked. */
+	__lsan_register_root_region(base, SLAB_HUGE_BYTES);
+#endif
+	return base;
+}
+
+static void slab_unmap_huge(void *base)
+{
+#ifdef SLAB_LSAN_ROOTS
+	__lsan_unregister_root_region(base, SLAB_HUGE_BYTES);
+#endif
+#ifdef ADG_SLAB_ASAN
+	/* The shadow outlives the mapping: memory mapped here later must not
+	 * read as freed nodes. */
+	ASAN_UNPOISON_MEMORY_REGION(base, SLAB_HUGE_BYTES);
+#endif
+	munmap(base, SLAB_HUGE_BYTES);
+}
+#else
+#define SLAB_HUGE_BYTES ((size_t)0)
+#define SLAB_HUGE_AFTER UINT32_MAX
+static char *slab_map_huge(void)
+{
+	return NULL;
+}
+static void slab_unmap_huge(void *base)
+{
+	(void)base;
+}
+#endif
+
+/* Gives s's memory back, to the allocator or the system. */
+static void slab_give_back(struct adg_shard *sh, struct adg_slab *s)
+{
+	adg_count(sh, ADG_C_SLAB_BYTES_FREED, s->bytes);
+	if (s->mapped) {
+		adg_count(sh, ADG_C_HUGE_BYTES_FREED, s->bytes);
+		slab_unmap_huge(s);
+	} else {
+		adg_free(sh->registry, s, s->bytes);
+	}
+}
 
 static void slab_start_page(struct adg_slab *s, char *page)
 {
@@ -76,9 +167,25 @@ static struct adg_slab *slab_new(struct adg_shard *sh, uint32_t cls)
 	uint32_t held = sh->slabs_held[cls];
 	size_t bytes = SLAB_BYTES_MIN
 		       << (held < SLAB_DOUBLINGS ? held : SLAB_DOUBLINGS);
-	char *base = adg_alloc(sh->registry, bytes);
-	if (base == NULL)
+	char *base = NULL;
+	bool mapped = false;
+	if (sh->registry->maps_huge_slabs && held >= SLAB_HUGE_AFTER) {
+		if (sh->huge_spares != NULL) {
+			base = (char *)sh->huge_spares;
+			sh->huge_spares = sh->huge_spares->next;
+		} else if ((base = slab_map_huge()) != NULL) {
+			adg_count(sh, ADG_C_SLAB_BYTES_TAKEN, SLAB_HUGE_BYTES);
+			adg_count(sh, ADG_C_HUGE_BYTES_TAKEN, SLAB_HUGE_BYTES);
+		}
+		mapped = base != NULL;
+	}
+	if (mapped) {
+		bytes = SLAB_HUGE_BYTES;
+	} else if ((base = adg_alloc(sh->registry, bytes)) != NULL) {
+		adg_count(sh, ADG_C_SLAB_BYTES_TAKEN, bytes);
+	} else {
 		return NULL;
+	}
 	/* The slab's own fields, then whole pages of nodes: the page a node
 	 * lies in must be the slab's, for adg_slab_of. */
 	uintptr_t first = ((uintptr_t)base + sizeof(struct adg_slab) +
@@ -92,6 +199,7 @@ static struct adg_slab *slab_new(struct adg_shard *sh, uint32_t cls)
 		.cls = cls,
 		.node_size = (uint32_t)adg_node_size(cls),
 		.bytes = bytes,
+		.mapped = mapped,
 		.first_page = (char *)first,
 		.end = (char *)end,
 		.next = sh->slabs,
@@ -117,7 +225,16 @@ static void slab_release(struct adg_shard *sh, struct adg_slab *s)
 	if (s->next != NULL)
 		s->next->prev = s->prev;
 	sh->slabs_held[s->cls]--;
-	adg_free(sh->registry, s, s->bytes);
+	if (s->mapped) {
+		/* Kept for this shard's next big graph, which would map
+		 * and fault its memory in again. They number at most what
+		 * the shard once had in use: a new one is mapped only when
+		 * none is spare. */
+		s->next = sh->huge_spares;
+		sh->huge_spares = s;
+		return;
+	}
+	slab_give_back(sh, s);
 }
 
 /* Takes the frees other threads made of sh's slabs. */
@@ -242,10 +359,16 @@ void adg_slab_free_all(struct adg_shard *sh)
 	struct adg_slab *s = sh->slabs;
 	while (s != NULL) {
 		struct adg_slab *next = s->next;
-		adg_free(sh->registry, s, s->bytes);
+		slab_give_back(sh, s);
 		s = next;
 	}
 	sh->slabs = NULL;
+	for (s = sh->huge_spares; s != NULL;) {
+		struct adg_slab *next = s->next;
+		slab_give_back(sh, s);
+		s = next;
+	}
+	sh->huge_spares = NULL;
 	for (uint32_t c = 0; c < ADG_SLAB_CLASSES; c++) {
 		sh->slab_current[c] = NULL;
 		sh->slabs_with_room[c] = NULL;

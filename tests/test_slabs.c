@@ -199,3 +199,108 @@ CHECKED_TEST(slabs_stress, nodes_freed_by_other_threads_while_makers_exit,
 	pthread_mutex_destroy(&e->lock);
 	free(e);
 }
+
+/* Past some 19 MiB of one thread's nodes of one parent count, the default
+ * allocator's slabs are 2 MiB mappings of libadg's own, advised for huge
+ * pages (slab.c). A chain of this many products takes several. */
+#define HUGE_CHAIN 300000
+#define HUGE_SLAB  ((uint64_t)2 << 20)
+
+static scalar long_chain(scalar w)
+{
+	scalar y = s_mul(reg, w, w);
+	for (int i = 1; i < HUGE_CHAIN; i++) {
+		scalar z = s_mul(reg, y, w);
+		s_drop(y);
+		y = z;
+	}
+	return y;
+}
+
+/* Runs y's backward, checks w's gradient (w is 1: one per product, one
+ * more for the first), and drops y. */
+static void backward_long_chain(scalar y, scalar w)
+{
+	adg_grads *g;
+	cr_assert_eq(s_backward(reg, y, &g), 0);
+	cr_expect_eq(s_grad(g, w), HUGE_CHAIN + 1.0);
+	adg_grads_free(g);
+	s_drop(y);
+}
+
+static struct adg_stats stats_now(void)
+{
+	struct adg_stats st;
+	cr_assert_eq(adg_stats(reg, &st), 0);
+	return st;
+}
+
+FIXTURE_SUITE(huge_slabs);
+
+/* The graph on mapped slabs runs backward as any other. Once its nodes
+ * are freed, the slabs stay mapped as spares, and the next graph of the
+ * same size maps none: a trainer's next step faults nothing in again. */
+CHECKED_TEST(huge_slabs, a_long_chain_takes_them_and_the_next_reuses_them)
+{
+	scalar w = s_leaf(reg, 1);
+	scalar y = long_chain(w);
+	struct adg_stats first = stats_now();
+	cr_assert_gt(first.slab_bytes, (uint64_t)HUGE_CHAIN * 96);
+	cr_assert_geq(first.slab_bytes_huge, 3 * HUGE_SLAB,
+		      "%llu bytes in huge slabs of %llu in slabs",
+		      (unsigned long long)first.slab_bytes_huge,
+		      (unsigned long long)first.slab_bytes);
+	cr_assert_eq(first.slab_bytes_huge % HUGE_SLAB, 0);
+	backward_long_chain(y, w);
+	cr_expect_eq(stats_now().slab_bytes_huge, first.slab_bytes_huge,
+		     "the huge slabs are kept");
+	y = long_chain(w);
+	cr_expect_eq(stats_now().slab_bytes_huge, first.slab_bytes_huge,
+		     "the second chain maps no more");
+	backward_long_chain(y, w);
+	s_drop(w);
+	assert_stats(reg, 0, 0, 0);
+}
+
+struct chain_made {
+	scalar w, y;
+};
+
+static void *make_long_chain(void *arg)
+{
+	struct chain_made *c = arg;
+	c->y = long_chain(c->w);
+	return NULL;
+}
+
+/* A chain made on a thread that exits, run and freed on this one: every
+ * node goes back to a mapped slab through its remote frees; the slabs
+ * stay with the exited thread's slice until the registry frees it. */
+CHECKED_TEST(huge_slabs, freed_by_another_thread)
+{
+	struct chain_made c = {.w = s_leaf(reg, 1)};
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, make_long_chain, &c), 0);
+	pthread_join(t, NULL);
+	cr_assert_geq(stats_now().slab_bytes_huge, 3 * HUGE_SLAB);
+	backward_long_chain(c.y, c.w);
+	s_drop(c.w);
+	assert_stats(reg, 0, 0, 0);
+}
+
+/* With an allocator of the caller's, libadg maps nothing of its own: every
+ * slab, however many, is the allocator's. */
+CHECKED_TEST(slabs, none_huge_with_an_allocator_of_the_callers)
+{
+	long before = atomic_load(&fixture_alloc.live_bytes);
+	scalar w = s_leaf(reg, 1);
+	scalar y = long_chain(w);
+	struct adg_stats st = stats_now();
+	cr_expect_eq(st.slab_bytes_huge, 0);
+	cr_expect_gt(st.slab_bytes, (uint64_t)HUGE_CHAIN * 96);
+	cr_expect_geq(atomic_load(&fixture_alloc.live_bytes) - before,
+		      (long)st.slab_bytes);
+	backward_long_chain(y, w);
+	s_drop(w);
+	assert_stats(reg, 0, 0, 0);
+}
