@@ -140,7 +140,7 @@ typedef struct adg_grads adg_grads;	  /* gradients of one backward */
  * many, for nodes of fewer than 8 parents), graphs, checkpointing records,
  * backward scratch and gradient containers. (The executor's jobs, which may
  * outlive the registry, use malloc.) With no allocator given, a thread's
- * node slabs past some 19 MiB are 2 MiB mappings of libadg's own, advised
+ * node slabs past some 20 MiB are 2 MiB mappings of libadg's own, advised
  * for transparent huge pages (adg_stats counts them); malloc and free
  * passed here keep every slab on the heap. alloc returns NULL on failure, or
  * memory aligned as malloc's is; free receives the size that was asked of
@@ -222,7 +222,7 @@ struct adg_stats {
 	/* Memory held in node slabs (nodes of fewer than 8 parents, see
 	 * adg_allocator), and how much of it is in 2 MiB slabs that libadg
 	 * mapped itself and advised for transparent huge pages: with the
-	 * default allocator, once a thread holds some 19 MiB of nodes of one
+	 * default allocator, once a thread holds some 20 MiB of nodes of one
 	 * parent count. */
 	uint64_t slab_bytes;
 	uint64_t slab_bytes_huge;

@@ -24,16 +24,18 @@
 #define SLAB_LSAN_ROOTS 1
 #endif
 
-/* 16 KiB, doubling with each slab the class holds, up to 1 MiB: a thread
- * that makes small graphs holds little, and the partial pages at a slab's
- * two ends (4 KiB together, on average) are a small part of a big one. */
-#define SLAB_BYTES_MIN ((size_t)16 << 10)
-#define SLAB_DOUBLINGS 6
+/* 32 KiB, doubling with each slab the class holds, up to 1 MiB: a thread
+ * that makes small graphs holds little, and the partial slab pages at a
+ * slab's two ends (8 KiB together, on average, mostly never touched) are a
+ * small part of a big one. At least 32 KiB, so that a slab of an
+ * allocator's, aligned as malloc's are, has whole slab pages. */
+#define SLAB_BYTES_MIN ((size_t)32 << 10)
+#define SLAB_DOUBLINGS 5
 
 /*
  * Huge pages. A graph of millions of nodes on memory never touched pays a
  * page fault per 4 KiB page, some 40 nodes. With the default allocator, a
- * class that already holds SLAB_HUGE_AFTER slabs (some 19 MiB) takes its
+ * class that already holds SLAB_HUGE_AFTER slabs (some 20 MiB) takes its
  * next ones as mappings of libadg's own, 2 MiB long and 2 MiB aligned and
  * advised for transparent huge pages (MADV_HUGEPAGE), so that where the
  * system allows them (THP "madvise" or "always") one fault maps 2 MiB.
@@ -169,11 +171,18 @@ static struct adg_slab *slab_new(struct adg_shard *sh, uint32_t cls)
 		       << (held < SLAB_DOUBLINGS ? held : SLAB_DOUBLINGS);
 	char *base = NULL;
 	bool mapped = false;
-	if (sh->registry->maps_huge_slabs && held >= SLAB_HUGE_AFTER) {
-		if (sh->huge_spares != NULL) {
-			base = (char *)sh->huge_spares;
-			sh->huge_spares = sh->huge_spares->next;
-		} else if ((base = slab_map_huge()) != NULL) {
+	/* A spare first, whatever the class holds: its memory is mapped
+	 * and faulted in already, where a new block of the allocator's may
+	 * not be (glibc gives a freed heap top back to the system). */
+	if (sh->huge_spares != NULL) {
+		base = (char *)sh->huge_spares;
+		sh->huge_spares = sh->huge_spares->next;
+		mapped = true;
+	} else if (sh->registry->maps_huge_slabs &&
+		   (held >= SLAB_HUGE_AFTER || sh->slabs_held_huge[cls] != 0)) {
+		/* A class holding a mapped slab is big already: it does not
+		 * go through the allocator's blocks again. */
+		if ((base = slab_map_huge()) != NULL) {
 			adg_count(sh, ADG_C_SLAB_BYTES_TAKEN, SLAB_HUGE_BYTES);
 			adg_count(sh, ADG_C_HUGE_BYTES_TAKEN, SLAB_HUGE_BYTES);
 		}
@@ -205,12 +214,13 @@ static struct adg_slab *slab_new(struct adg_shard *sh, uint32_t cls)
 		.next = sh->slabs,
 	};
 	atomic_init(&s->freed_remotely, 0);
-	ADG_ASSERT(end > first); /* bytes is at least four pages */
+	ADG_ASSERT(end > first); /* bytes is at least four slab pages */
 	slab_start_page(s, s->first_page);
 	if (sh->slabs != NULL)
 		sh->slabs->prev = s;
 	sh->slabs = s;
 	sh->slabs_held[cls]++;
+	sh->slabs_held_huge[cls] += mapped;
 	return s;
 }
 
@@ -226,6 +236,7 @@ static void slab_release(struct adg_shard *sh, struct adg_slab *s)
 		s->next->prev = s->prev;
 	sh->slabs_held[s->cls]--;
 	if (s->mapped) {
+		sh->slabs_held_huge[s->cls]--;
 		/* Kept for this shard's next big graph, which would map
 		 * and fault its memory in again. They number at most what
 		 * the shard once had in use: a new one is mapped only when
@@ -373,6 +384,7 @@ void adg_slab_free_all(struct adg_shard *sh)
 		sh->slab_current[c] = NULL;
 		sh->slabs_with_room[c] = NULL;
 		sh->slabs_held[c] = 0;
+		sh->slabs_held_huge[c] = 0;
 	}
 	atomic_store_explicit(&sh->slabs_freed_remotely, NULL,
 			      memory_order_relaxed);
