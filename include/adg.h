@@ -136,7 +136,7 @@ typedef struct adg_grads adg_grads;	  /* gradients of one backward */
 /* ---------------------------------------------------------------- registry */
 
 /* Every allocation libadg makes for a registry: the registry itself, each
- * thread's slice of it, nodes (in slabs of 16 KiB to 1 MiB, each holding
+ * thread's slice of it, nodes (in slabs of 32 KiB to 1 MiB, each holding
  * many, for nodes of fewer than 8 parents), graphs, checkpointing records,
  * backward scratch and gradient containers. (The executor's jobs, which may
  * outlive the registry, use malloc.) With no allocator given, a thread's

@@ -477,6 +477,9 @@ TEST(closures_are_released_once_each)
 	adg::node t = build<double>(reg, l);
 	EXPECT(probe::live == 5); /* one per step, held by libadg */
 	EXPECT(reg.stats().live_steps == 5);
+	/* Nodes sit in slabs; a graph this small in none mapped. */
+	EXPECT(reg.stats().slab_bytes >= 5 * 88);
+	EXPECT(reg.stats().slab_bytes_huge == 0);
 	adg::gradients<double> g = adg::backward(t, 1.0);
 	EXPECT(probe::live == 0); /* consumed: released as they ran */
 	EXPECT(reg.stats().live_steps == 0);
