@@ -296,17 +296,20 @@ void *adg_slab_alloc_slow(struct adg_shard *sh, uint32_t cls)
 	struct adg_slab *s = sh->slab_current[cls];
 	void *p = s != NULL ? slab_take(s) : NULL;
 	if (p == NULL) {
+		/* The replacement first: should none come, the full slab
+		 * stays current, findable, and the lists stay as they were. */
+		struct adg_slab *next = sh->slabs_with_room[cls];
+		if (next != NULL) {
+			slab_unlink_with_room(sh, next);
+		} else {
+			next = slab_new(sh, cls);
+			if (next == NULL)
+				return NULL;
+		}
 		/* Full: its next free lists it (adg_slab_free). */
 		if (s != NULL)
 			s->findable = false;
-		s = sh->slabs_with_room[cls];
-		if (s != NULL) {
-			slab_unlink_with_room(sh, s);
-		} else {
-			s = slab_new(sh, cls);
-			if (s == NULL)
-				return NULL;
-		}
+		s = next;
 		s->findable = true;
 		sh->slab_current[cls] = s;
 		p = slab_take(s);

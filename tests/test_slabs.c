@@ -315,3 +315,122 @@ CHECKED_TEST(slabs, none_huge_with_an_allocator_of_the_callers)
 	s_drop(w);
 	assert_stats(reg, 0, 0, 0);
 }
+
+/*
+ * A slab the allocator refuses. The thread's current slab is full when the
+ * refusal comes; the failed op must leave the slab lists as they were, so
+ * that frees of the full slab's nodes, local or remote, find it and the
+ * next ops succeed once the allocator gives again. Seen failing with the
+ * full slab marked as not findable before its replacement existed: a free
+ * then listed the current slab as one with room, the next fill took it
+ * from that list while full ("invariant violated: p != NULL"; without
+ * assertions, ADG_ENOMEM from an allocator that refused nothing).
+ */
+static struct {
+	adg_allocator counted; /* fixture_alloc's */
+	atomic_bool refuse_slabs;
+} refusing;
+
+/* Slabs are 32 KiB or more; nothing else libadg takes here is. */
+static void *refusing_alloc(size_t size, void *ctx)
+{
+	(void)ctx;
+	if (size >= (32 << 10) && atomic_load(&refusing.refuse_slabs))
+		return NULL;
+	return refusing.counted.alloc(size, refusing.counted.ctx);
+}
+
+static void refusing_free(void *p, size_t size, void *ctx)
+{
+	(void)ctx;
+	refusing.counted.free(p, size, refusing.counted.ctx);
+}
+
+static void open_refusing(void)
+{
+	refusing.counted = failing_allocator(&fixture_alloc);
+	atomic_store(&refusing.refuse_slabs, false);
+	adg_registry_options o = {
+		.allocator = {refusing_alloc, refusing_free, NULL}};
+	fixture_open(&o);
+}
+
+TestSuite(slab_refused, .init = open_refusing);
+
+/* Fills this thread's slab of leaves while the allocator refuses a new
+ * one: returns the leaves made, which all lie in one slab (the first leaf
+ * was made before the refusal, so the slab exists). */
+static size_t fill_until_refused(scalar *x, size_t cap)
+{
+	x[0] = s_leaf(reg, 0);
+	atomic_store(&refusing.refuse_slabs, true);
+	size_t n = 1;
+	for (;; n++) {
+		cr_assert_lt(n, cap, "no refusal in %zu leaves", cap);
+		adg_node *leaf = NULL;
+		int rc = adg_leaf(reg, &leaf);
+		if (rc != 0) {
+			cr_assert_eq(rc, ADG_ENOMEM, "%s", adg_strerror(rc));
+			cr_assert_null(leaf);
+			break;
+		}
+		x[n] = (scalar){.node = leaf};
+	}
+	assert_stats(reg, n, 0, 0);
+	atomic_store(&refusing.refuse_slabs, false);
+	return n;
+}
+
+static void *drop_one(void *arg)
+{
+	s_drop(*(scalar *)arg);
+	return NULL;
+}
+
+/* After the refusal, one of the full slab's nodes is freed (on this
+ * thread, or on another), then more leaves than a slab holds are made. */
+static void refused_then_freed(bool remotely)
+{
+	enum { CAP = 4096 };
+	scalar *x = calloc(2 * CAP, sizeof *x);
+	cr_assert_not_null(x);
+	size_t n = fill_until_refused(x, CAP);
+	size_t gone = n / 2;
+	if (remotely) {
+		pthread_t t;
+		cr_assert_eq(pthread_create(&t, NULL, drop_one, &x[gone]), 0);
+		pthread_join(t, NULL);
+	} else {
+		s_drop(x[gone]);
+	}
+	x[gone] = x[--n];
+	for (size_t i = 0; i < CAP; i++, n++) {
+		adg_node *leaf = NULL;
+		int rc = adg_leaf(reg, &leaf);
+		cr_assert_eq(rc, 0, "leaf %zu after the refusal: %s", i,
+			     adg_strerror(rc));
+		x[n] = (scalar){.node = leaf};
+	}
+	assert_stats(reg, n, 0, 0);
+	for (size_t i = 0; i < n; i++)
+		s_drop(x[i]);
+	assert_stats(reg, 0, 0, 0);
+	/* Only the current slab stays, empty: one of 32 KiB to 1 MiB. */
+	struct adg_stats st;
+	cr_assert_eq(adg_stats(reg, &st), 0);
+	cr_expect(st.slab_bytes >= (32 << 10) && st.slab_bytes <= (1 << 20) &&
+			  (st.slab_bytes & (st.slab_bytes - 1)) == 0,
+		  "%llu bytes of slabs kept with no node alive",
+		  (unsigned long long)st.slab_bytes);
+	free(x);
+}
+
+CHECKED_TEST(slab_refused, then_a_local_free)
+{
+	refused_then_freed(false);
+}
+
+CHECKED_TEST(slab_refused, then_a_remote_free)
+{
+	refused_then_freed(true);
+}
