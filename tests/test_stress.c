@@ -1001,11 +1001,15 @@ static void freed_maker(struct freed *f)
 			 s_mul(reg, f->leaf, f->leaf));
 }
 
-/* Two slots' graphs merged: one of them retires on this thread. */
+/* Two slots' graphs merged: one of them retires on this thread. Until
+ * the readers have looked up a reader's worth too: on 2 cores the merges
+ * may otherwise all be done before the first reader thread runs. */
 static void freed_merger(struct freed *f)
 {
 	unsigned int seed = 4242;
-	for (int i = 0; i < FREED_MERGES; i++) {
+	for (int i = 0;
+	     i < FREED_MERGES || atomic_load(&f->lookups) < FREED_READER_OPS;
+	     i++) {
 		int sa = rand_r(&seed) % FREED_SLOTS;
 		int sb = rand_r(&seed) % FREED_SLOTS;
 		scalar a = slot_take(&f->lock, f->slot, sa),
