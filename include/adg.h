@@ -37,7 +37,13 @@
  *   grads or call is NULL or not libadg's. (3) release runs exactly
  *   once, when the step goes.
  * - It may be called from any thread at any time, concurrently with any other
- *   call; handles may move between threads. Threads need no registration.
+ *   call; handles may move between threads. Threads need no registration,
+ *   and may call libadg at any point of their lives, from a pthread key's
+ *   destructor in any round too. After fork, the child (its one thread)
+ *   may make and use registries, and use one it inherited, but not what
+ *   other threads were using at the fork: a graph one was changing stays
+ *   locked, and the parent's pools and reducers have no threads there
+ *   (docs/concurrency.md, "Threads' ends, and fork").
  * - It never aborts, prints or leaks on bad input.
  */
 #ifndef ADG_H

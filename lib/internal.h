@@ -5,7 +5,9 @@
  * takes and runs its step, node.c frees it. A backward is the runner's
  * (run.h): backward.c is its entry point and the sequential loop, tape.c
  * takes the tape, run.c is the step protocol every mode shares, and
- * parallel.c runs a tape on an executor's workers. registry.c owns the
+ * parallel.c runs a tape on an executor's workers. thread.c keeps a record
+ * of each thread (its reader word, its shards' slots) and handles fork;
+ * readside.c is the read side and its grace periods; registry.c owns the
  * per-thread shards that carry ids and counters, kind.c the step kinds
  * nodes point at; grads.c the gradient table a backward returns. The annexes
  * (pool.c, reducer.c) need none of this: they stand on adg.h and util.h alone.
@@ -23,6 +25,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -84,6 +87,8 @@ void __tsan_release(void *addr);
 enum adg_test_point {
 	ADG_TP_GRAPH_ID_LOADED,	     /* adg_node_graph_id has read the graph */
 	ADG_TP_GRAPH_ID_ORIGIN_READ, /* ... and then its origin */
+	ADG_TP_THREADS_LOCKED,	     /* the threads lock was taken */
+	ADG_TP_KINDS_LOCKED,	     /* a registry's kinds lock was taken */
 };
 #ifdef ADG_TEST_HOOKS
 extern void (*adg_test_point)(enum adg_test_point where);
@@ -461,9 +466,9 @@ struct adg_slab;
  * on cache lines no other thread writes. The registry keeps every shard on
  * an append-only list (adg_stats sums them) and frees them all, with its
  * allocator, in adg_registry_free; a thread finds its shards through the
- * slots of its struct adg_thread (or, past ADG_THREAD_SLOTS registries,
- * its overflow list). A shard whose thread has exited is adopted by the
- * next thread that needs one.
+ * slots of its record, struct adg_thread (or, past ADG_THREAD_SLOTS
+ * registries, its overflow list). A shard whose thread has ended is
+ * adopted by the next thread that needs one and finds it so.
  */
 struct adg_shard {
 	_Alignas(ADG_CACHELINE) atomic_uint_fast64_t counters[ADG_C_COUNT];
@@ -505,7 +510,9 @@ struct adg_shard {
 
 	/* Read-mostly: written at creation and adoption. */
 	_Alignas(ADG_CACHELINE) struct adg_registry *registry;
-	bool owned;	  /* a live thread holds it; under the threads lock */
+	/* The thread record that holds it, NULL while none does: under the
+	 * threads lock (thread.c). */
+	struct adg_thread *owner;
 	void *alloc_base; /* what the allocator returned (see
 			     registry_zalloc_aligned) */
 	struct adg_shard *next_in_registry;
@@ -526,31 +533,81 @@ _Static_assert(_Alignof(struct adg_shard) == ADG_CACHELINE &&
 #define ADG_THREAD_SLOTS 4
 
 /*
- * A thread's shards, one slot per registry it uses. Static TLS, allocated
- * by no one, so no allocator has to outlive it. The owner reads the slots
- * lock-free; every write to a slot, by the owner or by adg_registry_free
- * clearing the slots of its registry in every thread, holds the process's
- * threads lock, which also orders a shard's hand-over between threads.
+ * A thread's record (thread.c): its reader word and its shards, one slot per
+ * registry it uses. In memory of libadg's own, never freed, so that grace
+ * periods and adg_registry_free may read and clear it whether its thread
+ * lives or not; the thread finds it through adg_self. The owner reads the
+ * slots lock-free; every write to a slot, by the owner, by
+ * adg_registry_free clearing the slots of its registry in every record, or
+ * by the thread that finds the owner gone, holds the threads lock, which
+ * also orders a shard's hand-over between threads.
  */
 struct adg_thread_slot {
 	/* The slot's registry, NULL when free. Atomic: adg_registry_free
 	 * clears it from another thread while the owner may be comparing it
 	 * with another registry. */
 	struct adg_registry *_Atomic registry;
-	struct adg_shard *shard; /* written and read by the owner only */
+	struct adg_shard *shard; /* written under the lock, read by the owner */
 };
 
 struct adg_thread {
+	/* 0 outside a read-side section; inside, the epoch read when it
+	 * began. Written by the owner, read by adg_rcu_synchronize. */
+	_Alignas(ADG_CACHELINE) atomic_uint_fast64_t reader;
 	struct adg_thread_slot slots[ADG_THREAD_SLOTS];
-	/* The thread's other shards, found under the threads lock. A thread
-	 * keeps every shard it took until it exits (or the registry goes):
-	 * a call up its stack (a backward whose step works on other
+#ifdef ADG_TEST_HOOKS
+	/* Sections open on the thread. In the library sections never nest;
+	 * an interleaving test's hook runs another thread's work inside
+	 * one. */
+	uint32_t nest;
+#endif
+	/* Under the threads lock. The thread's other shards: a thread keeps
+	 * every shard it took until it is gone (or the registry goes): a
+	 * call up its stack (a backward whose step works on other
 	 * registries) may still be using one that lost its slot. */
 	struct adg_shard *overflow;
-	struct cds_list_head link; /* in the list of threads, under the lock */
-	bool listed;
 	uint32_t evict_next;
+	bool live;		      /* a thread holds it */
+	struct adg_thread *next_free; /* on the free list, when not live */
+	struct adg_thread *next_all;  /* set before it is listed; constant */
+	/* The owner's thread id (gettid), while live: how others learn that
+	 * it has ended (adg_thread_gone_locked). */
+	pid_t tid;
 };
+
+/* The calling thread's record; NULL until its first call that needs one
+ * (or while it cannot have one: no memory). */
+extern __thread struct adg_thread *adg_self
+	__attribute__((tls_model("initial-exec")));
+
+/* Gives the calling thread a record and returns it (adg_self from then
+ * on); NULL for want of memory. Takes the threads lock. */
+struct adg_thread *adg_thread_register(void);
+
+void adg_threads_lock(void);
+void adg_threads_unlock(void);
+
+/* Under the threads lock: whether t's thread has ended. If so, t is
+ * released: its shards go back for adoption, its slots are cleared, and
+ * it may be a new thread's record. The calling thread's own record, and
+ * the owner of shards a fork left behind, are never gone. */
+bool adg_thread_gone_locked(struct adg_thread *t);
+
+/* The first of every record there is (linked through next_all), live or
+ * not; lock-free. */
+struct adg_thread *adg_threads_first(void);
+
+/* Under the threads lock: the registries that fork must find whole
+ * (thread.c locks their kinds locks across it). */
+void adg_threads_add_registry_locked(struct adg_registry *r);
+void adg_threads_remove_registry_locked(struct adg_registry *r);
+
+#ifdef ADG_TEST_HOOKS
+/* How many records have a thread that is still alive; how many records
+ * there are. */
+size_t adg_threads_live(void);
+size_t adg_threads_records(void);
+#endif
 
 struct adg_registry {
 	/* Unique in the process, never reused: what a gradient table, which
@@ -587,6 +644,8 @@ struct adg_registry {
 	_Alignas(ADG_CACHELINE) struct adg_shard *_Atomic shards;
 	/* Counts the frees of threads that have no shard (see shared). */
 	struct adg_shard fallback;
+	/* In thread.c's list of registries, under the threads lock. */
+	struct adg_registry *next_registry;
 };
 
 _Static_assert(offsetof(struct adg_registry, next_free_id) % ADG_CACHELINE ==
@@ -601,12 +660,12 @@ _Static_assert(offsetof(struct adg_registry, next_free_id) % ADG_CACHELINE ==
  * NULL on allocation failure. */
 struct adg_shard *adg_shard_get_slow(struct adg_registry *registry);
 
-extern __thread struct adg_thread adg_this_thread
-	__attribute__((tls_model("initial-exec")));
-
 static inline struct adg_shard *adg_shard_get(struct adg_registry *registry)
 {
-	struct adg_thread_slot *first = &adg_this_thread.slots[0];
+	struct adg_thread *self = adg_self;
+	if (adg_unlikely(self == NULL))
+		return adg_shard_get_slow(registry);
+	struct adg_thread_slot *first = &self->slots[0];
 
 	/* Relaxed: only this thread writes a slot's registry to a registry,
 	 * and adg_registry_free clears only the slots of one that no call may
@@ -754,62 +813,34 @@ void adg_kind_free_all(struct adg_registry *r);
  * liburcu-bp's global-dynamic ones. Sections never nest and never run user
  * code. adg_rcu_synchronize waits for every section open when it began.
  */
-enum adg_reader_state {
-	ADG_READER_NEW,	   /* not registered yet */
-	ADG_READER_OWN,	   /* on the readers list: reads with its word */
-	ADG_READER_SHARED, /* no exit hook, or past it: the shared counter */
-};
-
-struct adg_reader {
-	/* 0 outside a section; inside, the epoch read when it began. Written
-	 * by its thread, read by adg_rcu_synchronize. */
-	atomic_uint_fast64_t word;
-	uint8_t state; /* enum adg_reader_state; its thread's own */
-#ifdef ADG_TEST_HOOKS
-	/* Sections open on the thread. In the library sections never nest;
-	 * an interleaving test's hook runs another thread's work inside
-	 * one. */
-	uint32_t nest;
-#endif
-	struct cds_list_head link; /* on the readers list, under its lock */
-};
-
-extern __thread struct adg_reader adg_this_reader
-	__attribute__((tls_model("initial-exec")));
 extern atomic_uint_fast64_t adg_rcu_epoch;
 extern bool adg_rcu_membarrier;
 extern atomic_uint_fast64_t adg_rcu_unregistered_readers;
 
-/* The thread's first section: registers it (readside.c). */
-void adg_rcu_register(void);
-
-#ifdef ADG_TEST_HOOKS
-/* How many threads have a reader word on the readers list. */
-size_t adg_rcu_registered_readers(void);
-#endif
+/* Sets the read side up, once in the process; before a thread's first
+ * section (adg_thread_register runs it). */
+void adg_rcu_init(void);
 
 /* Returns once every read-side section open when it was called has ended.
- * Call with no graph lock held and outside a section. */
+ * Call with no graph lock held, outside a section, and without the threads
+ * lock. */
 void adg_rcu_synchronize(void);
 
 static inline void adg_rcu_read_lock(void)
 {
-	if (adg_unlikely(adg_this_reader.state != ADG_READER_OWN)) {
-		if (adg_this_reader.state == ADG_READER_NEW)
-			adg_rcu_register();
-		if (adg_this_reader.state == ADG_READER_SHARED) {
-			/* seq_cst: the writer's fence and its seq_cst load
-			 * of the count order this against its unlinks. */
-			atomic_fetch_add(&adg_rcu_unregistered_readers, 1);
-			return;
-		}
+	struct adg_thread *self = adg_self;
+	if (adg_unlikely(self == NULL) &&
+	    (self = adg_thread_register()) == NULL) {
+		/* seq_cst: the writer's fence and its seq_cst load of the
+		 * count order this against its unlinks. */
+		atomic_fetch_add(&adg_rcu_unregistered_readers, 1);
+		return;
 	}
 #ifdef ADG_TEST_HOOKS
-	if (adg_this_reader.nest++ != 0)
+	if (self->nest++ != 0)
 		return;
 #endif
-	ADG_ASSERT(atomic_load_explicit(&adg_this_reader.word,
-					memory_order_relaxed) ==
+	ADG_ASSERT(atomic_load_explicit(&self->reader, memory_order_relaxed) ==
 		   0); /* sections never nest */
 	/* Acquire: pairs with adg_rcu_synchronize's step of the epoch, made
 	 * after its caller's unlinks: a section that reads the new epoch
@@ -818,13 +849,13 @@ static inline void adg_rcu_read_lock(void)
 #ifdef ADG_TSAN
 	/* TSan rejects fences: a seq_cst exchange, a full barrier on the
 	 * x86 it runs on, orders the store before the section's reads. */
-	atomic_exchange(&adg_this_reader.word, e);
+	atomic_exchange(&self->reader, e);
 #else
 	/* Relaxed store, ordered before the section's reads by what
 	 * follows. With membarrier the writer's sys_membarrier is the other
 	 * half, and a compiler barrier is enough here (as urcu-memb's
 	 * reader); without, a full fence. */
-	atomic_store_explicit(&adg_this_reader.word, e, memory_order_relaxed);
+	atomic_store_explicit(&self->reader, e, memory_order_relaxed);
 	if (adg_likely(adg_rcu_membarrier))
 		atomic_signal_fence(memory_order_seq_cst);
 	else
@@ -835,14 +866,17 @@ static inline void adg_rcu_read_lock(void)
 static inline void adg_rcu_read_unlock(void)
 {
 	/* Release, both: what the section read happens before what a
-	 * writer that sees it ended frees (its acquire loads). */
-	if (adg_likely(adg_this_reader.state == ADG_READER_OWN)) {
+	 * writer that sees it ended frees (its acquire loads). A thread
+	 * registers in adg_rcu_read_lock or adg_shard_get_slow, neither of
+	 * which runs inside a section, so adg_self is what the section began
+	 * with. */
+	struct adg_thread *self = adg_self;
+	if (adg_likely(self != NULL)) {
 #ifdef ADG_TEST_HOOKS
-		if (--adg_this_reader.nest != 0)
+		if (--self->nest != 0)
 			return;
 #endif
-		atomic_store_explicit(&adg_this_reader.word, 0,
-				      memory_order_release);
+		atomic_store_explicit(&self->reader, 0, memory_order_release);
 	} else {
 		atomic_fetch_sub_explicit(&adg_rcu_unregistered_readers, 1,
 					  memory_order_release);

@@ -171,6 +171,7 @@ adg_kind_intern_slow(struct adg_shard *s, const adg_step *step, uint64_t hash)
 		/* The allocator runs under this spinlock, as under a graph
 		 * lock in tape_walk: it may not call libadg (adg.h). */
 		adg_spin_lock(&r->kinds_lock);
+		ADG_TEST_POINT(ADG_TP_KINDS_LOCKED);
 		k = kind_insert_locked(r, step, hash);
 		adg_spin_unlock(&r->kinds_lock);
 		if (k == NULL)

@@ -6,9 +6,8 @@
  * from a batch and counts events with plain stores. The registry's shared
  * id counter is touched once per batch. adg_stats sums the shards.
  *
- * RCU thread registration needs nothing here: libadg's read side (readside.c)
- * registers a thread on its first read-side section and unregisters it when
- * the thread exits.
+ * A thread's slots, where it finds its shards, are in its record (thread.c),
+ * as is the threads lock that guards them.
  */
 #include "internal.h"
 
@@ -16,27 +15,6 @@
 
 /* Ids a thread takes from its registry at once. */
 #define ID_BATCH 1024
-
-/* initial-exec: one load from the thread pointer on every call, no
- * __tls_get_addr; the struct is small enough for glibc's static TLS
- * surplus even when libadg is dlopen'ed. */
-__thread struct adg_thread adg_this_thread
-	__attribute__((tls_model("initial-exec")));
-
-/*
- * The threads lock: held to change any thread's slots, to adopt or hand
- * back a shard, and to add a shard to a registry. Taken when a thread
- * first uses a registry, when it exits, and by adg_registry_free: never on
- * a path that a training loop repeats.
- */
-static pthread_mutex_t threads_lock = PTHREAD_MUTEX_INITIALIZER;
-/* The struct adg_thread of every thread that holds a shard. */
-static CDS_LIST_HEAD(threads);
-
-/* Its destructor hands a thread's shards back when the thread exits. */
-static pthread_key_t thread_exit_key;
-static pthread_once_t thread_exit_once = PTHREAD_ONCE_INIT;
-static bool thread_exit_key_ok;
 
 /* Registries and shards are cache-line aligned, and the caller's allocator
  * promises only malloc's alignment: ask for a line more and round up.
@@ -59,44 +37,21 @@ static void registry_free_aligned(const adg_allocator *a, void *base,
 	a->free(base, size + ADG_CACHELINE, a->ctx);
 }
 
-/* An exiting thread's shards go back for adoption. */
-static void registry_thread_exit(void *arg)
-{
-	struct adg_thread *t = arg;
-
-	pthread_mutex_lock(&threads_lock);
-	for (int i = 0; i < ADG_THREAD_SLOTS; i++) {
-		struct adg_thread_slot *slot = &t->slots[i];
-		if (atomic_load_explicit(&slot->registry,
-					 memory_order_relaxed) == NULL)
-			continue;
-		slot->shard->owned = false;
-		atomic_store_explicit(&slot->registry, NULL,
-				      memory_order_relaxed);
-	}
-	for (struct adg_shard *s = t->overflow; s != NULL; s = s->next_overflow)
-		s->owned = false;
-	t->overflow = NULL;
-	cds_list_del(&t->link);
-	t->listed = false;
-	pthread_mutex_unlock(&threads_lock);
-}
-
-static void registry_make_exit_key(void)
-{
-	thread_exit_key_ok =
-		pthread_key_create(&thread_exit_key, registry_thread_exit) == 0;
-}
-
-/* Under the threads lock: a shard of r for the calling thread, one that an
- * exited thread left or a new one. */
+/* Under the threads lock: a shard of r for the calling thread, one that a
+ * thread now gone left or a new one. */
 static struct adg_shard *registry_shard_adopt(struct adg_registry *r)
 {
 	struct adg_shard *s;
 
-	for (s = atomic_load_explicit(&r->shards, memory_order_relaxed);
-	     s != NULL; s = s->next_in_registry)
-		if (!s->owned)
+	struct adg_shard *first =
+		atomic_load_explicit(&r->shards, memory_order_relaxed);
+	/* One free; else one whose thread is found gone (a system call
+	 * each, thread.c). */
+	for (s = first; s != NULL; s = s->next_in_registry)
+		if (s->owner == NULL)
+			return s;
+	for (s = first; s != NULL; s = s->next_in_registry)
+		if (adg_thread_gone_locked(s->owner))
 			return s;
 	void *base;
 	s = registry_zalloc_aligned(&r->allocator, sizeof *s, &base);
@@ -146,36 +101,28 @@ static struct adg_thread_slot *registry_slot_for_new(struct adg_thread *t)
 
 struct adg_shard *adg_shard_get_slow(struct adg_registry *r)
 {
-	struct adg_thread *t = &adg_this_thread;
-	struct adg_shard *s = NULL;
+	struct adg_thread *t = adg_self;
+	if (t == NULL && (t = adg_thread_register()) == NULL)
+		return NULL;
 
 	/* In another slot: lock-free, as adg_shard_get. */
-	for (int i = 1; i < ADG_THREAD_SLOTS; i++)
+	for (int i = 0; i < ADG_THREAD_SLOTS; i++)
 		if (atomic_load_explicit(&t->slots[i].registry,
 					 memory_order_relaxed) == r)
 			return t->slots[i].shard;
 
-	pthread_once(&thread_exit_once, registry_make_exit_key);
-	if (!thread_exit_key_ok)
-		return NULL; /* its shards would never go back */
-	pthread_mutex_lock(&threads_lock);
-	if (!t->listed) {
-		if (pthread_setspecific(thread_exit_key, t) != 0)
-			goto out_unlock;
-		cds_list_add(&t->link, &threads);
-		t->listed = true;
-	}
-	s = registry_overflow_take(t, r);
+	adg_threads_lock();
+	ADG_TEST_POINT(ADG_TP_THREADS_LOCKED);
+	struct adg_shard *s = registry_overflow_take(t, r);
 	if (s == NULL)
 		s = registry_shard_adopt(r);
-	if (s == NULL)
-		goto out_unlock;
-	s->owned = true;
-	struct adg_thread_slot *slot = registry_slot_for_new(t);
-	slot->shard = s;
-	atomic_store_explicit(&slot->registry, r, memory_order_relaxed);
-out_unlock:
-	pthread_mutex_unlock(&threads_lock);
+	if (s != NULL) {
+		s->owner = t;
+		struct adg_thread_slot *slot = registry_slot_for_new(t);
+		slot->shard = s;
+		atomic_store_explicit(&slot->registry, r, memory_order_relaxed);
+	}
+	adg_threads_unlock();
 	return s;
 }
 
@@ -278,6 +225,9 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 	r->fallback.shared = true;
 	r->fallback.registry = r;
 	adg_kind_init(r);
+	adg_threads_lock();
+	adg_threads_add_registry_locked(r);
+	adg_threads_unlock();
 	*out = r;
 	return 0;
 }
@@ -347,10 +297,12 @@ int adg_registry_free(adg_registry *registry)
 	adg_rcu_synchronize();
 	/* No thread may find a shard of this registry from now on; the other
 	 * threads that used it are done with it (the contract), so what their
-	 * shards keep may be freed from here. */
-	pthread_mutex_lock(&threads_lock);
-	struct adg_thread *t;
-	cds_list_for_each_entry (t, &threads, link) {
+	 * shards keep may be freed from here. Every record, live or not: one
+	 * whose thread is gone may still name the registry. */
+	adg_threads_lock();
+	adg_threads_remove_registry_locked(registry);
+	for (struct adg_thread *t = adg_threads_first(); t != NULL;
+	     t = t->next_all) {
 		for (int i = 0; i < ADG_THREAD_SLOTS; i++)
 			if (atomic_load_explicit(&t->slots[i].registry,
 						 memory_order_relaxed) ==
@@ -361,7 +313,7 @@ int adg_registry_free(adg_registry *registry)
 		/* At most one: a thread holds one shard per registry. */
 		registry_overflow_take(t, registry);
 	}
-	pthread_mutex_unlock(&threads_lock);
+	adg_threads_unlock();
 
 	adg_allocator a = registry->allocator;
 	struct adg_shard *s =
