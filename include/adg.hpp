@@ -681,6 +681,12 @@ template <class T>
 gradients<T> backward(node_ref root, T seed,
 		      const backward_options &options = {});
 
+/* During a callback that a backward runs on this thread (a step, the value
+ * check, an add: T's operator+=, on_step): the adg_failure that would name
+ * its failure, code 0 (adg_callback_site); empty elsewhere. What this
+ * layer keys an exception caught there by. */
+std::optional<adg_failure> callback_site() noexcept;
+
 /* ---------------------------------------------------------- seeing a graph */
 
 /* Calls f(const adg_graph_node &) for each op of the graph n is in, as
@@ -2070,6 +2076,14 @@ gradients<T> backward(node_ref root, T seed, const backward_options &options)
 	if (rc != 0)
 		detail::rethrow(rc, failure, *core, *state, pass);
 	return detail::access::adopt<T>(out, std::move(state));
+}
+
+inline std::optional<adg_failure> callback_site() noexcept
+{
+	adg_failure where{};
+	if (adg_callback_site(&where) != 0)
+		return std::nullopt;
+	return where;
 }
 
 /* seeing a graph */

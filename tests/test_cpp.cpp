@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -1052,6 +1053,76 @@ TEST(the_value_check_names_the_producing_step)
 		EXPECT_THROWS(boom, adg::backward(root, 1.0, o),
 			      EXPECT(e.value == 3));
 	}
+}
+
+/* A gradient whose += notes where it runs (adg::callback_site): one add
+ * per backward below, read after it returns. */
+struct sited {
+	double v;
+	static std::optional<adg_failure> seen;
+	sited &operator+=(const sited &o)
+	{
+		seen = adg::callback_site();
+		v += o.v;
+		return *this;
+	}
+};
+std::optional<adg_failure> sited::seen;
+
+/* adg::callback_site: in a step, the check and an add, the failure that
+ * would name a failure there (adg_callback_site); empty outside. */
+TEST(callbacks_know_their_site)
+{
+	EXPECT(!adg::callback_site());
+	for (unsigned n_workers : {0u, 2u}) {
+		adg::registry reg;
+		adg::pool workers(2);
+		adg::node x = adg::leaf(reg);
+		std::optional<adg_failure> in_step;
+		adg::node y = adg::op(
+			reg, {x, x},
+			[&in_step](adg::step_call<sited> &c) {
+				in_step = adg::callback_site();
+				c.give(0, sited{1});
+				c.give(1,
+				       sited{2}); /* folded into x's: an add */
+			},
+			"y");
+		std::mutex checks_lock;
+		std::vector<std::optional<adg_failure>> checks;
+		adg::backward_options o;
+		if (n_workers > 0)
+			o.executor = workers;
+		adg_failure why{};
+		o.failure = &why;
+		o.value_check = [&](adg::grad_ref) {
+			std::lock_guard<std::mutex> lock(checks_lock);
+			checks.push_back(adg::callback_site());
+			return true;
+		};
+		sited::seen.reset();
+		adg::gradients<sited> g = adg::backward(y, sited{1}, o);
+		EXPECT(g.get(x).v == 3);
+		auto names = [&](const std::optional<adg_failure> &f,
+				 adg_failure_site site, std::uint64_t id) {
+			return f && f->site == site && f->node_id == id &&
+			       f->pass_id == why.pass_id && f->code == 0;
+		};
+		EXPECT(names(in_step, ADG_FAILED_STEP, y.id()));
+		EXPECT(std::strcmp(in_step->name, "y") == 0);
+		EXPECT(checks.size() == 2);
+		for (const auto &c : checks)
+			EXPECT(names(c, ADG_FAILED_CHECK, y.id()));
+		/* Without an executor the add runs in the step's give, whose
+		 * failure is the step's; with one it is the backward's, at
+		 * x's gradient. */
+		if (n_workers == 0)
+			EXPECT(names(sited::seen, ADG_FAILED_STEP, y.id()));
+		else
+			EXPECT(names(sited::seen, ADG_FAILED_ADD, x.id()) &&
+			       sited::seen->name == nullptr);
+	}
+	EXPECT(!adg::callback_site());
 }
 
 /* Handles from C: adopt takes the caller's reference, borrow one of its
