@@ -672,8 +672,9 @@ ADG_API int adg_backward_with(adg_registry *registry, adg_node *root,
  * *where as the backward's adg_failure would read if the call failed now
  * (code 0; site, node_id, name and pass_id), so that a callback that is
  * not told its node (value_check, ops->add) can key what it leaves for
- * its caller (a C++ exception, say) by the failure that would name it.
- * Which calls, and what they are told:
+ * its caller (a C++ exception, say) by the failure that would name it:
+ * adg.hpp keeps what its callbacks throw so, and rethrows the one the
+ * backward's failure names. Which calls, and what they are told:
  * - a step, and what runs inside it: ADG_FAILED_STEP and the step's
  *   node. Without an executor that includes the ops->add its
  *   adg_step_give (or adg_grads_register on call->grads) runs, whose code
