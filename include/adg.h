@@ -674,6 +674,34 @@ ADG_API int adg_backward_with(adg_registry *registry, adg_node *root,
 			      const adg_backward_options *options,
 			      adg_grads **out);
 
+/* During a callback that a backward runs on the calling thread: fills
+ * *where as the backward's adg_failure would read if the call failed now
+ * (code 0; site, node_id, name and pass_id), so that a callback that is
+ * not told its node (value_check, ops->add) can key what it leaves for
+ * its caller (a C++ exception, say) by the failure that would name it:
+ * adg.hpp keeps what its callbacks throw so, and rethrows the one the
+ * backward's failure names. Which calls, and what they are told:
+ * - a step, and what runs inside it: ADG_FAILED_STEP and the step's
+ *   node. Without an executor that includes the ops->add its
+ *   adg_step_give (or adg_grads_register on call->grads) runs, whose code
+ *   the give returns to the step; and adg_output_get's recompute.
+ * - value_check: ADG_FAILED_CHECK and the node whose step gave the value.
+ * - ops->add that a backward with an executor runs (alone or on a
+ *   worker; its error is the backward's): ADG_FAILED_ADD and the node
+ *   whose gradient it folds into (name NULL for a leaf).
+ * - on_step: ADG_FAILED_ON_STEP and the step's node.
+ * A backward run inside such a call (a step's nested backward, one in an
+ * add) answers for its own calls while it runs; once it returns, the
+ * outer call's answer is back. Each worker of an executor answers for the
+ * calls it runs. *where is the caller's; name is the step's static
+ * string. Reads the calling thread's state only, with no lock; a backward
+ * pays a store per step for it.
+ * Errors: ADG_EINVAL (where NULL, or no such call runs on this thread:
+ * outside a backward, or between its calls, in on_ready, a release or
+ * ops->free after a step, whose failures no backward reports); *where is
+ * then untouched. */
+ADG_API int adg_callback_site(adg_failure *where);
+
 /* ---------------------------------------------------------- seeing a graph */
 
 /* A parent, as its child sees it. */

@@ -60,11 +60,15 @@
  * code, anything else ADG_ETHREW (an executor's
  * submit that throws refuses the job instead). The backward then rethrows,
  * rather than reports, the exception that failed it, as thrown, so that
- * catch clauses for the lambda's own types work: the failing step's (the
- * first in tape order, with an executor too), or, when an add threw, the
- * add's. When no exception explains the code (ADG_ECONSUMED, libadg's own
- * ADG_ENOMEM), it throws adg::error. backward_options::failure names the
- * failing node and step either way.
+ * catch clauses for the lambda's own types work: what the call that
+ * backward_options::failure names threw, the first failure in tape order
+ * whichever threw first in time, with an executor too: a step's, an add's,
+ * a hook's or the value check's. Each is kept by its pass and the failure
+ * that would name it (adg_callback_site tells the add and the check,
+ * which are not told their node). When no exception explains the code
+ * (ADG_ECONSUMED, libadg's own ADG_ENOMEM, a check that returned false),
+ * it throws adg::error. backward_options::failure names the failing node
+ * and step either way.
  */
 #ifndef ADG_HPP
 #define ADG_HPP
@@ -433,8 +437,10 @@ public:
 	/* Hands the gradient for the parent at slot (op's order) to the
 	 * backward (adg_step_give). Throws adg::error on a bad slot ("slot 3
 	 * out of range (2 parents)"), a slot given twice ("slot 0 given
-	 * twice"), a value the backward's value check rejected, or an add's
-	 * failure: the value is gone either way. */
+	 * twice") or a value the backward's value check rejected; rethrows
+	 * what T's += threw, as thrown, when the give ran the add (without
+	 * an executor, where an add's failure is the step's; with one it is
+	 * the backward's, later): the value is gone either way. */
 	void give(std::size_t slot, T value);
 	void give(std::size_t slot, std::unique_ptr<T> value);
 
@@ -681,6 +687,12 @@ template <class T>
 gradients<T> backward(node_ref root, T seed,
 		      const backward_options &options = {});
 
+/* During a callback that a backward runs on this thread (a step, the value
+ * check, an add: T's operator+=, on_step): the adg_failure that would name
+ * its failure, code 0 (adg_callback_site); empty elsewhere. What this
+ * layer keys an exception caught there by. */
+std::optional<adg_failure> callback_site() noexcept;
+
 /* ---------------------------------------------------------- seeing a graph */
 
 /* Calls f(const adg_graph_node &) for each op of the graph n is in, as
@@ -795,38 +807,78 @@ struct registry_core {
 	 * registry goes (children keep only a leaf's id, so the DOT asks for
 	 * names here). */
 	std::unordered_map<std::uint64_t, std::string> leaf_names;
-	/* By pass (adg_step_call.pass_id), then node: never by node alone,
-	 * since retained passes on several threads run one step at once and
-	 * each must get back what its own run of the step threw. */
-	using node_exception = std::pair<std::uint64_t, std::exception_ptr>;
-	std::unordered_map<std::uint64_t, std::vector<node_exception>> thrown;
+	/* What steps and adds threw, by pass (adg_failure.pass_id), then by
+	 * the failure that would name the call (its site and node,
+	 * adg_callback_site): never by node alone, since retained passes on
+	 * several threads run one step at once and each must get back what
+	 * its own run threw; never "the first thrown", since with workers
+	 * the first in time is not the first in tape order, which is the one
+	 * the failure names. In the order they were kept. */
+	struct kept {
+		adg_failure_site site;
+		std::uint64_t node_id;
+		std::exception_ptr thrown;
+	};
+	std::unordered_map<std::uint64_t, std::vector<kept>> thrown;
 
-	void keep(std::uint64_t pass_id, std::uint64_t node_id,
-		  std::exception_ptr e) noexcept
+	void keep(const adg_failure &where, std::exception_ptr e) noexcept
 	{
 		try {
 			std::lock_guard<std::mutex> lock(mutex);
-			thrown[pass_id].emplace_back(node_id, std::move(e));
+			thrown[where.pass_id].push_back(
+				{where.site, where.node_id, std::move(e)});
 		} catch (...) {
 			/* no memory: the backward throws adg::error */
 		}
 	}
 
-	/* What node_id's step threw in pass_id (null when nothing); drops
-	 * the rest of the pass's, which no one will ask for. */
-	std::exception_ptr take(std::uint64_t pass_id,
-				std::uint64_t node_id) noexcept
+	/* What the call that failure names threw in its pass, the first
+	 * kept (null when nothing); drops the rest of the pass's, which no
+	 * one will ask for. */
+	std::exception_ptr take(const adg_failure &failure) noexcept
 	{
 		std::exception_ptr e;
 		std::lock_guard<std::mutex> lock(mutex);
-		auto pass = thrown.find(pass_id);
+		auto pass = thrown.find(failure.pass_id);
 		if (pass == thrown.end())
 			return e;
-		for (auto &kept : pass->second)
-			if (kept.first == node_id && !e)
-				e = std::move(kept.second);
+		for (kept &k : pass->second)
+			if (!e && k.site == failure.site &&
+			    k.node_id == failure.node_id)
+				e = std::move(k.thrown);
 		thrown.erase(pass);
 		return e;
+	}
+
+	/* The last one kept at where, taken out (null when none): what an
+	 * add that a step's give ran has just thrown, for the give. */
+	std::exception_ptr take_last(const adg_failure &where) noexcept
+	{
+		std::exception_ptr e;
+		std::lock_guard<std::mutex> lock(mutex);
+		auto pass = thrown.find(where.pass_id);
+		if (pass == thrown.end())
+			return e;
+		auto &all = pass->second;
+		for (std::size_t i = all.size(); i-- > 0;)
+			if (all[i].site == where.site &&
+			    all[i].node_id == where.node_id) {
+				e = std::move(all[i].thrown);
+				all.erase(all.begin() +
+					  static_cast<std::ptrdiff_t>(i));
+				break;
+			}
+		if (all.empty())
+			thrown.erase(pass);
+		return e;
+	}
+
+	/* Drops what pass_id's calls left: a pass that succeeded all the
+	 * same (a step that caught its give's exception and went on). */
+	void drop(std::uint64_t pass_id) noexcept
+	{
+		std::lock_guard<std::mutex> lock(mutex);
+		thrown.erase(pass_id);
 	}
 
 	template <class T> void check_type()
@@ -849,16 +901,27 @@ struct registry_core {
 	}
 };
 
-/* A backward's grad ops' ctx: the first exception an add threw. */
+/* A backward's grad ops' ctx, which its gradients keep: where an add that
+ * throws keeps what it threw while the backward runs, in the registry's
+ * core, by the failure that would name it (adg_callback_site): the step
+ * whose give ran it without an executor, the gradient it folds with one.
+ * Adds on the container after the backward (core null then) keep
+ * nothing: no backward rethrows. */
 struct grad_state {
-	std::mutex mutex;
-	std::exception_ptr first;
+	registry_core *core = nullptr;
+	/* Anything kept in core. Relaxed: written by adds on the
+	 * backward's threads, read by the backward once adg_backward_with
+	 * has returned, which every worker has left (its run's end orders
+	 * what they did before it). */
+	std::atomic<bool> kept{false};
 
 	void keep(std::exception_ptr e) noexcept
 	{
-		std::lock_guard<std::mutex> lock(mutex);
-		if (!first)
-			first = std::move(e);
+		adg_failure where{};
+		if (core == nullptr || adg_callback_site(&where) != 0)
+			return;
+		core->keep(where, std::move(e));
+		kept.store(true, std::memory_order_relaxed);
 	}
 };
 
@@ -1066,8 +1129,11 @@ template <class T, class F> struct closure {
 			self->step(c);
 			return 0;
 		} catch (...) {
-			self->core->keep(call->pass_id, call->node_id,
-					 std::current_exception());
+			adg_failure where{};
+			where.site = ADG_FAILED_STEP;
+			where.node_id = call->node_id;
+			where.pass_id = call->pass_id;
+			self->core->keep(where, std::current_exception());
 			return thrown_code();
 		}
 	}
@@ -1343,8 +1409,9 @@ template <class Submit> struct submitter {
 };
 
 /* One backward call's hooks (backward_options) and what they threw, by
- * site and node, so that the one the failure names is rethrown. Lives on
- * the backward's stack: every hook has returned when it returns. */
+ * site and node, so that the one the failure names is rethrown: one
+ * pass's, since the hooks are this call's alone. Lives on the backward's
+ * stack: every hook has returned when it returns. */
 struct pass_state {
 	struct kept {
 		adg_failure_site site;
@@ -1368,14 +1435,16 @@ struct pass_state {
 		}
 	}
 
-	/* What the hook at site threw for node_id (a value check is not
-	 * told the node: its first); null when nothing. */
-	std::exception_ptr take(adg_failure_site site, std::uint64_t node_id)
+	/* What the hook the failure names threw, the first kept: a node's
+	 * checks run on its step's thread, one after another, and its
+	 * failure's code is its first rejection's. Null when nothing, or
+	 * when that check returned false. */
+	std::exception_ptr take(const adg_failure &failure)
 	{
 		std::lock_guard<std::mutex> lock(mutex);
 		for (kept &k : thrown)
-			if (k.site == site &&
-			    (site == ADG_FAILED_CHECK || k.node_id == node_id))
+			if (k.site == failure.site &&
+			    k.node_id == failure.node_id)
 				return k.thrown;
 		return nullptr;
 	}
@@ -1411,19 +1480,28 @@ struct pass_state {
 		}
 	}
 
+	/* A rejection is kept by the step that gave the value, which a
+	 * check is not told: the run says (adg_callback_site, which always
+	 * answers in a check). One that returned false is kept too, as
+	 * null, so that when it is the step's first rejection (the one its
+	 * failure's code is) no later check's exception stands for it. */
 	static int check(const void *value, void *ctx) noexcept
 	{
 		auto *self = static_cast<pass_state *>(ctx);
+		std::exception_ptr e;
+		int rc = ADG_EVALUE;
 		try {
-			return self->options.value_check(
-				       self->ref(value, nullptr))
-				       ? 0
-				       : ADG_EVALUE;
+			if (self->options.value_check(
+				    self->ref(value, nullptr)))
+				return 0;
 		} catch (...) {
-			self->keep(ADG_FAILED_CHECK, 0,
-				   std::current_exception());
-			return thrown_code();
+			e = std::current_exception();
+			rc = thrown_code();
 		}
+		adg_failure where{};
+		if (adg_callback_site(&where) == 0)
+			self->keep(where.site, where.node_id, std::move(e));
+		return rc;
 	}
 
 	/* The C options: this pass's hooks, where set, and the reducer's
@@ -1468,30 +1546,21 @@ struct pass_state {
 	}
 };
 
-/* Rethrows what failed a backward: an add's exception when the failure is
- * an add's (or a step's give that an add failed), else what the step or
- * hook the failure names threw, else adg::error. An adg::error thrown in
- * the backward is rethrown with the failure added: its code, and a
- * message that names the step. */
+/* Rethrows what failed a backward: what the call the failure names threw
+ * (its pass, site and node: a step, or an add with an executor, kept in
+ * the core; a hook or the value check, in pass), else adg::error. The
+ * failure is the first in tape order, and so is what is rethrown,
+ * whichever threw first in time. An adg::error thrown in the backward is
+ * rethrown with the failure added: its code, and a message that names
+ * the step. */
 [[noreturn]] inline void rethrow(int rc, const adg_failure &failure,
-				 registry_core &core, grad_state &state,
-				 pass_state &pass)
+				 registry_core &core, pass_state &pass)
 {
-	/* Taken whatever the site, so that what the pass's steps threw
-	 * goes with it. */
-	std::exception_ptr e = core.take(failure.pass_id, failure.node_id);
-	if (failure.site != ADG_FAILED_STEP)
-		e = nullptr;
-	if (failure.site == ADG_FAILED_ON_STEP ||
-	    failure.site == ADG_FAILED_ON_READY ||
-	    failure.site == ADG_FAILED_CHECK)
-		e = pass.take(failure.site, failure.node_id);
-	bool from_add = failure.site == ADG_FAILED_ADD || rc == ADG_ETHREW;
-	{
-		std::lock_guard<std::mutex> lock(state.mutex);
-		if (state.first && (from_add || !e))
-			e = state.first;
-	}
+	/* Taken whatever the site, so that what the pass's steps and adds
+	 * threw goes with it. */
+	std::exception_ptr e = core.take(failure);
+	if (!e)
+		e = pass.take(failure);
 	if (!e)
 		throw error(rc, failure);
 	try {
@@ -1874,7 +1943,8 @@ template <class T> std::unique_ptr<T> step_call<T>::take_grad()
 
 namespace detail
 {
-[[noreturn]] void give_failed(int rc, std::size_t slot, std::size_t n_parents);
+[[noreturn]] void give_failed(int rc, std::size_t slot,
+			      const adg_step_call *call, registry_core *core);
 } // namespace detail
 
 template <class T> void step_call<T>::give(std::size_t slot, T value)
@@ -1883,7 +1953,7 @@ template <class T> void step_call<T>::give(std::size_t slot, T value)
 	int rc = adg_step_give(call_, slot,
 			       detail::packing<T>::pack(std::move(value)));
 	if (rc != 0)
-		detail::give_failed(rc, slot, call_->n_parents);
+		detail::give_failed(rc, slot, call_, core_);
 }
 
 template <class T>
@@ -1895,16 +1965,28 @@ void step_call<T>::give(std::size_t slot, std::unique_ptr<T> value)
 		/* adg_step_give owns the value from the call on */
 		int rc = adg_step_give(call_, slot, value.release());
 		if (rc != 0)
-			detail::give_failed(rc, slot, call_->n_parents);
+			detail::give_failed(rc, slot, call_, core_);
 	}
 }
 
 namespace detail
 {
-/* step_call::give's error: what was wrong, in words. */
+/* step_call::give's error: what an add that the give ran threw (without an
+ * executor, where the add's failure is the step's: kept by the step's
+ * pass and node), else what was wrong, in words. */
 [[noreturn]] inline void give_failed(int rc, std::size_t slot,
-				     std::size_t n_parents)
+				     const adg_step_call *call,
+				     registry_core *core)
 {
+	if (core != nullptr) {
+		adg_failure where{};
+		where.site = ADG_FAILED_STEP;
+		where.node_id = call->node_id;
+		where.pass_id = call->pass_id;
+		if (std::exception_ptr e = core->take_last(where))
+			std::rethrow_exception(e);
+	}
+	std::size_t n_parents = call->n_parents;
 	std::string what = "step_call::give: slot " + std::to_string(slot);
 	if (rc == ADG_EINVAL && slot >= n_parents)
 		what += " out of range (" + std::to_string(n_parents) +
@@ -2056,6 +2138,7 @@ gradients<T> backward(node_ref root, T seed, const backward_options &options)
 		throw error(ADG_EINVAL, "backward: an empty root");
 	core->check_type<T>();
 	auto state = std::make_unique<detail::grad_state>();
+	state->core = core;
 	adg_grad_ops ops = grad_ops<T>();
 	ops.ctx = state.get();
 	detail::pass_state pass{options, typeid(T), {}, {}};
@@ -2065,11 +2148,22 @@ gradients<T> backward(node_ref root, T seed, const backward_options &options)
 	/* libadg's from the call on */
 	void *s = detail::packing<T>::pack(std::move(seed));
 	int rc = adg_backward_with(core->raw, root.raw(), s, &ops, &o, &out);
+	state->core = nullptr; /* the container's adds keep nothing */
 	if (options.failure != nullptr)
 		*options.failure = failure;
 	if (rc != 0)
-		detail::rethrow(rc, failure, *core, *state, pass);
+		detail::rethrow(rc, failure, *core, pass);
+	if (state->kept.load(std::memory_order_relaxed))
+		core->drop(failure.pass_id); /* caught by a step: unclaimed */
 	return detail::access::adopt<T>(out, std::move(state));
+}
+
+inline std::optional<adg_failure> callback_site() noexcept
+{
+	adg_failure where{};
+	if (adg_callback_site(&where) != 0)
+		return std::nullopt;
+	return where;
 }
 
 /* seeing a graph */

@@ -97,6 +97,7 @@ static int seq_run(struct adg_run *run, void *seed)
 		adg_failure f = {.code = ADG_ENOMEM};
 		adg_run_fail(run, UINT64_MAX - 1, &f);
 	}
+	adg_run_thread_leave(&th);
 	return adg_run_end(run);
 }
 

@@ -384,10 +384,11 @@ static void par_poison(struct par_run *par, uint32_t target,
 }
 
 /* Adds v into target's gradient, after what is there (I11: callers add
- * in fold order). A failing add poisons the target: what comes later is
- * freed unadded, and the target never runs or reaches the hook. What is
- * held stays in grad, for the end of the run to free. */
-static void par_accumulate(struct par_run *par, uint32_t target, void *v)
+ * in fold order), on th's thread. A failing add poisons the target: what
+ * comes later is freed unadded, and the target never runs or reaches the
+ * hook. What is held stays in grad, for the end of the run to free. */
+static void par_accumulate(struct par_run *par, struct adg_run_thread *th,
+			   uint32_t target, void *v)
 {
 	struct adg_par_arrays *a = par->a;
 	const adg_grad_ops *ops = par->run->ops;
@@ -400,13 +401,18 @@ static void par_accumulate(struct par_run *par, uint32_t target, void *v)
 		a->grad[target] = v;
 		return;
 	}
+	uint64_t id;
+	const struct adg_node *n = par_target_node(par, target, &id);
+	adg_run_site_begin(th, ADG_FAILED_ADD, n, id);
 	int rc = adg_callback_result(ops->add(&a->grad[target], v, ops->ctx));
+	adg_run_site_end(th);
 	if (rc != 0)
 		par_poison(par, target, ADG_FAILED_ADD, rc);
 }
 
-/* Folds target's edges, all in, in list order. */
-static void par_gather(struct par_run *par, uint32_t target)
+/* Folds target's edges, all in, in list order, on th's thread. */
+static void par_gather(struct par_run *par, struct adg_run_thread *th,
+		       uint32_t target)
 {
 	struct adg_par_arrays *a = par->a;
 	for (uint32_t e = a->in_head[target]; e != NONE; e = a->in_next[e]) {
@@ -414,7 +420,7 @@ static void par_gather(struct par_run *par, uint32_t target)
 		if (v == NULL)
 			continue;
 		a->edge_value[e] = NULL;
-		par_accumulate(par, target, v);
+		par_accumulate(par, th, target, v);
 	}
 }
 
@@ -457,7 +463,7 @@ static uint32_t par_deliver(struct par_worker *w, uint32_t pos)
 		if (atomic_fetch_sub_explicit(&a->pending[target], 1,
 					      memory_order_acq_rel) != 1)
 			continue;
-		par_gather(par, target);
+		par_gather(par, &w->th, target);
 		if (!par_complete(par, target))
 			continue;
 		if (next == NONE)
@@ -582,6 +588,7 @@ static void par_helper_job(void *arg)
 		par_work(&w, pos);
 		idle = -1;
 	}
+	adg_run_thread_leave(&w.th);
 	atomic_store_explicit(&w.queue->taken, false, memory_order_release);
 	atomic_fetch_sub_explicit(&par->helpers, 1, memory_order_relaxed);
 	/* Release: what this job did happens before the caller's end of the
@@ -734,6 +741,7 @@ int adg_par_run(struct adg_run *run, void *seed)
 		par_work(&w, 0);
 		while (!par_over(&par))
 			par_caller_wait(&w);
+		adg_run_thread_leave(&w.th);
 	}
 	par_close(&par);
 	pthread_cond_destroy(&par.rebuilt);

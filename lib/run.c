@@ -11,6 +11,9 @@
 
 static int step_out_accept(struct adg_grads *to, uint64_t id, void *value);
 
+__thread struct adg_run_thread *adg_run_current
+	__attribute__((tls_model("initial-exec")));
+
 void adg_run_thread_init(struct adg_run_thread *th, struct adg_run *run,
 			 uint32_t slot, pthread_mutex_t *serialize,
 			 pthread_cond_t *rebuilt)
@@ -51,7 +54,9 @@ void adg_run_thread_init(struct adg_run_thread *th, struct adg_run *run,
 		.more_ids = t->ids_stride == 0
 				    ? NULL
 				    : t->ids + (size_t)slot * t->ids_stride,
+		.outer = adg_run_current,
 	};
+	adg_run_current = th;
 }
 
 /* -------------------------------------------------------------- failures */
@@ -211,13 +216,18 @@ static int step_out_deliver(struct adg_step_out *o, uint32_t k, void *value)
 	struct adg_run *run = step_out_run(o);
 	if (run->mode == ADG_RUN_PARALLEL)
 		return 0;
-	int rc = adg_grad_table_insert(run->grads,
-				       adg_node_parent_id(o->node, k), value);
-	if (adg_likely(rc == 0) || run->mode == ADG_RUN_SEQUENTIAL)
-		return rc; /* the step's, as any registration's */
+	uint64_t id = adg_node_parent_id(o->node, k);
+	if (run->mode == ADG_RUN_SEQUENTIAL) /* the step's, as any */
+		return adg_grad_table_insert(run->grads, id, value);
 	/* With an executor an add error is the backward's, not the step's:
-	 * with workers it happens in a later fold. */
-	step_out_add_failed(o, k, rc);
+	 * with workers it happens in a later fold. Its site says so. */
+	struct adg_run_thread *th =
+		caa_container_of(o, struct adg_run_thread, out);
+	adg_run_site_begin(th, ADG_FAILED_ADD, adg_node_parent(o->node, k), id);
+	int rc = adg_grad_table_insert(run->grads, id, value);
+	adg_run_site_end(th);
+	if (adg_unlikely(rc != 0))
+		step_out_add_failed(o, k, rc);
 	return 0;
 }
 
@@ -242,8 +252,12 @@ static int step_out_accept(struct adg_grads *to, uint64_t id, void *value)
 static int step_out_check(struct adg_step_out *o, const struct adg_run *run,
 			  const void *value)
 {
+	struct adg_run_thread *th =
+		caa_container_of(o, struct adg_run_thread, out);
+	adg_run_site_begin(th, ADG_FAILED_CHECK, o->node, o->node->id);
 	int rc = adg_callback_result(
 		run->value_check(value, run->value_check_ctx));
+	adg_run_site_end(th);
 	if (rc != 0 && o->rejected == 0)
 		o->rejected = rc;
 	return rc;
@@ -305,15 +319,26 @@ int adg_step_give(adg_step_call *call, size_t slot, void *value)
 
 /* ----------------------------------------------------------------- steps */
 
+/* on_step, for n's step, in th's run. */
+static int run_on_step(struct adg_run_thread *th, struct adg_node *n,
+		       const adg_step_event *event)
+{
+	const struct adg_run *run = th->run;
+	adg_run_site_begin(th, ADG_FAILED_ON_STEP, n, n->id);
+	int rc = adg_callback_result(run->on_step(event, run->step_ctx));
+	adg_run_site_end(th);
+	return rc;
+}
+
 /* A step with on_step: between the hook's two calls. Returns the step's
  * result, or the hook's code (*site then says so): a refusal before the
  * step means the step does not run, and stops the backward as the step's
  * failure would. */
-int adg_run_step_hooked(const struct adg_run *run, struct adg_node *n,
+int adg_run_step_hooked(struct adg_run_thread *th, struct adg_node *n,
 			adg_step_call *call, adg_failure_site *site)
 {
 	adg_step_event event = {.node_id = n->id, .name = n->kind->name};
-	int rc = adg_callback_result(run->on_step(&event, run->step_ctx));
+	int rc = run_on_step(th, n, &event);
 	if (rc != 0) {
 		*site = ADG_FAILED_ON_STEP;
 		return rc;
@@ -323,7 +348,7 @@ int adg_run_step_hooked(const struct adg_run *run, struct adg_node *n,
 	event.after = 1;
 	event.duration_ns = adg_now_ns() - start;
 	event.result = step_rc;
-	rc = adg_callback_result(run->on_step(&event, run->step_ctx));
+	rc = run_on_step(th, n, &event);
 	if (step_rc != 0)
 		return step_rc;
 	if (rc != 0)
@@ -351,6 +376,36 @@ void adg_run_step_failed(struct adg_run_thread *th, size_t pos,
 	struct adg_node *n = th->run->tape->sorted[pos];
 	adg_failure f = adg_run_failure_at(site, rc, n, n->id);
 	adg_run_fail(th->run, adg_run_step_key(th->run, pos), &f);
+}
+
+/* --------------------------------------------------------- callback sites */
+
+void adg_run_thread_leave(struct adg_run_thread *th)
+{
+	ADG_ASSERT(adg_run_current == th);
+	adg_run_current = th->outer;
+}
+
+int adg_callback_site(adg_failure *where)
+{
+	const struct adg_run_thread *th = adg_run_current;
+	if (where == NULL || th == NULL)
+		return ADG_EINVAL;
+	adg_failure_site site = th->site;
+	const struct adg_node *n = th->site_node;
+	uint64_t id = th->site_id;
+	if (site == ADG_FAILED_NOWHERE) {
+		/* In a step, or what it calls (an add on one thread, a
+		 * recompute), whose failure is the step's; else in none. */
+		n = th->ckpt.node;
+		if (n == NULL)
+			return ADG_EINVAL;
+		site = ADG_FAILED_STEP;
+		id = n->id;
+	}
+	*where = adg_run_failure_at(site, 0, n, id);
+	where->pass_id = th->run->pass_id;
+	return 0;
 }
 
 /* ------------------------------------------------------------ end of run */

@@ -103,7 +103,50 @@ struct adg_run_thread {
 	 * more. Each thread of a run has its own. */
 	uint64_t *more_ids;
 	uint64_t ids[ADG_RUN_INLINE_IDS];
+	/* What adg_callback_site answers for a callback this thread runs
+	 * for the run outside a step's own code (a value check, on_step, an
+	 * add with an executor): the failure's site, and the node (NULL for
+	 * a leaf) and id it would name; ADG_FAILED_NOWHERE between such
+	 * calls. Inside a step, ckpt.node is the step's node; between steps
+	 * it is NULL. Set around those calls only, never per add on one
+	 * thread: the sequential add path pays nothing for it. */
+	adg_failure_site site;
+	const struct adg_node *site_node;
+	uint64_t site_id;
+	/* What was current when this thread entered the run
+	 * (adg_run_thread_init), put back when it leaves. */
+	struct adg_run_thread *outer;
 };
+
+/* The run thread whose callbacks the calling thread runs now, for
+ * adg_callback_site; NULL outside every run. initial-exec, as
+ * adg_self: one load from the thread pointer. */
+extern __thread struct adg_run_thread *adg_run_current
+	__attribute__((tls_model("initial-exec")));
+
+/* th's thread leaves its run: what adg_run_thread_init found current is
+ * again (a run entered inside a callback of another, a nested backward or
+ * a job an executor runs inside a wait, gives the outer one back). */
+void adg_run_thread_leave(struct adg_run_thread *th);
+
+/* th runs a callback whose failure the backward reports at site, naming
+ * n (NULL for a leaf) and id, until adg_run_site_end. Never nested on one
+ * thread of a run: a value check and an add with an executor run inside a
+ * step's give, on_step and the workers' adds outside any step. */
+static inline void adg_run_site_begin(struct adg_run_thread *th,
+				      adg_failure_site site,
+				      const struct adg_node *n, uint64_t id)
+{
+	ADG_ASSERT(th->site == ADG_FAILED_NOWHERE);
+	th->site = site;
+	th->site_node = n;
+	th->site_id = id;
+}
+
+static inline void adg_run_site_end(struct adg_run_thread *th)
+{
+	th->site = ADG_FAILED_NOWHERE;
+}
 
 /* Fills th's array for n's parent ids and returns it. */
 static inline const uint64_t *adg_run_step_ids(struct adg_run_thread *th,
@@ -118,7 +161,9 @@ static inline const uint64_t *adg_run_step_ids(struct adg_run_thread *th,
 }
 
 /* Fills th for run, on the thread with worker slot `slot` (0: the
- * caller's); serialize and rebuilt with workers, else NULL. */
+ * caller's); serialize and rebuilt with workers, else NULL. The calling
+ * thread takes part in the run from here on, until adg_run_thread_leave:
+ * th is current, and its callbacks answer for th (adg_callback_site). */
 void adg_run_thread_init(struct adg_run_thread *th, struct adg_run *run,
 			 uint32_t slot, pthread_mutex_t *serialize,
 			 pthread_cond_t *rebuilt);
@@ -180,7 +225,7 @@ int adg_run_ready(struct adg_run *run, const struct adg_node *n, uint64_t id,
 /* adg_run_step's paths off the common one (run.c): a step with on_step
  * around it (*site says when the hook failed); serving a step's
  * checkpoint requests; recording a step's failure. */
-int adg_run_step_hooked(const struct adg_run *run, struct adg_node *n,
+int adg_run_step_hooked(struct adg_run_thread *th, struct adg_node *n,
 			adg_step_call *call, adg_failure_site *site);
 void adg_run_serve(struct adg_run_thread *th, struct adg_node *n);
 void adg_run_step_failed(struct adg_run_thread *th, size_t pos,
@@ -232,7 +277,12 @@ static inline int adg_run_step(struct adg_run_thread *th, size_t pos,
 	int rc =
 		adg_likely(run->on_step == NULL)
 			? adg_callback_result(n->kind->backward(&call, n->user))
-			: adg_run_step_hooked(run, n, &call, &site);
+			: adg_run_step_hooked(th, n, &call, &site);
+	/* The step has returned: what runs next on this thread (the
+	 * release, ops->free, hooks) is in no step (adg_callback_site). A
+	 * give's output notices a new step by ckpt.node alone, which the
+	 * next step sets. */
+	th->ckpt.node = NULL;
 	if (adg_unlikely(run->value_check != NULL) && th->out.node == n &&
 	    th->out.rejected != 0) {
 		rc = th->out.rejected;

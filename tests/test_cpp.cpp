@@ -9,6 +9,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <csignal>
@@ -21,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -547,19 +549,31 @@ TEST(an_adg_error_in_a_step_keeps_its_code)
 	EXPECT(why.site == ADG_FAILED_STEP && why.code == ADG_EINVAL);
 }
 
+/* An add that throws, in every mode: no executor (the step's give runs
+ * it), an executor with no worker (alone) and workers (the add is the
+ * backward's, named by x). */
 TEST(a_throwing_add_is_rethrown)
 {
-	for (unsigned n_workers : {0u, 2u}) {
+	adg::executor alone([](adg::job j) { j(); }, 0);
+	for (unsigned mode : {0u, 1u, 2u}) {
 		adg::registry reg;
 		adg::pool workers(2);
 		adg::node x = adg::leaf(reg);
 		adg::node y = mul<tracked>(reg, x, xv, x, xv); /* x twice */
+		adg_failure why{};
 		adg::backward_options o;
-		if (n_workers > 0)
+		o.failure = &why;
+		if (mode == 1)
+			o.executor = alone;
+		if (mode == 2)
 			o.executor = workers;
 		tracked::add_throws = true;
 		EXPECT_THROWS(add_failed, adg::backward(y, tracked(1.0), o), );
 		tracked::add_throws = false;
+		EXPECT(mode == 0 ? why.site == ADG_FAILED_STEP &&
+					   why.node_id == y.id()
+				 : why.site == ADG_FAILED_ADD &&
+					   why.node_id == x.id());
 		EXPECT(probe::live == 0);
 		EXPECT(tracked::live == 0);
 	}
@@ -936,6 +950,39 @@ TEST(unreported_exceptions_go_with_their_backward)
 	}
 }
 
+/* A gradient whose += throws a counted exception. */
+struct add_throws_counted {
+	double v;
+	add_throws_counted &operator+=(const add_throws_counted &)
+	{
+		throw counted_failure{};
+	}
+};
+
+int ignoring_step(adg_step_call *call, void *)
+{
+	adg_step_give(call, 0, adg::pack(add_throws_counted{1}));
+	adg_step_give(call, 1, adg::pack(add_throws_counted{1})); /* throws */
+	return 0; /* a careless step of C code: the backward succeeds */
+}
+
+/* What an add threw that no failure names (a C step ignored its give's
+ * error) goes when its backward returns, not with the gradients or the
+ * registry, so that such passes do not pile exceptions up. */
+TEST(an_add_exception_no_failure_names_goes_with_its_backward)
+{
+	adg::registry reg;
+	adg::node x = adg::leaf(reg);
+	adg_node *xx[2] = {x.raw(), x.raw()}, *raw = nullptr;
+	adg_step step{};
+	step.backward = ignoring_step;
+	EXPECT(adg_op(reg.raw(), xx, 2, &step, &raw) == 0);
+	adg::node y = adg::node::adopt(reg, raw);
+	adg::gradients<add_throws_counted> g =
+		adg::backward(y, add_throws_counted{1});
+	EXPECT(probe::live == 0); /* the exception is gone */
+}
+
 /* A misused give says what was wrong, and the backward's error names the
  * step it happened in (site, node, name), code kept. */
 TEST(errors_say_what_and_where)
@@ -1051,6 +1098,323 @@ TEST(the_value_check_names_the_producing_step)
 		o.value_check = [](adg::grad_ref) -> bool { throw boom{3}; };
 		EXPECT_THROWS(boom, adg::backward(root, 1.0, o),
 			      EXPECT(e.value == 3));
+	}
+}
+
+/* A gradient whose += notes where it runs (adg::callback_site): one add
+ * per backward below, read after it returns. */
+struct sited {
+	double v;
+	static std::optional<adg_failure> seen;
+	sited &operator+=(const sited &o)
+	{
+		seen = adg::callback_site();
+		v += o.v;
+		return *this;
+	}
+};
+std::optional<adg_failure> sited::seen;
+
+/* adg::callback_site: in a step, the check and an add, the failure that
+ * would name a failure there (adg_callback_site); empty outside. */
+TEST(callbacks_know_their_site)
+{
+	EXPECT(!adg::callback_site());
+	for (unsigned n_workers : {0u, 2u}) {
+		adg::registry reg;
+		adg::pool workers(2);
+		adg::node x = adg::leaf(reg);
+		std::optional<adg_failure> in_step;
+		adg::node y = adg::op(
+			reg, {x, x},
+			[&in_step](adg::step_call<sited> &c) {
+				in_step = adg::callback_site();
+				c.give(0, sited{1});
+				c.give(1,
+				       sited{2}); /* folded into x's: an add */
+			},
+			"y");
+		std::mutex checks_lock;
+		std::vector<std::optional<adg_failure>> checks;
+		adg::backward_options o;
+		if (n_workers > 0)
+			o.executor = workers;
+		adg_failure why{};
+		o.failure = &why;
+		o.value_check = [&](adg::grad_ref) {
+			std::lock_guard<std::mutex> lock(checks_lock);
+			checks.push_back(adg::callback_site());
+			return true;
+		};
+		sited::seen.reset();
+		adg::gradients<sited> g = adg::backward(y, sited{1}, o);
+		EXPECT(g.get(x).v == 3);
+		auto names = [&](const std::optional<adg_failure> &f,
+				 adg_failure_site site, std::uint64_t id) {
+			return f && f->site == site && f->node_id == id &&
+			       f->pass_id == why.pass_id && f->code == 0;
+		};
+		EXPECT(names(in_step, ADG_FAILED_STEP, y.id()));
+		EXPECT(std::strcmp(in_step->name, "y") == 0);
+		EXPECT(checks.size() == 2);
+		for (const auto &c : checks)
+			EXPECT(names(c, ADG_FAILED_CHECK, y.id()));
+		/* Without an executor the add runs in the step's give, whose
+		 * failure is the step's; with one it is the backward's, at
+		 * x's gradient. */
+		if (n_workers == 0)
+			EXPECT(names(sited::seen, ADG_FAILED_STEP, y.id()));
+		else
+			EXPECT(names(sited::seen, ADG_FAILED_ADD, x.id()) &&
+			       sited::seen->name == nullptr);
+	}
+	EXPECT(!adg::callback_site());
+}
+
+/* Waits, at most 5 s, for flag: a step that must start after another
+ * thread's, without a hang if it never comes. */
+void wait_for(const std::atomic<bool> &flag)
+{
+	auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+	while (!flag && std::chrono::steady_clock::now() < until)
+		std::this_thread::sleep_for(std::chrono::microseconds(100));
+}
+
+/* What a backward threw, for the tests below: a boom's value, or 0 for an
+ * adg::error (then *failure is the failure it names); -1 when it threw
+ * nothing. */
+template <class F> int what_threw(F &&run, adg_failure *failure)
+{
+	try {
+		run();
+	} catch (const boom &e) {
+		return e.value;
+	} catch (const adg::error &e) {
+		*failure = e.failure();
+		return 0;
+	}
+	return -1;
+}
+
+/* Two steps whose values the check rejects, on workers: b first in tape
+ * order (y's last slot runs first), a first in time (b gives only once a's
+ * check has thrown). The failure names b, and the backward throws what b's
+ * check threw (boom 2), or, when it merely returned false, adg::error
+ * naming b: never a's (boom 1). Issue 41: a check's exception was kept
+ * under node 0 and the first one kept was rethrown. */
+TEST(the_check_first_in_tape_order_is_rethrown)
+{
+	adg::pool workers(2);
+	for (bool b_throws : {false, true}) {
+		for (int round = 0; round < 20; round++) {
+			adg::registry reg;
+			adg::node x = adg::leaf(reg);
+			std::atomic<bool> a_failed{false};
+			adg::node a = adg::op(
+				reg, {x},
+				[&a_failed](adg::step_call<double> &c) {
+					try {
+						c.give(0, 1.0);
+					} catch (...) {
+						a_failed =
+							true; /* kept by now */
+						throw;
+					}
+				},
+				"a");
+			adg::node b = adg::op(
+				reg, {x},
+				[&a_failed](adg::step_call<double> &c) {
+					wait_for(a_failed);
+					c.give(0, 2.0);
+				},
+				"b");
+			adg::node y = adg::op(
+				reg, {a, b},
+				[](adg::step_call<double> &c) {
+					c.give(0, 0.0);
+					c.give(1, 0.0);
+				},
+				"y");
+			adg_failure why{}, named{};
+			adg::backward_options o;
+			o.executor = workers;
+			o.failure = &why;
+			o.value_check = [b_throws](adg::grad_ref g) {
+				double v = *g.get<double>();
+				if (v == 1.0)
+					throw boom{1};
+				if (v == 2.0 && b_throws)
+					throw boom{2};
+				return v != 2.0;
+			};
+			int got = what_threw([&] { adg::backward(y, 1.0, o); },
+					     &named);
+			int want = b_throws ? 2 : 0;
+			if (got != want)
+				std::printf("  round %d: threw %d (1: a's), "
+					    "wanted %d\n",
+					    round, got, want);
+			EXPECT(got == want);
+			EXPECT(why.site == ADG_FAILED_CHECK &&
+			       why.node_id == b.id() && a_failed);
+			EXPECT(b_throws || (named.site == ADG_FAILED_CHECK &&
+					    named.node_id == b.id() &&
+					    named.code == ADG_EVALUE));
+		}
+	}
+}
+
+/* A step's first rejected value is its failure's code: when that check
+ * returned false (ADG_EVALUE), a later check of the same step that threw
+ * does not stand for it, and the backward throws adg::error (it threw the
+ * later check's exception, kept by site alone). */
+TEST(a_steps_first_rejection_is_its_failure)
+{
+	adg::pool workers(2);
+	for (unsigned n_workers : {0u, 2u}) {
+		adg::registry reg;
+		adg::node x = adg::leaf(reg);
+		adg::node y = adg::op(
+			reg, {x, x},
+			[](adg::step_call<double> &c) {
+				for (std::size_t k = 0; k < 2; k++)
+					try {
+						c.give(k, 1.0 + k);
+					} catch (const adg::error &) {
+						/* rejected: go on */
+					}
+			},
+			"y");
+		adg_failure why{}, named{};
+		adg::backward_options o;
+		if (n_workers > 0)
+			o.executor = workers;
+		o.failure = &why;
+		o.value_check = [](adg::grad_ref g) -> bool {
+			if (*g.get<double>() == 2.0)
+				throw boom{2};
+			return false;
+		};
+		int got = what_threw([&] { adg::backward(y, 1.0, o); }, &named);
+		EXPECT(got == 0 && named.code == ADG_EVALUE);
+		EXPECT(why.site == ADG_FAILED_CHECK && why.node_id == y.id());
+	}
+}
+
+/* A gradient whose += throws boom{tag}: the tag tells whose sum it was. */
+struct tagged {
+	double v;
+	int tag;
+	tagged &operator+=(const tagged &)
+	{
+		throw boom{tag};
+	}
+};
+
+/* Two adds that throw, on different targets, on workers: v's first in
+ * tape order (its last contributor b runs before a), u's first in time (b
+ * gives only once on_ready has seen c, which a's delivery reaches after
+ * u's add threw). The failure names v, and the backward throws v's add's
+ * exception (boom 2), never u's (boom 1). Issue 41: the first add
+ * exception kept, in time, was rethrown. */
+TEST(the_add_first_in_tape_order_is_rethrown)
+{
+	adg::pool workers(2);
+	for (int round = 0; round < 20; round++) {
+		adg::registry reg;
+		adg::node u = adg::leaf(reg), v = adg::leaf(reg),
+			  w = adg::leaf(reg);
+		adg::node c = adg::op(
+			reg, {w},
+			[](adg::step_call<tagged> &s) {
+				s.give(0, {0, 0});
+			},
+			"c");
+		std::uint64_t c_id = c.id();
+		std::atomic<bool> u_failed{false};
+		adg::node a = adg::op(
+			reg, {u, u, c},
+			[](adg::step_call<tagged> &s) {
+				s.give(0, {1, 1});
+				s.give(1, {1, 1}); /* u's add throws boom 1 */
+				s.give(2, {0, 0});
+			},
+			"a");
+		adg::node b = adg::op(
+			reg, {v, v},
+			[&u_failed](adg::step_call<tagged> &s) {
+				wait_for(u_failed);
+				s.give(0, {2, 2});
+				s.give(1, {2, 2}); /* v's add throws boom 2 */
+			},
+			"b");
+		adg::node y = adg::op(
+			reg, {a, b},
+			[](adg::step_call<tagged> &s) {
+				s.give(0, {0, 0});
+				s.give(1, {0, 0});
+			},
+			"y");
+		c.reset();
+		adg_failure why{}, named{};
+		adg::backward_options o;
+		o.executor = workers;
+		o.failure = &why;
+		/* c's gradient is final once a's delivery has folded u's. */
+		o.on_ready = [&u_failed, c_id](std::uint64_t id,
+					       adg::grad_ref) {
+			if (id == c_id)
+				u_failed = true;
+		};
+		int got = what_threw(
+			[&] {
+				adg::backward(y, tagged{1, 0}, o);
+			},
+			&named);
+		if (got != 2)
+			std::printf("  round %d: threw %d (1: u's), wanted 2\n",
+				    round, got);
+		EXPECT(got == 2);
+		EXPECT(why.site == ADG_FAILED_ADD && why.node_id == v.id() &&
+		       u_failed);
+	}
+}
+
+/* Without an executor an add runs inside give, and give rethrows what it
+ * threw (a boom here); a step that catches it and goes on to fail with an
+ * exception of its own fails with its own, not the add's (issue 41: any
+ * add's exception replaced a step's ADG_ETHREW). */
+TEST(a_step_that_catches_an_adds_exception_throws_its_own)
+{
+	for (bool catch_it : {false, true}) {
+		adg::registry reg;
+		adg::node x = adg::leaf(reg);
+		adg::node y = adg::op(
+			reg, {x, x},
+			[catch_it](adg::step_call<tagged> &s) {
+				s.give(0, {1, 1});
+				try {
+					s.give(1, {1, 1}); /* the add throws */
+				} catch (const boom &e) {
+					if (catch_it && e.value == 1)
+						throw boom{3};
+					throw;
+				}
+			},
+			"y");
+		adg_failure why{}, named{};
+		adg::backward_options o;
+		o.failure = &why;
+		int got = what_threw(
+			[&] {
+				adg::backward(y, tagged{1, 0}, o);
+			},
+			&named);
+		if (got != (catch_it ? 3 : 1))
+			std::printf("  catch_it %d: threw %d\n", catch_it, got);
+		EXPECT(got == (catch_it ? 3 : 1));
+		EXPECT(why.site == ADG_FAILED_STEP && why.node_id == y.id());
 	}
 }
 

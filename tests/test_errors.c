@@ -3,6 +3,7 @@
 #include "fixture.h"
 
 #include <stdio.h>
+#include <string.h>
 
 static int noop_backward(adg_step_call *call, void *user)
 {
@@ -243,6 +244,52 @@ Test(errors, backward_bad_arguments)
 	adg_node_unref(a);
 	adg_registry_free(r);
 	adg_registry_free(other);
+}
+
+/* What adg_callback_site answered a step's release: a release's failure
+ * is no backward's. */
+static int release_site_rc;
+
+static void site_release(void *user)
+{
+	adg_failure *where = user;
+	release_site_rc = adg_callback_site(where);
+}
+
+static int site_noop(adg_step_call *call, void *user)
+{
+	(void)call;
+	return adg_callback_site(user); /* 0: a step is a site */
+}
+
+Test(errors, callback_site_outside_a_callback)
+{
+	adg_failure where, junk;
+	memset(&junk, 0x5a, sizeof junk);
+	where = junk;
+	cr_expect_eq(adg_callback_site(NULL), ADG_EINVAL);
+	cr_expect_eq(adg_callback_site(&where), ADG_EINVAL, "no backward");
+	cr_expect_eq(memcmp(&where, &junk, sizeof where), 0, "untouched");
+
+	adg_registry *r;
+	cr_assert_eq(adg_registry_new(NULL, &r), 0);
+	adg_node *a, *y;
+	cr_assert_eq(adg_leaf(r, &a), 0);
+	adg_step step = {
+		.backward = site_noop, .release = site_release, .user = &where};
+	cr_assert_eq(adg_op(r, &a, 1, &step, &y), 0);
+	adg_grads *g;
+	release_site_rc = 1;
+	cr_expect_eq(adg_backward(r, y, scalar_box(1), &scalar_ops, &g), 0);
+	cr_expect_eq(release_site_rc, ADG_EINVAL, "in the release");
+	cr_expect_eq(where.site, ADG_FAILED_STEP, "in the step");
+	where = junk;
+	cr_expect_eq(adg_callback_site(&where), ADG_EINVAL, "after it");
+	cr_expect_eq(memcmp(&where, &junk, sizeof where), 0, "untouched");
+	adg_grads_free(g);
+	adg_node_unref(y);
+	adg_node_unref(a);
+	cr_expect_eq(adg_registry_free(r), 0);
 }
 
 static int positive_add(void **sum, void *value, void *ctx)

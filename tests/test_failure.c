@@ -520,3 +520,305 @@ CHECKED_TEST(failure, the_first_rejected_value_in_tape_order_is_reported)
 	}
 	cr_assert_eq(adg_pool_free(r.pool), 0);
 }
+
+/* --------------------------------------------------------- callback sites */
+
+/* What adg_callback_site told one callback: who asked ('s' a step, 'a'
+ * an add, 'c' the value check, 'o' on_step, 'r' on_ready), its result,
+ * and its answer (junk first, so that an untouched one shows). */
+struct site_seen {
+	char who;
+	int rc;
+	adg_failure where;
+};
+
+/* The calls of one or more backward passes, in the order they asked.
+ * fail: the add and the check fail with it (0: they accept). nested:
+ * another log, whose root's backward the step and the add run first. */
+struct site_log {
+	atomic_int n;
+	struct site_seen seen[64];
+	int fail;
+	adg_node *root;
+	const adg_executor *executor;
+	struct site_log *nested;
+};
+
+/* Records what adg_callback_site tells the calling callback. Asserts
+ * nothing: it may run on a worker. */
+static void site_note(struct site_log *log, char who)
+{
+	int i = atomic_fetch_add(&log->n, 1);
+	if (i >= 64)
+		return; /* the test sees n past the array */
+	struct site_seen *s = &log->seen[i];
+	memset(&s->where, 0x5a, sizeof s->where);
+	s->who = who;
+	s->rc = adg_callback_site(&s->where);
+}
+
+static int site_add(void **sum, void *value, void *ctx);
+static int site_check(const void *value, void *ctx);
+
+/* The options of a backward whose callbacks note into log. */
+static adg_backward_options site_options(struct site_log *log,
+					 adg_failure *report)
+{
+	return (adg_backward_options){.executor = log->executor,
+				      .failure = report,
+				      .value_check = site_check,
+				      .value_check_ctx = log};
+}
+
+/* log's nested backward, if it has one: over log->nested->root, retained
+ * (the step and the add run it each time they run), noting into
+ * log->nested, on the same executor. */
+static void site_nest(struct site_log *log)
+{
+	struct site_log *in = log->nested;
+	if (in == NULL)
+		return;
+	adg_registry *r;
+	adg_grads *g;
+	adg_grad_ops ops = {site_add, scalar_ops.free, in};
+	adg_backward_options o = site_options(in, NULL);
+	o.retain = 1;
+	if (adg_node_registry(in->root, &r) != 0 ||
+	    adg_backward_with(r, in->root, scalar_box(1), &ops, &o, &g) != 0)
+		atomic_fetch_add(&in->n, 1000); /* the test sees n */
+	else
+		adg_grads_free(g);
+}
+
+static int site_add(void **sum, void *value, void *ctx)
+{
+	struct site_log *log = ctx;
+	site_nest(log);
+	site_note(log, 'a');
+	if (log->fail != 0) {
+		scalar_ops.free(value, NULL);
+		return log->fail;
+	}
+	return scalar_ops.add(sum, value, NULL);
+}
+
+static int site_check(const void *value, void *ctx)
+{
+	(void)value;
+	struct site_log *log = ctx;
+	site_note(log, 'c');
+	return log->fail;
+}
+
+static int site_on_step(const adg_step_event *event, void *ctx)
+{
+	(void)event;
+	site_note(ctx, 'o');
+	return 0;
+}
+
+static int site_on_ready(uint64_t id, void **grad, void *ctx)
+{
+	(void)id;
+	(void)grad;
+	site_note(ctx, 'r');
+	return 0;
+}
+
+/* A step that runs log's nested backward, notes, and gives its gradient
+ * to every parent slot. */
+static int site_backward(adg_step_call *call, void *user)
+{
+	struct site_log *log = user;
+	site_nest(log);
+	site_note(log, 's');
+	return s_pass_on(call);
+}
+
+/* square = x * x, whose step notes into log: its second give folds. */
+static adg_node *site_square(scalar x, struct site_log *log)
+{
+	adg_node *xx[2] = {x.node, x.node}, *y;
+	adg_step step = {
+		.backward = site_backward, .user = log, .name = "square"};
+	cr_assert_eq(adg_op(reg, xx, 2, &step, &y), 0);
+	return y;
+}
+
+/* The answer a call got is where, with rc 0. */
+static void expect_site(const struct site_seen *s, adg_failure_site site,
+			uint64_t id, const char *name, uint64_t pass,
+			enum mode m)
+{
+	cr_assert_eq(s->rc, 0, "mode %d, '%c'", m, s->who);
+	expect_report(&s->where, 0, site, id, name, m);
+	cr_assert_eq(s->where.pass_id, pass, "mode %d, '%c'", m, s->who);
+}
+
+/* Where the add of x * x would fail: without an executor in the step
+ * (its give returns the code), with one at x's gradient. */
+static adg_failure_site add_site(enum mode m)
+{
+	return m == SEQUENTIAL ? ADG_FAILED_STEP : ADG_FAILED_ADD;
+}
+
+/* Inside each callback, adg_callback_site tells what a failure of that
+ * call would be named: the step its own node, the check the node whose
+ * step gave the value, the add the step (one thread) or the gradient it
+ * folds (an executor), on_step its step; on_ready is told ADG_EINVAL and
+ * nothing is written. And a failing add or check is named as it was
+ * told, pass id included. */
+CHECKED_TEST(failure, the_callback_site_names_what_a_failure_would)
+{
+	struct runner r = {0};
+	for (enum mode m = 0; m < N_MODES; m++) {
+		struct site_log log = {0};
+		scalar x = s_leaf(reg, 1);
+		adg_node *y = site_square(x, &log);
+		uint64_t y_id = id_of(y);
+		log.executor = options_in(m, &r)->executor;
+		adg_grad_ops ops = {site_add, scalar_ops.free, &log};
+		adg_backward_options o = site_options(&log, &r.report);
+		o.on_step = site_on_step;
+		o.on_step_ctx = &log;
+		o.on_ready = site_on_ready;
+		o.on_ready_ctx = &log;
+		o.retain = 1;
+		adg_grads *g;
+		cr_assert_eq(
+			adg_backward_with(reg, y, scalar_box(1), &ops, &o, &g),
+			0);
+		cr_assert_eq(adg_grads_free(g), 0);
+		uint64_t pass = r.report.pass_id;
+		/* on_ready (y), on_step, the step, its two checks, the add,
+		 * on_step, on_ready (x); with workers the add comes after
+		 * the step's last on_step. */
+		int n = atomic_load(&log.n), seen[128] = {0};
+		cr_assert_eq(n, 8, "mode %d: %d calls", m, n);
+		for (int i = 0; i < n; i++) {
+			const struct site_seen *s = &log.seen[i];
+			seen[(int)s->who]++;
+			if (s->who == 's' || s->who == 'c')
+				expect_site(s,
+					    s->who == 's' ? ADG_FAILED_STEP
+							  : ADG_FAILED_CHECK,
+					    y_id, "square", pass, m);
+			else if (s->who == 'o')
+				expect_site(s, ADG_FAILED_ON_STEP, y_id,
+					    "square", pass, m);
+			else if (s->who == 'a')
+				expect_site(s, add_site(m),
+					    m == SEQUENTIAL ? y_id : x.id,
+					    m == SEQUENTIAL ? "square" : NULL,
+					    pass, m);
+			else if (s->who == 'r')
+				cr_assert(s->rc == ADG_EINVAL &&
+						  s->where.pass_id ==
+							  0x5a5a5a5a5a5a5a5aull,
+					  "mode %d: on_ready told %d", m,
+					  s->rc);
+		}
+		cr_assert(seen['s'] == 1 && seen['c'] == 2 && seen['a'] == 1 &&
+				  seen['o'] == 2 && seen['r'] == 2,
+			  "mode %d", m);
+
+		/* A failing add, then a rejecting check: named as told. */
+		for (int check = 0; check < 2; check++) {
+			atomic_store(&log.n, 0);
+			log.fail = ADG_EUSER - 8;
+			o = site_options(&log, &r.report);
+			o.retain = 1;
+			if (check == 0)
+				o.value_check = NULL;
+			cr_assert_eq(adg_backward_with(reg, y, scalar_box(1),
+						       &ops, &o, &g),
+				     ADG_EUSER - 8);
+			char who = check ? 'c' : 'a';
+			const struct site_seen *s = NULL;
+			for (int i = 0; i < atomic_load(&log.n); i++)
+				if (log.seen[i].who == who && s == NULL)
+					s = &log.seen[i];
+			cr_assert_not_null(s, "mode %d", m);
+			expect_site(s, r.report.site, r.report.node_id,
+				    r.report.name, r.report.pass_id, m);
+			cr_assert_eq(r.report.site,
+				     check ? ADG_FAILED_CHECK : add_site(m));
+		}
+		adg_node_unref(y);
+		s_drop(x);
+	}
+	cr_assert_eq(adg_pool_free(r.pool), 0);
+}
+
+/* A backward run inside a step, and one inside an add, answers for its
+ * own calls (its pass, its nodes) while it runs, and the outer call's
+ * answer is back once it returns; with an executor, on whichever thread
+ * runs them. */
+CHECKED_TEST(failure, a_nested_backward_has_callback_sites_of_its_own)
+{
+	struct runner r = {0};
+	for (enum mode m = 0; m < N_MODES; m++) {
+		struct site_log outer = {0}, inner = {0};
+		scalar x = s_leaf(reg, 1), w = s_leaf(reg, 1);
+		adg_node *y = site_square(x, &outer);
+		adg_node *z = site_square(w, &inner);
+		uint64_t y_id = id_of(y), z_id = id_of(z);
+		outer.executor = inner.executor = options_in(m, &r)->executor;
+		outer.nested = &inner;
+		inner.root = z;
+		adg_grad_ops ops = {site_add, scalar_ops.free, &outer};
+		adg_backward_options o = site_options(&outer, &r.report);
+		adg_grads *g;
+		cr_assert_eq(
+			adg_backward_with(reg, y, scalar_box(1), &ops, &o, &g),
+			0);
+		cr_assert_eq(adg_grads_free(g), 0);
+		uint64_t pass = r.report.pass_id;
+		/* Outer: the step, its two checks, the add, each after a
+		 * nested backward (the step's and the add's). */
+		cr_assert_eq(atomic_load(&outer.n), 4, "mode %d", m);
+		for (int i = 0; i < 4; i++) {
+			const struct site_seen *s = &outer.seen[i];
+			if (s->who == 'a')
+				expect_site(s, add_site(m),
+					    m == SEQUENTIAL ? y_id : x.id,
+					    m == SEQUENTIAL ? "square" : NULL,
+					    pass, m);
+			else
+				expect_site(s,
+					    s->who == 's' ? ADG_FAILED_STEP
+							  : ADG_FAILED_CHECK,
+					    y_id, "square", pass, m);
+		}
+		/* Inner: two passes (the step's, the add's) of 4 calls. */
+		cr_assert_eq(atomic_load(&inner.n), 8, "mode %d", m);
+		uint64_t inner_pass[2] = {0, 0};
+		for (int i = 0; i < 8; i++) {
+			const struct site_seen *s = &inner.seen[i];
+			cr_assert_eq(s->rc, 0, "mode %d", m);
+			uint64_t p = s->where.pass_id;
+			cr_assert(p != pass && p != 0, "mode %d", m);
+			int k = inner_pass[0] == 0 || inner_pass[0] == p ? 0
+									 : 1;
+			cr_assert(inner_pass[k] == 0 || inner_pass[k] == p,
+				  "mode %d: a third pass", m);
+			inner_pass[k] = p;
+			if (s->who == 'a')
+				expect_site(s, add_site(m),
+					    m == SEQUENTIAL ? z_id : w.id,
+					    m == SEQUENTIAL ? "square" : NULL,
+					    p, m);
+			else
+				expect_site(s,
+					    s->who == 's' ? ADG_FAILED_STEP
+							  : ADG_FAILED_CHECK,
+					    z_id, "square", p, m);
+		}
+		cr_assert(inner_pass[1] != 0, "mode %d: two inner passes", m);
+		adg_node_unref(z);
+		adg_node_unref(y);
+		s_drop(x);
+		s_drop(w);
+	}
+	cr_assert_eq(adg_pool_free(r.pool), 0);
+}
