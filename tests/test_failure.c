@@ -662,6 +662,21 @@ static adg_failure_site add_site(enum mode m)
 	return m == SEQUENTIAL ? ADG_FAILED_STEP : ADG_FAILED_ADD;
 }
 
+/* What a call of the step "square" (of node step_id, over x) was told in
+ * pass: the step and its checks name the step, the add the step too
+ * without an executor, x's gradient (x_id, no name) with one. */
+static void expect_square_site(const struct site_seen *s, uint64_t step_id,
+			       uint64_t x_id, uint64_t pass, enum mode m)
+{
+	if (s->who == 'a')
+		expect_site(s, add_site(m), m == SEQUENTIAL ? step_id : x_id,
+			    m == SEQUENTIAL ? "square" : NULL, pass, m);
+	else
+		expect_site(s,
+			    s->who == 's' ? ADG_FAILED_STEP : ADG_FAILED_CHECK,
+			    step_id, "square", pass, m);
+}
+
 /* Inside each callback, adg_callback_site tells what a failure of that
  * call would be named: the step its own node, the check the node whose
  * step gave the value, the add the step (one thread) or the gradient it
@@ -777,19 +792,8 @@ CHECKED_TEST(failure, a_nested_backward_has_callback_sites_of_its_own)
 		/* Outer: the step, its two checks, the add, each after a
 		 * nested backward (the step's and the add's). */
 		cr_assert_eq(atomic_load(&outer.n), 4, "mode %d", m);
-		for (int i = 0; i < 4; i++) {
-			const struct site_seen *s = &outer.seen[i];
-			if (s->who == 'a')
-				expect_site(s, add_site(m),
-					    m == SEQUENTIAL ? y_id : x.id,
-					    m == SEQUENTIAL ? "square" : NULL,
-					    pass, m);
-			else
-				expect_site(s,
-					    s->who == 's' ? ADG_FAILED_STEP
-							  : ADG_FAILED_CHECK,
-					    y_id, "square", pass, m);
-		}
+		for (int i = 0; i < 4; i++)
+			expect_square_site(&outer.seen[i], y_id, x.id, pass, m);
 		/* Inner: two passes (the step's, the add's) of 4 calls. */
 		cr_assert_eq(atomic_load(&inner.n), 8, "mode %d", m);
 		uint64_t inner_pass[2] = {0, 0};
@@ -803,16 +807,7 @@ CHECKED_TEST(failure, a_nested_backward_has_callback_sites_of_its_own)
 			cr_assert(inner_pass[k] == 0 || inner_pass[k] == p,
 				  "mode %d: a third pass", m);
 			inner_pass[k] = p;
-			if (s->who == 'a')
-				expect_site(s, add_site(m),
-					    m == SEQUENTIAL ? z_id : w.id,
-					    m == SEQUENTIAL ? "square" : NULL,
-					    p, m);
-			else
-				expect_site(s,
-					    s->who == 's' ? ADG_FAILED_STEP
-							  : ADG_FAILED_CHECK,
-					    z_id, "square", p, m);
+			expect_square_site(s, z_id, w.id, p, m);
 		}
 		cr_assert(inner_pass[1] != 0, "mode %d: two inner passes", m);
 		adg_node_unref(z);
