@@ -1,42 +1,58 @@
 /*
  * The gradient reducer: synchronous data parallelism inside one process
- * (include/adg/reducer.h; docs/concurrency.md, I15 to I17).
+ * (include/adg/reducer.h; docs/concurrency.md, I15 to I18).
  *
- * Contributions. Each participant has a block of slots, one per parameter,
- * on cache lines of its own: a contribution is a plain store into the
- * giver's own slot and an atomic exchange of the slot's given flag (which
- * refuses a second one), then one acq_rel add to the parameter's count,
- * on the parameter's own line. The add that brings the count to T
- * synchronizes with every earlier one (they form one release sequence),
- * so the thread that made it reads every slot of the parameter and folds
- * them in participant order: the order of the slots, not of arrival.
- * Lookups go through an open-addressing table built at creation and only
- * read afterwards. Nothing on this path locks or allocates.
+ * Units and the tree. A round's contributions come from U units: with
+ * n_units 0 one per participant, else dealt to participants by a counter
+ * (adg_reducer_next_unit). Each unit has a block of slots, one per
+ * parameter, on cache lines of its own: a contribution is a plain store
+ * into the unit's slot and an atomic exchange of the slot's given flag
+ * (which refuses a second one); then it climbs the parameter's tree, a
+ * binary tree over unit indices padded to a power of two (width): at
+ * each inner node whose other side holds a unit, it writes which unit's
+ * slot holds its side's sum (anchor) and exchanges the node's mark with
+ * the round's number. The first to arrive stops there; the second (the
+ * exchange returns the same round) folds right into left with ops.add,
+ * in place in the left side's slot, and climbs on. So every node adds
+ * the same two sums whatever the timing and whichever thread computed
+ * which unit: the arithmetic depends on U alone (I15). Marks are never
+ * reset: a round's number differs from every earlier one's, an
+ * abandoned round's half-met nodes included. The one that completes the
+ * root has the parameter's sum. Lookups go through an open-addressing
+ * table built at creation and only read afterwards. Nothing on this path
+ * locks or allocates.
  *
- * Slices. A large parameter may be cut into slices (reduce-scatter): the
- * contribution that completes it offers them (published), and it and
- * every participant waiting at the barrier take them one at a time
- * (next_slice), folding and applying each, so that the largest layer's
- * sum and update are not one thread's while the others wait.
+ * Slices. A large parameter may be cut into slices (reduce-scatter): its
+ * tree only tracks arrivals, and the thread that completes its root
+ * offers the slices (published); it and every participant waiting at the
+ * barrier take them one at a time (next_slice), each folding its slice
+ * over the whole tree (the same nodes, the same order) and, with
+ * apply_early, applying it.
+ *
+ * Applies. With apply_early a parameter is applied by the thread that
+ * completes its sum. By default, all or nothing: once every participant
+ * is at the barrier and no error was reported, the round's applies (one
+ * task per parameter, or per slice) are offered as slices are, and the
+ * participants at the barrier take them (I18).
  *
  * Rounds. adg_reducer_end is the barrier, once per participant per round:
- * a mutex and a condition variable. A participant there takes slices,
- * looks a few times, yielding, and then sleeps (the cores are the
- * backward passes'); offering slices and finishing the last one wake the
- * sleepers. Every contribution of a participant, and so every fold and
- * apply it triggers, comes before its end; once every participant has
- * arrived and every slice is done, nothing touches the round's state but
- * the one that saw it so: it applies (apply_at_end), resets every
- * parameter's count and the round's error, and only then wakes the
- * others, each of which releases its own contributions and clears its
- * own slots before returning.
+ * a mutex and a condition variable. A participant there takes slices and
+ * applies, looks a few times, yielding, and then sleeps (the cores are
+ * the backward passes'); offering work and finishing the last of it wake
+ * the sleepers. Every contribution of a participant, and so every fold
+ * and apply it triggers, comes before its end; once every participant
+ * has arrived and every slice and apply is done, nothing touches the
+ * round's state but the one that saw it so: it resets the deal and the
+ * round's error, and only then wakes the others, each of which releases
+ * the contributions of its own units and clears their slots before
+ * returning. Nothing there is O(T) or O(U) on one thread.
  *
  * Failure. The round's first error is one compare and swap; the check
  * before each apply reads it in the same total order (seq_cst), so no
  * apply starts after a failure is reported, and one that started
- * finishes. A participant that fails gives no NULL contributions at its
- * end: the parameters it did not give stay incomplete, never applied
- * with part of their contributions.
+ * finishes. A unit that fails gives no NULL contributions at its end:
+ * the parameters it did not give stay incomplete, never applied with
+ * part of their contributions.
  */
 #include "adg.h"
 #include "util.h"
@@ -47,65 +63,86 @@
 #include <stdbool.h>
 #include <string.h>
 
-#define NONE SIZE_MAX /* no participant or parameter */
+#define NONE SIZE_MAX /* no unit, participant or parameter */
 
-/* One parameter's round, on a cache line of its own: the participants
- * count different parameters at once. */
+/* One parameter, on a cache line of its own: its sum completes on one
+ * thread while others climb other parameters' trees. */
 struct param {
-	_Alignas(ADG_CACHELINE) atomic_size_t arrived; /* contributions, to T */
-	/* Written by the thread that brings the last contribution (it folds),
-	 * read by it, by the threads that take its slices (after published),
-	 * or by the last participant to end (apply_at_end, reset): ordered
-	 * by arrived, published, then by the barrier. */
-	size_t owner; /* the participant the sum started as; NONE: no sum */
-	bool folded;  /* the fold ran whole: the sum may be applied */
-	uint64_t id;  /* the leaf's id; read-only */
-	/* A parameter in slices (reduce-scatter): read-only n_slices; once
-	 * the last contribution is in, published is set to the round's
-	 * barrier generation plus one and any participant of that round
-	 * takes the next slice (next_slice) to fold and apply. Both are
-	 * left as they are at the round's end, so that a participant still
-	 * looking for slices of that round finds none; the next reducer_publish
-	 * resets next_slice first. */
-	size_t n_slices;
+	_Alignas(ADG_CACHELINE) uint64_t id; /* the leaf's id; read-only */
+	size_t n_slices;		     /* read-only */
+	/* Written by the thread that completes the root: the unit whose
+	 * slot holds the sum (NONE: no unit had a gradient), and the
+	 * round's number plus one. Read by that thread, by the threads that
+	 * take its slices (after published) and by the round's applies
+	 * (after the barrier). */
+	size_t anchor;
+	uint64_t completed;
+	/* A parameter in slices: once its root completes, published is set
+	 * to the round's barrier generation plus one and any participant
+	 * of that round takes the next slice (next_slice) to fold (and,
+	 * with apply_early, apply). Both are left as they are at the
+	 * round's end, so that a participant still looking for slices of
+	 * that round finds none; the next reducer_publish resets next_slice
+	 * first. */
 	atomic_uint_fast64_t published;
 	atomic_size_t next_slice;
 };
 
 _Static_assert(sizeof(struct param) == ADG_CACHELINE,
-	       "a parameter's round is one cache line");
+	       "a parameter is one cache line");
 
-/* A participant's contribution to one parameter. */
+/* An inner node of a parameter's tree. */
+struct tree_node {
+	/* The round's number plus one, exchanged by each side that arrives:
+	 * the side that reads it back arrives second and folds. */
+	atomic_uint_fast64_t mark;
+	/* Per side (0 left, 1 right), the unit whose slot holds that side's
+	 * sum, or NONE: written by the side before its exchange, read by
+	 * the other side after its own (I15). */
+	size_t anchor[2];
+};
+
+/* A unit's contribution to one parameter. */
 struct slot {
-	/* The value given (for the parameter's owner, the sum once folded),
-	 * NULL for none. Written by its participant before the count's add,
-	 * read by the folder after it (I15); written back by the folder, and
-	 * read and cleared by the participant after the barrier (I16). */
+	/* The value given (for a node's left side, the sum once folded),
+	 * NULL for none. Written by the unit's participant before it climbs,
+	 * read by the folders above after their exchanges (I15); written
+	 * back by a fold, and read and cleared by the participant after the
+	 * barrier (I16). */
 	void *value;
 	/* A contribution, NULL included, was counted this round: the
 	 * exchange that sets it lets one through. */
 	atomic_bool given;
 };
 
-/* One participant: what the ready hook's ctx points to, followed by its
- * slots, on lines no other participant writes. */
+/* One unit: the next unit dealt to the same participant this round (its
+ * list, which only that participant walks), then its slots, on lines no
+ * other unit writes. */
+struct unit {
+	_Alignas(ADG_CACHELINE) size_t next;
+	struct slot slots[];
+};
+
+/* One participant: what the ready hook's ctx points to. */
 struct member {
 	_Alignas(ADG_CACHELINE) struct adg_reducer *reducer;
 	size_t index;
 	/* Set by the participant's adg_reducer_end, from its start to its
 	 * return: a second end, and a contribution meanwhile, are refused. */
 	atomic_bool ended;
+	/* The unit its gives go to (NONE: none; without units, always its
+	 * own index), and the first of the units dealt to it this round
+	 * (a list through struct unit's next). Written by the participant's
+	 * thread; read by the backward's threads, which the backward's
+	 * start orders after. */
+	size_t unit, units;
 	/* The trainer's own ready hook, which adg_reducer_hook found in the
 	 * options and keeps, called before the reducer's (NULL: none).
 	 * Written by the participant before its backward, read by the
 	 * backward's threads, which the backward's start orders after. */
 	adg_ready_fn then_on_ready;
 	void *then_ctx;
-	struct slot slots[];
 };
-
-_Static_assert(_Alignof(struct member) == ADG_CACHELINE,
-	       "a participant's block starts a cache line");
 
 /* id -> parameter index; id 0 marks an empty entry. */
 struct entry {
@@ -113,21 +150,52 @@ struct entry {
 	size_t param;
 };
 
+/* Work offered at the barrier: the slices of one parameter, or the
+ * round's applies (all or nothing). */
+struct offer {
+	/* The round's barrier generation plus one while offered; never
+	 * reset (see struct param). */
+	atomic_uint_fast64_t published;
+	atomic_size_t next; /* the next task to take */
+};
+
+/* A block from the allocator, aligned to a cache line inside it. */
+struct block {
+	void *base;
+	size_t bytes;
+};
+
 struct adg_reducer {
 	/* Read-only after creation. */
 	adg_reducer_ops ops;
 	adg_allocator allocator;
 	size_t n_members, n_params;
-	bool apply_at_end;
+	size_t n_units;	  /* U */
+	bool dealt;	  /* units dealt by adg_reducer_next_unit */
+	size_t width;	  /* the trees' leaves: a power of two, >= U */
+	bool apply_early; /* else all or nothing */
+	bool sliced;	  /* some parameter is in slices */
 	struct param *params;
-	char *members; /* n_members blocks of member_stride bytes */
-	size_t member_stride;
+	struct tree_node *trees; /* n_params trees of width nodes (0 unused) */
+	char *units;		 /* 2 halves of U blocks of unit_stride bytes */
+	size_t unit_stride;
+	struct member *members;
+	/* The round's applies (all or nothing): apply task t is slice
+	 * t - first_task[i] of parameter i, for the i whose range holds t;
+	 * first_task[n_params] is their count. */
+	size_t *first_task;
 	struct entry *table;
 	size_t table_cap;   /* a power of two, at least twice n_params */
 	unsigned int shift; /* 64 - log2(table_cap) */
-	void *self_base;    /* what the allocator returned, for each block */
-	void *params_base, *members_base;
-	size_t self_bytes, params_bytes, members_bytes;
+	struct block self_block, params_block, trees_block, units_block,
+		members_block;
+
+	/* The deal: the next unit to hand out, reset by the last
+	 * participant to end. Its own line: every participant takes from
+	 * it. */
+	_Alignas(ADG_CACHELINE) atomic_size_t next_unit;
+	/* Units ended without error this round, reset with the deal. */
+	_Alignas(ADG_CACHELINE) atomic_size_t units_done;
 
 	/* The round's first error, 0 while none: set by one compare and
 	 * swap, read before each apply, reset by the last participant to
@@ -135,15 +203,17 @@ struct adg_reducer {
 	_Alignas(ADG_CACHELINE) atomic_int error;
 	/* Rounds completed; bumped by the last participant to end. */
 	atomic_uint_fast64_t rounds;
-	/* Slices published and not yet done: the round cannot end before. */
-	atomic_size_t slices_pending;
-	bool sliced; /* some parameter is in slices; read-only */
+	/* Slices and applies offered and not yet done: the round cannot
+	 * end before. */
+	atomic_size_t pending;
+	struct offer applies; /* all or nothing */
 
 	/* The barrier, under lock. */
 	_Alignas(ADG_CACHELINE) pthread_mutex_t lock;
-	/* gen moved, slices were published, or the last slice is done */
+	/* gen moved, work was offered, or the last of it is done */
 	pthread_cond_t done;
 	size_t n_ended; /* participants inside adg_reducer_end */
+	bool applying;	/* the round's applies were offered */
 	/* Rounds the barrier has let through: written under lock, read
 	 * without it by participants that look before they sleep. */
 	atomic_uint_fast64_t gen;
@@ -154,29 +224,58 @@ struct adg_reducer {
 /* ------------------------------------------------------------- layout */
 
 /* size bytes at a cache line's boundary: the allocator promises malloc's
- * alignment only, so ask for a line more. *base is what to free, *bytes
- * its size. NULL on failure. */
+ * alignment only, so ask for a line more. b is what to free. NULL on
+ * failure. */
 static void *reducer_alloc_aligned(const adg_allocator *a, size_t size,
-				   void **base, size_t *bytes)
+				   struct block *b)
 {
-	*bytes = size + ADG_CACHELINE;
-	*base = a->alloc(*bytes, a->ctx);
-	if (*base == NULL)
+	b->bytes = size + ADG_CACHELINE;
+	b->base = a->alloc(b->bytes, a->ctx);
+	if (b->base == NULL)
 		return NULL;
-	void *p = (void *)adg_round_up((uintptr_t)*base, ADG_CACHELINE);
+	void *p = (void *)adg_round_up((uintptr_t)b->base, ADG_CACHELINE);
 	memset(p, 0, size);
 	return p;
 }
 
-static struct member *reducer_member_of(const struct adg_reducer *r, size_t p)
+static void reducer_free_block(const adg_allocator *a, struct block *b)
 {
-	return (struct member *)(r->members + p * r->member_stride);
+	if (b->base != NULL)
+		a->free(b->base, b->bytes, a->ctx);
 }
 
-static struct slot *reducer_slot_of(const struct adg_reducer *r, size_t p,
+/* The round under way. Relaxed: bumped only by the last participant to
+ * end, before the barrier lets anyone into the next round. */
+static uint64_t reducer_round(const struct adg_reducer *r)
+{
+	return atomic_load_explicit(&r->rounds, memory_order_relaxed);
+}
+
+/* Unit u's block in round's half of the units. Two halves, by the
+ * round's parity (I16): a participant still releasing round k's values
+ * after the barrier never meets one dealt the same unit in round k + 1,
+ * which begins as soon as the barrier lets it out; and round k + 2
+ * cannot begin before every participant has ended k + 1, after its
+ * release of k. */
+static struct unit *reducer_unit_at(const struct adg_reducer *r, uint64_t round,
+				    size_t u)
+{
+	return (struct unit *)(r->units +
+			       ((round & 1) * r->n_units + u) * r->unit_stride);
+}
+
+/* Unit u's slot of parameter i in the round under way. */
+static struct slot *reducer_slot_of(const struct adg_reducer *r, size_t u,
 				    size_t i)
 {
-	return &reducer_member_of(r, p)->slots[i];
+	return &reducer_unit_at(r, reducer_round(r), u)->slots[i];
+}
+
+/* Parameter i's tree: nodes 1 to width - 1, node n's children 2n and
+ * 2n + 1, leaf u at width + u (leaves have no node). */
+static struct tree_node *reducer_tree_of(const struct adg_reducer *r, size_t i)
+{
+	return r->trees + i * r->width;
 }
 
 static size_t reducer_home_of(const struct adg_reducer *r, uint64_t id)
@@ -211,7 +310,7 @@ static bool reducer_index_params(struct adg_reducer *r, const uint64_t *ids)
 		}
 		r->table[i] = (struct entry){ids[k], k};
 		r->params[k].id = ids[k];
-		r->params[k].owner = NONE;
+		r->params[k].anchor = NONE;
 	}
 	return true;
 }
@@ -222,12 +321,16 @@ static void reducer_free_blocks(struct adg_reducer *r)
 	const adg_allocator *a = &r->allocator;
 	if (r->table != NULL)
 		a->free(r->table, r->table_cap * sizeof *r->table, a->ctx);
-	if (r->members_base != NULL)
-		a->free(r->members_base, r->members_bytes, a->ctx);
-	if (r->params_base != NULL)
-		a->free(r->params_base, r->params_bytes, a->ctx);
+	if (r->first_task != NULL)
+		a->free(r->first_task, (r->n_params + 1) * sizeof(size_t),
+			a->ctx);
+	reducer_free_block(a, &r->members_block);
+	reducer_free_block(a, &r->units_block);
+	reducer_free_block(a, &r->trees_block);
+	reducer_free_block(a, &r->params_block);
 	adg_allocator copy = *a; /* r goes with the last free */
-	copy.free(r->self_base, r->self_bytes, copy.ctx);
+	struct block self = r->self_block;
+	reducer_free_block(&copy, &self);
 }
 
 /* Whether options are as adg_reducer_new requires, but for ids repeated
@@ -236,8 +339,9 @@ static void reducer_free_blocks(struct adg_reducer *r)
 static bool reducer_options_valid(const adg_reducer_options *o, bool *sliced)
 {
 	if (o->n_participants == 0 || o->n_params == 0 ||
-	    o->param_ids == NULL || o->ops.add == NULL ||
-	    o->ops.apply == NULL || o->ops.release == NULL ||
+	    o->n_units > ADG_REDUCER_MAX_UNITS || o->param_ids == NULL ||
+	    o->ops.add == NULL || o->ops.apply == NULL ||
+	    o->ops.release == NULL ||
 	    (o->allocator.alloc == NULL) != (o->allocator.free == NULL))
 		return false;
 	const size_t *slices = o->param_slices;
@@ -255,53 +359,99 @@ static bool reducer_options_valid(const adg_reducer_options *o, bool *sliced)
 
 /* The sizes of a reducer's blocks. */
 struct reducer_layout {
-	size_t stride;	     /* a participant's block, in whole lines */
-	size_t members_size; /* the participants' blocks */
+	size_t units;	     /* U */
+	size_t width;	     /* a power of two, >= U */
+	size_t unit_stride;  /* a unit's block, in whole lines */
+	size_t units_size;   /* the units' blocks, both halves */
+	size_t trees_size;   /* the parameters' trees */
+	size_t members_size; /* the participants */
 	size_t params_size;
 	size_t table_cap;  /* a power of two */
 	unsigned int log2; /* of table_cap */
 };
 
-/* The sizes for t participants and n parameters: a participant's block
- * rounded up to whole lines; the table at least twice the parameters, so
- * that a probe run stays short. false when one would overflow, a line
- * for the alignment included. */
-static bool reducer_layout(size_t t, size_t n, struct reducer_layout *l)
+/* Whether size bytes, plus a line for the alignment, can be asked for. */
+static bool reducer_fits(size_t size)
+{
+	return size <= SIZE_MAX - ADG_CACHELINE;
+}
+
+/* The sizes for t participants, u units (0: t) and n parameters: a
+ * unit's block rounded up to whole lines; the table at least twice the
+ * parameters, so that a probe run stays short. false when one would
+ * overflow. */
+static bool reducer_layout(size_t t, size_t u, size_t n,
+			   struct reducer_layout *l)
 {
 	size_t stride;
+	l->units = u != 0 ? u : t;
+	if (l->units > SIZE_MAX / 2)
+		return false;
+	for (l->width = 1; l->width < l->units; l->width *= 2)
+		if (l->width > SIZE_MAX / 2)
+			return false;
 	l->table_cap = 4;
 	l->log2 = 2;
 	if (__builtin_mul_overflow(n, sizeof(struct slot), &stride) ||
-	    __builtin_add_overflow(stride, sizeof(struct member), &stride) ||
+	    __builtin_add_overflow(stride, sizeof(struct unit), &stride) ||
 	    stride > SIZE_MAX - 2 * ADG_CACHELINE)
 		return false;
-	l->stride = adg_round_up(stride, ADG_CACHELINE);
+	l->unit_stride = adg_round_up(stride, ADG_CACHELINE);
 	while (l->table_cap / 2 < n &&
 	       l->table_cap <= SIZE_MAX / 2 / sizeof(struct entry)) {
 		l->table_cap *= 2;
 		l->log2++;
 	}
 	return l->table_cap / 2 >= n &&
-	       !__builtin_mul_overflow(t, l->stride, &l->members_size) &&
-	       l->members_size <= SIZE_MAX - ADG_CACHELINE &&
+	       !__builtin_mul_overflow(2 * l->units, l->unit_stride,
+				       &l->units_size) &&
+	       reducer_fits(l->units_size) &&
+	       !__builtin_mul_overflow(n, l->width, &l->trees_size) &&
+	       !__builtin_mul_overflow(l->trees_size, sizeof(struct tree_node),
+				       &l->trees_size) &&
+	       reducer_fits(l->trees_size) &&
+	       !__builtin_mul_overflow(t, sizeof(struct member),
+				       &l->members_size) &&
+	       reducer_fits(l->members_size) &&
 	       !__builtin_mul_overflow(n, sizeof(struct param),
 				       &l->params_size) &&
-	       l->params_size <= SIZE_MAX - ADG_CACHELINE;
+	       reducer_fits(l->params_size) && n < SIZE_MAX / sizeof(size_t);
 }
 
-/* Allocates and fills r's parameters, participants' blocks and id table,
- * with r's allocator. Returns 0, ADG_ENOMEM, or ADG_EINVAL for a repeated
- * id; on error what was allocated is left for reducer_free_blocks. */
+/* Each parameter's slices (1 for a whole one) and where its tasks start
+ * in the round's applies; false when their count overflows. */
+static bool reducer_fill_tasks(struct adg_reducer *r, const size_t *slices)
+{
+	size_t first = 0;
+	for (size_t k = 0; k < r->n_params; k++) {
+		r->params[k].n_slices = slices != NULL ? slices[k] : 1;
+		r->first_task[k] = first;
+		if (__builtin_add_overflow(first, r->params[k].n_slices,
+					   &first))
+			return false;
+	}
+	r->first_task[r->n_params] = first;
+	return true;
+}
+
+/* Allocates and fills r's blocks with r's allocator. Returns 0,
+ * ADG_ENOMEM, or ADG_EINVAL for a repeated id; on error what was
+ * allocated is left for reducer_free_blocks. */
 static int reducer_fill(struct adg_reducer *r, const adg_reducer_options *o,
 			const struct reducer_layout *l)
 {
 	const adg_allocator *a = &r->allocator;
-	r->params = reducer_alloc_aligned(a, l->params_size, &r->params_base,
-					  &r->params_bytes);
-	if (r->params == NULL)
-		return ADG_ENOMEM;
-	r->members = reducer_alloc_aligned(a, l->members_size, &r->members_base,
-					   &r->members_bytes);
+	r->params = reducer_alloc_aligned(a, l->params_size, &r->params_block);
+	r->trees = r->params == NULL ? NULL
+				     : reducer_alloc_aligned(a, l->trees_size,
+							     &r->trees_block);
+	r->units = r->trees == NULL ? NULL
+				    : reducer_alloc_aligned(a, l->units_size,
+							    &r->units_block);
+	r->members = r->units == NULL
+			     ? NULL
+			     : reducer_alloc_aligned(a, l->members_size,
+						     &r->members_block);
 	if (r->members == NULL)
 		return ADG_ENOMEM;
 	size_t table_size = r->table_cap * sizeof *r->table;
@@ -309,15 +459,23 @@ static int reducer_fill(struct adg_reducer *r, const adg_reducer_options *o,
 	if (r->table == NULL)
 		return ADG_ENOMEM;
 	memset(r->table, 0, table_size);
+	r->first_task = a->alloc((r->n_params + 1) * sizeof(size_t), a->ctx);
+	if (r->first_task == NULL)
+		return ADG_ENOMEM;
 	if (!reducer_index_params(r, o->param_ids))
 		return ADG_EINVAL;
-	for (size_t k = 0; k < r->n_params; k++)
-		r->params[k].n_slices =
-			o->param_slices != NULL ? o->param_slices[k] : 1;
+	if (!reducer_fill_tasks(r, o->param_slices))
+		return ADG_ENOMEM;
+	for (size_t u = 0; u < r->n_units; u++)
+		for (uint64_t half = 0; half < 2; half++)
+			reducer_unit_at(r, half, u)->next = NONE;
 	for (size_t p = 0; p < r->n_members; p++) {
-		struct member *m = reducer_member_of(r, p);
+		struct member *m = &r->members[p];
 		m->reducer = r;
 		m->index = p;
+		/* Without units, participant p is unit p, for good. */
+		m->unit = r->dealt ? NONE : p;
+		m->units = r->dealt ? NONE : p;
 	}
 	return 0;
 }
@@ -331,27 +489,28 @@ int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 	    !reducer_options_valid(options, &sliced))
 		return ADG_EINVAL;
 	struct reducer_layout l;
-	if (!reducer_layout(options->n_participants, options->n_params, &l))
+	if (!reducer_layout(options->n_participants, options->n_units,
+			    options->n_params, &l))
 		return ADG_ENOMEM;
 
 	adg_allocator a = options->allocator;
 	if (a.alloc == NULL)
 		a = adg_default_allocator;
-	void *base;
-	size_t bytes;
-	struct adg_reducer *r =
-		reducer_alloc_aligned(&a, sizeof *r, &base, &bytes);
+	struct block self;
+	struct adg_reducer *r = reducer_alloc_aligned(&a, sizeof *r, &self);
 	if (r == NULL)
 		return ADG_ENOMEM;
-	r->self_base = base;
-	r->self_bytes = bytes;
+	r->self_block = self;
 	r->allocator = a;
 	r->ops = options->ops;
 	r->n_members = options->n_participants;
 	r->n_params = options->n_params;
-	r->apply_at_end = options->apply_at_end != 0;
+	r->n_units = l.units;
+	r->dealt = options->n_units != 0;
+	r->width = l.width;
+	r->apply_early = options->apply_early != 0;
 	r->sliced = sliced;
-	r->member_stride = l.stride;
+	r->unit_stride = l.unit_stride;
 	r->table_cap = l.table_cap;
 	r->shift = 64 - l.log2;
 	int rc = reducer_fill(r, options, &l);
@@ -375,8 +534,8 @@ out_free:
 /* ------------------------------------------------------- contributions */
 
 /* Makes code the round's error unless one was reported first. seq_cst:
- * one total order with the check before each apply (reducer_complete), so that
- * an apply whose check comes after this does not start. */
+ * one total order with the check before each apply (reducer_abandoned),
+ * so that an apply whose check comes after this does not start. */
 static void reducer_report(struct adg_reducer *r, int code)
 {
 	int none = 0;
@@ -385,85 +544,53 @@ static void reducer_report(struct adg_reducer *r, int code)
 						memory_order_seq_cst);
 }
 
-/* Folds parameter i's contributions in participant order, into the first
- * non-NULL one, which keeps the sum (I15). */
-static int reducer_fold(struct adg_reducer *r, size_t i)
+/* Whether the round was abandoned; seq_cst: see reducer_report. */
+static bool reducer_abandoned(struct adg_reducer *r)
 {
-	struct param *p = &r->params[i];
-	void *sum = NULL;
-	size_t owner = NONE;
-	int rc = 0;
-	for (size_t q = 0; q < r->n_members; q++) {
-		void *value = reducer_slot_of(r, q, i)->value;
-		if (value == NULL)
-			continue;
-		if (owner == NONE) {
-			owner = q;
-			sum = value;
-			continue;
-		}
-		rc = adg_callback_result(r->ops.add(&sum, value, r->ops.ctx));
-		if (rc != 0)
-			break;
-	}
-	if (owner != NONE)
-		reducer_slot_of(r, owner, i)->value =
-			sum; /* add may replace it */
-	p->owner = owner;
-	p->folded = rc == 0;
-	return rc;
+	return atomic_load_explicit(&r->error, memory_order_seq_cst) != 0;
 }
 
 /* Applies slice k of parameter i's sum (the whole of it: k 0 of 1). */
 static int reducer_apply(struct adg_reducer *r, size_t i, size_t k)
 {
 	const struct param *p = &r->params[i];
+	ADG_ASSERT(p->completed == reducer_round(r) + 1); /* I15 */
 	adg_reduction reduction = {
 		.param = i,
 		.id = p->id,
-		/* Relaxed: bumped only by the last participant to end, before
-		 * the barrier lets anyone into the next round. */
-		.round = atomic_load_explicit(&r->rounds, memory_order_relaxed),
-		.sum = p->owner != NONE ? reducer_slot_of(r, p->owner, i)->value
-					: NULL,
+		.round = reducer_round(r),
+		.sum = p->anchor != NONE
+			       ? reducer_slot_of(r, p->anchor, i)->value
+			       : NULL,
 		.slice = k,
 		.n_slices = p->n_slices,
 	};
 	return adg_callback_result(r->ops.apply(&reduction, r->ops.ctx));
 }
 
-/* The sum's owner: the first participant with a contribution. */
-static size_t reducer_first_given(const struct adg_reducer *r, size_t i)
+/* Folds slice k of parameter i over the leaves first to first + count - 1
+ * (count a power of two), in the tree's order, into the leftmost
+ * non-NULL one, which it returns (NONE: none). The first error stops the
+ * adds (*rc). */
+static size_t reducer_fold_slice(struct adg_reducer *r, size_t i, size_t k,
+				 size_t first, size_t count, int *rc)
 {
-	for (size_t q = 0; q < r->n_members; q++)
-		if (reducer_slot_of(r, q, i)->value != NULL)
-			return q;
-	return NONE;
-}
-
-/* Folds slice k of parameter i in participant order into the owner's
- * contribution, then applies it (unless apply_at_end). Slices are
- * disjoint: threads that take different ones never write the same
- * bytes. */
-static int reducer_fold_and_apply_slice(struct adg_reducer *r, size_t i,
-					size_t k)
-{
-	const struct param *p = &r->params[i];
-	int rc = 0;
-	if (p->owner != NONE) {
-		void *sum = reducer_slot_of(r, p->owner, i)->value;
-		for (size_t q = p->owner + 1; q < r->n_members && rc == 0;
-		     q++) {
-			void *value = reducer_slot_of(r, q, i)->value;
-			if (value != NULL)
-				rc = adg_callback_result(r->ops.add_slice(
-					sum, value, k, p->n_slices,
-					r->ops.ctx));
-		}
-	}
-	if (rc == 0 && !r->apply_at_end)
-		rc = reducer_apply(r, i, k);
-	return rc;
+	if (first >= r->n_units)
+		return NONE; /* padding */
+	if (count == 1)
+		return reducer_slot_of(r, first, i)->value != NULL ? first
+								   : NONE;
+	size_t half = count / 2;
+	size_t left = reducer_fold_slice(r, i, k, first, half, rc);
+	size_t right = reducer_fold_slice(r, i, k, first + half, half, rc);
+	if (left == NONE)
+		return right;
+	if (right != NONE && *rc == 0)
+		*rc = adg_callback_result(
+			r->ops.add_slice(reducer_slot_of(r, left, i)->value,
+					 reducer_slot_of(r, right, i)->value, k,
+					 r->params[i].n_slices, r->ops.ctx));
+	return left;
 }
 
 static void reducer_wake_all(struct adg_reducer *r)
@@ -474,9 +601,20 @@ static void reducer_wake_all(struct adg_reducer *r)
 	pthread_mutex_unlock(&r->lock);
 }
 
+/* One slice or apply of the round's offered work is done. acq_rel: its
+ * writes happen before the end of the round, which waits for the count
+ * to reach 0 (acquire in the barrier); the last one wakes the sleepers
+ * to see it. */
+static void reducer_task_done(struct adg_reducer *r)
+{
+	if (atomic_fetch_sub_explicit(&r->pending, 1, memory_order_acq_rel) ==
+	    1)
+		reducer_wake_all(r);
+}
+
 /* Takes slices of parameter i until none is left. Once published, every
  * slice runs, whatever is reported meanwhile: a parameter is never left
- * half updated by another participant's failure. */
+ * half updated by another participant's failure (I17). */
 static void reducer_take_slices(struct adg_reducer *r, size_t i)
 {
 	struct param *p = &r->params[i];
@@ -487,22 +625,48 @@ static void reducer_take_slices(struct adg_reducer *r, size_t i)
 						     memory_order_relaxed);
 		if (k >= p->n_slices)
 			return;
-		int rc = reducer_fold_and_apply_slice(r, i, k);
+		int rc = 0;
+		(void)reducer_fold_slice(r, i, k, 0, r->width, &rc);
+		if (rc == 0 && r->apply_early)
+			rc = reducer_apply(r, i, k);
 		if (rc != 0)
 			reducer_report(r, rc);
-		/* acq_rel: the slice's writes happen before the end of the
-		 * round, which waits for this count to reach 0 (acquire in
-		 * the barrier); the last one wakes the sleepers to see it. */
-		if (atomic_fetch_sub_explicit(&r->slices_pending, 1,
-					      memory_order_acq_rel) == 1)
-			reducer_wake_all(r);
+		reducer_task_done(r);
+	}
+}
+
+/* Takes the round's applies (all or nothing) until none is left; an
+ * apply not started once the round is abandoned is skipped (I18). */
+static void reducer_take_applies(struct adg_reducer *r)
+{
+	size_t n_tasks = r->first_task[r->n_params];
+	for (;;) {
+		/* Relaxed: as in reducer_take_slices. */
+		size_t t = atomic_fetch_add_explicit(&r->applies.next, 1,
+						     memory_order_relaxed);
+		if (t >= n_tasks)
+			return;
+		size_t lo = 0, hi = r->n_params; /* first_task[lo] <= t */
+		while (hi - lo > 1) {
+			size_t mid = lo + (hi - lo) / 2;
+			if (r->first_task[mid] <= t)
+				lo = mid;
+			else
+				hi = mid;
+		}
+		if (!reducer_abandoned(r)) {
+			int rc = reducer_apply(r, lo, t - r->first_task[lo]);
+			if (rc != 0)
+				reducer_report(r, rc);
+		}
+		reducer_task_done(r);
 	}
 }
 
 /* Whether parameter i has slices of round gen not yet taken. Acquire:
- * pairs with reducer_publish's release, so that the slots, the owner and the
- * reset of next_slice written before it are seen. Relaxed next_slice: a
- * hint; reducer_take_slices claims for real. */
+ * pairs with reducer_publish's release, so that the slots, the anchor and
+ * the reset of next_slice written before it are seen. Relaxed next_slice:
+ * a hint; reducer_take_slices claims for real. */
 static bool reducer_offers_slices(const struct param *p, uint64_t gen)
 {
 	return p->n_slices > 1 &&
@@ -512,99 +676,135 @@ static bool reducer_offers_slices(const struct param *p, uint64_t gen)
 		       p->n_slices;
 }
 
-/* Takes any slice of round gen published and not yet taken; returns
- * whether it found one. Any participant may, from its end (the barrier),
- * so that a large parameter's sum and update are split among the threads
- * that wait. */
+/* Whether the round's applies of round gen are offered and not all
+ * taken; acquire and relaxed as in reducer_offers_slices. */
+static bool reducer_offers_applies(struct adg_reducer *r, uint64_t gen)
+{
+	return atomic_load_explicit(&r->applies.published,
+				    memory_order_acquire) == gen + 1 &&
+	       atomic_load_explicit(&r->applies.next, memory_order_relaxed) <
+		       r->first_task[r->n_params];
+}
+
+/* Takes any slice or apply of round gen offered and not yet taken;
+ * returns whether it found one. Any participant may, from its end (the
+ * barrier), so that a large parameter's sum and update, and the round's
+ * applies, are split among the threads that wait. */
 static bool reducer_help(struct adg_reducer *r, uint64_t gen)
 {
 	bool found = false;
-	for (size_t i = 0; i < r->n_params; i++) {
+	for (size_t i = 0; r->sliced && i < r->n_params; i++) {
 		if (reducer_offers_slices(&r->params[i], gen)) {
 			reducer_take_slices(r, i);
 			found = true;
 		}
 	}
+	if (reducer_offers_applies(r, gen)) {
+		reducer_take_applies(r);
+		found = true;
+	}
 	return found;
 }
 
-/* The last contribution of a parameter in slices is in: offers its
+/* Parameter i's root is complete and its tree in slices: offers its
  * slices to every participant and takes them itself. */
 static void reducer_publish(struct adg_reducer *r, size_t i)
 {
 	struct param *p = &r->params[i];
-	p->owner = reducer_first_given(r, i);
-	/* A slice whose fold fails reports it: the round is abandoned, and
-	 * apply_at_end applies nothing. */
-	p->folded = true;
 	/* Relaxed: counted before any slice can be taken (published comes
 	 * after, with release), so the count cannot reach 0 early. */
-	atomic_fetch_add_explicit(&r->slices_pending, p->n_slices,
+	atomic_fetch_add_explicit(&r->pending, p->n_slices,
 				  memory_order_relaxed);
-	/* Relaxed, then release: the reset, the slots and the owner before,
-	 * for reducer_offers_slices' acquire. The barrier cannot move during
-	 * the round: this participant has not ended it. */
+	/* Relaxed, then release: the reset, the slots and the anchor
+	 * before, for reducer_offers_slices' acquire. The barrier cannot
+	 * move during the round: this contribution's participant has not
+	 * ended it. */
 	atomic_store_explicit(&p->next_slice, 0, memory_order_relaxed);
 	uint64_t gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
 	atomic_store_explicit(&p->published, gen + 1, memory_order_release);
-	reducer_wake_all(
-		r); /* participants asleep at the barrier come and help */
+	reducer_wake_all(r); /* participants asleep at the barrier help */
 	reducer_take_slices(r, i);
 }
 
-/* The last contribution of parameter i is in: fold it and (unless
- * apply_at_end) apply it, unless the round was abandoned. */
-static int reducer_complete(struct adg_reducer *r, size_t i)
+/* Parameter i's sum is complete, in anchor's slot: offer its slices, or
+ * (apply_early) apply it, unless the round was abandoned. */
+static int reducer_complete(struct adg_reducer *r, size_t i, size_t anchor)
 {
-	/* seq_cst: see reducer_report. An abandoned round neither folds nor
-	 * applies: each slot keeps its own value for its participant. */
-	if (atomic_load_explicit(&r->error, memory_order_seq_cst) != 0)
+	struct param *p = &r->params[i];
+	p->anchor = anchor;
+	p->completed = reducer_round(r) + 1;
+	if (reducer_abandoned(r))
 		return 0;
-	if (r->params[i].n_slices > 1) {
+	if (p->n_slices > 1) {
 		reducer_publish(r, i);
 		return 0; /* a slice's error is the round's, not this give's */
 	}
-	int rc = reducer_fold(r, i);
-	if (rc == 0 && !r->apply_at_end) {
-		ADG_ASSERT(r->params[i].folded); /* I15 */
-		rc = reducer_apply(r, i, 0);
-	}
+	int rc = r->apply_early ? reducer_apply(r, i, 0) : 0;
 	if (rc != 0)
 		reducer_report(r, rc);
 	return rc;
 }
 
-/* Counts one more contribution to parameter i (its slot written). */
-static int reducer_arrive(struct adg_reducer *r, size_t i)
+/* Unit u's contribution to parameter i is in its slot: climbs the tree,
+ * folding at each node it reaches second, until a node it reaches first
+ * or the root (I15). Returns 0 or an add's or apply's code. */
+static int reducer_arrive(struct adg_reducer *r, size_t u, size_t i)
 {
-	/* acq_rel: the release publishes this slot's value, the acquire of
-	 * the add that makes T sees every slot (the adds form one release
-	 * sequence). Pairs with the last participant's relaxed reset, which
-	 * the barrier orders before the next round's adds (I16). */
-	size_t n = atomic_fetch_add_explicit(&r->params[i].arrived, 1,
-					     memory_order_acq_rel) +
-		   1;
-	ADG_ASSERT(n <= r->n_members); /* I15: one per participant */
-	return n == r->n_members ? reducer_complete(r, i) : 0;
+	struct tree_node *tree = reducer_tree_of(r, i);
+	uint64_t mark = reducer_round(r) + 1;
+	bool whole = r->params[i].n_slices == 1;
+	size_t anchor = reducer_slot_of(r, u, i)->value != NULL ? u : NONE;
+	size_t node = r->width + u;
+	for (size_t level = 0; node > 1; level++, node /= 2) {
+		size_t side = node & 1;
+		/* A left side whose right holds no unit meets no one. */
+		if (side == 0 && ((node + 1) << level) - r->width >= r->n_units)
+			continue;
+		struct tree_node *t = &tree[node / 2];
+		t->anchor[side] = anchor;
+		/* acq_rel: the release publishes this side's anchor and the
+		 * slots and folds below it; the side that reads this mark
+		 * back acquires them (I15). */
+		if (atomic_exchange_explicit(&t->mark, mark,
+					     memory_order_acq_rel) != mark)
+			return 0; /* first here: the other side climbs on */
+		size_t other = t->anchor[side ^ 1];
+		size_t left = side ? other : anchor,
+		       right = side ? anchor : other;
+		anchor = left != NONE ? left : right;
+		if (!whole || left == NONE || right == NONE)
+			continue; /* slices fold at the root; NULL passes */
+		if (reducer_abandoned(r))
+			return 0; /* no sum will be applied */
+		int rc = adg_callback_result(r->ops.add(
+			&reducer_slot_of(r, left, i)->value,
+			reducer_slot_of(r, right, i)->value, r->ops.ctx));
+		if (rc != 0) {
+			reducer_report(r, rc);
+			return rc;
+		}
+	}
+	return reducer_complete(r, i, anchor);
 }
 
+/* Hands parameter i's contribution of m's unit to the reducer. */
 static int reducer_give(struct adg_reducer *r, struct member *m, size_t i,
 			void *value)
 {
 	/* Relaxed: set by this participant's own end, which its gives come
 	 * before; read here only to refuse a give made out of order. */
-	if (atomic_load_explicit(&m->ended, memory_order_relaxed))
+	if (atomic_load_explicit(&m->ended, memory_order_relaxed) ||
+	    m->unit == NONE)
 		return ADG_ESTATE;
-	struct slot *s = &m->slots[i];
+	struct slot *s = reducer_slot_of(r, m->unit, i);
 	/* Relaxed: only atomicity matters, so that one of two gives of the
-	 * same slot wins; the slot's own writes are ordered by reducer_arrive.
-	 * The reset to false (reducer_release_own) comes before the
-	 * participant's next round, whichever thread gives for it then (the
-	 * executor's hand-off orders it). */
+	 * same slot wins; the slot's own writes are ordered by the climb's
+	 * exchanges. The reset to false (reducer_release_own) comes before
+	 * the unit is dealt again, in a later round. */
 	if (atomic_exchange_explicit(&s->given, true, memory_order_relaxed))
 		return ADG_ESTATE;
 	s->value = value;
-	return reducer_arrive(r, i);
+	return reducer_arrive(r, m->unit, i);
 }
 
 int adg_reducer_give(adg_reducer *reducer, size_t participant, uint64_t id,
@@ -616,8 +816,7 @@ int adg_reducer_give(adg_reducer *reducer, size_t participant, uint64_t id,
 	size_t i = reducer_lookup(reducer, id);
 	if (i == NONE)
 		return ADG_EINVAL;
-	return reducer_give(reducer, reducer_member_of(reducer, participant), i,
-			    value);
+	return reducer_give(reducer, &reducer->members[participant], i, value);
 }
 
 /* The ready hook of adg_reducer_hook: ctx is the participant. The
@@ -634,7 +833,7 @@ static int reducer_on_ready(uint64_t id, void **grad, void *ctx)
 			return rc;
 	}
 	if (*grad == NULL)
-		return 0; /* a NULL contribution, at the end */
+		return 0; /* a NULL contribution, at the unit's end */
 	size_t i = reducer_lookup(r, id);
 	if (i == NONE)
 		return 0; /* not a parameter: it stays in the container */
@@ -650,7 +849,7 @@ int adg_reducer_hook(adg_reducer *reducer, size_t participant,
 	if (reducer == NULL || options == NULL ||
 	    participant >= reducer->n_members)
 		return ADG_EINVAL;
-	struct member *m = reducer_member_of(reducer, participant);
+	struct member *m = &reducer->members[participant];
 	/* The options' own hook, kept and called first; options already
 	 * hooked to this participant (a loop that hooks every round) keep
 	 * the one they had. */
@@ -665,62 +864,137 @@ int adg_reducer_hook(adg_reducer *reducer, size_t participant,
 	return 0;
 }
 
+/* ---------------------------------------------------------------- units */
+
+int adg_reducer_next_unit(adg_reducer *reducer, size_t participant,
+			  size_t *unit)
+{
+	if (unit != NULL)
+		*unit = ADG_REDUCER_NO_UNIT;
+	if (reducer == NULL || unit == NULL ||
+	    participant >= reducer->n_members)
+		return ADG_EINVAL;
+	struct adg_reducer *r = reducer;
+	struct member *m = &r->members[participant];
+	/* Relaxed: see reducer_give. */
+	if (!r->dealt || m->unit != NONE ||
+	    atomic_load_explicit(&m->ended, memory_order_relaxed))
+		return ADG_ESTATE;
+	if (reducer_abandoned(r))
+		return 0; /* no use computing more */
+	/* Relaxed: the counter only hands out distinct units; the unit's
+	 * slots were cleared before the barrier that began this round. */
+	size_t u = atomic_fetch_add_explicit(&r->next_unit, 1,
+					     memory_order_relaxed);
+	if (u >= r->n_units)
+		return 0;
+	reducer_unit_at(r, reducer_round(r), u)->next = m->units;
+	m->units = u;
+	m->unit = u;
+	*unit = u;
+	return 0;
+}
+
+/* Ends m's unit with result: its missing contributions count as NULL,
+ * or result abandons the round. Returns 0 or the first code of a climb. */
+static int reducer_close_unit(struct adg_reducer *r, struct member *m,
+			      int result)
+{
+	size_t u = m->unit;
+	int first = 0;
+	if (result != 0) {
+		reducer_report(r, adg_callback_result(result));
+	} else {
+		for (size_t i = 0; i < r->n_params; i++) {
+			struct slot *s = reducer_slot_of(r, u, i);
+			/* Relaxed: see reducer_give. */
+			if (atomic_exchange_explicit(&s->given, true,
+						     memory_order_relaxed))
+				continue;
+			int rc = reducer_arrive(r, u, i);
+			if (first == 0)
+				first = rc;
+		}
+		/* Relaxed: read by the last participant to end, after the
+		 * barrier's lock. */
+		atomic_fetch_add_explicit(&r->units_done, 1,
+					  memory_order_relaxed);
+	}
+	if (r->dealt)
+		m->unit = NONE;
+	return first;
+}
+
+int adg_reducer_unit_end(adg_reducer *reducer, size_t participant, int result)
+{
+	if (reducer == NULL || participant >= reducer->n_members)
+		return ADG_EINVAL;
+	struct member *m = &reducer->members[participant];
+	/* Relaxed: see reducer_give. */
+	if (!reducer->dealt || m->unit == NONE ||
+	    atomic_load_explicit(&m->ended, memory_order_relaxed))
+		return ADG_ESTATE;
+	return reducer_close_unit(reducer, m, result);
+}
+
 /* --------------------------------------------------------- the barrier */
 
-/* On the last participant to end, alone with the round's state: applies
- * (apply_at_end), then makes the next round start clean. Returns the
- * round's result. */
+/* Whether every participant is in its end and every slice and apply
+ * offered is done. Under lock. */
+static bool reducer_round_over(struct adg_reducer *r)
+{
+	/* Acquire: pairs with reducer_task_done, so that every slice's and
+	 * apply's writes happen before the round's end. */
+	return r->n_ended == r->n_members &&
+	       atomic_load_explicit(&r->pending, memory_order_acquire) == 0;
+}
+
+/* Every participant is at the barrier and nothing offered is left to do,
+ * under lock. All or nothing: the first time, offers the round's applies
+ * (unless it was abandoned) and returns false; else the round is over.
+ * Offering under the lock keeps sleepers from missing it. */
+static bool reducer_offer_applies(struct adg_reducer *r, uint64_t gen)
+{
+	/* Relaxed: every report and unit end came before its participant
+	 * reached the barrier (this lock), or before a task it finished
+	 * (pending, acquire). */
+	if (atomic_load_explicit(&r->units_done, memory_order_relaxed) !=
+	    r->n_units)
+		reducer_report(r, ADG_ESTATE); /* a unit was not done */
+	if (r->apply_early || r->applying || reducer_abandoned(r))
+		return true;
+	r->applying = true;
+	/* Relaxed: counted before any apply can be taken, and next reset
+	 * before the release that offers them (as in reducer_publish). */
+	atomic_store_explicit(&r->pending, r->first_task[r->n_params],
+			      memory_order_relaxed);
+	atomic_store_explicit(&r->applies.next, 0, memory_order_relaxed);
+	atomic_store_explicit(&r->applies.published, gen + 1,
+			      memory_order_release);
+	if (r->n_sleeping != 0)
+		pthread_cond_broadcast(&r->done);
+	return false;
+}
+
+/* On the participant that saw the round over, alone with the round's
+ * state: makes the next round start clean (I16). Returns the round's
+ * result. */
 static int reducer_finish_round(struct adg_reducer *r)
 {
-	/* Relaxed: every report came before its reporter's arrival at the
-	 * barrier, which this thread's lock acquired. */
+	/* Relaxed, all: the barrier's unlock that moves gen orders these
+	 * before every participant's next round. */
 	int rc = atomic_load_explicit(&r->error, memory_order_relaxed);
-	for (size_t i = 0; i < r->n_params; i++) {
-		/* I15: a round that no one abandoned has every count at T,
-		 * since every participant counted every parameter. */
-		ADG_ASSERT(rc != 0 ||
-			   atomic_load_explicit(&r->params[i].arrived,
-						memory_order_relaxed) ==
-				   r->n_members);
-		for (size_t k = 0;
-		     rc == 0 && r->apply_at_end && k < r->params[i].n_slices;
-		     k++) {
-			ADG_ASSERT(r->params[i].folded); /* I15 */
-			rc = reducer_apply(r, i, k);
-			/* Nothing runs beside this: no check to order. */
-			if (rc != 0)
-				atomic_store_explicit(&r->error, rc,
-						      memory_order_relaxed);
-		}
-	}
-	rc = atomic_load_explicit(&r->error, memory_order_relaxed);
-	/* Relaxed: the barrier's unlock below orders these resets before
-	 * every participant's next round (I16). */
-	for (size_t i = 0; i < r->n_params; i++) {
-		atomic_store_explicit(&r->params[i].arrived, 0,
-				      memory_order_relaxed);
-		r->params[i].owner = NONE;
-		r->params[i].folded = false;
-	}
+	atomic_store_explicit(&r->next_unit, 0, memory_order_relaxed);
+	atomic_store_explicit(&r->units_done, 0, memory_order_relaxed);
 	atomic_store_explicit(&r->error, 0, memory_order_relaxed);
+	r->applying = false;
 	/* Release: pairs with adg_reducer_rounds' acquire load, so that a
 	 * thread that sees the count sees the round's applies. */
 	atomic_fetch_add_explicit(&r->rounds, 1, memory_order_release);
 	return rc;
 }
 
-/* Whether the round can end: every participant is in its end and every
- * slice published is done. Under lock. */
-static bool reducer_round_over(struct adg_reducer *r)
-{
-	/* Acquire: pairs with reducer_take_slices' count, so that every slice's
-	 * writes happen before the round's end. */
-	return r->n_ended == r->n_members &&
-	       atomic_load_explicit(&r->slices_pending, memory_order_acquire) ==
-		       0;
-}
-
-/* Whether the barrier let round gen through, or there is a slice to take.
+/* Whether the barrier let round gen through, or there is work to take.
  * Looked at before sleeping, and in a short spin: a wake-up from the
  * kernel costs more than a small batch's work. */
 static bool reducer_worth_waking(struct adg_reducer *r, uint64_t gen)
@@ -730,12 +1004,36 @@ static bool reducer_worth_waking(struct adg_reducer *r, uint64_t gen)
 	for (size_t i = 0; r->sliced && i < r->n_params; i++)
 		if (reducer_offers_slices(&r->params[i], gen))
 			return true;
-	return false;
+	return reducer_offers_applies(r, gen);
 }
 
-/* Waits for the round's other participants, taking slices of large
- * parameters meanwhile; the one that sees the round over finishes it.
- * Returns the round's result. */
+/* Under lock: sleeps until woken, unless work or the round's end showed
+ * up while the lock was let go. */
+static void reducer_wait(struct adg_reducer *r, uint64_t gen)
+{
+	pthread_mutex_unlock(&r->lock);
+	/* A few looks, yielding the core to the threads still at work,
+	 * before sleeping in the kernel. */
+	bool woken = false;
+	for (int spin = 0; spin < 32 && !woken; spin++) {
+		sched_yield();
+		woken = reducer_worth_waking(r, gen);
+	}
+	bool helped = reducer_help(r, gen);
+	pthread_mutex_lock(&r->lock);
+	/* Looked at again under the lock: whoever offers work, ends the
+	 * last of it or the round takes the lock to wake sleepers after,
+	 * so either this sees it or that sees the sleeper. */
+	if (helped || reducer_round_over(r) || reducer_worth_waking(r, gen))
+		return;
+	r->n_sleeping++;
+	pthread_cond_wait(&r->done, &r->lock);
+	r->n_sleeping--;
+}
+
+/* Waits for the round's other participants, taking slices and applies
+ * meanwhile; the one that sees the round over finishes it. Returns the
+ * round's result. */
 static int reducer_barrier(struct adg_reducer *r)
 {
 	/* Relaxed: the barrier cannot move before this participant is in. */
@@ -752,36 +1050,15 @@ static int reducer_barrier(struct adg_reducer *r)
 			pthread_mutex_unlock(&r->lock);
 			return rc;
 		}
-		if (reducer_round_over(r))
+		if (reducer_round_over(r) && reducer_offer_applies(r, gen))
 			break;
-		pthread_mutex_unlock(&r->lock);
-		/* A few looks, yielding the core to the threads still at
-		 * work, before sleeping in the kernel. */
-		bool woken = false;
-		for (int spin = 0; spin < 32 && !woken; spin++) {
-			sched_yield();
-			woken = reducer_worth_waking(r, gen);
-		}
-		bool helped = reducer_help(r, gen);
-		pthread_mutex_lock(&r->lock);
-		/* Looked at again under the lock: whoever offers slices, ends
-		 * the last one or the round takes the lock to wake sleepers
-		 * after, so either this sees it or that sees the sleeper. */
-		if (helped || reducer_round_over(r) ||
-		    reducer_worth_waking(r, gen))
-			continue;
-		r->n_sleeping++;
-		pthread_cond_wait(&r->done, &r->lock);
-		r->n_sleeping--;
+		reducer_wait(r, gen);
 	}
 	/* Every participant is inside its end, past its contributions, and
-	 * every slice is done: the round's state is this thread's until gen
-	 * moves. Apply with the lock released (apply is the caller's
-	 * code). */
+	 * every slice and apply is done: the round's state is this thread's
+	 * until gen moves. */
 	r->n_ended = 0;
-	pthread_mutex_unlock(&r->lock);
 	int rc = reducer_finish_round(r);
-	pthread_mutex_lock(&r->lock);
 	r->result = rc;
 	/* Relaxed: written under lock; readers without it only look. */
 	atomic_store_explicit(&r->gen, gen + 1, memory_order_relaxed);
@@ -790,19 +1067,27 @@ static int reducer_barrier(struct adg_reducer *r)
 	return rc;
 }
 
-/* After the barrier: hands this participant's values back and clears its
- * slots for its next round. */
-static void reducer_release_own(struct adg_reducer *r, struct member *m)
+/* After the barrier: hands the values of this participant's units of
+ * round back and clears their slots for round + 2. */
+static void reducer_release_own(struct adg_reducer *r, struct member *m,
+				uint64_t round)
 {
-	for (size_t i = 0; i < r->n_params; i++) {
-		struct slot *s = &m->slots[i];
-		void *value = s->value;
-		s->value = NULL;
-		/* Relaxed: see reducer_give. */
-		atomic_store_explicit(&s->given, false, memory_order_relaxed);
-		if (value != NULL)
-			r->ops.release(value, m->index, r->ops.ctx);
+	for (size_t u = m->units; u != NONE;
+	     u = reducer_unit_at(r, round, u)->next) {
+		for (size_t i = 0; i < r->n_params; i++) {
+			struct slot *s =
+				&reducer_unit_at(r, round, u)->slots[i];
+			void *value = s->value;
+			s->value = NULL;
+			/* Relaxed: see reducer_give. */
+			atomic_store_explicit(&s->given, false,
+					      memory_order_relaxed);
+			if (value != NULL)
+				r->ops.release(value, m->index, r->ops.ctx);
+		}
 	}
+	if (r->dealt)
+		m->units = NONE;
 	/* Relaxed: see reducer_give. Last, so that a call from release is
 	 * refused. */
 	atomic_store_explicit(&m->ended, false, memory_order_relaxed);
@@ -813,22 +1098,17 @@ int adg_reducer_end(adg_reducer *reducer, size_t participant, int result)
 	if (reducer == NULL || participant >= reducer->n_members)
 		return ADG_EINVAL;
 	struct adg_reducer *r = reducer;
-	struct member *m = reducer_member_of(r, participant);
+	struct member *m = &r->members[participant];
 	/* Relaxed: atomicity alone refuses a second end; see reducer_give. */
 	if (atomic_exchange_explicit(&m->ended, true, memory_order_relaxed))
 		return ADG_ESTATE;
-	if (result != 0) {
+	uint64_t round = reducer_round(r);
+	if (m->unit != NONE)
+		(void)reducer_close_unit(r, m, result); /* errors reported */
+	else if (result != 0)
 		reducer_report(r, adg_callback_result(result));
-	} else {
-		/* The parameters it gave nothing for: NULL contributions,
-		 * which may complete them (errors are reported there). */
-		for (size_t i = 0; i < r->n_params; i++)
-			if (!atomic_exchange_explicit(&m->slots[i].given, true,
-						      memory_order_relaxed))
-				(void)reducer_arrive(r, i);
-	}
 	int rc = reducer_barrier(r);
-	reducer_release_own(r, m);
+	reducer_release_own(r, m, round);
 	return rc;
 }
 
@@ -841,18 +1121,30 @@ int adg_reducer_rounds(const adg_reducer *reducer, uint64_t *rounds)
 	return 0;
 }
 
+/* Whether a round has begun: a unit dealt, or a contribution given. No
+ * call runs beside adg_reducer_free (adg.h): relaxed. */
+static bool reducer_busy(const struct adg_reducer *r)
+{
+	if (r->n_ended != 0)
+		return true;
+	if (r->dealt)
+		return atomic_load_explicit(&r->next_unit,
+					    memory_order_relaxed) != 0;
+	for (size_t u = 0; u < r->n_units; u++)
+		for (size_t i = 0; i < r->n_params; i++)
+			if (atomic_load_explicit(
+				    &reducer_slot_of(r, u, i)->given,
+				    memory_order_relaxed))
+				return true;
+	return false;
+}
+
 int adg_reducer_free(adg_reducer *reducer)
 {
 	if (reducer == NULL)
 		return 0;
 	struct adg_reducer *r = reducer;
-	/* No call runs beside this one (adg.h): plain reads would do, but
-	 * the fields are atomic. Relaxed. */
-	bool busy = r->n_ended != 0;
-	for (size_t i = 0; i < r->n_params && !busy; i++)
-		busy = atomic_load_explicit(&r->params[i].arrived,
-					    memory_order_relaxed) != 0;
-	if (busy)
+	if (reducer_busy(r))
 		return ADG_EBUSY;
 	pthread_cond_destroy(&r->done);
 	pthread_mutex_destroy(&r->lock);

@@ -1604,8 +1604,8 @@ TEST(steps_and_nodes_know_their_registry)
 /* ---------------------------------------------------------- the reducer */
 
 /* A model of two parameters on T participants: each participant's loss is
- * sum_i w_i * x_i(p, k) + w_0 * w_1 over its share; the reducer sums the
- * gradients in participant order and takes an SGD step. */
+ * sum_i w_i * x_i(p, k) + w_0 * w_1 over its share; the reducer folds the
+ * gradients in its tree and takes an SGD step. */
 struct sync_model {
 	adg::registry reg;
 	std::vector<adg::node> params;
@@ -1725,6 +1725,64 @@ TEST(a_step_that_throws_fails_the_round_for_everyone)
 	for (std::thread &th : threads)
 		th.join();
 	EXPECT(m.w[0] != before[0] && red.rounds() == 2);
+}
+
+/* Trains rounds rounds of 5 units on T threads, each unit a backward
+ * through the hook but unit 3, given by hand; returns the weights. */
+std::array<double, 2> train_units(int t, int rounds)
+{
+	sync_model m;
+	adg::reducer_options<double> o;
+	o.units = 5;
+	adg::reducer<double> red(
+		t, m.params,
+		[&m](const adg::reduction<double> &r) {
+			if (r.sum != nullptr)
+				m.w[r.param] -= 0.1 * *r.sum;
+		},
+		o);
+	std::vector<std::thread> threads;
+	for (int p = 0; p < t; p++)
+		threads.emplace_back([&, p] {
+			for (int k = 0; k < rounds; k++)
+				red.round(p, [&](std::size_t unit) {
+					int u = static_cast<int>(unit);
+					if (u != 3) {
+						adg::backward(m.loss(u, k), 1.0,
+							      red.hook(p));
+						return;
+					}
+					adg::gradients<double> g =
+						adg::backward(m.loss(u, k),
+							      1.0);
+					red.give(p, m.params[1],
+						 g.get(m.params[1]));
+				});
+		});
+	for (std::thread &th : threads)
+		th.join();
+	EXPECT(red.rounds() == static_cast<std::uint64_t>(rounds));
+	return {m.w[0], m.w[1]};
+}
+
+/* With units, the weights are bitwise the same at every T. */
+TEST(a_reducer_with_units_gives_the_same_bits_at_every_t)
+{
+	std::array<double, 2> one = train_units(1, 4);
+	for (int t : {2, 3, 5, 8})
+		EXPECT(train_units(t, 4) == one);
+	/* Without units a unit call is refused. */
+	sync_model m;
+	adg::reducer<double> red(1, m.params,
+				 [](const adg::reduction<double> &) {});
+	EXPECT_THROWS(adg::error, red.next_unit(0),
+		      EXPECT(e.code().value() == ADG_ESTATE));
+	/* Given twice: the second refused, and the round ends. */
+	red.give(0, m.params[0], 1.0);
+	EXPECT_THROWS(adg::error, red.give(0, m.params[0], 2.0),
+		      EXPECT(e.code().value() == ADG_ESTATE));
+	red.end(0);
+	EXPECT(red.rounds() == 1);
 }
 
 /* An apply that throws fails the round for every participant too. */

@@ -9,7 +9,9 @@
  * participants' changes the weights. Every result is compared bit for bit
  * with the sequential trainer (reference): each participant's backward in
  * turn on one thread, the gradients folded in participant order with the
- * same add, each applied after.
+ * same add, each applied after. The sums go by the reducer's tree
+ * over units (tree_mix): with units given by the test, the same weights
+ * at every T.
  *
  * What callbacks find wrong on other threads they count in the model's
  * bad counter, which the test's own thread checks. */
@@ -30,7 +32,8 @@ FIXTURE_SUITE(reducer_stress, .timeout = 600);
 
 #define NP	  6 /* parameters: w0..w3 everyone's, w4 the last's, w5 none's */
 #define BATCH	  12
-#define MAXT	  4
+#define MAXT	  8  /* participants */
+#define MAXU	  16 /* units */
 #define MAXR	  400
 #define LR	  0.01
 #define FAIL_CODE (ADG_EUSER - 7)
@@ -75,14 +78,24 @@ static int mix_add(void **sum, const void *value, void *ctx)
 	return 0;
 }
 
-static void mix_into(void **sum, void *value)
+/* The reducer's tree over c[0..n), n >= 1, described another way than
+ * lib/reducer.c does: the first part is the largest power of two below n
+ * leaves, the second the rest; each part's sum (NULL passing the other)
+ * folded second into first with mix_add. Returns the leftmost non-NULL,
+ * which holds the sum. */
+static void *tree_mix(void **c, int n)
 {
-	if (value == NULL)
-		return;
-	if (*sum == NULL)
-		*sum = value;
-	else
-		mix_add(sum, value, NULL);
+	if (n == 1)
+		return c[0];
+	int first = 1;
+	while (first * 2 < n)
+		first *= 2;
+	void *a = tree_mix(c, first), *b = tree_mix(c + first, n - first);
+	if (a == NULL)
+		return b;
+	if (b != NULL)
+		mix_add(&a, b, NULL);
+	return a;
 }
 
 /* ------------------------------------------------------------ the model */
@@ -91,24 +104,24 @@ enum fail { NO_FAIL, FAIL_AT_ROOT, FAIL_LATE };
 
 struct model {
 	int t, rounds;
+	int units; /* U; 0: one per participant */
 	double w[NP];
 	adg_node *node[NP];
 	uint64_t id[NP];
 	adg_reducer *red;
 	const adg_executor *executor;
-	bool perturb, retain, apply_at_end;
-	/* One participant's backward fails in one round: at its root (it
-	 * gives nothing), or late, at a depth-1 step, once the others have
-	 * given all they have. */
+	bool perturb, retain, apply_early;
+	/* One participant's (with units: unit's) backward fails in one
+	 * round: at its root (it gives nothing), or late, at a depth-1
+	 * step, once the others have given all they have. */
 	int fail_round, fail_participant;
 	enum fail fail_kind;
 	atomic_int gave[MAXR];	  /* participants done with the backward */
 	atomic_int entered[MAXR]; /* participants that called end */
 	int result[MAXT][MAXR];	  /* what each end returned */
-	/* apply_at_end: the order of the round's applies, and their thread. */
-	int order[MAXR][NP], n_order[MAXR], apply_thread[MAXR];
 	atomic_int applies[NP];
 	atomic_int released[MAXT];
+	atomic_int units_taken[MAXT]; /* with units: per participant */
 	atomic_int bad;
 	/* A trainer's own ready hook beside the reducer's: the parameter
 	 * gradients it saw, by participant (own_hook set). */
@@ -170,16 +183,28 @@ static scalar op1(struct model *m, scalar x, adg_backward_fn fn)
 	return y;
 }
 
-/* Participant p's graph for round k: the squared error of its share of
- * the batch, w2 * (w0 * x + w1) + w3 * x, with a nap on each sample's
- * way (it sleeps when perturbing) and, for the last participant's first
- * sample, a factor w4. */
+/* The batch's shares: the units, or one per participant. */
+static int shares_of(const struct model *m)
+{
+	return m->units != 0 ? m->units : m->t;
+}
+
+/* Share p's graph for round k: the squared error of its part of the
+ * batch, w2 * (w0 * x + w1) + w3 * x, with a nap on each sample's way (it
+ * sleeps when perturbing) and, for the last share's first sample, a
+ * factor w4. A share with no samples (units beyond BATCH) is w3 * 0. */
 static scalar build(struct model *m, int p, int k, enum fail fail)
 {
 	scalar w[NP], root = {0};
 	for (int i = 0; i < NP; i++)
 		w[i] = (scalar){m->node[i], m->w[i], m->id[i]};
-	int lo = p * BATCH / m->t, hi = (p + 1) * BATCH / m->t;
+	int shares = shares_of(m);
+	int lo = p * BATCH / shares, hi = (p + 1) * BATCH / shares;
+	if (lo == hi) {
+		scalar zero = s_leaf(reg, 0.0);
+		root = s_mul(reg, w[3], zero);
+		s_drop(zero);
+	}
 	for (int j = lo; j < hi; j++) {
 		scalar x = s_leaf(reg, datum(k, j));
 		scalar a = s_mul(reg, w[0], x);
@@ -191,7 +216,7 @@ static scalar build(struct model *m, int p, int k, enum fail fail)
 		scalar sq = s_mul(reg, n, n);
 		s_drop(x), s_drop(a), s_drop(h), s_drop(y), s_drop(b);
 		s_drop(e), s_drop(n);
-		if (p == m->t - 1 && j == lo) {
+		if (p == shares - 1 && j == lo) {
 			scalar f = s_mul(reg, sq, w[4]);
 			s_drop(sq);
 			sq = f;
@@ -223,10 +248,11 @@ static scalar build(struct model *m, int p, int k, enum fail fail)
 /* The sequential trainer, rounds k0 to k1 - 1 on m->w. */
 static void reference(struct model *m, int k0, int k1)
 {
-	scalar roots[MAXT];
+	scalar roots[MAXU];
+	int n = shares_of(m);
 	for (int k = k0; k < k1; k++) {
-		void *c[MAXT][NP];
-		for (int p = 0; p < m->t; p++) {
+		void *c[NP][MAXU];
+		for (int p = 0; p < n; p++) {
 			if (!m->retain || k == k0)
 				roots[p] =
 					build(m, p, m->retain ? 0 : k, NO_FAIL);
@@ -238,21 +264,19 @@ static void reference(struct model *m, int k0, int k1)
 						       &scalar_ops, &o, &g),
 				     0);
 			for (int i = 0; i < NP; i++)
-				if (adg_grads_take(g, m->id[i], &c[p][i]) != 0)
-					c[p][i] = NULL;
+				if (adg_grads_take(g, m->id[i], &c[i][p]) != 0)
+					c[i][p] = NULL;
 			cr_assert_eq(adg_grads_free(g), 0);
 			if (!m->retain || k == k1 - 1)
 				s_drop(roots[p]);
 		}
 		for (int i = 0; i < NP; i++) {
-			void *sum = NULL;
-			for (int p = 0; p < m->t; p++)
-				mix_into(&sum, c[p][i]);
+			void *sum = tree_mix(c[i], n);
 			if (sum != NULL)
 				m->w[i] -= LR * *(double *)sum;
-			for (int p = 0; p < m->t; p++)
-				if (c[p][i] != NULL)
-					value_free(c[p][i]);
+			for (int p = 0; p < n; p++)
+				if (c[i][p] != NULL)
+					value_free(c[i][p]);
 		}
 	}
 }
@@ -267,16 +291,10 @@ static int apply_sgd(const adg_reduction *red, void *ctx)
 		return 0;
 	}
 	int k = (int)red->round;
-	if (m->apply_at_end) {
-		/* All on one thread, after every participant entered end. */
-		if (atomic_load(&m->entered[k]) != m->t)
-			atomic_fetch_add(&m->bad, 1);
-		if (m->n_order[k] == 0)
-			m->apply_thread[k] = this_participant;
-		else if (m->apply_thread[k] != this_participant)
-			atomic_fetch_add(&m->bad, 1);
-		m->order[k][m->n_order[k]++] = (int)red->param;
-	}
+	/* All or nothing: after every participant entered end. */
+	if (!m->apply_early && atomic_load(&m->entered[k]) != m->t)
+		atomic_fetch_add(&m->bad, 1);
+
 	if (m->perturb)
 		jitter();
 	atomic_fetch_add(&m->applies[red->param], 1);
@@ -365,18 +383,70 @@ static void *participant(void *arg)
 	return NULL;
 }
 
+/* Units unit's backward in round k, through p's hooked options o, its
+ * unit ended when it did not fail. Returns the backward's result. */
+static int unit_backward(struct model *m, int p, size_t unit, int k,
+			 const adg_backward_options *o)
+{
+	bool fails = k == m->fail_round && (int)unit == m->fail_participant;
+	scalar root = build(m, (int)unit, k, fails ? m->fail_kind : NO_FAIL);
+	if (m->perturb)
+		jitter();
+	adg_grads *g = NULL;
+	int rc = adg_backward_with(reg, root.node, scalar_box(1.0), &scalar_ops,
+				   o, &g);
+	if (!fails && rc != 0)
+		atomic_fetch_add(&m->bad, 1);
+	if (adg_grads_free(g) != 0)
+		atomic_fetch_add(&m->bad, 1);
+	s_drop(root);
+	atomic_fetch_add(&m->units_taken[p], 1);
+	if (rc == 0 && adg_reducer_unit_end(m->red, (size_t)p, 0) != 0)
+		atomic_fetch_add(&m->bad, 1);
+	return rc;
+}
+
+/* A participant with units: as many as it is dealt, a backward each. A
+ * failed unit stays open: the participant's end ends it with the
+ * error. */
+static void *unit_participant(void *arg)
+{
+	struct thread *th = arg;
+	struct model *m = th->s;
+	int p = th->i;
+	this_participant = p;
+	adg_backward_options o = {.executor = m->executor};
+	if (adg_reducer_hook(m->red, (size_t)p, &o) != 0)
+		atomic_fetch_add(&m->bad, 1);
+	for (int k = 0; k < m->rounds; k++) {
+		int rc = 0;
+		size_t unit;
+		while (rc == 0 &&
+		       adg_reducer_next_unit(m->red, (size_t)p, &unit) == 0 &&
+		       unit != ADG_REDUCER_NO_UNIT)
+			rc = unit_backward(m, p, unit, k, &o);
+		if (m->perturb)
+			jitter();
+		atomic_fetch_add(&m->entered[k], 1);
+		m->result[p][k] = adg_reducer_end(m->red, (size_t)p, rc);
+	}
+	return NULL;
+}
+
 /* Trains m->rounds rounds on T threads through a new reducer. */
 static void train(struct model *m)
 {
 	adg_reducer_options o = {
 		.n_participants = (size_t)m->t,
+		.n_units = (size_t)m->units,
 		.param_ids = m->id,
 		.n_params = NP,
 		.ops = {mix_add, apply_sgd, release_value, m},
-		.apply_at_end = m->apply_at_end,
+		.apply_early = m->apply_early,
 	};
 	cr_assert_eq(adg_reducer_new(&o, &m->red), 0);
-	run_threads(m->t, participant, m);
+	run_threads(m->t, m->units != 0 ? unit_participant : participant, m);
+
 	cr_assert_eq(atomic_load(&m->bad), 0, "%d things went wrong",
 		     atomic_load(&m->bad));
 	uint64_t rounds = 0;
@@ -477,7 +547,7 @@ CHECKED_TEST(reducer, one_participant_applies_as_a_plain_hook_does)
 static void bitwise_for_1_to_4(const adg_executor *executor, int runs)
 {
 	enum { ROUNDS = 5 };
-	for (int t = 1; t <= MAXT; t++) {
+	for (int t = 1; t <= 4; t++) {
 		double want[NP];
 		reference_weights(t, ROUNDS, false, want);
 		for (int run = 0; run < runs; run++) {
@@ -600,7 +670,7 @@ CHECKED_TEST(reducer, failed_backward_abandons_the_round_for_everyone)
 	model_close(&m);
 }
 
-CHECKED_TEST(reducer, late_failure_keeps_the_applies_made_and_stops_the_rest)
+CHECKED_TEST(reducer, late_failure_applied_early_keeps_what_it_applied)
 {
 	/* Round 1: participants 0 and 2 give all they have first; then 1's
 	 * backward gives w1 and w2 (their steps come before the failing one
@@ -611,6 +681,7 @@ CHECKED_TEST(reducer, late_failure_keeps_the_applies_made_and_stops_the_rest)
 	m.fail_round = 1;
 	m.fail_participant = 1;
 	m.fail_kind = FAIL_LATE;
+	m.apply_early = true;
 	train(&m);
 
 	struct model ref, whole;
@@ -642,12 +713,11 @@ CHECKED_TEST(reducer, late_failure_keeps_the_applies_made_and_stops_the_rest)
 	model_close(&m);
 }
 
-CHECKED_TEST(reducer, apply_at_end_is_all_or_nothing)
+CHECKED_TEST(reducer, a_failed_round_applies_nothing_by_default)
 {
 	struct model m;
 	model_open(&m, 2);
 	m.rounds = 3;
-	m.apply_at_end = true;
 	m.fail_round = 1;
 	m.fail_participant = 1;
 	m.fail_kind = FAIL_LATE; /* gives w1 and w2, then fails */
@@ -658,16 +728,12 @@ CHECKED_TEST(reducer, apply_at_end_is_all_or_nothing)
 	model_open(&ref, 2);
 	reference(&ref, 0, 1);
 	reference(&ref, 2, 3);
-	expect_same_weights(m.w, ref.w, "apply_at_end");
+	expect_same_weights(m.w, ref.w, "all or nothing");
+	/* Rounds 0 and 2: every parameter once, after both ends began
+	 * (apply_sgd checks); round 1: none, though w1 and w2 were
+	 * complete before the failure. */
 	for (int i = 0; i < NP; i++)
 		cr_assert_eq(atomic_load(&m.applies[i]), 2);
-	/* Rounds 0 and 2: every parameter, in index order, on one thread
-	 * after both ends began (apply_sgd checks); round 1: none. */
-	for (int k = 0; k < 3; k++) {
-		cr_assert_eq(m.n_order[k], k == 1 ? 0 : NP);
-		for (int i = 0; i < m.n_order[k]; i++)
-			cr_assert_eq(m.order[k][i], i);
-	}
 	model_close(&ref);
 	model_close(&m);
 }
@@ -685,7 +751,6 @@ struct hand {
 	atomic_int released[MAXT];
 	void *released_ptr[MAXT][8];
 	atomic_int bad;
-	int order[3], n_order;
 };
 
 static int hand_add(void **sum, const void *value, void *ctx)
@@ -705,7 +770,6 @@ static int hand_apply(const adg_reduction *red, void *ctx)
 		return 0;
 	}
 	atomic_fetch_add(&h->applies[red->param], 1);
-	h->order[h->n_order++ % 3] = (int)red->param;
 	if ((int)red->param == h->fail_apply)
 		return ADG_EUSER - 2;
 	h->applied_sum[red->param] = red->sum;
@@ -726,7 +790,7 @@ static void hand_release(void *value, size_t participant, void *ctx)
 	value_free(value);
 }
 
-static void hand_open(struct hand *h, size_t t, int apply_at_end)
+static void hand_open(struct hand *h, size_t t, int apply_early)
 {
 	memset(h, 0, sizeof *h);
 	h->ids[0] = 11, h->ids[1] = 7, h->ids[2] = 1000003;
@@ -736,7 +800,7 @@ static void hand_open(struct hand *h, size_t t, int apply_at_end)
 		.param_ids = h->ids,
 		.n_params = 3,
 		.ops = {hand_add, hand_apply, hand_release, h},
-		.apply_at_end = apply_at_end,
+		.apply_early = apply_early,
 	};
 	cr_assert_eq(adg_reducer_new(&o, &h->red), 0);
 }
@@ -777,7 +841,7 @@ static int end_join(struct ender *e)
 CHECKED_TEST(reducer, the_first_non_null_contribution_holds_the_sum)
 {
 	struct hand h;
-	hand_open(&h, 3, 0);
+	hand_open(&h, 3, 1);
 	/* Parameter 0: participants 1 and 2; parameter 1: none;
 	 * parameter 2: all three. */
 	double *a = scalar_box(3), *b = scalar_box(5);
@@ -818,7 +882,7 @@ CHECKED_TEST(reducer, add_or_apply_error_abandons_the_round)
 {
 	for (int kind = 0; kind < 2; kind++) {
 		struct hand h;
-		hand_open(&h, 2, 0);
+		hand_open(&h, 2, 1);
 		int code = kind == 0 ? ADG_EUSER - 1 : ADG_EUSER - 2;
 		/* Parameter 0 fails when it completes: add on a poisoned
 		 * value, or its apply. */
@@ -865,7 +929,7 @@ CHECKED_TEST(reducer, add_or_apply_error_abandons_the_round)
 CHECKED_TEST(reducer, an_apply_error_at_the_end_stops_the_applies)
 {
 	struct hand h;
-	hand_open(&h, 1, 1);
+	hand_open(&h, 1, 0);
 	h.fail_apply = 1;
 	for (int i = 0; i < 3; i++)
 		cr_assert_eq(
@@ -915,8 +979,8 @@ CHECKED_TEST(reducer, bad_options_are_einval_and_allocate_nothing)
 	cr_assert_eq(adg_reducer_new(NULL, &r), ADG_EINVAL);
 	cr_assert_null(r);
 	cr_assert_eq(adg_reducer_new(&good, NULL), ADG_EINVAL);
-	adg_reducer_options o[10];
-	for (int k = 0; k < 10; k++)
+	adg_reducer_options o[11];
+	for (int k = 0; k < 11; k++)
 		o[k] = good;
 	o[0].n_participants = 0;
 	o[1].n_params = 0;
@@ -929,7 +993,8 @@ CHECKED_TEST(reducer, bad_options_are_einval_and_allocate_nothing)
 	o[7].param_ids = zero;
 	o[8].param_ids = twice;
 	o[9].allocator.alloc = NULL;
-	for (int k = 0; k < 10; k++) {
+	o[10].n_units = ADG_REDUCER_MAX_UNITS + 1;
+	for (int k = 0; k < 11; k++) {
 		r = (adg_reducer *)&r;
 		cr_assert_eq(adg_reducer_new(&o[k], &r), ADG_EINVAL,
 			     "options %d", k);
@@ -946,7 +1011,7 @@ CHECKED_TEST(reducer, bad_options_are_einval_and_allocate_nothing)
 CHECKED_TEST(reducer, bad_calls_change_nothing)
 {
 	struct hand h;
-	hand_open(&h, 2, 0);
+	hand_open(&h, 2, 1);
 	adg_reducer *r = h.red;
 	double *v = scalar_box(8);
 
@@ -1028,6 +1093,7 @@ CHECKED_TEST(reducer, calls_out_of_order_are_estate)
 		.param_ids = o.h.ids,
 		.n_params = 3,
 		.ops = {hand_add, out_of_order_apply, hand_release, &o},
+		.apply_early = 1, /* on participant 0's thread, below */
 	};
 	cr_assert_eq(adg_reducer_new(&opt, &o.h.red), 0);
 	for (int i = 0; i < 3; i++)
@@ -1050,6 +1116,189 @@ CHECKED_TEST(reducer, calls_out_of_order_are_estate)
 	cr_assert_eq(atomic_load(&o.h.released[0]), 0);
 	cr_assert_eq(atomic_load(&o.h.released[1]), 3);
 	hand_close(&o.h);
+}
+
+/* ------------------------------------------------------------------ units */
+
+/* The weights after `rounds` rounds of the sequential trainer over units
+ * units. */
+static void unit_reference_weights(int units, int rounds, double *w)
+{
+	struct model ref;
+	model_open(&ref, 1);
+	ref.units = units;
+	reference(&ref, 0, rounds);
+	memcpy(w, ref.w, sizeof ref.w);
+	model_close(&ref);
+}
+
+/* U units (1; 5 and 7, whose trees are padded; 16, of which 4 hold no
+ * sample) over T = 1 to 8 participants, oversubscribed on two cores,
+ * with random sleeps in steps, between units and before ends: the
+ * weights are bitwise the same at every T, the sequential trainer's over
+ * the units in the tree's order, and every unit is dealt once a round. */
+static void units_bitwise_at_every_t(const adg_executor *executor, int runs,
+				     bool early)
+{
+	enum { ROUNDS = 4 };
+	static const int units[] = {1, 5, 7, 16};
+	for (size_t n = 0; n < sizeof units / sizeof *units; n++) {
+		double want[NP];
+		unit_reference_weights(units[n], ROUNDS, want);
+		for (int t = 1; t <= MAXT; t++)
+			for (int run = 0; run < runs; run++) {
+				struct model m;
+				model_open(&m, t);
+				m.units = units[n];
+				m.rounds = ROUNDS;
+				m.perturb = true;
+				m.executor = executor;
+				m.apply_early = early;
+				train(&m);
+				char what[64];
+				snprintf(what, sizeof what,
+					 "U = %d, T = %d, run %d", units[n], t,
+					 run);
+				expect_same_weights(m.w, want, what);
+				int taken = 0;
+				for (int p = 0; p < t; p++)
+					taken += atomic_load(&m.units_taken[p]);
+				cr_assert_eq(taken, ROUNDS * units[n], "%s",
+					     what);
+				for (int i = 0; i < NP; i++)
+					cr_assert_eq(atomic_load(&m.applies[i]),
+						     ROUNDS, "%s", what);
+				model_close(&m);
+			}
+	}
+}
+
+CHECKED_TEST(reducer, units_give_the_same_bits_at_every_thread_count)
+{
+	units_bitwise_at_every_t(NULL, 2, false);
+}
+
+CHECKED_TEST(reducer, units_give_the_same_bits_applied_early_on_a_pool)
+{
+	adg_pool *pool;
+	adg_executor ex;
+	cr_assert_eq(adg_pool_new(2, &pool), 0);
+	cr_assert_eq(adg_pool_executor(pool, &ex), 0);
+	units_bitwise_at_every_t(&ex, 1, true);
+	cr_assert_eq(adg_pool_free(pool), 0);
+}
+
+/* A unit that fails, at its root or late (having given w1 and w2): the
+ * round applies nothing, every participant's end returns the unit's
+ * error, and the rounds before and after are the sequential trainer's. */
+CHECKED_TEST(reducer, a_failed_unit_abandons_the_round_whole)
+{
+	for (int late = 0; late < 2; late++)
+		for (int t = 1; t <= 3; t++) {
+			struct model m;
+			model_open(&m, t);
+			m.units = 7;
+			m.rounds = 3;
+			m.fail_round = 1;
+			m.fail_participant = 3; /* the unit */
+			m.fail_kind = late ? FAIL_LATE : FAIL_AT_ROOT;
+			m.perturb = true;
+			train(&m); /* every end of round 1: FAIL_CODE */
+			struct model ref;
+			model_open(&ref, 1);
+			ref.units = 7;
+			reference(&ref, 0, 1);
+			reference(&ref, 2, 3);
+			expect_same_weights(m.w, ref.w, "after a failed unit");
+			for (int i = 0; i < NP; i++)
+				cr_assert_eq(atomic_load(&m.applies[i]), 2);
+			model_close(&ref);
+			model_close(&m);
+		}
+}
+
+/* Units given by hand, on one thread. */
+static void units_open(struct hand *h, size_t t, size_t units)
+{
+	memset(h, 0, sizeof *h);
+	h->ids[0] = 11, h->ids[1] = 7, h->ids[2] = 1000003;
+	h->fail_apply = -1;
+	adg_reducer_options o = {
+		.n_participants = t,
+		.n_units = units,
+		.param_ids = h->ids,
+		.n_params = 3,
+		.ops = {hand_add, hand_apply, hand_release, h},
+	};
+	cr_assert_eq(adg_reducer_new(&o, &h->red), 0);
+}
+
+CHECKED_TEST(reducer, units_are_dealt_in_order_and_their_calls_checked)
+{
+	struct hand h;
+	units_open(&h, 2, 3);
+	adg_reducer *r = h.red;
+	size_t u = 0;
+	double *v = scalar_box(2);
+	cr_assert_eq(adg_reducer_give(r, 0, 11, v), ADG_ESTATE, "no unit");
+	cr_assert_eq(adg_reducer_unit_end(r, 0, 0), ADG_ESTATE, "no unit");
+	cr_assert_eq(adg_reducer_next_unit(NULL, 0, &u), ADG_EINVAL);
+	cr_assert_eq(u, ADG_REDUCER_NO_UNIT);
+	cr_assert_eq(adg_reducer_next_unit(r, 2, &u), ADG_EINVAL);
+	cr_assert_eq(adg_reducer_next_unit(r, 0, NULL), ADG_EINVAL);
+	cr_assert_eq(adg_reducer_unit_end(NULL, 0, 0), ADG_EINVAL);
+	cr_assert_eq(adg_reducer_unit_end(r, 2, 0), ADG_EINVAL);
+	cr_assert_eq(adg_reducer_next_unit(r, 1, &u), 0);
+	cr_assert_eq(u, 0);
+	cr_assert_eq(adg_reducer_next_unit(r, 1, &u), ADG_ESTATE,
+		     "unit 0 not ended");
+	cr_assert_eq(u, ADG_REDUCER_NO_UNIT);
+	cr_assert_eq(adg_reducer_give(r, 1, 11, v), 0);
+	cr_assert_eq(adg_reducer_give(r, 1, 11, v), ADG_ESTATE, "twice");
+	cr_assert_eq(adg_reducer_unit_end(r, 1, 0), 0);
+	cr_assert_eq(adg_reducer_next_unit(r, 0, &u), 0);
+	cr_assert_eq(u, 1);
+	cr_assert_eq(adg_reducer_give(r, 0, 11, scalar_box(3)), 0);
+	cr_assert_eq(adg_reducer_unit_end(r, 0, 0), 0);
+	/* Participant 0 ends the round with unit 2 never dealt: the round
+	 * fails for both, and nothing is applied. */
+	struct ender e0;
+	end_async(&e0, &h, 0, 0);
+	cr_assert_eq(adg_reducer_end(r, 1, 0), ADG_ESTATE);
+	cr_assert_eq(end_join(&e0), ADG_ESTATE);
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(atomic_load(&h.applies[i]), 0);
+	cr_assert_eq(atomic_load(&h.released[0]), 1);
+	cr_assert_eq(atomic_load(&h.released[1]), 1);
+
+	/* The next round is clean: units 0, 1 and 2 again, 2 by whoever
+	 * asks, and the sum of parameter 0 is (u0 (+) u1) (+) u2. */
+	for (size_t want = 0; want < 3; want++) {
+		size_t p = want % 2;
+		cr_assert_eq(adg_reducer_next_unit(r, p, &u), 0);
+		cr_assert_eq(u, want);
+		cr_assert_eq(adg_reducer_give(r, p, 11,
+					      scalar_box((double)want + 1)),
+			     0);
+		cr_assert_eq(adg_reducer_unit_end(r, p, 0), 0);
+	}
+	cr_assert_eq(adg_reducer_next_unit(r, 0, &u), 0);
+	cr_assert_eq(u, ADG_REDUCER_NO_UNIT, "all dealt");
+	cr_assert_eq(atomic_load(&h.applies[0]), 0, "not before the end");
+	end_async(&e0, &h, 0, 0);
+	cr_assert_eq(adg_reducer_end(r, 1, 0), 0);
+	cr_assert_eq(end_join(&e0), 0);
+	cr_assert_eq(h.applied[0], 0.5 * (0.5 * 1 + 2) + 3);
+	cr_assert_null(h.applied_sum[1], "no unit gave it");
+	for (int i = 0; i < 3; i++)
+		cr_assert_eq(atomic_load(&h.applies[i]), 1);
+	hand_close(&h);
+
+	/* Without units, next_unit and unit_end are refused. */
+	hand_open(&h, 1, 0);
+	cr_assert_eq(adg_reducer_next_unit(h.red, 0, &u), ADG_ESTATE);
+	cr_assert_eq(adg_reducer_unit_end(h.red, 0, 0), ADG_ESTATE);
+	hand_close(&h);
 }
 
 /* ------------------------------------------------------ allocation failure */
@@ -1114,12 +1363,12 @@ CHECKED_TEST(reducer_stress, many_rounds_on_a_shared_pool)
 	cr_assert_eq(adg_pool_executor(pool, &ex), 0);
 	for (int at_end = 0; at_end < 2; at_end++) {
 		double want[NP];
-		reference_weights(MAXT, ROUNDS, false, want);
+		reference_weights(4, ROUNDS, false, want);
 		struct model m;
-		model_open(&m, MAXT);
+		model_open(&m, 4);
 		m.rounds = ROUNDS;
 		m.executor = &ex;
-		m.apply_at_end = at_end;
+		m.apply_early = !at_end;
 		train(&m);
 		expect_same_weights(m.w, want,
 				    at_end ? "at end" : "overlapped");
@@ -1130,10 +1379,12 @@ CHECKED_TEST(reducer_stress, many_rounds_on_a_shared_pool)
 
 /* T participants, each giving from two threads at once (as executor
  * workers do), many rounds; every apply checks its sum. */
+#define CROWD_T 4 /* participants */
+
 struct crowd {
 	adg_reducer *red;
 	uint64_t ids[16];
-	double values[MAXT][16]; /* participant p's for parameter i */
+	double values[CROWD_T][16]; /* participant p's for parameter i */
 	atomic_int applies, bad;
 };
 
@@ -1147,11 +1398,13 @@ static double crowd_value(int p, int i, uint64_t round)
 static int crowd_apply(const adg_reduction *red, void *ctx)
 {
 	struct crowd *c = ctx;
-	double want = 0;
-	for (int p = 0; p < MAXT; p++) {
-		double v = crowd_value(p, (int)red->param, red->round);
-		want = p == 0 ? v : 0.5 * want + v;
+	double v[CROWD_T];
+	void *c_of[CROWD_T];
+	for (int p = 0; p < CROWD_T; p++) {
+		v[p] = crowd_value(p, (int)red->param, red->round);
+		c_of[p] = &v[p];
 	}
+	double want = *(double *)tree_mix(c_of, CROWD_T);
 	if (red->sum == NULL || *(double *)red->sum != want ||
 	    red->id != c->ids[red->param])
 		atomic_fetch_add(&c->bad, 1);
@@ -1215,13 +1468,13 @@ CHECKED_TEST(reducer_stress, gives_from_two_threads_per_participant)
 	for (int i = 0; i < 16; i++)
 		c.ids[i] = (uint64_t)(i * 64 + 1); /* collide in the table */
 	adg_reducer_options o = {
-		.n_participants = MAXT,
+		.n_participants = CROWD_T,
 		.param_ids = c.ids,
 		.n_params = 16,
 		.ops = {mix_add, crowd_apply, crowd_release, &c},
 	};
 	cr_assert_eq(adg_reducer_new(&o, &c.red), 0);
-	run_threads(MAXT, crowd_participant, &c);
+	run_threads(CROWD_T, crowd_participant, &c);
 	cr_assert_eq(atomic_load(&c.bad), 0);
 	cr_assert_eq(atomic_load(&c.applies), CROWD_ROUNDS * 16);
 	uint64_t rounds;
@@ -1338,7 +1591,7 @@ static struct vec *vec_grad(int p, int i, int k)
 	return g;
 }
 
-static void sliced_open(struct sliced *m, int t, size_t big, int apply_at_end)
+static void sliced_open(struct sliced *m, int t, size_t big, int apply_early)
 {
 	memset(m, 0, sizeof *m);
 	m->t = t;
@@ -1350,7 +1603,7 @@ static void sliced_open(struct sliced *m, int t, size_t big, int apply_at_end)
 		.n_params = VNP,
 		.ops = {vec_add_whole, vec_apply, vec_release, m,
 			vec_add_slice},
-		.apply_at_end = apply_at_end,
+		.apply_early = apply_early,
 		.param_slices = m->slices,
 	};
 	cr_assert_eq(adg_reducer_new(&o, &m->red), 0);
@@ -1376,18 +1629,29 @@ static void *sliced_participant(void *arg)
 	return NULL;
 }
 
-/* The weights of VR rounds folded in participant order on one thread. */
+/* The gradients of participants first to first + n - 1 for parameter i
+ * in round k folded in tree_mix's order, on one thread. */
+static struct vec *vec_tree(int first, int n, int i, int k)
+{
+	if (n == 1)
+		return vec_grad(first, i, k);
+	int half = 1;
+	while (half * 2 < n)
+		half *= 2;
+	struct vec *a = vec_tree(first, half, i, k);
+	struct vec *b = vec_tree(first + half, n - half, i, k);
+	vec_add_whole((void **)&a, b, NULL);
+	free(b);
+	return a;
+}
+
+/* The weights of VR rounds folded in the tree's order on one thread. */
 static void sliced_reference(int t, double w[VNP][VN])
 {
 	memset(w, 0, sizeof(double) * VNP * VN);
 	for (int k = 0; k < VR; k++)
 		for (int i = 0; i < VNP; i++) {
-			struct vec *sum = vec_grad(0, i, k);
-			for (int p = 1; p < t; p++) {
-				struct vec *g = vec_grad(p, i, k);
-				vec_add_whole((void **)&sum, g, NULL);
-				free(g);
-			}
+			struct vec *sum = vec_tree(0, t, i, k);
 			for (size_t e = 0; e < VN; e++)
 				w[i][e] -= LR * sum->v[e];
 			free(sum);
@@ -1401,12 +1665,12 @@ static void sliced_reference(int t, double w[VNP][VN])
 CHECKED_TEST(reducer, slices_are_bitwise_the_sequential_fold)
 {
 	for (int at_end = 0; at_end < 2; at_end++)
-		for (int t = 1; t <= MAXT; t++)
+		for (int t = 1; t <= 4; t++)
 			for (size_t big = 1; big <= 8; big *= 2) {
 				double want[VNP][VN];
 				sliced_reference(t, want);
 				struct sliced m;
-				sliced_open(&m, t, big, at_end);
+				sliced_open(&m, t, big, !at_end);
 				run_threads(t, sliced_participant, &m);
 				cr_assert_eq(atomic_load(&m.bad), 0);
 				cr_assert_eq(atomic_load(&m.live), 0);
@@ -1444,7 +1708,7 @@ static void *end_of_zero(void *arg)
 CHECKED_TEST(reducer, participants_waiting_at_the_end_take_slices)
 {
 	struct sliced m;
-	sliced_open(&m, 2, 8, 0);
+	sliced_open(&m, 2, 8, 1);
 	m.wait_for_help = true;
 	struct thread th0 = {&m, 0};
 	pthread_t zero;

@@ -13,36 +13,76 @@
 extern "C" {
 #endif
 
-/* Synchronous data parallelism inside one process. T participants (threads)
- * each run a backward of their own graph over their own share of a batch
- * and hand each parameter's gradient to the reducer from the ready hook
- * (adg_reducer_hook fills adg_backward_options for that). When the T-th
- * contribution of a parameter arrives, the thread that brought it folds
- * the T contributions in participant order (0, 1, ..., T-1, whatever the
- * timing: bitwise reproducible for a given T) with ops.add and calls
- * ops.apply once with the sum (the SGD step), while the other
- * participants' backward passes go on with earlier layers: a step that
- * reads a parameter it names as a parent (a matmul's reads W) has run, in
- * every participant, before that parameter's update. With T = 1 apply
- * gets the participant's gradient itself, as a hook that applies it
- * would. adg_reducer_end is the round's barrier: it returns once every
- * participant has ended the round and every parameter of the round has
- * been applied (or the round abandoned), so the next forward never reads a
- * parameter before its update. No lock on the contribution path: a lookup
- * in a table fixed at creation and one atomic count per parameter.
+/* Synchronous data parallelism inside one process, with the same bits at
+ * any thread count. A round's gradient is the sum of the contributions of
+ * U work units that the trainer defines (a micro-batch of k samples, a
+ * graph, a length group): U and what each unit holds are fixed by the
+ * data and the trainer's settings, never by the number of threads. T
+ * participants (threads) take the round's units one at a time
+ * (adg_reducer_next_unit: whichever is free takes the next, so the deal
+ * depends on timing), run a backward over each, and hand each
+ * parameter's gradient for the unit to the reducer from the ready hook
+ * (adg_reducer_hook fills adg_backward_options for that). The reducer
+ * folds each parameter's U contributions in a fixed binary tree over unit
+ * indices (leaves 0 to U - 1 of the smallest power of two at least U;
+ * each inner node adds its right subtree's sum into its left one's with
+ * ops.add, a missing or NULL side passing the other through), as they
+ * arrive, on the thread that brings the second half of a node, while the
+ * other units' backward passes go on.
  *
- * A round, for each participant: its contributions (one per parameter at
- * most: a backward with the hook, or adg_reducer_give), then one
+ * The promise: the sum apply sees depends only on the U contributions,
+ * not on T, on which thread computed which unit, nor on timing. So for a
+ * given data order, seed, batch, unit definition and BLAS build, a
+ * trainer's weights are bitwise the same for every T >= 1 (and, where the
+ * ranks of a job fold the same tree over global unit indices, every rank
+ * count). Within a unit the backward sums in tape order, as always: a
+ * unit's contribution must reach the reducer apart from the others' (one
+ * backward per unit), as a sum of two units made inside one backward
+ * would tie the bits to how units were packed.
+ *
+ * Units of zero (n_units 0, the default): one unit per participant,
+ * participant p's contributions are unit p's, with no adg_reducer_next_unit
+ * (the same tree, so the bits depend on T: for a trainer that deals its
+ * batch in T shares).
+ *
+ * Applies. By default all or nothing: nothing is applied until every
+ * participant has ended the round without error, then every parameter
+ * (every slice of one in slices) is applied once, the applies shared out
+ * among the participants waiting in adg_reducer_end, each parameter's
+ * sum complete since its last unit's gradient arrived. A failed round
+ * leaves every parameter as it was (but for an apply's own error, which
+ * stops the applies not yet started). apply_early applies each parameter
+ * as soon as its sum is complete instead, overlapping the backward of
+ * earlier layers; then a failed round may have applied some parameters
+ * (those complete before the failure was reported) and not others.
+ * Either way a step that reads a parameter it names as a parent (a
+ * matmul's reads W) has run, in every unit, before that parameter's
+ * update, and adg_reducer_end is the round's barrier: it returns once
+ * every participant has ended the round and every parameter of the round
+ * has been applied (or the round abandoned), so the next forward never
+ * reads a parameter before its update. No lock on the contribution path:
+ * a lookup in a table fixed at creation and one atomic exchange per tree
+ * node a contribution climbs.
+ *
+ * A round, for each participant: with units, adg_reducer_next_unit, the
+ * unit's contributions (one per parameter at most: a backward with the
+ * hook, or adg_reducer_give), adg_reducer_unit_end, again until
+ * next_unit deals none; without, its contributions. Then one
  * adg_reducer_end. Its next contribution belongs to the next round.
  *
- * Failure abandons the round: a participant that ends it with an error, or
- * an ops.add or ops.apply error. From then on no apply starts (one that
- * has started finishes, and so do the other slices of a parameter in
- * slices), and a parameter is only ever applied with all T contributions,
- * never with part of them. Every participant's
- * adg_reducer_end returns the round's first error; contributions that
- * arrive later are held and released as usual, and the next round starts
- * clean. */
+ * Failure abandons the round: a unit or participant that ends with an
+ * error, an ops.add or ops.apply error, or a round ended with units not
+ * done (ADG_ESTATE). From then on no apply starts (one that has started
+ * finishes, and so do the other slices of a parameter in slices), and a
+ * parameter is only ever applied with all U contributions, never with
+ * part of them. Every participant's adg_reducer_end returns the round's
+ * first error; contributions that arrive later are held and released as
+ * usual, and the next round starts clean.
+ *
+ * Memory: the reducer holds every contribution of a round until the
+ * round's end (U per parameter at most), releasing each to the
+ * participant that gave it; a fold keeps its sum in the left side's
+ * contribution, so a round needs no buffer beyond them. */
 
 typedef struct adg_reducer adg_reducer;
 
@@ -51,9 +91,9 @@ typedef struct adg_reduction {
 	size_t param;	/* its index in adg_reducer_options.param_ids */
 	uint64_t id;	/* its leaf's node id */
 	uint64_t round; /* rounds completed before this one (0 first) */
-	/* The T contributions folded in participant order, into the first
-	 * non-NULL one; NULL when no participant had a gradient for it.
-	 * Borrowed: apply may read and write it, not keep it. */
+	/* The U contributions folded in the unit tree, into the leftmost
+	 * non-NULL one; NULL when no unit had a gradient for it. Borrowed:
+	 * apply may read and write it, not keep it. */
 	void *sum;
 	/* A parameter in slices (adg_reducer_options.param_slices): which
 	 * slice of sum to apply, 0 to n_slices - 1; apply touches only that
@@ -62,35 +102,39 @@ typedef struct adg_reduction {
 } adg_reduction;
 
 typedef struct adg_reducer_ops {
-	/* Folds value into *sum (both non-NULL), on the thread that brought
-	 * the parameter's last contribution. Borrows value (const: unlike
+	/* Folds value into *sum (both non-NULL; value is the right subtree's
+	 * sum, *sum the left one's), on the thread that brought the second
+	 * half of a tree node. Borrows value (const: unlike
 	 * adg_grad_ops.add, which takes it, so that one function cannot
 	 * serve both): the reducer hands each contribution back through
 	 * release. It may replace *sum with
 	 * another non-NULL value (the one it replaced is then add's to
 	 * dispose of); what *sum holds at the end is released to the
-	 * participant whose contribution the sum started as. Returns 0 or a
-	 * negative code, which abandons the round. Required. */
+	 * participant whose contribution the sum started as. Calls for
+	 * different nodes may run at once. Returns 0 or a negative code,
+	 * which abandons the round. Required. */
 	int (*add)(void **sum, const void *value, void *ctx);
 	/* Applies one parameter's reduced gradient (an SGD step), or one
 	 * slice of it (param_slices). Runs at most once per parameter (per
-	 * slice) per round, once in a round not abandoned,
-	 * on the thread that brought its last contribution (apply_at_end: on
-	 * the last participant to end), with no lock held; calls for
+	 * slice) per round, once in a round not abandoned, on a participant
+	 * waiting in adg_reducer_end (apply_early: on the thread that
+	 * completed the sum, or took the slice), with no lock held; calls for
 	 * different parameters may run at once. Returns 0 or a negative
 	 * code, which abandons the round. Required. */
 	int (*apply)(const adg_reduction *reduction, void *ctx);
-	/* Hands a contribution (or a sum) back to its participant, on that
-	 * participant's thread inside adg_reducer_end, after the round's
-	 * barrier (so a per-thread pool needs no lock). Required. */
+	/* Hands a contribution (or a sum) back to the participant that gave
+	 * it, on that participant's thread inside adg_reducer_end, after the
+	 * round's barrier (so a per-thread pool needs no lock). Required. */
 	void (*release)(void *value, size_t participant, void *ctx);
 	void *ctx;
 	/* For parameters in slices: folds slice `slice` of n_slices of value
 	 * into the same slice of sum, in place (both non-NULL; value
-	 * borrowed). Slices of one parameter are folded and applied at once
-	 * on several threads: each must touch only its own part of sum and
-	 * of the parameter. Returns 0 or a negative code, which abandons the
-	 * round. Required when a parameter has more than one slice. */
+	 * borrowed), in the same tree as add, which must do the same
+	 * arithmetic element by element. Slices of one parameter are folded
+	 * and applied at once on several threads: each must touch only its own
+	 * part of sum and of the parameter. Returns 0 or a negative code, which
+	 * abandons the round. Required when a parameter has more than one
+	 * slice. */
 	int (*add_slice)(void *sum, const void *value, size_t slice,
 			 size_t n_slices, void *ctx);
 } adg_reducer_ops;
@@ -98,41 +142,51 @@ typedef struct adg_reducer_ops {
 /* Most slices a parameter may be cut into. */
 #define ADG_REDUCER_MAX_SLICES 1024u
 
+/* Most units a round may have. */
+#define ADG_REDUCER_MAX_UNITS ((size_t)1 << 20)
+
+/* What adg_reducer_next_unit gives once every unit of the round is
+ * dealt. */
+#define ADG_REDUCER_NO_UNIT SIZE_MAX
+
 /* Zero-initialise, then set what you need. */
 typedef struct adg_reducer_options {
-	size_t n_participants;	   /* T >= 1 */
+	size_t n_participants; /* T >= 1 */
+	/* U, 1 to ADG_REDUCER_MAX_UNITS: the units of every round, dealt by
+	 * adg_reducer_next_unit. 0: one per participant (see above). */
+	size_t n_units;
 	const uint64_t *param_ids; /* leaf ids, distinct, non-zero (copied) */
 	size_t n_params;	   /* >= 1 */
 	adg_reducer_ops ops;	   /* copied */
-	/* Nonzero: apply nothing until every participant has ended the
-	 * round without error, then apply every parameter in index order on
-	 * the last participant to end: all or nothing (an apply error stops
-	 * there, the applies before it stay), no overlap. 0: apply each
-	 * parameter as soon as its last contribution arrives. The folds run
-	 * as contributions arrive either way. */
-	int apply_at_end;
+	/* 0 (all or nothing): apply nothing until every participant has
+	 * ended the round without error, then every parameter, shared out
+	 * among the participants at the barrier. Nonzero: apply each
+	 * parameter as soon as its sum is complete; a failed round may then
+	 * have applied some. The folds run as contributions arrive either
+	 * way. */
+	int apply_early;
 	/* Both callbacks or neither (malloc and free); called by
 	 * adg_reducer_new and adg_reducer_free only. */
 	adg_allocator allocator;
 	/* NULL: every parameter whole. Else, per parameter, into how many
 	 * slices (1 to ADG_REDUCER_MAX_SLICES) its sum and update are cut
 	 * (reduce-scatter): when its last contribution arrives, the slices
-	 * are folded (ops.add_slice) and applied (one apply per slice) by
-	 * that thread and by the participants waiting in adg_reducer_end,
-	 * each slice by one of them, so that no single thread sums and
-	 * updates a large parameter alone. The arithmetic is the same
-	 * whichever thread takes a slice. Give T slices, say, to parameters
-	 * of many elements, 1 to small ones. Once a parameter's slices are
-	 * offered every one is folded and applied, whatever another
-	 * participant reports meanwhile; an add_slice or apply error stops
-	 * only the slice it happens in. (copied) */
+	 * are folded (ops.add_slice, the whole unit tree for each slice) and
+	 * applied (one apply per slice) by that thread and by the
+	 * participants waiting in adg_reducer_end, each slice by one of them,
+	 * so that no single thread sums and updates a large parameter alone.
+	 * The arithmetic is the same whichever thread takes a slice. Give T
+	 * slices, say, to parameters of many elements, 1 to small ones. Once a
+	 * parameter's slices are offered every one is folded and applied,
+	 * whatever another participant reports meanwhile; an add_slice or apply
+	 * error stops only the slice it happens in. (copied) */
 	const size_t *param_slices;
 } adg_reducer_options;
 
-/* Creates a reducer. Errors: ADG_EINVAL (NULL argument, T or n_params 0, a
- * required op missing, an id 0 or repeated, one allocator callback, a
- * slice count 0 or above ADG_REDUCER_MAX_SLICES, slices without
- * add_slice), ADG_ENOMEM. */
+/* Creates a reducer. Errors: ADG_EINVAL (NULL argument, T or n_params 0,
+ * n_units above ADG_REDUCER_MAX_UNITS, a required op missing, an id 0 or
+ * repeated, one allocator callback, a slice count 0 or above
+ * ADG_REDUCER_MAX_SLICES, slices without add_slice), ADG_ENOMEM. */
 ADG_API int adg_reducer_new(const adg_reducer_options *options,
 			    adg_reducer **out);
 
@@ -148,36 +202,64 @@ ADG_API int adg_reducer_new(const adg_reducer_options *options,
  * own, leaves_only is set to 1; with one, leaves_only is left as it is.
  * Calling it again on options it already hooked for participant keeps the
  * kept hook. Other fields are left as they are (executor, retain...). The
- * hook returns give's code: ADG_ESTATE for a parameter this participant
- * already gave this round (a second backward in one round), or add's or
- * apply's. Errors: ADG_EINVAL (NULL argument, participant >= T). */
+ * gradients go to participant's unit at the time of each give (with
+ * units, the one it was dealt last), so one hooked options serves every
+ * unit. The hook returns give's code: ADG_ESTATE for a parameter the
+ * unit already has (a second backward for one unit), or add's or apply's.
+ * Errors: ADG_EINVAL (NULL argument, participant >= T). */
 ADG_API int adg_reducer_hook(adg_reducer *reducer, size_t participant,
 			     adg_backward_options *options);
 
-/* Hands participant's gradient for parameter id (non-NULL) to the reducer
- * for this round; what the hook does, for callers that hand gradients
+/* Hands the gradient for parameter id (non-NULL) of participant's unit
+ * (with units, the one it was dealt last and has not ended) to the
+ * reducer; what the hook does, for callers that hand gradients
  * themselves. Thread-safe: with an executor, the calls of one participant
  * come from several threads at once. The reducer holds value until the
- * participant's adg_reducer_end, which releases it.
- * Errors: ADG_EINVAL (NULL argument, participant >= T, an id that is not
- * a parameter: value not taken), ADG_ESTATE (this participant already gave
- * id this round, or is ending it: value not taken), or, when this
- * contribution completes the parameter, ops.add's or ops.apply's code
- * (ADG_ECALLBACK for a positive one; value taken). */
+ * participant's adg_reducer_end, which releases it. Errors: ADG_EINVAL
+ * (NULL argument, participant >= T, an id that is not a parameter: value
+ * not taken), ADG_ESTATE (the unit already has id, participant has no
+ * unit, or is ending its round: value not taken), or, when this
+ * contribution completes a tree node, ops.add's code, or apply's with
+ * apply_early (ADG_ECALLBACK for a positive one; value taken). */
 ADG_API int adg_reducer_give(adg_reducer *reducer, size_t participant,
 			     uint64_t id, void *value);
 
-/* Ends participant's round: result is its backward's result (0, or the
+/* Deals participant the round's next unit, the lowest not yet dealt:
+ * *unit is its index, to which participant's gives and hook go until
+ * adg_reducer_unit_end, or ADG_REDUCER_NO_UNIT once every unit of the
+ * round is dealt (or the round has failed: no use computing more). Any
+ * thread deals to any participant; which participant gets which unit
+ * changes nothing in the sums. Errors: ADG_EINVAL (NULL argument,
+ * participant >= T), ADG_ESTATE (a reducer without units, participant's
+ * unit not ended, or participant ending its round: *unit is then
+ * ADG_REDUCER_NO_UNIT). */
+ADG_API int adg_reducer_next_unit(adg_reducer *reducer, size_t participant,
+				  size_t *unit);
+
+/* Ends participant's unit: result is its backward's result (0, or the
  * error that abandons the round; a positive one is ADG_ECALLBACK).
- * Parameters it gave nothing for count as NULL contributions (which may
- * complete them, and apply them, here). Waits until every participant
+ * Parameters the unit gave nothing for count as NULL contributions
+ * (which may complete tree nodes and fold them here). Returns 0, or the
+ * code of an add (or, with apply_early, an apply) it ran. Errors:
+ * ADG_EINVAL (NULL, participant >= T), ADG_ESTATE (a reducer without
+ * units, or participant has no unit). */
+ADG_API int adg_reducer_unit_end(adg_reducer *reducer, size_t participant,
+				 int result);
+
+/* Ends participant's round: result is 0 or the error that abandons the
+ * round (a positive one is ADG_ECALLBACK). A unit participant has not
+ * ended is ended with result; without units, the parameters it gave
+ * nothing for count as NULL contributions. Waits until every participant
  * has ended the round and every parameter is applied (or the round is
- * abandoned), taking slices of parameters in slices meanwhile, looking a
- * few times and then sleeping; then releases this participant's contributions
- * and returns: 0 when the round was applied whole, else the round's first error
- * (the same code for every participant). The next round starts clean. Errors:
+ * abandoned), folding and applying slices of parameters in slices and
+ * (all or nothing) applying parameters meanwhile, looking a few times and
+ * then sleeping; then releases the contributions this participant gave
+ * and returns: 0 when the round was applied whole, else the round's first
+ * error (the same code for every participant; ADG_ESTATE when the round
+ * ended with units not done). The next round starts clean. Errors:
  * ADG_EINVAL (NULL, participant >= T), ADG_ESTATE (participant is already
  * ending this round: nothing changed), or the round's error. */
+
 ADG_API int adg_reducer_end(adg_reducer *reducer, size_t participant,
 			    int result);
 

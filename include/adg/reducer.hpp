@@ -1,20 +1,25 @@
 /*
  * adg/reducer.hpp: the gradient reducer (adg/reducer.h) in C++, an annex
  * of adg.hpp, which includes it. Synchronous data parallelism inside one
- * process: T participants (threads) each run the backward of their own
- * share of a batch, and the reducer sums each parameter's T gradients in
- * participant order (bitwise the same for a given T) and applies the sum
- * once, while the other participants' backward passes go on.
+ * process: a round's gradient is the sum of U work units that the
+ * trainer defines (micro-batches, graphs); T participants (threads) take
+ * units as they come, run a backward over each, and the reducer folds
+ * each parameter's U gradients in a fixed tree over unit indices, as
+ * they arrive, and applies the sum once: bitwise the same for every T
+ * (adg/reducer.h states the promise).
  *
+ *     adg::reducer_options<G> o;
+ *     o.units = U;
  *     adg::reducer<G> red(T, params, [&](const adg::reduction<G> &r) {
- *             if (r.sum) sgd(r.param, *r.sum); });
+ *             if (r.sum) sgd(r.param, *r.sum); }, o);
  *     // participant p's thread, every round:
- *     red.round(p, [&] { adg::backward(loss(p), seed, red.hook(p)); });
+ *     red.round(p, [&](std::size_t unit) {
+ *             adg::backward(loss(unit), seed, red.hook(p)); });
  *
  * Errors: what a participant's round throws (a step's exception, say)
  * fails the round for every participant, and every participant's end
  * rethrows that exception, as thrown; an apply or add that throws does the
- * same. A round that failed applies nothing that had not been applied.
+ * same. A round that failed applies nothing (but with apply_early).
  */
 #ifndef ADG_REDUCER_HPP
 #define ADG_REDUCER_HPP
@@ -32,8 +37,8 @@ template <class G> struct reduction {
 	std::size_t param;   /* its index in the reducer's parameters */
 	std::uint64_t id;    /* its leaf's id */
 	std::uint64_t round; /* rounds completed before this one */
-	/* The T gradients summed in participant order; null when no
-	 * participant had one. apply may read and write it, not keep it. */
+	/* The U gradients folded in the unit tree; null when no unit had
+	 * one. apply may read and write it, not keep it. */
 	G *sum;
 	/* A parameter in slices (reducer_options::slices): which slice of
 	 * sum to apply, 0 to n_slices - 1. 0 of 1 otherwise. */
@@ -60,10 +65,14 @@ template <class G> struct reducer_options {
 	std::function<void(G &sum, const G &value, std::size_t slice,
 			   std::size_t n_slices)>
 		add_slice;
-	/* Apply nothing until every participant has ended the round without
-	 * error, then every parameter in order on the last to end
-	 * (adg_reducer_options.apply_at_end). */
-	bool apply_at_end = false;
+	/* Apply each parameter as soon as its sum is complete, overlapping
+	 * the backward; a failed round may then have applied some. By
+	 * default all or nothing, at the round's end
+	 * (adg_reducer_options.apply_early). */
+	bool apply_early = false;
+	/* U, the units of every round, dealt by next_unit and round; 0: one
+	 * per participant (adg_reducer_options.n_units). */
+	std::size_t units = 0;
 };
 
 /* Owns an adg_reducer whose gradients are G (the backward's T). Move-only;
@@ -85,7 +94,7 @@ public:
 	template <class Apply, class Add>
 	reducer(std::size_t participants, const std::vector<node> &params,
 		Apply apply, Add add);
-	/* The same with options: slices, apply_at_end, add. Throws
+	/* The same with options: units, slices, apply_early, add. Throws
 	 * adg::error ADG_EINVAL when slices has not one count per parameter,
 	 * a count is 0 or too large, a count over 1 has no add_slice, or G
 	 * is kept inline and a count is over 1. */
@@ -103,6 +112,17 @@ public:
 	 * on_ready of o's own still runs, first, and sees them. */
 	backward_options hook(std::size_t participant,
 			      backward_options o = {}) const;
+	/* With units: deals participant the round's next unit, to which its
+	 * hook and give go until unit_end; ADG_REDUCER_NO_UNIT when every
+	 * unit is dealt (adg_reducer_next_unit). */
+	std::size_t next_unit(std::size_t participant);
+	/* Ends participant's unit: the parameters it gave nothing for count
+	 * as none (adg_reducer_unit_end). */
+	void unit_end(std::size_t participant);
+	/* Hands participant's unit's gradient for param to the reducer, as
+	 * the hook does (adg_reducer_give): for gradients made otherwise
+	 * than by a hooked backward. */
+	void give(std::size_t participant, const node &param, G gradient);
 	/* Ends participant's round: its barrier (adg_reducer_end). Returns
 	 * once every participant has ended the round and every parameter is
 	 * applied. Throws the round's first exception, or adg::error, on
@@ -112,7 +132,9 @@ public:
 	 * participant's end rethrows the round's first exception. */
 	void end(std::size_t participant, std::exception_ptr failed);
 	/* Runs f, participant's forward and backward, then ends the round;
-	 * what f throws fails the round for all and is rethrown. */
+	 * what f throws fails the round for all and is rethrown. With units
+	 * f takes the unit's index and runs once per unit dealt to
+	 * participant (next_unit, f, unit_end, until none is left). */
 	template <class F> void round(std::size_t participant, F &&f);
 	/* Rounds completed (adg_reducer_rounds). */
 	std::uint64_t rounds() const;
@@ -264,7 +286,7 @@ template <class Apply, class Add>
 reducer<G>::reducer(std::size_t participants, const std::vector<node> &params,
 		    Apply apply, Add add)
     : reducer(participants, params, std::move(apply),
-	      reducer_options<G>{std::move(add), {}, {}, false})
+	      reducer_options<G>{std::move(add), {}, {}, false, 0})
 {
 }
 
@@ -307,7 +329,9 @@ reducer<G>::reducer(std::size_t participants, const std::vector<node> &params,
 	if (state_->add_slice)
 		o.ops.add_slice = &state::add_slice_c;
 	o.ops.ctx = state_.get();
-	o.apply_at_end = options.apply_at_end;
+	o.apply_early = options.apply_early;
+	o.n_units = options.units;
+
 	if (!options.slices.empty())
 		o.param_slices = options.slices.data();
 	check(adg_reducer_new(&o, &state_->raw), "adg_reducer_new");
@@ -349,6 +373,35 @@ backward_options reducer<G>::hook(std::size_t participant,
 	return o;
 }
 
+template <class G> std::size_t reducer<G>::next_unit(std::size_t participant)
+{
+	std::size_t unit = ADG_REDUCER_NO_UNIT;
+	check(adg_reducer_next_unit(state_->raw, participant, &unit),
+	      "adg_reducer_next_unit");
+	return unit;
+}
+
+template <class G> void reducer<G>::unit_end(std::size_t participant)
+{
+	int rc = adg_reducer_unit_end(state_->raw, participant, 0);
+	/* An add or apply that fails here fails the round: end throws it. */
+	if (rc == ADG_EINVAL || rc == ADG_ESTATE)
+		throw error(rc, "adg_reducer_unit_end");
+}
+
+template <class G>
+void reducer<G>::give(std::size_t participant, const node &param, G gradient)
+{
+	void *value = detail::packing<G>::pack(std::move(gradient));
+	int rc = adg_reducer_give(state_->raw, participant, param.id(), value);
+	if (rc == ADG_EINVAL || rc == ADG_ESTATE) {
+		detail::packing<G>::drop(value); /* not taken */
+		throw error(rc, "adg_reducer_give");
+	}
+	/* Taken: an add or apply that failed fails the round, which end
+	 * throws. */
+}
+
 template <class G> void reducer<G>::end(std::size_t participant)
 {
 	if (participant >= state_->n_participants)
@@ -379,10 +432,20 @@ void reducer<G>::round(std::size_t participant, F &&f)
 {
 	std::exception_ptr failed;
 	try {
-		f();
+		if constexpr (std::is_invocable_v<F &, std::size_t>) {
+			for (std::size_t unit = next_unit(participant);
+			     unit != ADG_REDUCER_NO_UNIT;
+			     unit = next_unit(participant)) {
+				f(unit);
+				unit_end(participant);
+			}
+		} else {
+			f();
+		}
 	} catch (...) {
 		failed = std::current_exception();
 	}
+
 	if (failed)
 		end(participant, failed);
 	else
