@@ -11,6 +11,8 @@
 #ifndef ADG_BENCH_H
 #define ADG_BENCH_H
 
+#include "gather.h"
+
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -221,6 +223,10 @@ double bench_checkpoint(int strategy, int k, int ms, long *peak);
 #define BENCH_LAYER_OPS 1000
 double bench_layer_c_ns(int n, int ms);
 extern double (*const bench_layer_cpp)(int n, int ms);
+
+/* The cpp-shared workload (gather.h): bench_gather_cpp_nodes, or NULL when
+ * the bench was built without C++. */
+extern double (*const bench_gather_cpp)(int form, int n, int ms);
 
 /* The wide workload (wide.c; libadg only): backwards over graphs of
  * p->wide_branches chains of p->wide_chain steps joined at one root, run

@@ -117,6 +117,13 @@ struct results {
 	 * layer_runs 0 when it did not run. */
 	double layer_ns[2][MAX_RUNS], layer_ratio;
 	int layer_runs;
+	/* The cpp-shared check: nodes per second of two threads, by form
+	 * (enum bench_gather_form), run by run (the forms side by side in
+	 * each), and the median of each run's ratio of a form to
+	 * BENCH_GATHER_SEPARATE; gather_runs 0 when it did not run. */
+	double gather_rate[BENCH_GATHER_FORMS][MAX_RUNS];
+	double gather_ratio[BENCH_GATHER_FORMS];
+	int gather_runs;
 	int cores; /* cores this process may run on */
 };
 

@@ -86,9 +86,13 @@ double bench_layer_c_ns(int n, int ms)
 	return ops > 0 ? (double)(t - t0) / (double)ops : -1;
 }
 
+/* The C++ sides, layer.cpp's and gather.cpp's, when built. */
 #ifdef ADG_BENCH_CPP
 double bench_layer_cpp_ns(int n, int ms);
 double (*const bench_layer_cpp)(int n, int ms) = bench_layer_cpp_ns;
+double (*const bench_gather_cpp)(int form, int n,
+				 int ms) = bench_gather_cpp_nodes;
 #else
 double (*const bench_layer_cpp)(int n, int ms) = NULL;
+double (*const bench_gather_cpp)(int form, int n, int ms) = NULL;
 #endif

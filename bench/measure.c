@@ -402,6 +402,59 @@ static void layer_check(const struct options *o, struct results *r)
 		r->layer_ratio);
 }
 
+/* The cpp-shared workload's slices per round: a round's forms take
+ * turns, GATHER_SLICES times each for --ms / GATHER_SLICES, so that a
+ * slow spell of a shared machine falls on every form alike. On the 2-core
+ * VM of docs/bench.md, two 200 ms runs of one form in a row read 0.84 to
+ * 1.09 x each other; in rounds of 4 slices of 50 ms, the shared borrowed
+ * form read 0.99 to 1.08 x the separate one. */
+#define GATHER_SLICES 4
+
+/* The cpp-shared workload: --runs rounds of GATHER_SLICES slices, each
+ * running every form, in the reverse order every other slice, so that
+ * none always runs right after the same one; a form's rate in a round is
+ * the mean of its slices' (of equal length). Its threads are joined when
+ * it returns: nothing of it is left for a later fork. */
+static void gather_check(const struct options *o, struct results *r)
+{
+	if (bench_gather_cpp == NULL) {
+		fprintf(stderr, "cpp-shared: skipped, built without C++\n");
+		return;
+	}
+	double q[BENCH_GATHER_FORMS][MAX_RUNS];
+	int n = 0, ms = o->ms / GATHER_SLICES > 0 ? o->ms / GATHER_SLICES : 1;
+	for (int k = 0; k < o->runs && k < MAX_RUNS; k++, n++) {
+		for (int f = 0; f < BENCH_GATHER_FORMS; f++)
+			r->gather_rate[f][n] = 0;
+		for (int s = 0; s < GATHER_SLICES; s++)
+			for (int i = 0; i < BENCH_GATHER_FORMS; i++) {
+				int f = s % 2 ? BENCH_GATHER_FORMS - 1 - i : i;
+				double rate = bench_gather_cpp(
+					f, BENCH_GATHER_OPS, ms);
+				if (rate <= 0) {
+					fprintf(stderr, "cpp-shared: FAILED\n");
+					return;
+				}
+				r->gather_rate[f][n] += rate / GATHER_SLICES;
+			}
+		for (int f = 0; f < BENCH_GATHER_FORMS; f++)
+			q[f][n] = r->gather_rate[f][n] /
+				  r->gather_rate[BENCH_GATHER_SEPARATE][n];
+	}
+	r->gather_runs = n;
+	for (int f = 0; f < BENCH_GATHER_FORMS; f++)
+		r->gather_ratio[f] = median(q[f], n);
+	fprintf(stderr,
+		"cpp-shared: %.2fM nodes/s over a parameter each, %.2fM over "
+		"one shared (%.2f x), %.2fM gathering copied handles (%.2f "
+		"x)\n",
+		median(r->gather_rate[BENCH_GATHER_SEPARATE], n) / 1e6,
+		median(r->gather_rate[BENCH_GATHER_SHARED], n) / 1e6,
+		r->gather_ratio[BENCH_GATHER_SHARED],
+		median(r->gather_rate[BENCH_GATHER_COPIED], n) / 1e6,
+		r->gather_ratio[BENCH_GATHER_COPIED]);
+}
+
 void measure(const struct options *o, struct results *r)
 {
 	*r = (struct results){
@@ -431,6 +484,9 @@ void measure(const struct options *o, struct results *r)
 	r->layer_ratio = NAN;
 	if (o->impl_on[IMPL_ADG] && o->workload_on[workload_index("cpp")])
 		layer_check(o, r);
+	if (o->impl_on[IMPL_ADG] &&
+	    o->workload_on[workload_index("cpp-shared")])
+		gather_check(o, r);
 	/* Last: it starts a pool's threads, and the cells fork. */
 	if (o->workload_on[workload_index("wide")]) {
 		if (o->impl_on[IMPL_ADG])

@@ -317,6 +317,25 @@ static void print_layer(FILE *f, const struct results *r, const char *before)
 		r->layer_runs);
 }
 
+/* The cpp-shared check's line: the three forms side by side. */
+static void print_gather(FILE *f, const struct results *r, const char *before)
+{
+	int n = r->gather_runs;
+	fprintf(f,
+		"%scpp-shared (2 threads, chains of %d ops through adg.hpp, "
+		"parents {y, a parameter} gathered at run time, recorded, run "
+		"backward and dropped): a parameter each %.2fM nodes/s; one "
+		"shared, borrowed (std::vector<node_ref>) %.2fM: %.2f x; one "
+		"shared, copied handles (std::vector<node>) %.2fM: %.2f x "
+		"(medians of %d rounds' ratios)\n",
+		before, BENCH_GATHER_OPS,
+		median(r->gather_rate[BENCH_GATHER_SEPARATE], n) / 1e6,
+		median(r->gather_rate[BENCH_GATHER_SHARED], n) / 1e6,
+		r->gather_ratio[BENCH_GATHER_SHARED],
+		median(r->gather_rate[BENCH_GATHER_COPIED], n) / 1e6,
+		r->gather_ratio[BENCH_GATHER_COPIED], n);
+}
+
 void print_report(const struct options *o, const struct results *r)
 {
 	print_table(stdout, r);
@@ -349,6 +368,8 @@ void print_report(const struct options *o, const struct results *r)
 		print_wide(stdout, r);
 	if (r->layer_runs > 0)
 		print_layer(stdout, r, "\n");
+	if (r->gather_runs > 0)
+		print_gather(stdout, r, "\n");
 	print_targets(stdout, r, o->p.idle_graphs);
 }
 
@@ -470,6 +491,29 @@ static void write_json_big(FILE *f, const struct results *r)
 	fprintf(f, "\n  ]}");
 }
 
+/* The cpp-shared check: each form's nodes per second, run by run, and
+ * its ratio to the separate form. */
+static void write_json_gather(FILE *f, const struct results *r)
+{
+	static const char *const names[BENCH_GATHER_FORMS] = {
+		[BENCH_GATHER_SEPARATE] = "separate",
+		[BENCH_GATHER_SHARED] = "shared_borrowed",
+		[BENCH_GATHER_COPIED] = "shared_copied",
+	};
+	fprintf(f, ",\n  \"cpp_shared\": {\"ops_per_chain\": %d",
+		BENCH_GATHER_OPS);
+	for (int form = 0; form < BENCH_GATHER_FORMS; form++) {
+		fprintf(f, ", \"%s\": {\"nodes_per_s\": [", names[form]);
+		for (int k = 0; k < r->gather_runs; k++)
+			fprintf(f, "%s%.0f", k ? ", " : "",
+				r->gather_rate[form][k]);
+		fprintf(f, "], \"median_ratio\": ");
+		json_number(f, 3, r->gather_ratio[form]);
+		fprintf(f, "}");
+	}
+	fprintf(f, "}");
+}
+
 static void write_json(FILE *f, const struct options *o,
 		       const struct results *r)
 {
@@ -522,6 +566,8 @@ static void write_json(FILE *f, const struct options *o,
 		write_json_big(f, r);
 	if (r->wide.n_modes > 0)
 		write_json_wide(f, r);
+	if (r->gather_runs > 0)
+		write_json_gather(f, r);
 	fprintf(f, "\n}\n");
 }
 
@@ -714,6 +760,8 @@ static void write_markdown(FILE *f, const struct options *o,
 		write_markdown_wide(f, r);
 	if (r->layer_runs > 0)
 		print_layer(f, r, "\n");
+	if (r->gather_runs > 0)
+		print_gather(f, r, "\n");
 	fprintf(f, "\n```");
 	print_targets(f, r, o->p.idle_graphs);
 	fprintf(f, "```\n");

@@ -27,6 +27,10 @@ enum figure {
 	/* The cpp check: ns per op through adg.hpp; its base, the C API's;
 	 * judged by the median of each run's ratio (run side by side). */
 	LAYER,
+	/* The cpp-shared check: two threads' nodes per second over one
+	 * shared parameter, gathered borrowed; its base, over a parameter
+	 * each; judged by the median of each run's ratio (side by side). */
+	GATHER,
 	/* The big check, adg's, whose "threads" are a graph's size as a
 	 * power of ten (the resident bytes' base: 0, the unit). Last, so
 	 * that target_line tells them apart with >= BIG_STEP. */
@@ -76,6 +80,7 @@ static const struct target targets[] = {
 	{"big",           BIG_COLD,    7, IMPL_ADG,     3, AT_MOST,  2,   0},
 	{"big",           BIG_RSS,     5, IMPL_ADG,     0, AT_MOST,  100, 0},
 	{"cpp",           LAYER,       1, IMPL_ADG,     1, AT_MOST,  1.3, 0},
+	{"cpp-shared",    GATHER,      2, IMPL_ADG,     2, AT_LEAST, 0.9, 2},
 };
 /* clang-format on */
 
@@ -134,6 +139,11 @@ static double figure_of(const struct results *r, const struct target *t,
 	case LAYER: /* adg.hpp's; layer_base gives the C API's */
 		return r->layer_runs > 0 ? median(r->layer_ns[1], r->layer_runs)
 					 : NAN;
+	case GATHER: /* one shared parameter's; its base, one each */
+		return r->gather_runs > 0
+			       ? median(r->gather_rate[BENCH_GATHER_SHARED],
+					r->gather_runs)
+			       : NAN;
 	}
 	return NAN;
 }
@@ -189,6 +199,14 @@ static void describe(char *what, size_t size, const struct target *t,
 			t->workload, BENCH_LAYER_OPS, op, t->threshold);
 		return;
 	}
+	if (t->figure == GATHER) {
+		snprintf(what, size,
+			 "%s, %d threads, parents gathered at run time, "
+			 "borrowed: nodes/s over one shared parameter %s %g x "
+			 "over one each",
+			 t->workload, t->threads, op, t->threshold);
+		return;
+	}
 	if (t->figure == BIG_RSS) {
 		snprintf(what, size,
 			 "%s, chain: resident bytes per live node at 10^%d %s "
@@ -232,6 +250,12 @@ static enum verdict target_line(FILE *f, const struct results *r,
 			   ? (r->layer_runs > 0
 				      ? median(r->layer_ns[0], r->layer_runs)
 				      : NAN)
+		   : t->figure == GATHER
+			   ? (r->gather_runs > 0
+				      ? median(r->gather_rate
+						       [BENCH_GATHER_SEPARATE],
+					       r->gather_runs)
+				      : NAN)
 		   : t->figure == WIDE_RETAIN
 			   ? wide_ns(r, WIDE_EMPTY, t->base_threads)
 		   : t->figure >= BIG_STEP
@@ -256,8 +280,11 @@ static enum verdict target_line(FILE *f, const struct results *r,
 			: a / b;
 	if (t->figure == LAYER)
 		q = r->layer_ratio;
+	if (t->figure == GATHER)
+		q = r->gather_ratio[BENCH_GATHER_SHARED];
 	if (t->figure == WIDE_RATE || t->figure == WIDE_NS ||
-	    t->figure == WIDE_RETAIN || t->figure == LAYER) {
+	    t->figure == WIDE_RETAIN || t->figure == LAYER ||
+	    t->figure == GATHER) {
 		have = have && !isnan(q);
 		holds = t->direction == AT_LEAST ? q >= t->threshold
 						 : q <= t->threshold;
@@ -278,6 +305,10 @@ static enum verdict target_line(FILE *f, const struct results *r,
 	case LAYER:
 		snprintf(fig, sizeof fig, "%.1f ns vs %.1f ns: %.2f x", a, b,
 			 q);
+		break;
+	case GATHER:
+		snprintf(fig, sizeof fig, "%.2fM vs %.2fM nodes/s: %.2f x",
+			 a / 1e6, b / 1e6, q);
 		break;
 	case BIG_RSS:
 		snprintf(fig, sizeof fig, "%.0f bytes", a);

@@ -908,6 +908,11 @@ const bench_workload bench_workloads[] = {
 	 "run backward and dropped, through the C API and through adg.hpp, "
 	 "side by side: ns per op",
 	 NULL, NULL, NULL, false, true},
+	{"cpp-shared", "nodes",
+	 "adg only, 2 threads: chains of 1000 ops through adg.hpp, parents "
+	 "gathered at run time, over one shared parameter against one each, "
+	 "side by side: nodes/s",
+	 NULL, NULL, NULL, false, true},
 	{"big", "nodes",
 	 "adg and floor, 1 thread: one graph of 10^3 ... --big-max nodes (a "
 	 "chain, and 64 chains joined at a root): ns per node and step, RSS "

@@ -32,7 +32,10 @@
  *   registry: the registry must outlive its nodes (declare it first), since
  *   a count on the registry would be a cache line every thread writes; a
  *   registry destroyed under live nodes terminates the program, loudly,
- *   rather than leak. adg::node_ref borrows a node without a count.
+ *   rather than leak. adg::node_ref borrows a node without a count: what
+ *   op takes for parents gathered at run time (a std::vector<node_ref>),
+ *   since a copied handle writes the node's count, a cache line that every
+ *   thread sharing a parameter would write.
  * - A step's lambda, and what it captures (forward values, node handles),
  *   is libadg's once op returns: it lives in the step's user pointer and is
  *   destroyed exactly once, through adg_step.release, when the step goes.
@@ -371,8 +374,11 @@ private:
 
 /* A node borrowed, not counted (cppzmq's socket_ref): from a node, which
  * must outlive it, or from a C handle the caller holds a reference to.
- * What takes a node to read it (backward, visit, write_dot, parent) takes
- * one. get() makes a counted handle of it. */
+ * What takes a node to read it (backward, visit, write_dot, parent, op's
+ * std::vector<node_ref>) takes one. get() makes a counted handle of it.
+ * Making, copying and dropping one writes nothing to the node. Like a
+ * std::string_view, it does not keep what it names alive: one made from
+ * a temporary (node_ref(adg::leaf(reg))) dangles once the statement ends. */
 class node_ref
 {
 public:
@@ -486,12 +492,35 @@ node op(registry_ref reg, std::initializer_list<parent> parents, F &&step,
 template <class T, class F>
 node op(registry_ref reg, std::initializer_list<parent> parents, F &&step,
 	const char *name = nullptr);
-/* The same with parents gathered at run time. */
+/* The same with parents gathered at run time, as handles the caller
+ * keeps: the vector is read, never copied. Gathering them into a new
+ * std::vector<node> copies each handle, which writes its node's count:
+ * for a parameter that other threads use at once, a cache line they all
+ * write: two threads gathering one shared parameter that way registered
+ * 0.68 to 0.77 x the nodes per second of two threads with a parameter
+ * each (docs/bench.md, the cpp-shared workload). Gather borrowed parents
+ * instead (below). */
 template <class F>
 node op(registry_ref reg, const std::vector<node> &parents, F &&step,
 	const char *name = nullptr);
 template <class T, class F>
 node op(registry_ref reg, const std::vector<node> &parents, F &&step,
+	const char *name = nullptr);
+/* The same with parents gathered at run time, borrowed: no count is
+ * taken or dropped to gather them, so a leaf parent (a parameter shared
+ * by every thread) is only read, by this call and by the new node, which
+ * keeps a leaf's id alone. An op parent gets the one reference the new
+ * node holds on it, as with every form of op. Each node named must stay
+ * alive, held by a handle of the caller's or another's, until op returns
+ * (not a temporary: parents.push_back(adg::leaf(reg)) dangles); nothing
+ * of the vector is kept afterwards, so it may be cleared and refilled for
+ * the next op without an allocation. Throws as above, and
+ * adg::error(ADG_EINVAL) for an empty reference. */
+template <class F>
+node op(registry_ref reg, const std::vector<node_ref> &parents, F &&step,
+	const char *name = nullptr);
+template <class T, class F>
+node op(registry_ref reg, const std::vector<node_ref> &parents, F &&step,
 	const char *name = nullptr);
 
 /* ---------------------------------------------------------- checkpointing */
@@ -540,6 +569,11 @@ node op_with(registry_ref reg, std::initializer_list<parent> parents, F &&step,
 	     checkpoint<V> ckpt, const char *name = nullptr);
 template <class F, class V>
 node op_with(registry_ref reg, const std::vector<node> &parents, F &&step,
+	     checkpoint<V> ckpt, const char *name = nullptr);
+/* Parents borrowed, as op's std::vector<node_ref>: each must outlive the
+ * call. */
+template <class F, class V>
+node op_with(registry_ref reg, const std::vector<node_ref> &parents, F &&step,
 	     checkpoint<V> ckpt, const char *name = nullptr);
 
 /* How a gradient of type T travels through the C API (an adg_grads, a
@@ -1237,6 +1271,13 @@ public:
 			sources_ = parents;
 	}
 	explicit parent_list(const std::vector<node> &parents)
+	    : parent_list(parents.size())
+	{
+		for (std::size_t i = 0; i < n_; i++)
+			data_[i] = parents[i].raw();
+	}
+	/* Borrowed: the raw pointers alone, no count taken. */
+	explicit parent_list(const std::vector<node_ref> &parents)
 	    : parent_list(parents.size())
 	{
 		for (std::size_t i = 0; i < n_; i++)
@@ -2065,6 +2106,22 @@ node op(registry_ref reg, const std::vector<node> &parents, F &&step,
 				  std::forward<F>(step), name);
 }
 
+template <class F>
+node op(registry_ref reg, const std::vector<node_ref> &parents, F &&step,
+	const char *name)
+{
+	return detail::make_op<detail::deduced>(
+		reg, detail::parent_list(parents), std::forward<F>(step), name);
+}
+
+template <class T, class F>
+node op(registry_ref reg, const std::vector<node_ref> &parents, F &&step,
+	const char *name)
+{
+	return detail::make_op<T>(reg, detail::parent_list(parents),
+				  std::forward<F>(step), name);
+}
+
 template <class T> void *pack(T value)
 {
 	return detail::packing<T>::pack(std::move(value));
@@ -2319,6 +2376,15 @@ node op_with(registry_ref reg, std::initializer_list<parent> parents, F &&step,
 
 template <class F, class V>
 node op_with(registry_ref reg, const std::vector<node> &parents, F &&step,
+	     checkpoint<V> ckpt, const char *name)
+{
+	return detail::make_op<detail::deduced>(
+		reg, detail::parent_list(parents), std::forward<F>(step), name,
+		&ckpt);
+}
+
+template <class F, class V>
+node op_with(registry_ref reg, const std::vector<node_ref> &parents, F &&step,
 	     checkpoint<V> ckpt, const char *name)
 {
 	return detail::make_op<detail::deduced>(

@@ -704,6 +704,184 @@ TEST(moved_parents_hand_their_reference_over)
 	EXPECT(reg.stats().live_nodes == 2 && probe::live == 0);
 }
 
+/* A graph of parents gathered at run time, the same calls with Parent
+ * adg::node (handles copied into a std::vector, the counted form) or
+ * adg::node_ref (borrowed): a chain over one parameter w and twelve
+ * inputs, its ops of 1 to 15 parents (past the 8 that op keeps on the
+ * stack), w named twice in every third. Returns what was built, ids made
+ * into names (each registry numbers its own): each op's name and parents
+ * in visit order, then w's and each input's gradient as text, exact. */
+template <class Parent> std::vector<std::string> gathered_graph()
+{
+	adg::registry reg;
+	adg::node w = adg::leaf(reg, "w");
+	std::unordered_map<std::uint64_t, std::string> name{{w.id(), "w"}};
+	std::vector<adg::node> inputs;
+	for (int i = 0; i < 12; i++) {
+		inputs.push_back(adg::leaf(reg));
+		name[inputs.back().id()] = "x" + std::to_string(i);
+	}
+	std::vector<Parent> parents; /* refilled for each op */
+	adg::node y;
+	for (int k = 0; k < 24; k++) {
+		parents.clear();
+		if (y)
+			parents.push_back(y);
+		parents.push_back(w);
+		for (int i = 0; i < k % 13; i++)
+			parents.push_back(inputs[i]);
+		if (k % 3 == 0)
+			parents.push_back(w);
+		double scale = 1.0 + 0.125 * k;
+		y = adg::op(
+			reg, parents,
+			[scale](adg::step_call<double> &c) {
+				for (std::size_t s = 0; s < c.n_parents(); s++)
+					c.give(s, c.grad_or(0.0) * scale *
+							  double(s + 1));
+			},
+			"gathered");
+		name[y.id()] = "y" + std::to_string(k);
+	}
+	std::vector<std::string> built;
+	adg::visit(y, [&](const adg_graph_node &n) {
+		std::string line = name.at(n.id) + " " + n.name + ":";
+		for (std::size_t s = 0; s < n.n_parents; s++)
+			line += " " + name.at(n.parent_ids[s]);
+		built.push_back(line);
+	});
+	adg::gradients<double> g = adg::backward(y, 1.0);
+	char text[64];
+	std::snprintf(text, sizeof text, "w %a", g.get(w));
+	built.push_back(text);
+	for (const adg::node &x : inputs) {
+		std::snprintf(text, sizeof text, "%s %a",
+			      name.at(x.id()).c_str(), g.get(x));
+		built.push_back(text);
+	}
+	return built;
+}
+
+/* Parents borrowed in a std::vector<adg::node_ref> build what copied
+ * handles build: the same ops, parents by slot and gradients to the bit;
+ * op<T> with a generic lambda and op_with take them too. */
+TEST(borrowed_parents_build_what_handles_build)
+{
+	std::vector<std::string> counted = gathered_graph<adg::node>();
+	EXPECT(counted.size() == 24 + 1 + 12);
+	EXPECT(counted[3] == "y3 gathered: y2 w x0 x1 x2 w");
+	EXPECT(gathered_graph<adg::node_ref>() == counted);
+
+	adg::registry reg;
+	adg::node a = adg::leaf(reg), b = adg::leaf(reg);
+	std::vector<adg::node_ref> ab{a, b};
+	adg::node sum = adg::op<double>(reg, ab, [](auto &c) {
+		c.give(0, c.grad_or(0.0));
+		c.give(1, 2 * c.grad_or(0.0));
+	});
+	adg::checkpoint<double> wants;
+	wants.want_parents = {0};
+	adg::checkpoint<double> offers;
+	offers.value = 5.0;
+	adg::node h = adg::op_with(
+		reg, std::vector<adg::node_ref>{sum},
+		[](adg::step_call<double> &c) { c.give(0, c.grad_or(0.0)); },
+		offers, "offers");
+	adg::node y = adg::op_with(
+		reg, std::vector<adg::node_ref>{h, a},
+		[](adg::step_call<double> &c) {
+			double hv = c.output<double>(c.parent_id(0));
+			c.give(0, hv * c.grad_or(0.0)); /* y = h^2 / 2 + a */
+			c.give(1, c.grad_or(0.0));
+		},
+		wants, "reads h");
+	adg::gradients<double> g = adg::backward(y, 1.0);
+	EXPECT(g.get(a) == 5.0 + 1.0 && g.get(b) == 2 * 5.0);
+
+	adg::node empty;
+	EXPECT_THROWS(adg::error,
+		      adg::op(reg, std::vector<adg::node_ref>{a, empty},
+			      [](adg::step_call<double> &) {}),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	adg::registry other;
+	adg::node stranger = adg::leaf(other);
+	EXPECT_THROWS(adg::error,
+		      adg::op(reg, std::vector<adg::node_ref>{a, stranger},
+			      [](adg::step_call<double> &) {}),
+		      EXPECT(e.code().value() == ADG_EFOREIGN));
+	EXPECT(reg.stats().live_steps == 0);
+}
+
+/* A parameter gathered as a borrowed parent keeps no count from the
+ * vector nor from the op: its one handle dropped, it goes at once, while
+ * the vector still names it and the op it fed is alive. A copied handle
+ * holds it until the vector goes. An op parent gets the new node's one
+ * reference, as with every form of op. Two threads then gather one
+ * shared parameter at once (under TSan in the TSan build). */
+TEST(borrowed_parents_take_no_count)
+{
+	adg::registry reg;
+	adg::node w = adg::leaf(reg), x = adg::leaf(reg);
+	std::uint64_t w_id = w.id();
+	std::vector<adg::node_ref> borrowed{w, x};
+	adg::node y = adg::op(reg, borrowed, [](adg::step_call<double> &c) {
+		c.give(0, 3.0 * c.grad_or(0.0));
+		c.give(1, c.grad_or(0.0));
+	});
+	EXPECT(reg.stats().live_nodes == 3);
+	w.reset(); /* its one counted handle */
+	EXPECT(reg.stats().live_nodes == 2 && reg.stats().nodes_freed == 1);
+	EXPECT(adg::backward(y, 1.0).get(w_id) == 3.0); /* by id: w is gone */
+	y.reset();
+
+	adg::node v = adg::leaf(reg);
+	std::vector<adg::node> copied{v, x};
+	adg::node z = adg::op(reg, copied, [](adg::step_call<double> &c) {
+		c.give(0, c.grad_or(0.0));
+		c.give(1, c.grad_or(0.0));
+	});
+	v.reset();
+	EXPECT(reg.stats().live_nodes ==
+	       3); /* x, z and v: copied[0] holds it */
+	copied.clear();
+	EXPECT(reg.stats().live_nodes == 2);
+
+	std::vector<adg::node_ref> op_parent{z};
+	adg::node zz = adg::op(reg, op_parent, [](adg::step_call<double> &c) {
+		c.give(0, c.grad_or(0.0));
+	});
+	z.reset(); /* zz holds it: its step may still run */
+	EXPECT(reg.stats().live_nodes == 3);
+	zz.reset();
+	EXPECT(reg.stats().live_nodes == 1); /* x */
+
+	adg::node shared = adg::leaf(reg);
+	auto gather = [&](double scale, double *grad) {
+		adg::node own = adg::leaf(reg);
+		std::vector<adg::node_ref> parents;
+		adg::node t = own;
+		for (int k = 0; k < 200; k++) {
+			parents.clear();
+			parents.push_back(t);
+			parents.push_back(shared);
+			t = adg::op(reg, parents,
+				    [scale](adg::step_call<double> &c) {
+					    c.give(0, c.grad_or(0.0));
+					    c.give(1, scale * c.grad_or(0.0));
+				    });
+		}
+		*grad = adg::backward(t, 1.0).get(shared);
+	};
+	double g1 = 0, g2 = 0;
+	std::thread other([&] { gather(2.0, &g2); });
+	gather(1.0, &g1);
+	other.join();
+	EXPECT(g1 == 200.0 && g2 == 400.0);
+	shared.reset();
+	x.reset();
+	EXPECT(reg.stats().live_nodes == 0);
+}
+
 TEST(node_handles_move_and_copy)
 {
 	adg::registry reg;

@@ -61,8 +61,8 @@ template <std::size_t N, class Partial>
 scalar record(const char *name, double v, std::array<scalar, N> args,
 	      Partial partial)
 {
-	std::vector<adg::node> parents;
-	std::vector<std::size_t> arg_of; /* the arg at each parent slot */
+	std::vector<adg::node_ref> parents; /* borrowed: args holds them */
+	std::vector<std::size_t> arg_of;    /* the arg at each parent slot */
 	for (std::size_t k = 0; k < N; k++)
 		if (!args[k].constant()) {
 			parents.push_back(args[k].node);
