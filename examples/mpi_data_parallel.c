@@ -1,82 +1,85 @@
 /*
  * Data-parallel training across processes and threads with Open MPI:
- * ranks x threads, as a trainer on several many-core machines runs.
+ * ranks x threads, as a trainer on several many-core machines runs, with
+ * the same bits at every rank and thread count.
  *
  * Every rank holds the same 2-layer MLP (4 inputs, 8 tanh units, 1 output,
- * each weight a scalar leaf) and its shard of the batch, which is the whole
- * synthetic regression set: rank r takes samples r, r + R, r + 2R, ... (R
- * ranks). Each rank runs T worker threads (--threads T, default 2) that
- * split its shard the same way. Per step, each thread builds one graph for
- * its share's squared error and runs backward with an adg_reducer's hook;
- * the reducer sums each parameter's T gradients in thread order. The
- * reducer's set-up and each thread's part in it come from
- * examples/tensor/sync.c, which the trainers of examples/digits and
- * examples/fashion share.
+ * each weight a scalar leaf). The batch, the whole synthetic regression
+ * set of 64 samples, is cut into the job's 16 work units of 4 samples
+ * each, whatever R and T: rank r of R holds units 16r/R to 16(r+1)/R - 1
+ * (--threads T worker threads take them as they come, a graph and a
+ * backward each, with an adg_reducer's hook). Each rank's reducer holds
+ * its range of the job's units (adg_reducer_options.total_units): it
+ * folds their gradients over the job's tree, a binary tree over the 16
+ * unit indices, as they arrive, and hands apply its partial sums, the
+ * largest subtrees within its range (one for 1, 2, 4, 8 or 16 ranks, up
+ * to 2 log2(16) for others).
  *
  * Buckets. The reducer's apply callback does not update the parameter: it
- * writes the rank's sum into the send buffer of the parameter's bucket and
- * counts it there (one atomic add). The buckets are the model's four
- * tensors, W1 (32 values), b1 (8), W2 (8) and b2 (1): one exchange for
- * each rather than one per scalar. When a bucket's last value is in, the
- * main thread starts its sum across the ranks at once, while the workers'
- * backward passes go on with earlier layers. Once all four are done, the
- * main thread averages over the ranks and applies SGD, then lets the
+ * writes the rank's partial sum into the send buffer of the parameter's
+ * bucket and counts it there (one atomic add), as soon as it is complete
+ * (apply_early: the update waits for every rank anyway). The buckets are
+ * the model's four tensors, W1 (32 values), b1 (8), W2 (8) and b2 (1):
+ * one exchange for each rather than one per scalar. When a bucket's last
+ * partial sum is in, the main thread starts its sum across the ranks at
+ * once, while the workers' backward passes go on with earlier layers.
+ * Once all four are done, the main thread applies SGD, then lets the
  * workers start the next step's forward. The last line counts the
  * exchanges that started before the rank's last bucket was ready, that
  * is, beside a backward still running.
  *
- * Sums across ranks, in rank order (--allreduce ordered, the default):
- * each bucket's R partial sums are folded part 0 + part 1 + ... + part
- * R-1 by this program (struct exchange: a reduce-scatter by hand with
- * MPI_Ialltoallv, each rank folding its slice, then MPI_Iallgatherv), not
- * by MPI. --allreduce mpi uses MPI_Iallreduce instead, whose order of
- * additions is the algorithm's Open MPI picks.
+ * Sums across ranks, over the job's tree (--allreduce tree, the default):
+ * the ranks' partial sums are folded over the rest of the job's tree by
+ * this program (struct exchange: a reduce-scatter by hand, each rank
+ * receiving a slice of the parameters' partial sums from every rank with
+ * MPI_Ialltoallv and folding it, then MPI_Iallgatherv of the folded
+ * slices), not by MPI. --allreduce mpi folds each rank's partial sums in
+ * order and uses MPI_Iallreduce, whose order of additions is the
+ * algorithm's Open MPI picks.
  *
  * Who calls MPI: the main thread, and only it, so MPI_THREAD_FUNNELED is
  * enough (asked for, and `provided` checked). The apply callback runs on
- * whichever worker brought a parameter's last gradient, several at once;
- * rather than require MPI_THREAD_MULTIPLE (which an MPI need not provide,
- * and which turns on locking inside Open MPI), the worker that completes a
- * bucket only puts its index on a queue (a mutex, four times a step) and wakes
- * the main thread, which takes no share of the batch: it sleeps until a bucket
- * comes, starts it, and after each start tests the started requests once (Open
+ * whichever worker completed a partial sum, several at once; rather than
+ * require MPI_THREAD_MULTIPLE (which an MPI need not provide, and which
+ * turns on locking inside Open MPI), the worker that completes a bucket
+ * only puts its index on a queue (a mutex, four times a step) and wakes
+ * the main thread, which takes no unit: it sleeps until a bucket comes,
+ * starts it, and after each start tests the started requests once (Open
  * MPI here has no progress thread: a nonblocking collective moves only
  * inside MPI calls).
  *
  * One communicator per bucket (MPI_Comm_dup). The order in which a rank's
  * buckets complete depends on its threads' timing, and collectives on one
  * communicator must start in the same order on every rank; each bucket's
- * communicator carries one all-reduce per step, so the order across
+ * communicator carries one exchange per step, so the order across
  * buckets is free.
  *
- * The mean. Each thread divides its share's squared error by the size of
- * the rank's shard (the reducer sums: the rank's mean gradient); the
- * all-reduce sums the ranks, and dividing by R gives the mean gradient
- * over the whole batch (the shards are equal: 64 samples divisible by
- * R x T).
+ * The mean. Each unit divides its samples' squared error by the batch's
+ * size (64): the sum over the units is the batch's mean gradient.
  *
- * The promise: for a given data order, seed, R and T, the weights are
- * bitwise the same on every rank, on every run, with any of Open MPI's
- * all-reduce algorithms (libnbc's for MPI_Iallreduce, tuned's for
- * MPI_Allreduce, or its default choice), and equal to the same fold
- * computed in one process (--simulate-ranks R). The reducer folds each
- * parameter's T gradients in thread order whatever the timing, the ranks'
- * sums are folded in rank order, element by element, whatever the slices
- * or bucket sizes, and the update is the same plain arithmetic on every
- * rank. What changes the weights: R and T (other splits of each sum), the
- * compiler and its flags, and in a trainer on BLAS its build and thread
- * count. tests/mpi-sums.sh checks it at 2 x 2 and 4 x 1. With
- * --allreduce mpi the weights change with the algorithm: at 4 x 1 over
- * 50 steps, af175420c640d6f7 by default, binomial or recursive doubling,
- * 77a269bba41c7618 by ring, 63453c69ff37fc25 by Rabenseifner.
+ * The promise: for a given data order, seed and unit definition, the
+ * weights are bitwise the same on every rank, on every run, at every R
+ * (1 to 16) and T, with any of Open MPI's all-reduce algorithms (libnbc's
+ * for MPI_Iallreduce, tuned's for MPI_Allreduce, or its default choice),
+ * and equal to the same fold computed in one process (--simulate-ranks
+ * R) and to one process of one thread. Each reducer folds its units over
+ * the job's tree whatever the timing and whichever thread took which
+ * unit, the ranks' partial sums are folded over the rest of the same
+ * tree, element by element, whatever the slices or bucket sizes, and the
+ * update is the same plain arithmetic on every rank. What changes the
+ * weights: the units (their samples and count), the compiler and its
+ * flags, and in a trainer on BLAS its build and thread count.
+ * tests/mpi-sums.sh checks it: one fingerprint at 1 x 1, 1 x 4, 2 x 2,
+ * 4 x 1, 3 x 1 and 5 x 3, and at 2 x 2 and 4 x 1 under every algorithm.
+ * With --allreduce mpi the weights may change with the algorithm and R.
  *
  * A failed step: a rank whose workers fail (--fail-rank R --fail-step S
- * makes one fail on purpose) still takes part in every exchange, on
- * zeros, so that the collectives match; beside them each rank puts
- * whether its step succeeded into an integer all-reduce (MINLOC, exact
- * under any algorithm), and no rank applies the step unless all did.
- * Every rank then stops at that step, rank 0 saying which rank failed,
- * and the job exits with status 1.
+ * makes the rank's last unit fail on purpose) still takes part in every
+ * exchange, on zeros, so that the collectives match; beside them each
+ * rank puts whether its step succeeded into an integer all-reduce
+ * (MINLOC, exact under any algorithm), and no rank applies the step
+ * unless all did. Every rank then stops at that step, rank 0 saying which
+ * rank failed, and the job exits with status 1.
  *
  * It checks itself and exits non-zero when a check fails:
  * - after every step the parameters are bitwise identical on every rank
@@ -85,14 +88,14 @@
  *   process (here, by every rank on its own) to 1e-6;
  * - the full-batch loss after the last step is below the first.
  *
- *   mpirun -np 4 ./mpi_data_parallel [--threads T] [steps]
- *       [--allreduce ordered|mpi]        (default: ordered)
+ *   mpirun -np R ./mpi_data_parallel [--threads T] [steps]
+ *       [--allreduce tree|mpi]           (default: tree)
  *   mpirun -np 1 ./mpi_data_parallel --simulate-ranks R [--threads T] [steps]
  *   mpirun -np R ./mpi_data_parallel --bench-bucket N [exchanges]
  *
- * (defaults: 2 threads, 50 steps). --bench-bucket times the two ways of
- * summing one bucket of N doubles across the ranks, taking turns
- * (scripts/bench-mpi.sh runs it).
+ * (defaults: 2 threads, 50 steps; R at most 16). --bench-bucket times the
+ * two ways of summing one bucket of N doubles across the ranks, taking
+ * turns (scripts/bench-mpi.sh runs it).
  */
 #include <adg.h>
 #include <inttypes.h>
@@ -107,11 +110,16 @@
 #include <string.h>
 
 #include "boxed.h"
-#include "sync.h" /* examples/tensor: the reducer glue the trainers share */
+#include "sync.h" /* examples/tensor: backward_hooked */
 
 #define IN	      4
 #define HIDDEN	      8
-#define SAMPLES	      64 /* divisible by every ranks x threads allowed */
+#define SAMPLES	      64
+#define UNIT_SAMPLES  4			       /* a unit: 4 samples in a row */
+#define UNITS	      (SAMPLES / UNIT_SAMPLES) /* 16, a power of two */
+#define MAX_RANKS     UNITS
+#define LOG2_UNITS    4
+#define MAX_PARTIALS  8 /* a rank's partial sums: 2 log2(UNITS) at most */
 #define PARAMS	      (HIDDEN * IN + HIDDEN + HIDDEN + 1) /* W1, b1, W2, b2 */
 #define LEARNING_RATE 0.1
 #define MAX_THREADS   64
@@ -305,40 +313,114 @@ static int build_loss(adg_registry *reg, adg_node **param, const double *w,
 	return rc;
 }
 
-/* ------------------------------------------------ sums across ranks */
+/* ------------------------------------------------------- the job's units */
 
 #define EMPI	  (ADG_EUSER - 1) /* an MPI call failed */
 #define EINJECTED (ADG_EUSER - 2) /* --fail-step's failure */
 #define EFAILED	  (ADG_EUSER - 3) /* the step failed on some rank */
+#define ENOSUM	  (ADG_EUSER - 4) /* a partial sum without a gradient */
 
-/* How a bucket's R partial sums (one per rank) become their sum:
- * - SUM_ORDERED (the default): folded in rank order, part 0 + part 1 +
- *   ... + part R-1, element by element, by the code below, so that the
- *   bits depend on R and the parts alone. A reduce-scatter by hand (each
- *   rank receives slice r of every rank's part with MPI_Ialltoallv and
- *   folds it), then MPI_Iallgatherv of the folded slices. Both only move
- *   bytes: whichever algorithm Open MPI picks for them, no addition
- *   happens inside MPI, and every rank ends with the same bits.
- * - SUM_MPI: MPI_Iallreduce with MPI_SUM, whose order of additions is its
- *   algorithm's (ring, recursive doubling, Rabenseifner, ...: Open MPI
- *   picks by message size, rank count, version and tuning files), so the
- *   weights' last bits change with it.
+/* Some units of the job: first to first + count - 1. */
+struct span {
+	int first, count;
+};
+
+/* The job's units and who holds them: rank r holds units lo[r] to
+ * hi[r] - 1, contiguous, and its reducer hands apply one partial sum per
+ * parameter for each of parts[r] (adg_reducer_options.total_units): the
+ * largest subtrees of the job's tree (over UNITS leaves, a power of two)
+ * whose units are all the rank's, in the order of their units. Fixed by
+ * R alone, the same on every rank. */
+struct job {
+	int ranks;
+	int lo[MAX_RANKS], hi[MAX_RANKS];
+	struct span parts[MAX_RANKS][MAX_PARTIALS];
+	int n_parts[MAX_RANKS];
+};
+
+/* Appends to out (n of them so far) the largest subtrees within [lo, hi)
+ * of the node over units first to first + count - 1; returns the new n. */
+static int job_partials(int first, int count, int lo, int hi, struct span *out,
+			int n)
+{
+	if (first + count <= lo || first >= hi)
+		return n; /* none of the range */
+	if (lo <= first && first + count <= hi) {
+		out[n] = (struct span){first, count};
+		return n + 1;
+	}
+	n = job_partials(first, count / 2, lo, hi, out, n);
+	return job_partials(first + count / 2, count / 2, lo, hi, out, n);
+}
+
+static void job_init(struct job *j, int ranks)
+{
+	j->ranks = ranks;
+	for (int r = 0; r < ranks; r++) {
+		j->lo[r] = r * UNITS / ranks;
+		j->hi[r] = (r + 1) * UNITS / ranks;
+		j->n_parts[r] = job_partials(0, UNITS, j->lo[r], j->hi[r],
+					     j->parts[r], 0);
+	}
+}
+
+/* Which of rank r's partial sums starts at unit first. */
+static int job_part_at(const struct job *j, int r, int first)
+{
+	int k = 0;
+	while (j->parts[r][k].first != first)
+		k++; /* there: every partial sum apply sees is one of them */
+	return k;
+}
+
+/* ------------------------------------------------ sums across ranks */
+
+/* How a bucket's partial sums become its sums:
+ * - SUM_TREE (the default): every rank's partial sums are gathered to
+ *   every rank (MPI_Iallgatherv, which only moves bytes, whichever
+ *   algorithm Open MPI picks), and each rank folds them over the rest of
+ *   the job's tree, in its order, element by element: the sums one
+ *   reducer of all the units would give, whatever R.
+ * - SUM_MPI: each rank folds its own partial sums in their order and
+ *   MPI_Iallreduce with MPI_SUM adds the ranks' in the order of its
+ *   algorithm (ring, recursive doubling, Rabenseifner, ...: Open MPI picks
+ *   by message size, rank count, version and tuning files), so the
+ *   weights' last bits change with it, and with R.
  * This lives in the example, not in libadg: libadg builds and tests
- * without MPI, and the reducer already hands each rank's sum to the
- * trainer, which owns the communicator and its threading level. */
-enum sum_mode { SUM_ORDERED, SUM_MPI };
+ * without MPI, and the reducer already hands each rank's partial sums to
+ * the trainer, which owns the communicator and its threading level. */
+enum sum_mode { SUM_TREE, SUM_MPI };
 
-/* One bucket's exchange: count values of send summed over the ranks into
- * recv. Slice q of the bucket, [lo(q), lo(q + 1)), is folded by rank q. */
+/* One bucket's exchange: its count parameters' sums over the job's units
+ * into sum. A rank's part of it, send: for each parameter, each of the
+ * rank's partial sums (every unit reaches every parameter of this model,
+ * so there is always one: reducer_apply checks).
+ * SUM_TREE is a reduce-scatter by hand: slice q of the parameters,
+ * [slice_lo(q), slice_lo(q + 1)), of every rank's part goes to rank q
+ * (MPI_Ialltoallv, rank by rank into gather), which folds its slice over
+ * the job's tree; then every rank's folded slice goes to every rank
+ * (MPI_Iallgatherv). Both only move bytes. */
 struct exchange {
 	MPI_Comm comm;
+	const struct job *job;
 	int rank, world, count;
-	const double *send;
-	double *recv;
-	double *gather;	     /* world x this rank's slice, rank by rank */
-	int *slice, *offset; /* each rank's slice: its length, its start */
-	int *mine, *at;	     /* this rank's slice from each: length, start */
+	double *send;	     /* this rank's part */
+	double *gather;	     /* this rank's slice of every rank's part */
+	int *to, *to_at;     /* send's slice for each rank: doubles, start */
+	int *from, *from_at; /* gather's part from each rank: doubles, start */
+	int *slice, *offset; /* each rank's slice of sum: length, start */
+	double *whole;	     /* --simulate-ranks: every rank's send whole */
+	double *mine;	     /* SUM_MPI: this rank's sums */
+	double *scratch;     /* the fold's sums, log2(UNITS) + 2 levels */
+	double *sum;	     /* the bucket's sums: count of them */
 	int phase;	     /* 0 idle, 1 slices moving, 2 gathering */
+};
+
+/* Where parameter p's partial sums are, rank by rank: rank r's from
+ * parameter p0 on, at base[r], as in send. */
+struct parts_view {
+	const double *base[MAX_RANKS];
+	int p0;
 };
 
 static int slice_lo(const struct exchange *x, int q)
@@ -346,38 +428,127 @@ static int slice_lo(const struct exchange *x, int q)
 	return (int)((long long)q * x->count / x->world);
 }
 
-/* 0, or ADG_ENOMEM (x is then freed). */
-static int exchange_init(struct exchange *x, MPI_Comm comm, int count,
-			 const double *send, double *recv)
+static void exchange_free(struct exchange *x)
 {
-	*x = (struct exchange){
-		.comm = comm, .count = count, .send = send, .recv = recv};
-	MPI_Comm_rank(comm, &x->rank);
-	MPI_Comm_size(comm, &x->world);
-	int n = x->world, len = slice_lo(x, x->rank + 1) - slice_lo(x, x->rank);
-	x->gather = malloc(((size_t)n * len + 1) * sizeof *x->gather);
-	x->slice = malloc(4 * (size_t)n * sizeof(int));
-	if (x->gather == NULL || x->slice == NULL) {
-		free(x->gather);
-		free(x->slice);
-		return ADG_ENOMEM;
-	}
-	x->offset = x->slice + n;
-	x->mine = x->offset + n;
-	x->at = x->mine + n;
-	for (int q = 0; q < n; q++) {
+	free(x->send);
+	free(x->gather);
+	free(x->to);
+	free(x->whole);
+	free(x->mine);
+	free(x->scratch);
+}
+
+/* Lays out the slices of send, gather and sum, rank by rank; returns
+ * gather's size in doubles. */
+static int exchange_layout(struct exchange *x)
+{
+	const struct job *j = x->job;
+	int mine = slice_lo(x, x->rank + 1) - slice_lo(x, x->rank), total = 0;
+	for (int q = 0; q < x->world; q++) {
+		int len = slice_lo(x, q + 1) - slice_lo(x, q);
+		x->to[q] = len * j->n_parts[x->rank];
+		x->to_at[q] = slice_lo(x, q) * j->n_parts[x->rank];
+		x->from[q] = mine * j->n_parts[q];
+		x->from_at[q] = total;
+		total += x->from[q];
+		x->slice[q] = len;
 		x->offset[q] = slice_lo(x, q);
-		x->slice[q] = slice_lo(x, q + 1) - x->offset[q];
-		x->mine[q] = len;
-		x->at[q] = q * len;
+	}
+	return total;
+}
+
+/* The exchange of count parameters' sums into sum, for rank of job (all
+ * of its ranks in this process: simulated). 0, or ADG_ENOMEM (x is then
+ * freed). */
+static int exchange_init(struct exchange *x, MPI_Comm comm,
+			 const struct job *job, int rank, int simulated,
+			 int count, double *sum)
+{
+	*x = (struct exchange){.comm = comm,
+			       .job = job,
+			       .rank = rank,
+			       .world = job->ranks,
+			       .count = count,
+			       .sum = sum};
+	size_t n = (size_t)job->ranks;
+	x->send = malloc((size_t)count * MAX_PARTIALS * sizeof(double));
+	x->to = malloc(6 * n * sizeof(int));
+	x->mine = malloc((size_t)count * sizeof(double));
+	x->scratch = malloc((size_t)count * (LOG2_UNITS + 2) * sizeof(double));
+	if (simulated)
+		x->whole = malloc(n * count * MAX_PARTIALS * sizeof(double));
+	if (x->to != NULL) {
+		x->to_at = x->to + n;
+		x->from = x->to_at + n;
+		x->from_at = x->from + n;
+		x->slice = x->from_at + n;
+		x->offset = x->slice + n;
+		x->gather =
+			malloc((size_t)exchange_layout(x) * sizeof(double) + 1);
+	}
+	if (x->send == NULL || x->to == NULL || x->gather == NULL ||
+	    x->mine == NULL || x->scratch == NULL ||
+	    (simulated && x->whole == NULL)) {
+		exchange_free(x);
+		return ADG_ENOMEM;
 	}
 	return 0;
 }
 
-static void exchange_free(struct exchange *x)
+/* Parameters lo to hi - 1's sums over units first to first + count - 1
+ * (a subtree of the job's tree) from every rank's partial sums (view),
+ * into out: the partial sum that covers the units where there is one,
+ * else its halves', right added into left element by element (as the
+ * reducer adds, a node's right side into its left one). scratch holds
+ * the right halves of the levels below. Returns whether any unit of the
+ * job is among them (a left half always holds one). */
+static int exchange_fold(const struct exchange *x, const struct parts_view *v,
+			 int lo, int hi, int first, int count, double *out,
+			 double *scratch)
 {
-	free(x->gather);
-	free(x->slice);
+	const struct job *j = x->job;
+	if (first >= j->hi[j->ranks - 1])
+		return 0; /* past the job's last unit: nothing */
+	int r = 0;
+	while (j->hi[r] <= first)
+		r++;
+	if (first >= j->lo[r] && first + count <= j->hi[r]) {
+		int k = job_part_at(j, r, first), parts = j->n_parts[r];
+		for (int p = lo; p < hi; p++)
+			out[p - lo] = v->base[r][(p - v->p0) * parts + k];
+		return 1;
+	}
+	int n = hi - lo;
+	exchange_fold(x, v, lo, hi, first, count / 2, out, scratch + n);
+	if (exchange_fold(x, v, lo, hi, first + count / 2, count / 2, scratch,
+			  scratch + n))
+		for (int p = 0; p < n; p++)
+			out[p] += scratch[p];
+	return 1;
+}
+
+/* Parameters lo to hi - 1's sums into sum: the fold over the job's tree,
+ * the same on every rank. */
+static void exchange_sum(struct exchange *x, const struct parts_view *v, int lo,
+			 int hi)
+{
+	exchange_fold(x, v, lo, hi, 0, UNITS, x->sum + lo, x->scratch);
+}
+
+/* --simulate-ranks: rank r's send, whole, kept for exchange_simulated. */
+static void exchange_keep(struct exchange *x, int r)
+{
+	memcpy(x->whole + (size_t)r * x->count * MAX_PARTIALS, x->send,
+	       (size_t)x->count * x->job->n_parts[r] * sizeof(double));
+}
+
+/* --simulate-ranks: every rank's send kept, the sums SUM_TREE gives. */
+static void exchange_simulated(struct exchange *x)
+{
+	struct parts_view v = {.p0 = 0};
+	for (int r = 0; r < x->world; r++)
+		v.base[r] = x->whole + (size_t)r * x->count * MAX_PARTIALS;
+	exchange_sum(x, &v, 0, x->count);
 }
 
 /* Starts the exchange of send into *req; 0 or EMPI. */
@@ -385,41 +556,42 @@ static int exchange_start(struct exchange *x, enum sum_mode mode,
 			  MPI_Request *req)
 {
 	if (mode == SUM_MPI) {
+		int n = x->job->n_parts[x->rank];
+		for (int q = 0; q < x->count; q++) {
+			x->mine[q] = x->send[q * n];
+			for (int k = 1; k < n; k++)
+				x->mine[q] += x->send[q * n + k];
+		}
 		x->phase = 2;
-		return MPI_Iallreduce(x->send, x->recv, x->count, MPI_DOUBLE,
+		return MPI_Iallreduce(x->mine, x->sum, x->count, MPI_DOUBLE,
 				      MPI_SUM, x->comm, req) == MPI_SUCCESS
 			       ? 0
 			       : EMPI;
 	}
-	/* Slice q of this rank's part goes to rank q; slice rank of every
-	 * rank's part comes here, in rank order. */
 	x->phase = 1;
-	return MPI_Ialltoallv(x->send, x->slice, x->offset, MPI_DOUBLE,
-			      x->gather, x->mine, x->at, MPI_DOUBLE, x->comm,
+	return MPI_Ialltoallv(x->send, x->to, x->to_at, MPI_DOUBLE, x->gather,
+			      x->from, x->from_at, MPI_DOUBLE, x->comm,
 			      req) == MPI_SUCCESS
 		       ? 0
 		       : EMPI;
 }
 
 /* The exchange's request completed: after the slices came, fold this
- * rank's slice in rank order and start gathering every rank's folded
- * slice; after that, or after MPI_Iallreduce, it is done. 0 or EMPI. */
+ * rank's slice over the job's tree and start gathering every rank's
+ * folded slice; after that, or after MPI_Iallreduce, it is done. 0 or
+ * EMPI. */
 static int exchange_advance(struct exchange *x, MPI_Request *req)
 {
 	if (x->phase != 1) {
 		x->phase = 0;
 		return 0;
 	}
-	int len = x->mine[0];
-	double *out = x->recv + x->offset[x->rank];
-	for (int i = 0; i < len; i++) {
-		double sum = x->gather[i];
-		for (int q = 1; q < x->world; q++)
-			sum += x->gather[q * len + i];
-		out[i] = sum;
-	}
+	struct parts_view v = {.p0 = slice_lo(x, x->rank)};
+	for (int r = 0; r < x->world; r++)
+		v.base[r] = x->gather + x->from_at[r];
+	exchange_sum(x, &v, slice_lo(x, x->rank), slice_lo(x, x->rank + 1));
 	x->phase = 2;
-	return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x->recv,
+	return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, x->sum,
 			       x->slice, x->offset, MPI_DOUBLE, x->comm,
 			       req) == MPI_SUCCESS
 		       ? 0
@@ -453,13 +625,20 @@ static int exchanges_progress(struct exchange *x, MPI_Request *req, int n,
 /* One rank: its model, its threads and the step's exchange. */
 struct rank {
 	int rank, world, threads;
+	int simulated; /* --simulate-ranks: world ranks in this process */
+	struct job job;
+
 	adg_registry *reg;
 	adg_node *param[PARAMS];
 	uint64_t param_id[PARAMS];
 	/* Read by the workers' forward, written by the main thread between
 	 * steps only (ordered by lock). */
 	double w[PARAMS];
-	adg_reducer *reducer;
+	/* The rank's reducer of its units; --simulate-ranks: one per rank
+	 * simulated, red the one of the rank under way (set by the main
+	 * thread before a step, ordered by lock). */
+	adg_reducer *reducers[MAX_RANKS];
+	adg_reducer *red;
 	MPI_Comm comm[BUCKETS];
 	MPI_Comm status_comm; /* the step's agreement on failure */
 	enum sum_mode mode;
@@ -467,11 +646,12 @@ struct rank {
 	int exchanges;		  /* whether exchange[] holds memory to free */
 	int fail_rank, fail_step; /* --fail-rank, --fail-step: 0 for none */
 
-	/* The step's exchange. send is written by the apply callbacks,
-	 * each its own parameters; a bucket's count, then the queue's lock,
-	 * hands its values to the main thread, which alone calls MPI. */
-	double send[PARAMS], recv[PARAMS];
-	atomic_int reduced[BUCKETS]; /* parameters of the bucket in send */
+	/* The step's exchange. Each exchange's send is written by the apply
+	 * callbacks, each its own parameters' partial sums; a bucket's
+	 * count, then the queue's lock, hands its values to the main
+	 * thread, which alone calls MPI. The sums land in grad. */
+	double grad[PARAMS];
+	atomic_int reduced[BUCKETS]; /* partial sums of the bucket in send */
 
 	/* The meeting of the main thread and the workers. */
 	pthread_mutex_t lock;
@@ -485,8 +665,9 @@ struct rank {
 	int queued;
 };
 
-/* The reducer's ops. add folds one thread's gradient into the sum; the
- * reducer hands each value back through release, so add keeps it. */
+/* The reducer's ops. add folds one tree node's right side into its left
+ * one; the reducer hands each value back through release, so add keeps
+ * it. */
 static int reducer_add(void **sum, const void *value, void *ctx)
 {
 	(void)ctx;
@@ -494,19 +675,24 @@ static int reducer_add(void **sum, const void *value, void *ctx)
 	return 0;
 }
 
-/* A parameter's T gradients are summed: put the rank's sum in its bucket,
- * and hand the bucket over if this was its last parameter. */
+/* One of a parameter's partial sums is complete (apply_early: as soon as
+ * it is, while the backward of earlier layers goes on): put it in its
+ * bucket's send, and hand the bucket over if this was its last. */
 static int reducer_apply(const adg_reduction *r, void *ctx)
 {
 	struct rank *s = ctx;
-	int i = (int)r->param, b = bucket_of(i);
-	s->send[i] = r->sum != NULL ? *(const double *)r->sum : 0;
-	/* acq_rel: the release publishes this send[i]; the add that makes
-	 * the count whole acquires every other one's, and the lock below
-	 * passes them all to the main thread. */
-	int n = atomic_fetch_add_explicit(&s->reduced[b], 1,
-					  memory_order_acq_rel);
-	if (n + 1 < bucket[b].count)
+	int i = (int)r->param, b = bucket_of(i), q = i - bucket[b].first;
+	int n = s->job.n_parts[s->rank];
+	int k = job_part_at(&s->job, s->rank, (int)r->first_unit);
+	if (r->sum == NULL)
+		return ENOSUM; /* a unit that does not reach a parameter */
+	s->exchange[b].send[q * n + k] = *(const double *)r->sum;
+	/* acq_rel: the release publishes this slot; the add that makes the
+	 * count whole acquires every other one's, and the lock below passes
+	 * them all to the main thread. */
+	int had = atomic_fetch_add_explicit(&s->reduced[b], 1,
+					    memory_order_acq_rel);
+	if (had + 1 < bucket[b].count * n)
 		return 0;
 	pthread_mutex_lock(&s->lock);
 	s->queue[s->queued++] = b;
@@ -524,33 +710,49 @@ static void reducer_release(void *value, size_t participant, void *ctx)
 
 struct worker {
 	struct rank *s;
-	struct sync_participant part; /* index: its share of the samples */
+	size_t index; /* its place among the reducer's participants */
 	pthread_t thread;
 };
 
-/* One step of a worker: the forward and backward of its share. The
- * parameters' gradients go to the reducer from the hook. */
-static int worker_step(struct worker *wk, unsigned long step)
+/* Unit unit of a step: the forward and backward of its samples, whose
+ * parameters' gradients go to the reducer from the hook (options). */
+static int unit_step(struct worker *wk, size_t unit, unsigned long step,
+		     const adg_backward_options *options)
 {
 	struct rank *s = wk->s;
-	int stride = s->world * s->threads, count = SAMPLES / stride;
 	adg_node *loss;
-	int rc = build_loss(s->reg, s->param, s->w,
-			    s->rank + s->world * (int)wk->part.index, count,
-			    stride, SAMPLES / s->world, &loss);
+	int rc = build_loss(s->reg, s->param, s->w, (int)unit * UNIT_SAMPLES,
+			    UNIT_SAMPLES, 1, SAMPLES, &loss);
 	if (rc != 0)
 		return rc;
-	/* --fail-step: the rank's last thread fails with its graph built,
-	 * while the others' backward passes run and their sums go out. */
+	/* --fail-step: the rank's last unit fails with its graph built,
+	 * while other units' backward passes run and their sums go out. */
 	if (step == (unsigned long)s->fail_step && s->rank == s->fail_rank &&
-	    wk->part.index + 1 == (size_t)s->threads) {
+	    (int)unit + 1 == s->job.hi[s->rank]) {
 		adg_node_unref(loss);
 		return EINJECTED;
 	}
-	rc = backward_hooked(s->reg, loss, boxed(1.0), &boxed_ops,
-			     &wk->part.backward);
+	rc = backward_hooked(s->reg, loss, boxed(1.0), &boxed_ops, options);
 	adg_node_unref(loss);
 	return rc;
+}
+
+/* A worker's step: units as it is dealt them, a backward each, then the
+ * round's end. Returns once every partial sum of the step is handed to
+ * its bucket (or the round is abandoned). */
+static int worker_step(struct worker *wk, unsigned long step)
+{
+	adg_reducer *red = wk->s->red;
+	adg_backward_options options = {0};
+	int rc = adg_reducer_hook(red, wk->index, &options);
+	size_t unit;
+	while (rc == 0 && adg_reducer_next_unit(red, wk->index, &unit) == 0 &&
+	       unit != ADG_REDUCER_NO_UNIT) {
+		rc = unit_step(wk, unit, step, &options);
+		if (rc == 0)
+			rc = adg_reducer_unit_end(red, wk->index, 0);
+	}
+	return adg_reducer_end(red, wk->index, rc);
 }
 
 static void *worker_main(void *arg)
@@ -567,10 +769,7 @@ static void *worker_main(void *arg)
 		pthread_mutex_unlock(&s->lock);
 		if (quit)
 			break;
-		/* Returns once every parameter of the step is reduced and
-		 * handed to its bucket (or the round is abandoned). */
-		int rc = adg_reducer_end(wk->part.reducer, wk->part.index,
-					 worker_step(wk, seen));
+		int rc = worker_step(wk, seen);
 		pthread_mutex_lock(&s->lock);
 		if (rc != 0 && s->rc == 0)
 			s->rc = rc;
@@ -582,12 +781,12 @@ static void *worker_main(void *arg)
 }
 
 /* The workers' part of a step: they run the backward passes while this
- * thread, the main one, takes each bucket as its last parameter is
- * reduced and, unless local, starts its exchange at once, then moves the
- * started ones on. order[] gets the buckets in the order they came,
- * *early the number started before the rank's last bucket was ready
- * (while backward passes still ran). Returns the workers' first error
- * (the round is then abandoned: some buckets never come), or EMPI. */
+ * thread, the main one, takes each bucket as its last partial sum comes
+ * and, unless local, starts its exchange at once, then moves the started
+ * ones on. order[] gets the buckets in the order they came, *early the
+ * number started before the rank's last bucket was ready (while backward
+ * passes still ran). Returns the workers' first error (the round is then
+ * abandoned: some buckets never come), or EMPI. */
 static int run_workers(struct rank *s, int local, MPI_Request *req, int *order,
 		       int *n_started, int *early)
 {
@@ -659,9 +858,11 @@ static int train_step(struct rank *s, int *order, int *early, int *failed_rank,
 	for (int b = 0; b < BUCKETS && mpi_rc == 0; b++) {
 		if (started[b])
 			continue;
-		memset(s->send + bucket[b].first, 0,
-		       bucket[b].count * sizeof(double));
-		mpi_rc = exchange_start(&s->exchange[b], s->mode, &req[b]);
+		struct exchange *x = &s->exchange[b];
+		memset(x->send, 0,
+		       (size_t)x->count * s->job.n_parts[s->rank] *
+			       sizeof(double));
+		mpi_rc = exchange_start(x, s->mode, &req[b]);
 		order[n_started++] = b;
 	}
 	if (mpi_rc == 0)
@@ -676,35 +877,34 @@ static int train_step(struct rank *s, int *order, int *early, int *failed_rank,
 		return EFAILED;
 	}
 	for (int i = 0; i < PARAMS; i++)
-		s->w[i] -= LEARNING_RATE * (s->recv[i] / s->world);
+		s->w[i] -= LEARNING_RATE * s->grad[i];
 	return 0;
 }
 
 /* --simulate-ranks R: the same step in this one process, for R ranks of
- * s->threads threads each: each rank's sums in turn, by the same workers
- * and reducer (s->rank set to the rank simulated), then folded in rank
- * order as SUM_ORDERED folds them, and the update. The reference the
- * runs across ranks must match to the last bit. 0 or an error code. */
-static int simulate_step(struct rank *s, int ranks, double *parts, int *order,
-			 int *early)
+ * s->threads threads each: each rank's partial sums in turn, by the same
+ * workers on that rank's reducer (s->rank set to the rank simulated), put
+ * where MPI_Iallgatherv would put them, then folded over the job's tree
+ * as SUM_TREE folds them, and the update. The reference the runs across
+ * ranks must match to the last bit. 0 or an error code. */
+static int simulate_step(struct rank *s, int *order, int *early)
 {
 	MPI_Request req[BUCKETS];
 	int n_started, local = 0; /* nothing starts early: no exchange */
 	(void)early;
-	s->world = ranks;
-	for (int r = 0; r < ranks; r++) {
+	for (int r = 0; r < s->world; r++) {
 		s->rank = r;
+		s->red = s->reducers[r];
 		int rc = run_workers(s, 1, req, order, &n_started, &local);
 		if (rc != 0)
 			return rc;
-		memcpy(parts + (size_t)r * PARAMS, s->send, sizeof s->send);
+		for (int b = 0; b < BUCKETS; b++)
+			exchange_keep(&s->exchange[b], r);
 	}
-	for (int i = 0; i < PARAMS; i++) {
-		double sum = parts[i];
-		for (int r = 1; r < ranks; r++)
-			sum += parts[(size_t)r * PARAMS + i];
-		s->w[i] -= LEARNING_RATE * (sum / ranks);
-	}
+	for (int b = 0; b < BUCKETS; b++)
+		exchange_simulated(&s->exchange[b]);
+	for (int i = 0; i < PARAMS; i++)
+		s->w[i] -= LEARNING_RATE * s->grad[i];
 	return 0;
 }
 
@@ -808,8 +1008,8 @@ static int parse(int argc, char **argv, struct options *o)
 			return -1;
 		const char *value = argv[++i];
 		if (strcmp(arg, "--allreduce") == 0) {
-			if (strcmp(value, "ordered") == 0)
-				o->mode = SUM_ORDERED;
+			if (strcmp(value, "tree") == 0)
+				o->mode = SUM_TREE;
 			else if (strcmp(value, "mpi") == 0)
 				o->mode = SUM_MPI;
 			else
@@ -841,9 +1041,9 @@ static int rank_init(struct rank *s)
 	if (MPI_Comm_dup(MPI_COMM_WORLD, &s->status_comm) != MPI_SUCCESS)
 		rc = EMPI;
 	for (int b = 0; b < BUCKETS && rc == 0; b++) {
-		rc = exchange_init(&s->exchange[b], s->comm[b], bucket[b].count,
-				   s->send + bucket[b].first,
-				   s->recv + bucket[b].first);
+		rc = exchange_init(&s->exchange[b], s->comm[b], &s->job,
+				   s->rank, s->simulated, bucket[b].count,
+				   s->grad + bucket[b].first);
 		if (rc != 0)
 			while (b-- > 0)
 				exchange_free(&s->exchange[b]);
@@ -855,14 +1055,30 @@ static int rank_init(struct rank *s)
 		rc = adg_leaf(s->reg, &s->param[i]);
 	for (int i = 0; i < PARAMS && rc == 0; i++)
 		rc = adg_node_id(s->param[i], &s->param_id[i]);
-	/* Every parameter is one scalar: none is cut into slices. */
-	adg_reducer_ops ops = {.add = reducer_add,
-			       .apply = reducer_apply,
-			       .release = reducer_release,
-			       .ctx = s};
-	if (rc == 0)
-		rc = sync_reducer_new(&ops, (size_t)s->threads, s->param_id,
-				      NULL, PARAMS, 0, &s->reducer);
+	/* The rank's units of the job's, whose partial sums apply hands to
+	 * the buckets as soon as each is complete (apply_early: the update
+	 * waits for every rank's agreement anyway, in train_step); with
+	 * --simulate-ranks, one reducer per rank simulated. Every parameter
+	 * is one scalar: none is cut into slices. */
+	adg_reducer_options o = {
+		.n_participants = (size_t)s->threads,
+		.total_units = UNITS,
+		.param_ids = s->param_id,
+		.n_params = PARAMS,
+		.ops = {.add = reducer_add,
+			.apply = reducer_apply,
+			.release = reducer_release,
+			.ctx = s},
+		.apply_early = 1,
+	};
+	int first = s->simulated ? 0 : s->rank;
+	int last = s->simulated ? s->world - 1 : s->rank;
+	for (int r = first; r <= last && rc == 0; r++) {
+		o.first_unit = (size_t)s->job.lo[r];
+		o.n_units = (size_t)(s->job.hi[r] - s->job.lo[r]);
+		rc = adg_reducer_new(&o, &s->reducers[r - first]);
+	}
+	s->red = s->reducers[0];
 	return rc;
 }
 
@@ -876,8 +1092,9 @@ static int rank_free(struct rank *s)
 			MPI_Comm_free(&s->comm[b]);
 	if (s->status_comm != MPI_COMM_NULL)
 		MPI_Comm_free(&s->status_comm);
-	if (adg_reducer_free(s->reducer) != 0)
-		failures++;
+	for (int r = 0; r < MAX_RANKS; r++)
+		if (adg_reducer_free(s->reducers[r]) != 0)
+			failures++;
 	for (int i = 0; i < PARAMS; i++)
 		if (s->param[i] != NULL)
 			adg_node_unref(s->param[i]);
@@ -890,6 +1107,7 @@ static const char *describe(int rc)
 {
 	return rc == EMPI	 ? "an MPI call failed"
 	       : rc == EINJECTED ? "failed on purpose (--fail-step)"
+	       : rc == ENOSUM	 ? "a unit reached no parameter of a bucket"
 				 : adg_strerror(rc);
 }
 
@@ -909,26 +1127,32 @@ static double median(double *v, int n)
 /* --bench-bucket N: one bucket of N doubles summed across the ranks,
  * steps times each way, the two ways taking turns (each starting after a
  * barrier); prints each way's median time on rank 0 and their ratio.
- * 0 or an error code. */
+ * Each rank holds one unit of a job of world units, one partial sum per
+ * value. 0 or an error code. */
 static int bench_bucket(int n, int steps, int me, int world)
 {
-	double *send = malloc((size_t)n * sizeof *send),
-	       *recv = malloc((size_t)n * sizeof *recv),
+	double *sum = malloc((size_t)n * sizeof *sum),
 	       *took = malloc(2 * (size_t)steps * sizeof *took);
 	MPI_Comm comm = MPI_COMM_NULL;
+	struct job job = {.ranks = world};
+	for (int r = 0; r < world; r++) {
+		job.lo[r] = r;
+		job.hi[r] = r + 1;
+		job.parts[r][0] = (struct span){r, 1};
+		job.n_parts[r] = 1;
+	}
 	struct exchange x;
-	int rc = send && recv && took ? 0 : ADG_ENOMEM;
+	int rc = sum && took ? 0 : ADG_ENOMEM;
 	if (MPI_Comm_dup(MPI_COMM_WORLD, &comm) != MPI_SUCCESS)
 		rc = EMPI;
 	if (rc == 0)
-		rc = exchange_init(&x, comm, n, send, recv);
+		rc = exchange_init(&x, comm, &job, me, 0, n, sum);
 	int have_x = rc == 0;
 	for (int i = 0; i < n && rc == 0; i++)
-		send[i] = (me + 1) * 1e-3 * (i % 997);
+		x.send[i] = (me + 1) * 1e-3 * (i % 997);
 	for (int k = 0; k < 2 * steps && rc == 0; k++) {
-		/* ordered first on even rounds, MPI_Iallreduce on odd ones */
-		enum sum_mode mode =
-			(k % 2) ^ (k / 2 % 2) ? SUM_MPI : SUM_ORDERED;
+		/* the tree first on even rounds, MPI_Iallreduce on odd ones */
+		enum sum_mode mode = (k % 2) ^ (k / 2 % 2) ? SUM_MPI : SUM_TREE;
 		MPI_Request req = MPI_REQUEST_NULL;
 		if (MPI_Barrier(comm) != MPI_SUCCESS)
 			rc = EMPI;
@@ -941,18 +1165,17 @@ static int bench_bucket(int n, int steps, int me, int world)
 			(MPI_Wtime() - start) * 1e6;
 	}
 	if (rc == 0 && me == 0) {
-		double ordered = median(took, steps),
+		double tree = median(took, steps),
 		       mpi = median(took + steps, steps);
 		printf("bench bucket=%d doubles ranks=%d steps=%d "
-		       "ordered_us=%.1f mpi_us=%.1f ordered_over_mpi=%.3f\n",
-		       n, world, steps, ordered, mpi, ordered / mpi);
+		       "tree_us=%.1f mpi_us=%.1f tree_over_mpi=%.3f\n",
+		       n, world, steps, tree, mpi, tree / mpi);
 	}
 	if (have_x)
 		exchange_free(&x);
 	if (comm != MPI_COMM_NULL)
 		MPI_Comm_free(&comm);
-	free(send);
-	free(recv);
+	free(sum);
 	free(took);
 	return rc;
 }
@@ -961,15 +1184,16 @@ static void usage(void)
 {
 	fprintf(stderr,
 		"usage: mpi_data_parallel [--threads T] [--allreduce "
-		"ordered|mpi] [--simulate-ranks R]\n"
+		"tree|mpi] [--simulate-ranks R]\n"
 		"                         [--fail-rank R --fail-step S] "
 		"[--bench-bucket N] [steps]\n"
 		"  T <= %d, ranks x T dividing %d\n",
-		MAX_THREADS, SAMPLES);
+		MAX_THREADS, MAX_RANKS);
 }
 
 /*   mpirun -np R ./mpi_data_parallel [options] [steps]
- * (defaults: 2 threads, ordered sums, 50 steps); see the top of the file.
+ * (defaults: 2 threads, sums over the tree, 50 steps); see the top of the
+ * file.
  * Exit status 0 when every check passed; 1 otherwise; 2 on bad usage. */
 int main(int argc, char **argv)
 {
@@ -977,7 +1201,7 @@ int main(int argc, char **argv)
 	MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
 	MPI_Comm_rank(MPI_COMM_WORLD, &me);
 	MPI_Comm_size(MPI_COMM_WORLD, &world);
-	struct options o = {.threads = 2, .steps = 50, .mode = SUM_ORDERED};
+	struct options o = {.threads = 2, .steps = 50, .mode = SUM_TREE};
 	if (provided < MPI_THREAD_FUNNELED) {
 		if (me == 0)
 			fprintf(stderr,
@@ -993,7 +1217,7 @@ int main(int argc, char **argv)
 		if (o.simulate_ranks && world != 1)
 			ranks = 0; /* simulating wants one process */
 	}
-	if (ranks == 0 || SAMPLES % (ranks * o.threads) != 0) {
+	if (ranks == 0 || ranks > MAX_RANKS) {
 		if (me == 0)
 			usage();
 		MPI_Finalize();
@@ -1010,6 +1234,7 @@ int main(int argc, char **argv)
 
 	struct rank s = {.rank = me,
 			 .world = ranks,
+			 .simulated = o.simulate_ranks != 0,
 			 .threads = o.threads,
 			 .mode = o.mode,
 			 .fail_rank = o.fail_rank,
@@ -1017,15 +1242,13 @@ int main(int argc, char **argv)
 	struct worker workers[MAX_THREADS];
 	int n_workers = 0, failures = 0;
 	double reference[PARAMS];
-	double *parts = o.simulate_ranks
-				? malloc((size_t)ranks * PARAMS * sizeof *parts)
-				: NULL;
 	double *took = malloc((size_t)o.steps * sizeof *took);
 	pthread_mutex_init(&s.lock, NULL);
 	pthread_cond_init(&s.go, NULL);
 	pthread_cond_init(&s.wake, NULL);
+	job_init(&s.job, ranks);
 	int rc = rank_init(&s);
-	if (rc == 0 && (took == NULL || (o.simulate_ranks && parts == NULL)))
+	if (rc == 0 && took == NULL)
 		rc = ADG_ENOMEM;
 	init_params(s.w);
 	memcpy(reference, s.w, sizeof s.w);
@@ -1034,9 +1257,8 @@ int main(int argc, char **argv)
 	for (int t = 0; t < s.threads && rc == 0; t++) {
 		struct worker *wk = &workers[t];
 		*wk = (struct worker){.s = &s};
-		rc = sync_participant_init(&wk->part, s.reducer, (size_t)t);
-		if (rc == 0 &&
-		    pthread_create(&wk->thread, NULL, worker_main, wk) != 0)
+		wk->index = (size_t)t;
+		if (pthread_create(&wk->thread, NULL, worker_main, wk) != 0)
 			rc = ADG_ENOMEM;
 		if (rc == 0)
 			n_workers++;
@@ -1051,7 +1273,7 @@ int main(int argc, char **argv)
 		int order[BUCKETS];
 		double start = MPI_Wtime();
 		if (rc == 0 && o.simulate_ranks)
-			rc = simulate_step(&s, ranks, parts, order, &early);
+			rc = simulate_step(&s, order, &early);
 		else if (rc == 0)
 			rc = train_step(&s, order, &early, &failed_rank, &own);
 		took[step - 1] = (MPI_Wtime() - start) * 1e6;
@@ -1099,9 +1321,9 @@ int main(int argc, char **argv)
 		pthread_join(workers[t].thread, NULL);
 
 	double last_loss = full_loss(s.w);
-	const char *how = o.simulate_ranks	  ? "simulated in one process"
-			  : o.mode == SUM_ORDERED ? "sums in rank order"
-						  : "MPI_Iallreduce";
+	const char *how = o.simulate_ranks     ? "simulated in one process"
+			  : o.mode == SUM_TREE ? "sums over the job's tree"
+					       : "MPI_Iallreduce";
 	if (rc == 0 && all_ok && me == 0)
 		printf("loss %.6f -> %.6f over %d steps on %d ranks x %d "
 		       "threads (%s); %d of %d exchanges started before the "
@@ -1134,7 +1356,6 @@ int main(int argc, char **argv)
 		failures++;
 	}
 	failures += rank_free(&s);
-	free(parts);
 	free(took);
 	pthread_cond_destroy(&s.wake);
 	pthread_cond_destroy(&s.go);

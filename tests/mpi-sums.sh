@@ -7,6 +7,12 @@
 # every run prints the same weights fingerprint, and that fingerprint is
 # the one of the same fold simulated in one process (--simulate-ranks R).
 #
+# ranks MPIRUN EXE: trains R ranks x T threads for R x T in 1 x 4, 2 x 2,
+# 4 x 1, 3 x 1 and 5 x 3, and one process of one thread, and fails unless
+# every run prints the same weights fingerprint: the job's units are
+# fixed (16 of 4 samples), and the ranks' partial sums are folded over
+# the job's tree, so neither R nor T changes a bit (issue 42).
+#
 # failure MPIRUN EXE: rank 1 of 2 fails step 5 on purpose; fails unless
 # the job stops with a non-zero status within 60 s, the agreed message
 # names the step and the rank, and the weights it reports are those of a
@@ -51,11 +57,28 @@ algorithms() {
 	done
 	if [ $bad -ne 0 ]; then
 		echo "FAIL: $bad of ${#settings[@]} runs at $ranks x $threads" \
-			"differ from the fold in rank order" >&2
+			"differ from the fold simulated in one process" >&2
 		return 1
 	fi
 	echo "PASS: $ranks ranks x $threads threads, the same bits with every" \
 		"algorithm (${#settings[@]} runs)"
+}
+
+ranks() {
+	local mpirun=$1 exe=$2 want got run bad=0
+	want=$(fingerprint "$mpirun" -np 1 "$exe" --threads 1 "$steps")
+	echo "1 process x 1 thread: $want"
+	for run in 1x4 2x2 4x1 3x1 5x3; do
+		got=$(fingerprint "$mpirun" --oversubscribe --mca btl self,vader \
+			-np "${run%x*}" "$exe" --threads "${run#*x}" "$steps")
+		echo "$run: $got"
+		[ "$got" = "$want" ] || bad=$((bad + 1))
+	done
+	if [ $bad -ne 0 ]; then
+		echo "FAIL: $bad of 5 ranks x threads differ from one thread" >&2
+		return 1
+	fi
+	echo "PASS: one fingerprint over 1 x 1, 1 x 4, 2 x 2, 4 x 1, 3 x 1, 5 x 3"
 }
 
 failure() {
@@ -90,9 +113,11 @@ failure() {
 
 case ${1:-} in
 algorithms) [ $# -eq 5 ] && algorithms "${@:2}" ;;
+ranks) [ $# -eq 3 ] && ranks "${@:2}" ;;
 failure) [ $# -eq 3 ] && failure "${@:2}" ;;
 *)
-	echo "usage: $0 algorithms MPIRUN EXE R T | failure MPIRUN EXE" >&2
+	echo "usage: $0 algorithms MPIRUN EXE R T | ranks MPIRUN EXE |" \
+		"failure MPIRUN EXE" >&2
 	exit 2
 	;;
 esac
