@@ -8,7 +8,8 @@
  * ranks). Each rank runs T worker threads (--threads T, default 2) that
  * split its shard the same way. Per step, each thread builds one graph for
  * its share's squared error and runs backward with an adg_reducer's hook;
- * the reducer sums each parameter's T gradients in thread order. The
+ * the reducer sums each parameter's T gradients in a fixed tree over
+ * thread indices (one unit per thread: the bits depend on T). The
  * reducer's set-up and each thread's part in it come from
  * examples/tensor/sync.c, which the trainers of examples/digits and
  * examples/fashion share.
@@ -60,7 +61,7 @@
  * all-reduce algorithms (libnbc's for MPI_Iallreduce, tuned's for
  * MPI_Allreduce, or its default choice), and equal to the same fold
  * computed in one process (--simulate-ranks R). The reducer folds each
- * parameter's T gradients in thread order whatever the timing, the ranks'
+ * parameter's T gradients in its tree whatever the timing, the ranks'
  * sums are folded in rank order, element by element, whatever the slices
  * or bucket sizes, and the update is the same plain arithmetic on every
  * rank. What changes the weights: R and T (other splits of each sum), the
@@ -855,14 +856,22 @@ static int rank_init(struct rank *s)
 		rc = adg_leaf(s->reg, &s->param[i]);
 	for (int i = 0; i < PARAMS && rc == 0; i++)
 		rc = adg_node_id(s->param[i], &s->param_id[i]);
-	/* Every parameter is one scalar: none is cut into slices. */
-	adg_reducer_ops ops = {.add = reducer_add,
-			       .apply = reducer_apply,
-			       .release = reducer_release,
-			       .ctx = s};
+	/* Every parameter is one scalar: none is cut into slices. One unit
+	 * per thread (n_units 0). apply_early: apply hands each sum to its
+	 * bucket as soon as it is complete, so that the exchange starts
+	 * beside the backward; a failed step is agreed across the ranks
+	 * before anything is applied to the weights (train_step), so the
+	 * reducer's all or nothing is not needed here. */
+	adg_reducer_options o = {.n_participants = (size_t)s->threads,
+				 .param_ids = s->param_id,
+				 .n_params = PARAMS,
+				 .ops = {.add = reducer_add,
+					 .apply = reducer_apply,
+					 .release = reducer_release,
+					 .ctx = s},
+				 .apply_early = 1};
 	if (rc == 0)
-		rc = sync_reducer_new(&ops, (size_t)s->threads, s->param_id,
-				      NULL, PARAMS, 0, &s->reducer);
+		rc = sync_reducer_new(&o, NULL, 0, &s->reducer);
 	return rc;
 }
 
@@ -1034,7 +1043,7 @@ int main(int argc, char **argv)
 	for (int t = 0; t < s.threads && rc == 0; t++) {
 		struct worker *wk = &workers[t];
 		*wk = (struct worker){.s = &s};
-		rc = sync_participant_init(&wk->part, s.reducer, (size_t)t);
+		rc = sync_participant_init(&wk->part, s.reducer, (size_t)t, 0);
 		if (rc == 0 &&
 		    pthread_create(&wk->thread, NULL, worker_main, wk) != 0)
 			rc = ADG_ENOMEM;
