@@ -308,13 +308,12 @@ struct options {
 #define SLICED_ELEMENTS 4096
 
 /* Sync's rows per unit, by default. Every unit costs a fold of the whole
- * gradient, 235,146 floats (the first layer's 200,704 of them): about
- * 0.9 MB read twice and written once, beside the unit's products, about
- * 1.4 million multiply-adds a row. At 32 rows a fold is under 1% of a
- * unit's arithmetic but, memory-bound, about a tenth of its time (see
- * docs/trainers.md); fewer rows would add folds faster than they add
- * threads to share them, more would leave the default batch of 64 one
- * unit, work for one thread. So B = 64 is two units, B = 256 eight. */
+ * gradient, 235,146 floats (the first layer's 200,704 of them), about
+ * 0.9 MB read twice and written once, and GEMMs of fewer rows: on one
+ * thread at B = 64, two units of 32 train at 0.88 x one of 64, four of
+ * 16 at 0.74 x (docs/trainers.md). Fewer rows would add folds faster
+ * than threads to share them; more would leave the default batch of 64
+ * one unit, work for one thread. So B = 64 is two units, B = 256 eight. */
 #define UNIT_ROWS 32
 
 /* Trains a fresh model (the same initial weights every run) on n_threads

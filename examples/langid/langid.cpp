@@ -695,11 +695,11 @@ const char *mode_name(mode m)
 
 /* Sync's words per unit, by default: a batch of B words is ceil(B / 16)
  * units. Each unit costs a backward of its own and its gradient,
- * 27,593 floats, multiplied out and folded: about 3% of a unit of 16
- * words' time here (docs/trainers.md). 16 makes the default batch of 32
- * two units, as many as this machine has cores, dealt as evenly as the
- * threads' shares were, and B = 256 sixteen, a unit for each of 16
- * threads. */
+ * 27,593 floats, made whole and folded: on one thread at B = 32, two
+ * units train at 0.99 x the plain trainer, within the noise
+ * (docs/trainers.md). 16 makes the default batch of 32 two units, dealt
+ * as the shares of two threads were, and B = 256 sixteen, a unit for
+ * each of 16 threads. */
 constexpr int default_unit_words = 16;
 
 struct options {
