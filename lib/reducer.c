@@ -70,13 +70,6 @@
 struct param {
 	_Alignas(ADG_CACHELINE) uint64_t id; /* the leaf's id; read-only */
 	size_t n_slices;		     /* read-only */
-	/* Written by the thread that completes the root: the unit whose
-	 * slot holds the sum (NONE: no unit had a gradient), and the
-	 * round's number plus one. Read by that thread, by the threads that
-	 * take its slices (after published) and by the round's applies
-	 * (after the barrier). */
-	size_t anchor;
-	uint64_t completed;
 	/* A parameter in slices: once its root completes, published is set
 	 * to the round's barrier generation plus one and any participant
 	 * of that round takes the next slice (next_slice) to fold (and,
@@ -90,6 +83,17 @@ struct param {
 
 _Static_assert(sizeof(struct param) == ADG_CACHELINE,
 	       "a parameter is one cache line");
+
+/* One partial sum of a parameter (the whole sum but for a reducer of a
+ * range of units, I15), written by the thread that completes its subtree:
+ * the unit whose slot holds the sum (NONE: no unit had a gradient), and
+ * the round's number plus one. Read by that thread, by the threads that
+ * take its slices (after published) and by the round's applies (after
+ * the barrier). */
+struct partial {
+	size_t anchor;
+	uint64_t completed;
+};
 
 /* An inner node of a parameter's tree. */
 struct tree_node {
@@ -170,9 +174,19 @@ struct adg_reducer {
 	adg_reducer_ops ops;
 	adg_allocator allocator;
 	size_t n_members, n_params;
-	size_t n_units;	  /* U */
-	bool dealt;	  /* units dealt by adg_reducer_next_unit */
-	size_t width;	  /* the trees' leaves: a power of two, >= U */
+	size_t n_units; /* U, this reducer's */
+	bool dealt;	/* units dealt by adg_reducer_next_unit */
+	/* The job's units, of which this reducer's are first_unit on (all
+	 * of them, first_unit 0, but for a rank's share); the trees' leaves,
+	 * a power of two at least total_units. */
+	size_t first_unit, total_units, width;
+	/* The tree nodes whose units are the largest subtrees within this
+	 * reducer's (the root alone, but for a rank's share), in the order
+	 * of their units; and each parameter's partial sums, n_partials
+	 * per parameter. */
+	size_t n_partials;
+	size_t *partial_node;
+	struct partial *partials;
 	bool apply_early; /* else all or nothing */
 	bool sliced;	  /* some parameter is in slices */
 	struct param *params;
@@ -180,15 +194,16 @@ struct adg_reducer {
 	char *units;		 /* 2 halves of U blocks of unit_stride bytes */
 	size_t unit_stride;
 	struct member *members;
-	/* The round's applies (all or nothing): apply task t is slice
-	 * t - first_task[i] of parameter i, for the i whose range holds t;
-	 * first_task[n_params] is their count. */
+	/* The round's applies (all or nothing): apply task t is slice, or
+	 * partial sum (one of the two counts is 1), t - first_task[i] of
+	 * parameter i, for the i whose range holds t; first_task[n_params]
+	 * is their count. */
 	size_t *first_task;
 	struct entry *table;
 	size_t table_cap;   /* a power of two, at least twice n_params */
 	unsigned int shift; /* 64 - log2(table_cap) */
 	struct block self_block, params_block, trees_block, units_block,
-		members_block;
+		members_block, partials_block;
 
 	/* The deal: the next unit to hand out, reset by the last
 	 * participant to end. Its own line: every participant takes from
@@ -310,7 +325,6 @@ static bool reducer_index_params(struct adg_reducer *r, const uint64_t *ids)
 		}
 		r->table[i] = (struct entry){ids[k], k};
 		r->params[k].id = ids[k];
-		r->params[k].anchor = NONE;
 	}
 	return true;
 }
@@ -324,6 +338,7 @@ static void reducer_free_blocks(struct adg_reducer *r)
 	if (r->first_task != NULL)
 		a->free(r->first_task, (r->n_params + 1) * sizeof(size_t),
 			a->ctx);
+	reducer_free_block(a, &r->partials_block);
 	reducer_free_block(a, &r->members_block);
 	reducer_free_block(a, &r->units_block);
 	reducer_free_block(a, &r->trees_block);
@@ -338,11 +353,17 @@ static void reducer_free_blocks(struct adg_reducer *r)
  * slices. */
 static bool reducer_options_valid(const adg_reducer_options *o, bool *sliced)
 {
+	bool ranged = o->total_units != 0;
 	if (o->n_participants == 0 || o->n_params == 0 ||
 	    o->n_units > ADG_REDUCER_MAX_UNITS || o->param_ids == NULL ||
 	    o->ops.add == NULL || o->ops.apply == NULL ||
 	    o->ops.release == NULL ||
 	    (o->allocator.alloc == NULL) != (o->allocator.free == NULL))
+		return false;
+	if (ranged ? o->n_units == 0 ||
+			     o->total_units > ADG_REDUCER_MAX_UNITS ||
+			     o->first_unit > o->total_units - o->n_units
+		   : o->first_unit != 0)
 		return false;
 	const size_t *slices = o->param_slices;
 	*sliced = false;
@@ -354,17 +375,44 @@ static bool reducer_options_valid(const adg_reducer_options *o, bool *sliced)
 			return false;
 		*sliced |= slices != NULL && slices[k] > 1;
 	}
-	return !*sliced || o->ops.add_slice != NULL;
+	return !*sliced || (o->ops.add_slice != NULL && !ranged);
+}
+
+/* The nodes of the largest subtrees whose units, those below total, are
+ * all in [lo, hi), in the order of their units, below node (its first
+ * unit first, count of them, a power of two); into nodes unless NULL.
+ * Returns how many. */
+static size_t reducer_find_partials(size_t node, size_t first, size_t count,
+				    size_t total, size_t lo, size_t hi,
+				    size_t *nodes)
+{
+	size_t end = first + count < total ? first + count : total;
+	if (first >= end || end <= lo || first >= hi)
+		return 0; /* no unit of the range */
+	if (lo <= first && end <= hi) {
+		if (nodes != NULL)
+			nodes[0] = node;
+		return 1;
+	}
+	size_t half = count / 2; /* count > 1: a leaf is in or out */
+	size_t n = reducer_find_partials(2 * node, first, half, total, lo, hi,
+					 nodes);
+	return n + reducer_find_partials(2 * node + 1, first + half, half,
+					 total, lo, hi,
+					 nodes != NULL ? nodes + n : NULL);
 }
 
 /* The sizes of a reducer's blocks. */
 struct reducer_layout {
-	size_t units;	     /* U */
-	size_t width;	     /* a power of two, >= U */
-	size_t unit_stride;  /* a unit's block, in whole lines */
-	size_t units_size;   /* the units' blocks, both halves */
-	size_t trees_size;   /* the parameters' trees */
-	size_t members_size; /* the participants */
+	size_t units;	      /* U, this reducer's */
+	size_t total;	      /* the job's */
+	size_t width;	      /* a power of two, >= total */
+	size_t n_partials;    /* per parameter */
+	size_t partials_size; /* their nodes, then every parameter's */
+	size_t unit_stride;   /* a unit's block, in whole lines */
+	size_t units_size;    /* the units' blocks, both halves */
+	size_t trees_size;    /* the parameters' trees */
+	size_t members_size;  /* the participants */
 	size_t params_size;
 	size_t table_cap;  /* a power of two */
 	unsigned int log2; /* of table_cap */
@@ -376,20 +424,32 @@ static bool reducer_fits(size_t size)
 	return size <= SIZE_MAX - ADG_CACHELINE;
 }
 
-/* The sizes for t participants, u units (0: t) and n parameters: a
+/* The sizes for t participants, o's units (0: t) and n parameters: a
  * unit's block rounded up to whole lines; the table at least twice the
  * parameters, so that a probe run stays short. false when one would
  * overflow. */
-static bool reducer_layout(size_t t, size_t u, size_t n,
+static bool reducer_layout(size_t t, const adg_reducer_options *o, size_t n,
 			   struct reducer_layout *l)
 {
 	size_t stride;
-	l->units = u != 0 ? u : t;
+	l->units = o->n_units != 0 ? o->n_units : t;
+	l->total = o->total_units != 0 ? o->total_units : l->units;
 	if (l->units > SIZE_MAX / 2)
 		return false;
-	for (l->width = 1; l->width < l->units; l->width *= 2)
+	for (l->width = 1; l->width < l->total; l->width *= 2)
 		if (l->width > SIZE_MAX / 2)
 			return false;
+	l->n_partials =
+		reducer_find_partials(1, 0, l->width, l->total, o->first_unit,
+				      o->first_unit + l->units, NULL);
+	if (__builtin_mul_overflow(n, l->n_partials, &l->partials_size) ||
+	    __builtin_mul_overflow(l->partials_size, sizeof(struct partial),
+				   &l->partials_size) ||
+	    __builtin_add_overflow(l->partials_size,
+				   l->n_partials * sizeof(size_t),
+				   &l->partials_size) ||
+	    !reducer_fits(l->partials_size))
+		return false;
 	l->table_cap = 4;
 	l->log2 = 2;
 	if (__builtin_mul_overflow(n, sizeof(struct slot), &stride) ||
@@ -418,20 +478,35 @@ static bool reducer_layout(size_t t, size_t u, size_t n,
 	       reducer_fits(l->params_size) && n < SIZE_MAX / sizeof(size_t);
 }
 
-/* Each parameter's slices (1 for a whole one) and where its tasks start
- * in the round's applies; false when their count overflows. */
+/* Each parameter's slices (1 for a whole one) and where its tasks (a
+ * slice or a partial sum each) start in the round's applies; false when
+ * their count overflows. */
 static bool reducer_fill_tasks(struct adg_reducer *r, const size_t *slices)
 {
 	size_t first = 0;
 	for (size_t k = 0; k < r->n_params; k++) {
 		r->params[k].n_slices = slices != NULL ? slices[k] : 1;
 		r->first_task[k] = first;
-		if (__builtin_add_overflow(first, r->params[k].n_slices,
-					   &first))
+		if (__builtin_add_overflow(
+			    first, r->params[k].n_slices * r->n_partials,
+			    &first))
 			return false;
 	}
 	r->first_task[r->n_params] = first;
 	return true;
+}
+
+/* Lays out the partial sums in their block and finds their nodes. */
+static void reducer_fill_partials(struct adg_reducer *r, char *block)
+{
+	r->partials = (struct partial *)block;
+	r->partial_node = (size_t *)(block + r->n_params * r->n_partials *
+						     sizeof(struct partial));
+	(void)reducer_find_partials(1, 0, r->width, r->total_units,
+				    r->first_unit, r->first_unit + r->n_units,
+				    r->partial_node);
+	for (size_t j = 0; j < r->n_params * r->n_partials; j++)
+		r->partials[j].anchor = NONE;
 }
 
 /* Allocates and fills r's blocks with r's allocator. Returns 0,
@@ -452,8 +527,13 @@ static int reducer_fill(struct adg_reducer *r, const adg_reducer_options *o,
 			     ? NULL
 			     : reducer_alloc_aligned(a, l->members_size,
 						     &r->members_block);
-	if (r->members == NULL)
+	char *partials = r->members == NULL
+				 ? NULL
+				 : reducer_alloc_aligned(a, l->partials_size,
+							 &r->partials_block);
+	if (partials == NULL)
 		return ADG_ENOMEM;
+	reducer_fill_partials(r, partials);
 	size_t table_size = r->table_cap * sizeof *r->table;
 	r->table = a->alloc(table_size, a->ctx);
 	if (r->table == NULL)
@@ -489,8 +569,8 @@ int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 	    !reducer_options_valid(options, &sliced))
 		return ADG_EINVAL;
 	struct reducer_layout l;
-	if (!reducer_layout(options->n_participants, options->n_units,
-			    options->n_params, &l))
+	if (!reducer_layout(options->n_participants, options, options->n_params,
+			    &l))
 		return ADG_ENOMEM;
 
 	adg_allocator a = options->allocator;
@@ -507,7 +587,11 @@ int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 	r->n_params = options->n_params;
 	r->n_units = l.units;
 	r->dealt = options->n_units != 0;
+	r->first_unit = options->first_unit;
+	r->total_units = l.total;
 	r->width = l.width;
+	r->n_partials = l.n_partials;
+
 	r->apply_early = options->apply_early != 0;
 	r->sliced = sliced;
 	r->unit_stride = l.unit_stride;
@@ -550,21 +634,43 @@ static bool reducer_abandoned(struct adg_reducer *r)
 	return atomic_load_explicit(&r->error, memory_order_seq_cst) != 0;
 }
 
-/* Applies slice k of parameter i's sum (the whole of it: k 0 of 1). */
-static int reducer_apply(struct adg_reducer *r, size_t i, size_t k)
+static struct partial *reducer_partial_of(const struct adg_reducer *r, size_t i,
+					  size_t j)
+{
+	return &r->partials[i * r->n_partials + j];
+}
+
+/* Partial sum j's first unit and count: its tree node's units below
+ * total_units. */
+static void reducer_partial_units(const struct adg_reducer *r, size_t j,
+				  size_t *first, size_t *count)
+{
+	size_t node = r->partial_node[j], level = 0;
+	while ((node << level) < r->width)
+		level++;
+	*first = (node << level) - r->width;
+	size_t end = *first + ((size_t)1 << level);
+	*count = (end < r->total_units ? end : r->total_units) - *first;
+}
+
+/* Applies slice k of parameter i's partial sum j (the whole of it: k 0
+ * of 1, j 0 of 1). */
+static int reducer_apply(struct adg_reducer *r, size_t i, size_t j, size_t k)
 {
 	const struct param *p = &r->params[i];
-	ADG_ASSERT(p->completed == reducer_round(r) + 1); /* I15 */
+	const struct partial *s = reducer_partial_of(r, i, j);
+	ADG_ASSERT(s->completed == reducer_round(r) + 1); /* I15 */
 	adg_reduction reduction = {
 		.param = i,
 		.id = p->id,
 		.round = reducer_round(r),
-		.sum = p->anchor != NONE
-			       ? reducer_slot_of(r, p->anchor, i)->value
+		.sum = s->anchor != NONE
+			       ? reducer_slot_of(r, s->anchor, i)->value
 			       : NULL,
 		.slice = k,
 		.n_slices = p->n_slices,
 	};
+	reducer_partial_units(r, j, &reduction.first_unit, &reduction.n_units);
 	return adg_callback_result(r->ops.apply(&reduction, r->ops.ctx));
 }
 
@@ -628,7 +734,7 @@ static void reducer_take_slices(struct adg_reducer *r, size_t i)
 		int rc = 0;
 		(void)reducer_fold_slice(r, i, k, 0, r->width, &rc);
 		if (rc == 0 && r->apply_early)
-			rc = reducer_apply(r, i, k);
+			rc = reducer_apply(r, i, 0, k); /* one partial: whole */
 		if (rc != 0)
 			reducer_report(r, rc);
 		reducer_task_done(r);
@@ -655,7 +761,10 @@ static void reducer_take_applies(struct adg_reducer *r)
 				hi = mid;
 		}
 		if (!reducer_abandoned(r)) {
-			int rc = reducer_apply(r, lo, t - r->first_task[lo]);
+			size_t k = t - r->first_task[lo];
+			int rc = r->n_partials == 1
+					 ? reducer_apply(r, lo, 0, k)
+					 : reducer_apply(r, lo, k, 0);
 			if (rc != 0)
 				reducer_report(r, rc);
 		}
@@ -726,40 +835,71 @@ static void reducer_publish(struct adg_reducer *r, size_t i)
 	reducer_take_slices(r, i);
 }
 
-/* Parameter i's sum is complete, in anchor's slot: offer its slices, or
- * (apply_early) apply it, unless the round was abandoned. */
-static int reducer_complete(struct adg_reducer *r, size_t i, size_t anchor)
+/* Parameter i's partial sum j (its sum but for a rank's share) is
+ * complete, in anchor's slot: offer its slices, or (apply_early) apply
+ * it, unless the round was abandoned. */
+static int reducer_complete(struct adg_reducer *r, size_t i, size_t j,
+			    size_t anchor)
 {
 	struct param *p = &r->params[i];
-	p->anchor = anchor;
-	p->completed = reducer_round(r) + 1;
+	struct partial *s = reducer_partial_of(r, i, j);
+	s->anchor = anchor;
+	s->completed = reducer_round(r) + 1;
 	if (reducer_abandoned(r))
 		return 0;
 	if (p->n_slices > 1) {
 		reducer_publish(r, i);
 		return 0; /* a slice's error is the round's, not this give's */
 	}
-	int rc = r->apply_early ? reducer_apply(r, i, 0) : 0;
+	int rc = r->apply_early ? reducer_apply(r, i, j, 0) : 0;
 	if (rc != 0)
 		reducer_report(r, rc);
 	return rc;
 }
 
-/* Unit u's contribution to parameter i is in its slot: climbs the tree,
- * folding at each node it reaches second, until a node it reaches first
- * or the root (I15). Returns 0 or an add's or apply's code. */
+/* Whether node, of level (2^level leaves), is the root of a partial sum:
+ * the root, or a node whose parent holds units of the job outside this
+ * reducer's. */
+static bool reducer_partial_root(const struct adg_reducer *r, size_t node,
+				 size_t level)
+{
+	if (node == 1)
+		return true;
+	size_t first = ((node / 2) << (level + 1)) - r->width;
+	size_t end = first + ((size_t)2 << level);
+	if (end > r->total_units)
+		end = r->total_units;
+	return first < r->first_unit || end > r->first_unit + r->n_units;
+}
+
+/* The partial sum whose root is node. */
+static size_t reducer_partial_at(const struct adg_reducer *r, size_t node)
+{
+	size_t j = 0;
+	while (r->partial_node[j] != node)
+		j++; /* there: partial_node holds every partial root */
+	return j;
+}
+
+/* Unit u's contribution to parameter i is in its slot: climbs the tree
+ * (u's leaf is the job's first_unit + u), folding at each node it reaches
+ * second, until a node it reaches first or a partial sum's root (the
+ * root, for a reducer of the whole job) (I15). Returns 0 or an add's or
+ * apply's code. */
 static int reducer_arrive(struct adg_reducer *r, size_t u, size_t i)
 {
 	struct tree_node *tree = reducer_tree_of(r, i);
 	uint64_t mark = reducer_round(r) + 1;
 	bool whole = r->params[i].n_slices == 1;
 	size_t anchor = reducer_slot_of(r, u, i)->value != NULL ? u : NONE;
-	size_t node = r->width + u;
-	for (size_t level = 0; node > 1; level++, node /= 2) {
+	size_t node = r->width + r->first_unit + u, level = 0;
+	for (; !reducer_partial_root(r, node, level); level++, node /= 2) {
 		size_t side = node & 1;
 		/* A left side whose right holds no unit meets no one. */
-		if (side == 0 && ((node + 1) << level) - r->width >= r->n_units)
+		if (side == 0 &&
+		    ((node + 1) << level) - r->width >= r->total_units)
 			continue;
+
 		struct tree_node *t = &tree[node / 2];
 		t->anchor[side] = anchor;
 		/* acq_rel: the release publishes this side's anchor and the
@@ -784,7 +924,7 @@ static int reducer_arrive(struct adg_reducer *r, size_t u, size_t i)
 			return rc;
 		}
 	}
-	return reducer_complete(r, i, anchor);
+	return reducer_complete(r, i, reducer_partial_at(r, node), anchor);
 }
 
 /* Hands parameter i's contribution of m's unit to the reducer. */
@@ -891,7 +1031,7 @@ int adg_reducer_next_unit(adg_reducer *reducer, size_t participant,
 	reducer_unit_at(r, reducer_round(r), u)->next = m->units;
 	m->units = u;
 	m->unit = u;
-	*unit = u;
+	*unit = r->first_unit + u;
 	return 0;
 }
 

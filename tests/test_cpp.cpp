@@ -7,6 +7,7 @@
  * main); exits non-zero on a failure. */
 #include <adg.hpp>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -1961,6 +1962,29 @@ TEST(a_reducer_with_units_gives_the_same_bits_at_every_t)
 		      EXPECT(e.code().value() == ADG_ESTATE));
 	red.end(0);
 	EXPECT(red.rounds() == 1);
+
+	/* A rank's share, units 3 and 4 of a job of 5: apply sees the
+	 * partial sums of the largest subtrees of the job's tree within it,
+	 * [3, 4) and [4, 8) cut at 5. */
+	adg::reducer_options<double> share;
+	share.units = 2;
+	share.first_unit = 3;
+	share.total_units = 5;
+	std::vector<std::pair<std::size_t, std::size_t>> seen;
+	adg::reducer<double> rank(
+		1, m.params,
+		[&](const adg::reduction<double> &r) {
+			if (r.param == 0)
+				seen.emplace_back(r.first_unit, r.n_units);
+		},
+		share);
+	rank.round(0, [&](std::size_t unit) {
+		EXPECT(unit == 3 || unit == 4);
+		rank.give(0, m.params[0], 1.0);
+	});
+	std::sort(seen.begin(), seen.end());
+	EXPECT(seen.size() == 2 && seen[0] == std::make_pair(3ul, 1ul) &&
+	       seen[1] == std::make_pair(4ul, 1ul));
 }
 
 /* An apply that throws fails the round for every participant too. */

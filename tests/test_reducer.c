@@ -1736,3 +1736,186 @@ CHECKED_TEST(reducer, participants_waiting_at_the_end_take_slices)
 		cr_assert_eq(atomic_load(&m.applies[0][k]), 1);
 	cr_assert_eq(adg_reducer_free(m.red), 0);
 }
+
+/* ------------------------------------------------ a job's units in ranks */
+
+#define RANKS	 5
+#define PARTIALS 16 /* at most 2 log2(units) per parameter and rank */
+#define JOB	 11 /* units: padded to 16, and split unevenly */
+
+/* R reducers, the ranks of a job, each of a contiguous range of its
+ * units, run one after the other in one process; each one's partial
+ * sums are kept, by parameter, and folded over the job's tree here. */
+struct ranked {
+	struct model *m;
+	adg_reducer *red[RANKS];
+	int rank; /* the one running */
+	struct part {
+		size_t first, count;
+		bool has;
+		double sum;
+	} part[RANKS][NP][PARTIALS];
+	atomic_int n_part[RANKS][NP];
+	atomic_int bad;
+};
+
+static int ranked_apply(const adg_reduction *red, void *ctx)
+{
+	struct ranked *rk = ctx;
+	int i = (int)red->param;
+	int j = atomic_fetch_add(&rk->n_part[rk->rank][i], 1);
+	if (i >= NP || j >= PARTIALS || red->n_units == 0) {
+		atomic_fetch_add(&rk->bad, 1);
+		return 0;
+	}
+	rk->part[rk->rank][i][j] =
+		(struct part){red->first_unit, red->n_units, red->sum != NULL,
+			      red->sum != NULL ? *(double *)red->sum : 0};
+	return 0;
+}
+
+/* Parameter i's sum over the job's units first to first + count - 1
+ * (count a power of two) in the job's tree: a rank's partial sum where
+ * one covers them, else its halves folded. NULL: no unit had one. */
+static double *ranked_fold(struct ranked *rk, int ranks, int i, size_t first,
+			   size_t count)
+{
+	size_t end = first + count < JOB ? first + count : JOB;
+	if (first >= end)
+		return NULL;
+	for (int r = 0; r < ranks; r++)
+		for (int j = 0; j < atomic_load(&rk->n_part[r][i]); j++) {
+			struct part *p = &rk->part[r][i][j];
+			if (p->first == first && p->count == end - first)
+				return p->has ? &p->sum : NULL;
+		}
+	cr_assert_gt(count, 1, "unit %zu in no rank's partial sums", first);
+	void *a = ranked_fold(rk, ranks, i, first, count / 2);
+	void *b = ranked_fold(rk, ranks, i, first + count / 2, count / 2);
+	if (a == NULL)
+		return b;
+	if (b != NULL)
+		mix_add(&a, b, NULL);
+	return a;
+}
+
+static void *ranked_participant(void *arg)
+{
+	struct thread *th = arg;
+	struct ranked *rk = th->s;
+	struct model *m = rk->m;
+	this_participant = th->i;
+	adg_backward_options o = {0};
+	if (adg_reducer_hook(m->red, (size_t)th->i, &o) != 0)
+		atomic_fetch_add(&rk->bad, 1);
+	size_t unit;
+	int k = m->rounds; /* the round under way */
+	while (adg_reducer_next_unit(m->red, (size_t)th->i, &unit) == 0 &&
+	       unit != ADG_REDUCER_NO_UNIT)
+		if (unit_backward(m, th->i, unit, k, &o) != 0)
+			atomic_fetch_add(&rk->bad, 1);
+	jitter();
+	if (adg_reducer_end(m->red, (size_t)th->i, 0) != 0)
+		atomic_fetch_add(&rk->bad, 1);
+	return NULL;
+}
+
+/* ROUNDS rounds of a job of JOB units in R ranks of T threads each. */
+static void ranked_train(struct ranked *rk, int ranks, int t, int rounds)
+{
+	struct model *m = rk->m;
+	for (int r = 0; r < ranks; r++) {
+		size_t lo = (size_t)(r * JOB / ranks),
+		       hi = (size_t)((r + 1) * JOB / ranks);
+		adg_reducer_options o = {
+			.n_participants = (size_t)t,
+			.n_units = hi - lo,
+			.first_unit = lo,
+			.total_units = JOB,
+			.param_ids = m->id,
+			.n_params = NP,
+			.ops = {mix_add, ranked_apply, release_value, m},
+		};
+		o.ops.ctx = rk;
+		cr_assert_eq(adg_reducer_new(&o, &rk->red[r]), 0);
+	}
+	for (m->rounds = 0; m->rounds < rounds; m->rounds++) {
+		memset(rk->n_part, 0, sizeof rk->n_part);
+		for (rk->rank = 0; rk->rank < ranks; rk->rank++) {
+			m->red = rk->red[rk->rank];
+			run_threads(t, ranked_participant, rk);
+		}
+		for (int i = 0; i < NP; i++) {
+			double *sum = ranked_fold(rk, ranks, i, 0, 16);
+			if (sum != NULL)
+				m->w[i] -= LR * *sum;
+		}
+	}
+	for (int r = 0; r < ranks; r++)
+		cr_assert_eq(adg_reducer_free(rk->red[r]), 0);
+}
+
+/* A job's JOB units in R = 1 to 5 ranks (contiguous ranges, most not
+ * subtrees of the job's tree) of T = 1 to 3 threads: the ranks' partial
+ * sums folded over the rest of the job's tree give bitwise the weights of
+ * one reducer of every unit. */
+CHECKED_TEST(reducer, ranks_partial_sums_fold_to_the_same_bits)
+{
+	enum { ROUNDS = 3 };
+	double want[NP];
+	unit_reference_weights(JOB, ROUNDS, want);
+	for (int ranks = 1; ranks <= RANKS; ranks++)
+		for (int t = 1; t <= 3; t++) {
+			static struct ranked rk;
+			struct model m;
+			model_open(&m, t);
+			m.units = JOB;
+			memset(&rk, 0, sizeof rk);
+			rk.m = &m;
+			ranked_train(&rk, ranks, t, ROUNDS);
+			cr_assert_eq(atomic_load(&rk.bad), 0);
+			cr_assert_eq(atomic_load(&m.bad), 0);
+			/* Ranges that are not subtrees have more partial
+			 * sums than ranks: those of R = 2 to 4 (R = 5's
+			 * are [0, 2), [2, 4), [4, 6), [6, 8) and [8, 16)
+			 * cut at the job's end). */
+			int parts = 0;
+			for (int r = 0; r < ranks; r++)
+				parts += atomic_load(&rk.n_part[r][0]);
+			cr_assert(ranks == 1 || ranks == 5 ? parts == ranks
+							   : parts > ranks,
+				  "R = %d: %d partial sums", ranks, parts);
+			char what[48];
+			snprintf(what, sizeof what, "R = %d, T = %d", ranks, t);
+			expect_same_weights(m.w, want, what);
+			model_close(&m);
+		}
+}
+
+/* A range that does not fit in the job, or a range without units or with
+ * slices, is refused. */
+CHECKED_TEST(reducer, ranges_of_units_are_checked)
+{
+	uint64_t ids[2] = {3, 4};
+	size_t slices[2] = {2, 1};
+	adg_reducer_options good = {
+		.n_participants = 1,
+		.n_units = 3,
+		.first_unit = 5,
+		.total_units = 8,
+		.param_ids = ids,
+		.n_params = 2,
+		.ops = {mix_add, noop_apply, noop_release, NULL, vec_add_slice},
+	};
+	adg_reducer *r;
+	cr_assert_eq(adg_reducer_new(&good, &r), 0);
+	cr_assert_eq(adg_reducer_free(r), 0);
+	adg_reducer_options o[5] = {good, good, good, good, good};
+	o[0].first_unit = 6; /* past the job */
+	o[1].n_units = 0;    /* a range without units */
+	o[2].total_units = ADG_REDUCER_MAX_UNITS + 1; /* too many */
+	o[3].param_slices = slices;		      /* slices */
+	o[4].total_units = 0;			      /* first_unit alone */
+	for (int k = 0; k < 5; k++)
+		cr_assert_eq(adg_reducer_new(&o[k], &r), ADG_EINVAL, "%d", k);
+}

@@ -99,6 +99,11 @@ typedef struct adg_reduction {
 	 * slice of sum to apply, 0 to n_slices - 1; apply touches only that
 	 * part of the parameter. 0 of 1 otherwise. */
 	size_t slice, n_slices;
+	/* The units sum covers, first_unit to first_unit + n_units - 1: all
+	 * of them (0 to U - 1), or, for a reducer that holds a range of a
+	 * job's units (adg_reducer_options.total_units), one of its partial
+	 * sums: a subtree of the job's tree within the range. */
+	size_t first_unit, n_units;
 } adg_reduction;
 
 typedef struct adg_reducer_ops {
@@ -158,6 +163,20 @@ typedef struct adg_reducer_options {
 	const uint64_t *param_ids; /* leaf ids, distinct, non-zero (copied) */
 	size_t n_params;	   /* >= 1 */
 	adg_reducer_ops ops;	   /* copied */
+	/* A rank's share of a job: nonzero, the job's units, of which this
+	 * reducer holds first_unit to first_unit + n_units - 1 (first_unit +
+	 * n_units <= total_units <= ADG_REDUCER_MAX_UNITS; no parameter in
+	 * slices). Its trees are the job's, over total_units leaves, cut to
+	 * its range: apply is called once per parameter for each largest
+	 * subtree whose units are all in the range (its partial sum,
+	 * adg_reduction.first_unit and n_units), in the order of their units;
+	 * at most 2 log2(total_units) of them. Fold the ranks' partial sums
+	 * over the rest of the job's tree, in its order (a node adds its
+	 * right subtree's sum into its left one's), and every rank count
+	 * gives the bits of one reducer of all the units.
+	 * adg_reducer_next_unit deals units of the range (job indices).
+	 * 0: the reducer holds the whole round (first_unit must be 0). */
+	size_t first_unit, total_units;
 	/* 0 (all or nothing): apply nothing until every participant has
 	 * ended the round without error, then every parameter, shared out
 	 * among the participants at the barrier. Nonzero: apply each
@@ -184,9 +203,11 @@ typedef struct adg_reducer_options {
 } adg_reducer_options;
 
 /* Creates a reducer. Errors: ADG_EINVAL (NULL argument, T or n_params 0,
- * n_units above ADG_REDUCER_MAX_UNITS, a required op missing, an id 0 or
+ * n_units above ADG_REDUCER_MAX_UNITS, a range of units that does not fit
+ * in total_units or without units, a required op missing, an id 0 or
  * repeated, one allocator callback, a slice count 0 or above
- * ADG_REDUCER_MAX_SLICES, slices without add_slice), ADG_ENOMEM. */
+ * ADG_REDUCER_MAX_SLICES, slices without add_slice or with a range of
+ * units), ADG_ENOMEM. */
 ADG_API int adg_reducer_new(const adg_reducer_options *options,
 			    adg_reducer **out);
 
@@ -225,7 +246,8 @@ ADG_API int adg_reducer_give(adg_reducer *reducer, size_t participant,
 			     uint64_t id, void *value);
 
 /* Deals participant the round's next unit, the lowest not yet dealt:
- * *unit is its index, to which participant's gives and hook go until
+ * *unit is its index (among the job's units, with total_units), to which
+ participant's gives and hook go until
  * adg_reducer_unit_end, or ADG_REDUCER_NO_UNIT once every unit of the
  * round is dealt (or the round has failed: no use computing more). Any
  * thread deals to any participant; which participant gets which unit

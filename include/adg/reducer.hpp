@@ -43,6 +43,9 @@ template <class G> struct reduction {
 	/* A parameter in slices (reducer_options::slices): which slice of
 	 * sum to apply, 0 to n_slices - 1. 0 of 1 otherwise. */
 	std::size_t slice = 0, n_slices = 1;
+	/* The units sum covers: all of them, or a partial sum of a rank's
+	 * share (reducer_options::total_units). */
+	std::size_t first_unit = 0, n_units = 0;
 };
 
 /* What a reducer may be given besides its apply
@@ -73,6 +76,11 @@ template <class G> struct reducer_options {
 	/* U, the units of every round, dealt by next_unit and round; 0: one
 	 * per participant (adg_reducer_options.n_units). */
 	std::size_t units = 0;
+	/* A rank's share of a job of total_units units: this reducer's are
+	 * first_unit to first_unit + units - 1, and apply sees their partial
+	 * sums (adg_reducer_options.first_unit, total_units). 0: the
+	 * whole round. */
+	std::size_t first_unit = 0, total_units = 0;
 };
 
 /* Owns an adg_reducer whose gradients are G (the backward's T). Move-only;
@@ -246,7 +254,8 @@ template <class G> struct reducer<G>::state {
 				sum = static_cast<G *>(r->sum);
 			}
 			self->apply(reduction<G>{r->param, r->id, r->round, sum,
-						 r->slice, r->n_slices});
+						 r->slice, r->n_slices,
+						 r->first_unit, r->n_units});
 			return 0;
 		} catch (...) {
 			self->keep(r->round, std::current_exception());
@@ -331,6 +340,8 @@ reducer<G>::reducer(std::size_t participants, const std::vector<node> &params,
 	o.ops.ctx = state_.get();
 	o.apply_early = options.apply_early;
 	o.n_units = options.units;
+	o.first_unit = options.first_unit;
+	o.total_units = options.total_units;
 
 	if (!options.slices.empty())
 		o.param_slices = options.slices.data();
