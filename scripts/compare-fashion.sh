@@ -5,8 +5,11 @@
 # and batch order), and each side's floor: the same GEMMs and elementwise
 # work with no autodiff at all. Six programs per cell, at T threads and
 # mini-batches of B:
-#   libadg sync       fashion --mode sync: each batch split across the T
-#                     threads, gradients summed by libadg's reducer
+#   libadg sync       fashion --mode sync --unit-rows 0: each batch split
+#                     across the T threads, gradients summed by libadg's
+#                     reducer (a share per thread, as the floor splits
+#                     it; sync's default units cost more at T = 1, see
+#                     docs/trainers.md)
 #   libadg Hogwild    fashion --mode hogwild
 #   libadg floor      bench/compare/fashion_floor.c: sync's arithmetic by
 #                     hand over examples/tensor's kernels (it ends with
@@ -108,7 +111,7 @@ for b in "${batch_sizes[@]}"; do
 			# shellcheck disable=SC2086
 			{
 				cell adg-sync "$b" "$t" $one "$adg" --mode sync \
-					--threads "$t" --batch "$b" \
+					--unit-rows 0 --threads "$t" --batch "$b" \
 					--epochs "$epochs" "$data"
 				cell torch-intra "$b" "$t" $many "$torch" intra \
 					"$setup" "$data" "$t"

@@ -15,8 +15,10 @@
  * parameter, summing the T gradients in thread order, and a second
  * barrier ends the batch. The arithmetic is fashion's, operation for
  * operation, so the final weights are bitwise those of `fashion --mode
- * sync` with the same T (the result line prints their hash, as fashion's
- * does).
+ * sync --unit-rows 0` (a share per thread) with the same T, at T = 1 and
+ * 2, where the reducer's tree over the shares is thread order (the
+ * result line prints their hash, as fashion's does). Sync's default,
+ * units of rows, sums other splits of each batch.
  *
  * Usage: fashion_floor SETUP_DIR DATA_DIR THREADS
  * Prints a line per epoch and a "result key=value ..." line, with

@@ -5,17 +5,21 @@
  *
  * Each epoch shuffles the training images into one shared order, and the
  * threads train on it one of two ways (--mode):
- * - sync (the default): every mini-batch is split across the T threads.
- *   Each records the forward pass of its share as a graph of its own
- *   (examples/tensor/tensor.h), runs its backward, and hands each
- *   parameter's gradient, from the gradient-ready hook, to a gradient
- *   reducer (adg_reducer). When a parameter's last gradient arrives, the
- *   reducer sums the T gradients in thread order and applies one SGD step
- *   to it, while the other threads' backward passes go on with earlier
- *   layers; adg_reducer_end waits for the batch's last update, so the next
- *   batch's forward reads updated weights. The sum's order does not depend
- *   on the timing: two runs with the same T end with bitwise identical
- *   weights (the result line prints their hash).
+ * - sync (the default): every mini-batch is cut into units of
+ *   --unit-rows rows, as many whatever the thread count, and the T
+ *   threads take them in turn. Each records a unit's forward pass as a
+ *   graph of its own (examples/tensor/tensor.h), runs its backward, and
+ *   hands each parameter's gradient, from the gradient-ready hook, to a
+ *   gradient reducer (adg_reducer), which sums the units' gradients in a
+ *   tree over unit indices as they arrive, while the other units'
+ *   backward passes go on; once every thread has ended the batch it
+ *   applies one SGD step to each parameter, and adg_reducer_end waits for
+ *   the batch's last update, so the next batch's forward reads updated
+ *   weights. The sum's order depends on neither the timing nor T: runs
+ *   with any T end with bitwise identical weights (the result line
+ *   prints their hash). --unit-rows 0 cuts each batch into one share per
+ *   thread instead, summed in thread order: the same weights for a given
+ *   T only.
  * - hogwild: the threads take whole mini-batches in turn, and each updates
  *   the shared parameters without a lock as soon as each one's gradient is
  *   final, as examples/digits does.
@@ -289,6 +293,7 @@ struct options {
 	const char *data, *csv, *export_dir;
 	int threads[MAX_RUNS], n_runs;
 	int batch, epochs, train_subset;
+	int unit_rows; /* sync: rows per unit; 0: a share per thread */
 	enum train_mode mode;
 	double lr; /* the first epoch's; see learning_rate */
 	uint64_t seed;
@@ -301,6 +306,15 @@ struct options {
  * of the model) would otherwise be summed and updated by one thread
  * while the others wait at the barrier. */
 #define SLICED_ELEMENTS 4096
+
+/* Sync's rows per unit, by default. Every unit costs a fold of the whole
+ * gradient, 235,146 floats (the first layer's 200,704 of them), about
+ * 0.9 MB read twice and written once, and GEMMs of fewer rows: on one
+ * thread at B = 64, two units of 32 train at 0.88 x one of 64, four of
+ * 16 at 0.74 x (docs/trainers.md). Fewer rows would add folds faster
+ * than threads to share them; more would leave the default batch of 64
+ * one unit, work for one thread. So B = 64 is two units, B = 256 eight. */
+#define UNIT_ROWS 32
 
 /* Trains a fresh model (the same initial weights every run) on n_threads
  * threads; returns 0, or 1 on an error (printed). */
@@ -321,7 +335,8 @@ static int run(const struct options *o, struct model *m,
 			   .first_lr = o->lr,
 			   .seed = o->seed,
 			   .name_mode = 1,
-			   .slice_from = SLICED_ELEMENTS};
+			   .slice_from = SLICED_ELEMENTS,
+			   .unit_rows = o->unit_rows};
 	model_init(m, o->seed);
 	return runner_run(&r, csv, outcome);
 }
@@ -416,14 +431,23 @@ static void usage(FILE *to)
 		"(scripts/fetch-fashion.sh)\n"
 		"  --threads LIST   thread counts to train with, one run "
 		"each (1,2; default 1)\n"
-		"  --mode M         sync (the default): each batch is split "
-		"across the threads,\n"
-		"                   and a gradient reducer sums their "
-		"gradients in thread order\n"
-		"                   before one update; hogwild: each thread "
-		"takes whole batches\n"
-		"                   and updates the shared weights without a "
-		"lock\n"
+		"  --mode M         sync (the default): each batch is cut "
+		"into units that the\n"
+		"                   threads take in turn, and a gradient "
+		"reducer sums their\n"
+		"                   gradients in a fixed order before one "
+		"update: the same\n"
+		"                   weights at any thread count; hogwild: "
+		"each thread takes\n"
+		"                   whole batches and updates the shared "
+		"weights without a lock\n"
+		"  --unit-rows N    sync: N rows per unit (default %d; each "
+		"unit costs a sum\n"
+		"                   of the whole gradient); 0: one share of "
+		"each batch per\n"
+		"                   thread, summed in thread order (the "
+		"weights then depend\n"
+		"                   on the thread count)\n"
 		"  --batch B        mini-batch size (default 64)\n"
 		"  --epochs E       epochs per run (default 10)\n"
 		"  --lr X           first epoch's learning rate, falling "
@@ -439,12 +463,15 @@ static void usage(FILE *to)
 		"train nothing\n"
 		"  --min-test-accuracy P  exit 1 unless every run ends at "
 		"P%% or more\n"
-		"  --same-weights   exit 1 unless the runs with the same "
-		"thread count end\n"
-		"                   with bitwise identical weights\n"
+		"  --same-weights   exit 1 unless the runs end with bitwise "
+		"identical weights:\n"
+		"                   all of them in sync with units, else "
+		"those with the same\n"
+		"                   thread count\n"
 		"  --skip-if-missing      exit 77 (a skipped test) when a "
 		"file of DIR does\n"
-		"                   not exist\n");
+		"                   not exist\n",
+		UNIT_ROWS);
 }
 
 static int parse_options(int argc, char **argv, struct options *o)
@@ -453,6 +480,7 @@ static int parse_options(int argc, char **argv, struct options *o)
 		{"threads", required_argument, NULL, 't'},
 		{"mode", required_argument, NULL, 'o'},
 		{"batch", required_argument, NULL, 'b'},
+		{"unit-rows", required_argument, NULL, 'u'},
 		{"epochs", required_argument, NULL, 'e'},
 		{"lr", required_argument, NULL, 'l'},
 		{"seed", required_argument, NULL, 's'},
@@ -468,6 +496,7 @@ static int parse_options(int argc, char **argv, struct options *o)
 			      .n_runs = 1,
 			      .mode = MODE_SYNC,
 			      .batch = 64,
+			      .unit_rows = UNIT_ROWS,
 			      .epochs = 10,
 			      .lr = 0.1,
 			      .seed = 1,
@@ -487,6 +516,9 @@ static int parse_options(int argc, char **argv, struct options *o)
 			continue;
 		case 'b':
 			o->batch = (int)strtol(optarg, &end, 10);
+			break;
+		case 'u':
+			o->unit_rows = (int)strtol(optarg, &end, 10);
 			break;
 		case 'e':
 			o->epochs = (int)strtol(optarg, &end, 10);
@@ -526,7 +558,7 @@ static int parse_options(int argc, char **argv, struct options *o)
 	}
 	if (optind != argc - 1 || o->batch < 1 || o->batch > 4096 ||
 	    o->epochs < 1 || o->epochs > 10000 || !(o->lr > 0) ||
-	    o->train_subset < 0)
+	    o->train_subset < 0 || o->unit_rows < 0 || o->unit_rows > 4096)
 		return -1;
 	o->data = argv[optind];
 	return 0;
@@ -582,18 +614,10 @@ int main(int argc, char **argv)
 				o.min_test_accuracy);
 			failed = 1;
 		}
-		for (int q = 0; !failed && o.same_weights && q < r; q++) {
-			if (o.threads[q] == o.threads[r] &&
-			    outcomes[q].hash != out->hash) {
-				fprintf(stderr,
-					"T=%d: runs %d and %d end with "
-					"different weights (%016" PRIx64
-					" and %016" PRIx64 ")\n",
-					o.threads[r], q + 1, r + 1,
-					outcomes[q].hash, out->hash);
-				failed = 1;
-			}
-		}
+		if (!failed && o.same_weights)
+			failed = runner_same_weights(o.threads, outcomes, r,
+						     o.mode == MODE_SYNC &&
+							     o.unit_rows > 0);
 	}
 	if (csv != NULL && (ferror(csv) | fclose(csv))) {
 		fprintf(stderr, "%s: write failed\n", o.csv);

@@ -16,12 +16,15 @@
  * the same model; their sums are taken in other orders.
  *
  * Threads train one of three ways:
- * - sync (--mode sync, the default): each mini-batch's graphs are dealt
- *   to the T threads, whole (share_of); each records its share and runs
- *   their backward with a gradient reducer's hook (adg::reducer), which
- *   sums each parameter's T gradients in thread order and applies one SGD
- *   step. Bitwise reproducible for a given T; on one thread, bitwise the
- *   plain trainer.
+ * - sync (--mode sync, the default): each mini-batch's graphs are dealt,
+ *   whole, into ceil(B / --unit-words) work units (deal), as many
+ *   whatever the thread count; the T threads take the units in turn,
+ *   record each and run its backward with a gradient reducer's hook
+ *   (adg::reducer), which sums each parameter's unit gradients in a
+ *   fixed tree over unit indices and applies one SGD step once the round
+ *   is done. Bitwise the same weights at every T. --unit-words 0 deals
+ *   the graphs to the T threads instead, summed in thread order: bitwise
+ *   reproducible for a given T, and on one thread the plain trainer.
  * - hogwild: each thread takes whole mini-batches in turn and applies each
  *   parameter's gradient, without a lock, as soon as it is final.
  * - --models N: N independent models, each trained by one thread from its
@@ -384,21 +387,25 @@ split_into_graphs(const words::dataset &d, const int *ids, int n, graphs how)
 	return groups;
 }
 
-/* Participant part's share of a batch's graphs, of parts: whole graphs,
- * dealt largest first, each to the participant with the least work so
- * far (the lowest index on a tie), then kept in the batch's order. Whole
- * graphs, so that a share's time steps multiply as many words at once as
- * the batch's do: cutting each group in T would leave each thread nearly
- * as many time steps, of fewer words each. A graph's work: its length
- * times its words plus 2, a time step's cost being about that of two
- * words besides theirs. The same on every participant, whatever the
- * timing: part of a sync round's reproducibility. */
-std::vector<std::vector<int>> share_of(const words::dataset &d,
-				       std::vector<std::vector<int>> groups,
-				       int part, int parts)
+/* A batch's graphs dealt into parts: whole graphs, largest first, each to
+ * the part with the least work so far (the lowest index on a tie), each
+ * part's then kept in the batch's order; a part may get none. Whole
+ * graphs, so that a part's time steps multiply as many words at once as
+ * the batch's do: cutting each group in parts would leave each nearly as
+ * many time steps, of fewer words each. A graph's work: its length times
+ * its words plus 2, a time step's cost being about that of two words
+ * besides theirs. It depends on the batch and parts alone, whatever the
+ * timing: with the units of sync as the parts, part of what makes a
+ * round's sums the same at every T. */
+std::vector<std::vector<std::vector<int>>>
+deal(const words::dataset &d, std::vector<std::vector<int>> groups, int parts)
 {
-	if (parts == 1)
-		return groups;
+	std::vector<std::vector<std::vector<int>>> dealt(
+		static_cast<std::size_t>(parts));
+	if (parts == 1) {
+		dealt[0] = std::move(groups);
+		return dealt;
+	}
 	auto work = [&](const std::vector<int> &g) {
 		return static_cast<long>(d.text[g[0]].size()) *
 		       static_cast<long>(g.size() + 2);
@@ -410,19 +417,17 @@ std::vector<std::vector<int>> share_of(const words::dataset &d,
 		return work(groups[x]) > work(groups[y]);
 	});
 	std::vector<long> load(static_cast<std::size_t>(parts));
-	std::vector<bool> mine(groups.size());
+	std::vector<int> part_of(groups.size());
 	for (int g : by_work) {
 		int least = static_cast<int>(
 			std::min_element(load.begin(), load.end()) -
 			load.begin());
 		load[least] += work(groups[g]);
-		mine[g] = least == part;
+		part_of[g] = least;
 	}
-	std::vector<std::vector<int>> share;
 	for (std::size_t i = 0; i < groups.size(); i++)
-		if (mine[i])
-			share.push_back(std::move(groups[i]));
-	return share;
+		dealt[part_of[i]].push_back(std::move(groups[i]));
+	return dealt;
 }
 
 /* One thread's recording of batches for one model: the copy of the
@@ -437,12 +442,16 @@ public:
 
 	/* Records one graph per group of words of d (split_into_graphs),
 	 * joined by their loss: the sum of the words' cross-entropies over
-	 * batch, the batch's size. An empty node when there is no group. */
+	 * batch, the batch's size. An empty node when there is no group.
+	 * Reads the weights as refresh copied them last; with fresh, copies
+	 * them first. */
 	adg::node record(const words::dataset &d,
-			 const std::vector<std::vector<int>> &groups, int batch)
+			 const std::vector<std::vector<int>> &groups, int batch,
+			 bool fresh = true)
 	{
-		mem_.reset(); /* the last batch's graphs are gone */
-		model_.copy_to(w_);
+		mem_.reset(); /* the last batch's (or unit's) graphs are gone */
+		if (fresh)
+			refresh();
 		if (groups.empty())
 			return adg::node();
 		std::vector<adg::node> losses;
@@ -459,6 +468,13 @@ public:
 					c.give(i, scalar(c.grad()->band[0]));
 			},
 			"sum");
+	}
+
+	/* Copies the weights that record's kernels read: once a round in
+	 * sync with units, whose units all read the round's weights. */
+	void refresh()
+	{
+		model_.copy_to(w_);
 	}
 
 	/* The summed cross-entropy and the words, since the last take. */
@@ -677,12 +693,23 @@ const char *mode_name(mode m)
 	}
 }
 
+/* Sync's words per unit, by default: a batch of B words is ceil(B / 16)
+ * units. Each unit costs a backward of its own and its gradient,
+ * 27,593 floats, made whole and folded: on one thread at B = 32, two
+ * units train at 0.99 x the plain trainer, within the noise
+ * (docs/trainers.md). 16 makes the default batch of 32 two units, dealt
+ * as the shares of two threads were, and B = 256 sixteen, a unit for
+ * each of 16 threads. */
+constexpr int default_unit_words = 16;
+
 struct options {
 	std::string data, csv, export_dir;
 	std::vector<int> threads{1};
 	mode how = mode::sync;
 	graphs shape = graphs::length;
 	int models = 1, batch = 32, epochs = 5, subset = 0, test_subset = 0;
+	/* Sync: words per unit; 0, a share per thread. */
+	int unit_words = default_unit_words;
 	double lr = 0.1;
 	std::uint64_t seed = 1;
 	double min_test_accuracy = -1;
@@ -767,16 +794,22 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 		};
 		return b;
 	};
-	/* Sync: the reducer sums each parameter's gradients in thread order
-	 * and applies them once per batch. Each participant multiplies out
-	 * its own products first, from the ready hook, so that the threads
-	 * share that work; the reducer's apply only adds and steps. The
-	 * large parameters are cut into slices of rows, which the threads
-	 * waiting at the batch's end fold and apply beside the last one to
-	 * finish its backward, instead of waiting while it does all. */
+	/* Sync: the reducer sums each parameter's gradients in a tree over
+	 * unit indices (or thread indices, a share per thread) and applies
+	 * them once per batch, when every thread has ended it (all or
+	 * nothing). Each thread multiplies out the products of each of its
+	 * units from the ready hook, so that the threads share that work;
+	 * the reducer only adds and steps. The large parameters are cut into
+	 * slices of rows, which the threads at the batch's end fold and
+	 * apply side by side; that changes no bit (whole bands add alike in
+	 * slices or not). */
+	const bool units = o.how == mode::sync && o.unit_words > 0;
+	const int n_units =
+		units ? (o.batch + o.unit_words - 1) / o.unit_words : 0;
 	std::unique_ptr<adg::reducer<grad>> red;
 	if (o.how == mode::sync) {
 		adg::reducer_options<grad> ro;
+		ro.units = static_cast<std::size_t>(n_units);
 		for (int p = 0; p < gru::n_params; p++)
 			ro.slices.push_back(n_threads > 1 && gru::elements(p) >=
 								     4096
@@ -810,10 +843,14 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 	std::atomic<int> next{0};
 	adg::backward_options multiplied;
 	multiplied.leaves_only = true;
-	multiplied.on_ready = [n_threads](std::uint64_t, adg::grad_ref g) {
+	/* Whole for the slices; with units whole at every T, so that the
+	 * sums take the same arithmetic whatever the slices (a band added
+	 * to a band keeps a -0 that a whole matrix's +0 would not). */
+	multiplied.on_ready = [whole = units || n_threads > 1](
+				      std::uint64_t, adg::grad_ref g) {
 		grad *mine = g.as<grad>();
-		if (mine != nullptr && n_threads > 1)
-			mine->make_whole(); /* for the slices */
+		if (mine != nullptr && whole)
+			mine->make_whole();
 		else if (mine != nullptr)
 			mine->multiply_out();
 	};
@@ -825,18 +862,30 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 			for (int k = 0; k < n_batches; k++) {
 				int first = k * o.batch;
 				int size = std::min(o.batch, n - first);
-				auto share = share_of(
-					train_set,
-					split_into_graphs(train_set,
-							  &order[0][first],
-							  size, o.shape),
-					t, n_threads);
-				red->round(t, [&] {
-					adg::node loss = l.record(train_set,
-								  share, size);
+				auto dealt =
+					deal(train_set,
+					     split_into_graphs(train_set,
+							       &order[0][first],
+							       size, o.shape),
+					     units ? n_units : n_threads);
+				/* A unit with no graph (a batch with fewer
+				 * graphs than units) gives no gradient. */
+				auto run = [&](std::size_t u, bool fresh) {
+					adg::node loss =
+						l.record(train_set, dealt[u],
+							 size, fresh);
 					if (loss)
 						adg::backward(loss, scalar(1),
 							      hooked);
+				};
+				if (!units) {
+					red->round(t, [&] { run(t, true); });
+					continue;
+				}
+				/* Every unit reads the round's weights. */
+				l.refresh();
+				red->round(t, [&](std::size_t u) {
+					run(u, false);
 				});
 			}
 			return;
@@ -936,11 +985,12 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 	}
 	std::printf("result mode=%s threads=%d models=%d batch=%d graphs=%s "
 		    "epochs=%d samples_per_s=%.0f test_accuracy=%.2f "
-		    "weights=%016" PRIx64 " per_model_samples_per_s=%.0f\n",
+		    "weights=%016" PRIx64
+		    " per_model_samples_per_s=%.0f unit_words=%d\n",
 		    mode_name(o.how), n_threads, n_models, o.batch,
 		    o.shape == graphs::word ? "word" : "length", o.epochs,
 		    out.samples_per_s, out.accuracy, out.hash,
-		    out.per_model_samples_per_s);
+		    out.per_model_samples_per_s, units ? o.unit_words : 0);
 	std::fflush(stdout);
 	return out;
 }
@@ -954,11 +1004,13 @@ void usage(std::FILE *to)
 		"  DIR holds train.txt and test.txt (scripts/fetch-words.sh)\n"
 		"  --threads LIST   thread counts to train with, one run each "
 		"(1,2; default 1)\n"
-		"  --mode M         sync (the default): each batch split "
-		"across "
-		"the threads,\n"
-		"                   their gradients summed by a reducer; "
-		"hogwild: each thread\n"
+		"  --mode M         sync (the default): each batch's graphs "
+		"dealt into units\n"
+		"                   that the threads take in turn, their "
+		"gradients summed by a\n"
+		"                   reducer in a fixed order: the same weights "
+		"at any thread\n"
+		"                   count; hogwild: each thread\n"
 		"                   takes whole batches and updates the "
 		"weights "
 		"without a lock;\n"
@@ -969,6 +1021,13 @@ void usage(std::FILE *to)
 		"a batch's words\n"
 		"                   of one length; word: a graph per word\n"
 		"  --batch B        mini-batch size (default 32)\n"
+		"  --unit-words N   sync: ceil(B / N) units a batch (default "
+		"16; each costs a\n"
+		"                   backward and a sum of the whole gradient); "
+		"0: the graphs\n"
+		"                   dealt to the threads, summed in thread "
+		"order (the weights\n"
+		"                   then depend on the thread count)\n"
 		"  --epochs E       epochs per run (default 5)\n"
 		"  --lr X           first epoch's learning rate, falling "
 		"linearly to X / E\n"
@@ -985,15 +1044,16 @@ void usage(std::FILE *to)
 		"nothing\n"
 		"  --min-test-accuracy P  exit 1 unless every run ends at P% "
 		"or more\n"
-		"  --same-weights   exit 1 unless the runs with the same "
-		"thread "
-		"count end\n"
-		"                   with bitwise identical weights\n"
+		"  --same-weights   exit 1 unless the runs end with bitwise "
+		"identical weights:\n"
+		"                   all of them in sync with units, else those "
+		"with the same\n"
+		"                   thread count\n"
 		"  --same-as-plain  exit 1 unless every run on one thread ends "
 		"with the\n"
 		"                   weights of the plain trainer (trained "
-		"after "
-		"them)\n"
+		"after them); sync\n"
+		"                   with --unit-words 0 only\n"
 		"  --skip-if-missing  exit 77 (a skipped test) when DIR has no "
 		"data\n",
 		to);
@@ -1070,15 +1130,17 @@ bool parse(int argc, char **argv, options &o)
 			else
 				return false;
 		} else if (a == "--batch" || a == "--epochs" ||
-			   a == "--subset" || a == "--test-subset") {
+			   a == "--subset" || a == "--test-subset" ||
+			   a == "--unit-words") {
 			if (!number(v,
 				    a == "--batch" || a == "--epochs" ? 1 : 0,
 				    1000000, n))
 				return false;
-			(a == "--batch"	   ? o.batch
-			 : a == "--epochs" ? o.epochs
-			 : a == "--subset" ? o.subset
-					   : o.test_subset) =
+			(a == "--batch"	       ? o.batch
+			 : a == "--epochs"     ? o.epochs
+			 : a == "--subset"     ? o.subset
+			 : a == "--unit-words" ? o.unit_words
+					       : o.test_subset) =
 				static_cast<int>(n);
 		} else if (a == "--lr" || a == "--min-test-accuracy") {
 			char *end;
@@ -1104,6 +1166,10 @@ bool parse(int argc, char **argv, options &o)
 		for (int t : o.threads)
 			if (t != 1)
 				return false;
+	/* Units would make T = 1 sum per unit, the plain trainer per batch:
+	 * other bits. */
+	if (o.same_as_plain && o.how == mode::sync && o.unit_words > 0)
+		return false;
 	return !o.data.empty() && o.lr > 0;
 }
 
@@ -1184,18 +1250,25 @@ int main(int argc, char **argv)
 					     o.min_test_accuracy);
 				failed = 1;
 			}
+			/* With units every run ends with the same weights,
+			 * whatever its thread count. */
+			bool any_threads =
+				o.how == mode::sync && o.unit_words > 0;
 			for (std::size_t q = 0; o.same_weights && q < r; q++)
-				if (o.threads[q] == o.threads[r] &&
+				if ((any_threads ||
+				     o.threads[q] == o.threads[r]) &&
 				    outcomes[q].hash != out.hash) {
 					std::fprintf(
 						stderr,
-						"T=%d: runs %zu and %zu end "
-						"with different weights "
-						"(%016" PRIx64
+						"T=%d and T=%d: runs %zu and "
+						"%zu end with different "
+						"weights (%016" PRIx64
 						" and %016" PRIx64 ")\n",
-						o.threads[r], q + 1, r + 1,
-						outcomes[q].hash, out.hash);
+						o.threads[q], o.threads[r],
+						q + 1, r + 1, outcomes[q].hash,
+						out.hash);
 					failed = 1;
+					break;
 				}
 		}
 		if (o.same_as_plain) {

@@ -174,11 +174,12 @@ static int hogwild_ready(uint64_t id, void **grad, void *ctx)
 	return 0;
 }
 
-/* Sync: the reducer's ops. add folds one thread's gradient into the sum
- * (a gradient of another thread's pool, which it reads and writes but
- * does not keep); apply takes one SGD step with the sum of all threads'
- * gradients, with plain stores (see struct param); release gives a
- * gradient back to its thread's pool, on that thread. */
+/* Sync: the reducer's ops. add folds one unit's gradient (or a subtree's
+ * sum) into another's (a gradient of some thread's pool, which it reads
+ * and writes but does not keep); apply takes one SGD step with the sum of
+ * the batch's gradients, with plain stores (see struct param); release
+ * gives a gradient back to the pool of the thread that made it, on that
+ * thread. */
 static int reducer_add(void **sum, const void *value, void *ctx)
 {
 	(void)ctx;
@@ -231,7 +232,10 @@ static void reducer_release(void *value, size_t participant, void *ctx)
 	pool_put(&run->workers[participant].pool, value);
 }
 
-/* Sync: a reducer of the model's parameters, participant t worker t. */
+/* Sync: a reducer of the model's parameters, participant t worker t,
+ * with ceil(batch / unit_rows) units a round (none: unit_rows 0). The
+ * applies wait for the round's end (all or nothing): a failed batch
+ * leaves every weight as it was. */
 static int reducer_new(struct runner *r)
 {
 	const struct model *m = r->model;
@@ -241,14 +245,21 @@ static int reducer_new(struct runner *r)
 		ids[i] = m->params[i].id;
 		elements[i] = param_elements(&m->params[i]);
 	}
-	adg_reducer_ops ops = {.add = reducer_add,
-			       .apply = reducer_apply,
-			       .release = reducer_release,
-			       .ctx = r,
-			       .add_slice = reducer_add_slice};
-	return sync_reducer_new(&ops, (size_t)r->n_threads, ids, elements,
-				(size_t)m->n_params, r->slice_from,
-				&r->reducer);
+	adg_reducer_options o = {
+		.n_participants = (size_t)r->n_threads,
+		.n_units = r->unit_rows > 0
+				   ? (size_t)((r->batch + r->unit_rows - 1) /
+					      r->unit_rows)
+				   : 0,
+		.param_ids = ids,
+		.n_params = (size_t)m->n_params,
+		.ops = {.add = reducer_add,
+			.apply = reducer_apply,
+			.release = reducer_release,
+			.ctx = r,
+			.add_slice = reducer_add_slice},
+	};
+	return sync_reducer_new(&o, elements, r->slice_from, &r->reducer);
 }
 
 /* Prepares worker index, before its thread starts; returns 0 or an
@@ -266,7 +277,8 @@ static int worker_init(struct runner *r, size_t index)
 	if (r->mode == MODE_SYNC) {
 		for (int i = 0; i < m->n_params; i++)
 			w->weights[i] = m->params[i].value;
-		return sync_participant_init(&w->part, r->reducer, index);
+		return sync_participant_init(&w->part, r->reducer, index,
+					     r->unit_rows > 0);
 	}
 	w->hogwild = (adg_backward_options){
 		.on_ready = hogwild_ready, .on_ready_ctx = w, .leaves_only = 1};
@@ -368,24 +380,50 @@ static void train_epoch_hogwild(struct worker *w)
 	}
 }
 
-/* Every thread takes its share of every batch, in step with the others:
- * adg_reducer_end returns once the batch's updates are applied, so the
- * next batch's forward reads updated weights, and it returns the same
- * result to every thread, so that all stop at the same batch on an
- * error. */
+/* Sync: what a unit of batch k trains on. */
+struct sync_batch {
+	struct worker *w;
+	const int *order; /* the batch's rows */
+	int rows;	  /* how many: the batch size, or fewer for the last */
+};
+
+/* Trains unit `unit` of a batch: rows [unit * unit_rows, ...) with units,
+ * else participant unit's share. Each unit's loss is weighted by its rows
+ * / the batch's, so that the units' gradients add up to those of the
+ * batch's mean loss. A unit with no rows (past the rows of a last batch
+ * shorter than the others, or a share of a batch shorter than T) trains
+ * nothing: it gives NULL contributions, which change no sum. */
+static int sync_unit(size_t unit, void *ctx)
+{
+	struct sync_batch *b = ctx;
+	const struct runner *r = b->w->runner;
+	int first, n;
+	if (r->unit_rows > 0) {
+		long lo = (long)unit * r->unit_rows;
+		first = lo < b->rows ? (int)lo : b->rows;
+		n = b->rows - first < r->unit_rows ? b->rows - first
+						   : r->unit_rows;
+	} else {
+		batch_share(b->rows, (int)unit, r->n_threads, &first, &n);
+	}
+	return n > 0 ? train_batch(b->w, b->order + first, n,
+				   (float)n / (float)b->rows,
+				   &b->w->part.backward)
+		     : 0;
+}
+
+/* Every thread takes units of every batch (or its share, without units),
+ * in step with the others: adg_reducer_end returns once the batch's
+ * updates are applied, so the next batch's forward reads updated
+ * weights, and it returns the same result to every thread, so that all
+ * stop at the same batch on an error. */
 static void train_epoch_sync(struct worker *w)
 {
 	struct runner *r = w->runner;
 	for (int k = 0; k < r->n_batches && w->rc == 0; k++) {
-		int rows = batch_rows(r, k), first, n;
-		batch_share(rows, (int)w->index, r->n_threads, &first, &n);
-		/* A thread with no rows (a last batch shorter than T) gives
-		 * nothing: NULL contributions. */
-		int rc = n > 0 ? train_batch(w, r->order + k * r->batch + first,
-					     n, (float)n / (float)rows,
-					     &w->part.backward)
-			       : 0;
-		w->rc = adg_reducer_end(w->part.reducer, w->part.index, rc);
+		struct sync_batch b = {w, r->order + k * r->batch,
+				       batch_rows(r, k)};
+		w->rc = sync_round(&w->part, sync_unit, &b);
 	}
 }
 
@@ -515,9 +553,10 @@ int runner_run(struct runner *r, FILE *csv, struct outcome *outcome)
 		outcome->hash = model_hash(r->model);
 		printf("result threads=%d batch=%d epochs=%d "
 		       "samples_per_s=%.0f test_accuracy=%.2f mode=%s "
-		       "weights_hash=%016" PRIx64 "\n",
+		       "weights_hash=%016" PRIx64 " unit_rows=%d\n",
 		       r->n_threads, r->batch, r->epochs, samples / seconds,
-		       outcome->accuracy, mode_name(r->mode), outcome->hash);
+		       outcome->accuracy, mode_name(r->mode), outcome->hash,
+		       r->mode == MODE_SYNC ? r->unit_rows : 0);
 	}
 	rc = adg_reducer_free(r->reducer);
 	if (rc != 0) {
@@ -528,4 +567,22 @@ int runner_run(struct runner *r, FILE *csv, struct outcome *outcome)
 	free(r->order);
 	free(r->workers);
 	return failed;
+}
+
+int runner_same_weights(const int *threads, const struct outcome *outcomes,
+			int run, int any_threads)
+{
+	for (int q = 0; q < run; q++) {
+		if ((any_threads || threads[q] == threads[run]) &&
+		    outcomes[q].hash != outcomes[run].hash) {
+			fprintf(stderr,
+				"T=%d and T=%d: runs %d and %d end with "
+				"different weights (%016" PRIx64
+				" and %016" PRIx64 ")\n",
+				threads[q], threads[run], q + 1, run + 1,
+				outcomes[q].hash, outcomes[run].hash);
+			return 1;
+		}
+	}
+	return 0;
 }

@@ -5,7 +5,7 @@
  * A trainer gives its layers (the forward pass) and its evaluation; the
  * runner does the rest: each thread's recorder, gradient pool and hooks,
  * its step, Hogwild's updates without a lock, and in sync the gradient
- * reducer (sync.h) that sums the threads' gradients. */
+ * reducer (sync.h) that sums the gradients of each batch's units. */
 #ifndef EXAMPLES_RUNNER_H
 #define EXAMPLES_RUNNER_H
 
@@ -24,9 +24,8 @@
  * touch them depends on the mode.
  * - sync: the forward and backward passes read value itself (BLAS reads
  *   it, no copy), and the reducer's apply writes it. The reducer orders
- *   them: it applies a parameter's update once every thread has given
- *   its gradient, which each computes after its last read of the
- *   parameter in the batch (tensor.c, matmul_backward), and
+ *   them: it applies the batch's updates once every thread has ended
+ *   the round, so after every unit's last read of the parameter, and
  *   adg_reducer_end returns only once every update of the batch is
  *   applied, before the next batch's forward.
  * - hogwild: threads read and write value without a lock, each element
@@ -130,6 +129,13 @@ struct runner {
 	/* Sync: parameters of at least this many elements are summed and
 	 * updated in one slice per thread (sync_reducer_new); 0: none. */
 	size_t slice_from;
+	/* Sync: each batch is cut into units of this many rows (the last
+	 * shorter), U = ceil(batch / unit_rows) of them whatever the thread
+	 * count, each a backward of its own, and the reducer sums them in a
+	 * tree over unit indices: the same weights at any T. 0: one share
+	 * of each batch per thread, as even as can be, summed in thread
+	 * order (the weights then depend on T). */
+	int unit_rows;
 
 	adg_reducer *reducer; /* sync */
 	float lr;	      /* this epoch's; written by main between epochs */
@@ -152,6 +158,14 @@ struct outcome {
 	double accuracy; /* the last epoch's test accuracy, % */
 	uint64_t hash;	 /* model_hash of the final weights */
 };
+
+/* --same-weights: whether run `run` ends with the weights of every
+ * earlier run it should equal: with any_threads (sync with units, whose
+ * weights depend on no thread count) every one, else those with its
+ * thread count. threads[q] and outcomes[q] are run q's. Returns 0, or 1
+ * after printing the first that differs. */
+int runner_same_weights(const int *threads, const struct outcome *outcomes,
+			int run, int any_threads);
 
 /* Opens path for runner_run's figures and writes the header of their
  * columns; NULL on an error (printed). */

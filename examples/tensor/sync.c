@@ -3,36 +3,56 @@
 
 #include <stdlib.h>
 
-int sync_reducer_new(const adg_reducer_ops *ops, size_t n_participants,
-		     const uint64_t *ids, const size_t *elements,
-		     size_t n_params, size_t slice_from, adg_reducer **out)
+int sync_reducer_new(const adg_reducer_options *o, const size_t *elements,
+		     size_t slice_from, adg_reducer **out)
 {
 	size_t *slices = NULL;
 	if (elements != NULL && slice_from > 0) {
-		slices = malloc(n_params * sizeof *slices);
+		slices = malloc(o->n_params * sizeof *slices);
 		if (slices == NULL)
 			return ADG_ENOMEM;
-		for (size_t i = 0; i < n_params; i++)
-			slices[i] =
-				elements[i] >= slice_from ? n_participants : 1;
+		for (size_t i = 0; i < o->n_params; i++)
+			slices[i] = elements[i] >= slice_from
+					    ? o->n_participants
+					    : 1;
 	}
-	adg_reducer_options o = {
-		.n_participants = n_participants,
-		.param_ids = ids,
-		.n_params = n_params,
-		.ops = *ops,
-		.param_slices = slices,
-	};
-	int rc = adg_reducer_new(&o, out);
+	adg_reducer_options sliced = *o;
+	sliced.param_slices = slices;
+	int rc = adg_reducer_new(&sliced, out);
 	free(slices); /* the reducer keeps a copy */
 	return rc;
 }
 
 int sync_participant_init(struct sync_participant *p, adg_reducer *reducer,
-			  size_t index)
+			  size_t index, int units)
 {
-	*p = (struct sync_participant){.reducer = reducer, .index = index};
+	*p = (struct sync_participant){
+		.reducer = reducer, .index = index, .units = units};
 	return adg_reducer_hook(reducer, index, &p->backward);
+}
+
+int sync_round(struct sync_participant *p, int (*train)(size_t unit, void *ctx),
+	       void *ctx)
+{
+	int rc = 0;
+	if (!p->units) {
+		rc = train(p->index, ctx);
+		return adg_reducer_end(p->reducer, p->index, rc);
+	}
+	/* Every unit must be dealt and ended, an empty one too, or the round
+	 * ends with units not done: next_unit deals none once the round has
+	 * failed, so an error here only ends the loop sooner. */
+	for (;;) {
+		size_t unit;
+		rc = adg_reducer_next_unit(p->reducer, p->index, &unit);
+		if (rc != 0 || unit == ADG_REDUCER_NO_UNIT)
+			break;
+		rc = adg_reducer_unit_end(p->reducer, p->index,
+					  train(unit, ctx));
+		if (rc != 0)
+			break;
+	}
+	return adg_reducer_end(p->reducer, p->index, rc);
 }
 
 int backward_hooked(adg_registry *registry, adg_node *loss, void *seed,
