@@ -201,6 +201,7 @@ struct options {
 	int threads[MAX_RUNS], n_runs;
 	int batch, epochs;
 	int unit_rows; /* sync: rows per unit; 0: a share per thread */
+	int profile;   /* sync: where a round's time goes (--profile) */
 	enum train_mode mode;
 	double lr; /* the first epoch's; see learning_rate */
 	uint64_t seed;
@@ -228,7 +229,8 @@ static int run(const struct options *o, struct model *m,
 			   .epochs = o->epochs,
 			   .first_lr = o->lr,
 			   .seed = o->seed,
-			   .unit_rows = o->unit_rows};
+			   .unit_rows = o->unit_rows,
+			   .profile = o->profile};
 	model_init(m, o->seed);
 	return runner_run(&r, csv, outcome);
 }
@@ -326,6 +328,10 @@ static void usage(FILE *to)
 		"                   all of them in sync with units, else "
 		"those with the same\n"
 		"                   thread count\n"
+		"  --profile        sync: after each run, where a round's "
+		"time went (the\n"
+		"                   slowest thread's compute, folds, applies "
+		"and wait)\n"
 		"  --skip-if-missing      exit 77 (a skipped test) when "
 		"DATA.csv does not exist\n",
 		UNIT_ROWS);
@@ -345,6 +351,7 @@ static int parse_options(int argc, char **argv, struct options *o)
 		{"export", required_argument, NULL, 'x'},
 		{"min-test-accuracy", required_argument, NULL, 'm'},
 		{"same-weights", no_argument, NULL, 'w'},
+		{"profile", no_argument, NULL, 'p'},
 		{"skip-if-missing", no_argument, NULL, 'k'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0}};
@@ -396,6 +403,9 @@ static int parse_options(int argc, char **argv, struct options *o)
 			break;
 		case 'w':
 			o->same_weights = 1;
+			continue;
+		case 'p':
+			o->profile = 1;
 			continue;
 		case 'k':
 			o->skip_if_missing = 1;

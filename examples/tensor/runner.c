@@ -125,7 +125,22 @@ struct worker {
 	/* What the forward reads: sync, the shared values; hogwild, this
 	 * thread's copy (owned). */
 	struct tensor *weights[MAX_PARAMS];
+	/* --profile: seconds this thread spent in the reducer's add and
+	 * apply, so far (written by this thread only). */
+	double fold_s, apply_s;
 };
+
+/* --profile: where one round's time went on one thread, in seconds. */
+struct round_clock {
+	double compute; /* forward and backward of its units, folds aside */
+	double fold;	/* adds of the reducer's tree (and slices) */
+	double apply;	/* SGD steps */
+	double wait;	/* the rest of its round: the deal, the barrier */
+};
+
+/* The worker this thread runs (NULL on the main thread), for the
+ * reducer's callbacks, which run on whichever worker the reducer picks. */
+static _Thread_local struct worker *this_worker;
 
 /* Hogwild: x -= lr * g with relaxed atomic loads and stores (see struct
  * param): a load and a store, not an atomic read-modify-write, so that
@@ -182,8 +197,11 @@ static int hogwild_ready(uint64_t id, void **grad, void *ctx)
  * thread. */
 static int reducer_add(void **sum, const void *value, void *ctx)
 {
-	(void)ctx;
+	const struct runner *r = ctx;
+	double start = r->profile ? now() : 0;
 	tensor_add(*sum, value);
+	if (r->profile)
+		this_worker->fold_s += now() - start;
 	return 0;
 }
 
@@ -200,13 +218,16 @@ static void slice_of(size_t n, size_t k, size_t n_slices, size_t *lo,
 static int reducer_add_slice(void *sum, const void *value, size_t slice,
 			     size_t n_slices, void *ctx)
 {
-	(void)ctx;
+	const struct runner *r = ctx;
+	double start = r->profile ? now() : 0;
 	struct tensor *s = sum;
 	const struct tensor *g = value;
 	size_t lo, hi;
 	slice_of((size_t)s->rows * (size_t)s->cols, slice, n_slices, &lo, &hi);
 	for (size_t k = lo; k < hi; k++)
 		s->data[k] += g->data[k];
+	if (r->profile)
+		this_worker->fold_s += now() - start;
 	return 0;
 }
 
@@ -217,12 +238,15 @@ static int reducer_apply(const adg_reduction *r, void *ctx)
 	const struct tensor *g = r->sum;
 	if (g == NULL)
 		return 0;
+	double start = run->profile ? now() : 0;
 	struct param *p = &run->model->params[r->param];
 	float *value = p->value->data, lr = run->lr;
 	size_t lo, hi;
 	slice_of(param_elements(p), r->slice, r->n_slices, &lo, &hi);
 	for (size_t k = lo; k < hi; k++)
 		value[k] -= lr * g->data[k];
+	if (run->profile)
+		this_worker->apply_s += now() - start;
 	return 0;
 }
 
@@ -385,6 +409,7 @@ struct sync_batch {
 	struct worker *w;
 	const int *order; /* the batch's rows */
 	int rows;	  /* how many: the batch size, or fewer for the last */
+	double compute;	  /* --profile: its units' forward and backward */
 };
 
 /* Trains unit `unit` of a batch: rows [unit * unit_rows, ...) with units,
@@ -406,10 +431,14 @@ static int sync_unit(size_t unit, void *ctx)
 	} else {
 		batch_share(b->rows, (int)unit, r->n_threads, &first, &n);
 	}
-	return n > 0 ? train_batch(b->w, b->order + first, n,
-				   (float)n / (float)b->rows,
-				   &b->w->part.backward)
-		     : 0;
+	if (n == 0)
+		return 0;
+	double start = r->profile ? now() : 0, folds = b->w->fold_s;
+	int rc = train_batch(b->w, b->order + first, n,
+			     (float)n / (float)b->rows, &b->w->part.backward);
+	if (r->profile)
+		b->compute += now() - start - (b->w->fold_s - folds);
+	return rc;
 }
 
 /* Every thread takes units of every batch (or its share, without units),
@@ -422,8 +451,18 @@ static void train_epoch_sync(struct worker *w)
 	struct runner *r = w->runner;
 	for (int k = 0; k < r->n_batches && w->rc == 0; k++) {
 		struct sync_batch b = {w, r->order + k * r->batch,
-				       batch_rows(r, k)};
+				       batch_rows(r, k), 0};
+		double start = r->profile ? now() : 0;
+		double folds = w->fold_s, applies = w->apply_s;
 		w->rc = sync_round(&w->part, sync_unit, &b);
+		if (!r->profile)
+			continue;
+		struct round_clock *c =
+			&r->clocks[(size_t)k * (size_t)r->n_threads + w->index];
+		c->compute = b.compute;
+		c->fold = w->fold_s - folds;
+		c->apply = w->apply_s - applies;
+		c->wait = now() - start - c->compute - c->fold - c->apply;
 	}
 }
 
@@ -431,6 +470,7 @@ static void *thread_main(void *arg)
 {
 	struct worker *w = arg;
 	unsigned seen = 0;
+	this_worker = w;
 	while (rendezvous_wait(&w->runner->meet, &seen)) {
 		if (w->runner->mode == MODE_SYNC)
 			train_epoch_sync(w);
@@ -452,6 +492,47 @@ static int evaluate(const struct runner *r, double *loss,
 		rc = r->ops->evaluate(r->model, r->test, &unused,
 				      test_accuracy);
 	return rc;
+}
+
+/* --profile: where the last epoch's rounds went, in microseconds, means
+ * over its rounds: the round (its slowest thread's whole), and the parts
+ * of the thread that computed longest (the critical path: its compute,
+ * its folds and applies, and its wait, for the deal and the barrier);
+ * then every thread's compute, folds and applies together, and the
+ * least any thread waited (the barrier's own cost). */
+static void print_profile(const struct runner *r)
+{
+	double round = 0, part[4] = {0}, all[3] = {0}, least = 0;
+	int t_n = r->n_threads;
+	for (int k = 0; k < r->n_batches; k++) {
+		const struct round_clock *c = &r->clocks[(size_t)k * t_n];
+		int slow = 0;
+		double longest = 0, min_wait = c[0].wait;
+		for (int t = 0; t < t_n; t++) {
+			double whole = c[t].compute + c[t].fold + c[t].apply +
+				       c[t].wait;
+			longest = whole > longest ? whole : longest;
+			slow = c[t].compute > c[slow].compute ? t : slow;
+			min_wait = c[t].wait < min_wait ? c[t].wait : min_wait;
+			all[0] += c[t].compute;
+			all[1] += c[t].fold;
+			all[2] += c[t].apply;
+		}
+		round += longest;
+		part[0] += c[slow].compute;
+		part[1] += c[slow].fold;
+		part[2] += c[slow].apply;
+		part[3] += c[slow].wait;
+		least += min_wait;
+	}
+	double us = 1e6 / r->n_batches;
+	printf("profile T=%d B=%d unit_rows=%d: a round %.1f us: the slowest "
+	       "thread's compute %.1f, folds %.1f, applies %.1f, wait %.1f; "
+	       "all threads' compute %.1f, folds %.1f, applies %.1f; least "
+	       "wait %.1f\n",
+	       t_n, r->batch, r->unit_rows, round * us, part[0] * us,
+	       part[1] * us, part[2] * us, part[3] * us, all[0] * us,
+	       all[1] * us, all[2] * us, least * us);
 }
 
 FILE *runner_csv(const char *path)
@@ -478,6 +559,15 @@ int runner_run(struct runner *r, FILE *csv, struct outcome *outcome)
 	r->workers = calloc((size_t)r->n_threads, sizeof *r->workers);
 	r->order = malloc((size_t)n_train * sizeof *r->order);
 	if (r->workers == NULL || r->order == NULL) {
+		fprintf(stderr, "out of memory\n");
+		failed = 1;
+	}
+	r->profile = r->profile && r->mode == MODE_SYNC;
+	r->clocks =
+		r->profile ? calloc((size_t)r->n_batches * (size_t)r->n_threads,
+				    sizeof *r->clocks)
+			   : NULL;
+	if (r->profile && r->clocks == NULL) {
 		fprintf(stderr, "out of memory\n");
 		failed = 1;
 	}
@@ -557,6 +647,8 @@ int runner_run(struct runner *r, FILE *csv, struct outcome *outcome)
 		       r->n_threads, r->batch, r->epochs, samples / seconds,
 		       outcome->accuracy, mode_name(r->mode), outcome->hash,
 		       r->mode == MODE_SYNC ? r->unit_rows : 0);
+		if (r->profile)
+			print_profile(r);
 	}
 	rc = adg_reducer_free(r->reducer);
 	if (rc != 0) {
@@ -564,6 +656,7 @@ int runner_run(struct runner *r, FILE *csv, struct outcome *outcome)
 		failed = 1;
 	}
 	rendezvous_destroy(&r->meet);
+	free(r->clocks);
 	free(r->order);
 	free(r->workers);
 	return failed;

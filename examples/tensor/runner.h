@@ -136,10 +136,16 @@ struct runner {
 	 * of each batch per thread, as even as can be, summed in thread
 	 * order (the weights then depend on T). */
 	int unit_rows;
+	/* Sync: time each round's parts on every thread and print, after
+	 * the run, where a round's time goes (--profile). */
+	int profile;
 
 	adg_reducer *reducer; /* sync */
-	float lr;	      /* this epoch's; written by main between epochs */
-	int *order;	      /* this epoch's order of the training examples */
+	/* --profile: each round's parts on each thread, n_batches x
+	 * n_threads, the last epoch's (each worker writes its own). */
+	struct round_clock *clocks;
+	float lr;   /* this epoch's; written by main between epochs */
+	int *order; /* this epoch's order of the training examples */
 	int n_batches;
 	/* Hogwild: the next batch to take, an atomic counter, so that each
 	 * batch goes to one thread. Relaxed: it hands out numbers and
