@@ -25,7 +25,8 @@
 #   digits   Hogwild at B = 1 (its default mode) and sync (the gradient
 #            reducer) at B = 16, --digits-epochs epochs
 #   fashion  sync (its default mode, the reducer) at B = 64 and 16, and
-#            Hogwild at B = 64, --epochs epochs
+#            Hogwild at B = 64, --epochs epochs; then sync at B = 256 in
+#            units of 16 rows, one epoch, with --profile
 #   langid   sync (its default mode, the reducer, a graph per group of
 #            words of one length), then --models N for each N of --threads
 #            and twice the largest (oversubscribed): one epoch on the first
@@ -258,11 +259,12 @@ do_run() {
 	: >"$csv"
 	# The stages share --budget seconds: each may run for what is left but
 	# the shares of the stages after it (the bench 60 s, each digits run
-	# 10, each fashion run 50 or 60, langid's 20 and 40: some twice what
+	# 10, each fashion run 50 or 60, the profile 20, langid's 20 and 40:
+	# some twice what
 	# they should take on 16 cores at the defaults), so a quick stage
 	# leaves its time to the next, and a slow one cannot take a later
 	# one's.
-	local kept=300 # the shares, all together
+	local kept=320 # the shares, all together
 	stage() { # name, its share, command...: runs it, logs to name.txt
 		local name=$1 cap t0=$SECONDS rc=0
 		kept=$((kept - $2))
@@ -322,6 +324,17 @@ do_run() {
 			print what ",test accuracy %," f["threads"] "," f["test_accuracy"]
 		}' "$out/$name.txt" >>"$csv"
 	done
+
+	# fashion sync at B = 256 in 16 units of 16 rows, one epoch, with
+	# --profile: where a round's time goes at each T, for the cost model
+	# of docs/trainers.md (T = 16 >= 10 x T = 1, its target).
+	stage fashion-sync-b256-profile 20 "${launch[@]}" "$root/bin/fashion" \
+		--threads "$threads" --mode sync --batch 256 --unit-rows 16 \
+		--epochs 1 --profile "$root/data/fashion"
+	awk '/^result / {
+		for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+		print "fashion sync B=256 units of 16 E=1,samples/s," f["threads"] "," f["samples_per_s"]
+	}' "$out/fashion-sync-b256-profile.txt" >>"$csv"
 
 	# langid: sync at each thread count in one process, then each --models
 	# N in a process of its own, and twice the largest count.
