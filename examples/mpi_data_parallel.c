@@ -399,7 +399,13 @@ enum sum_mode { SUM_TREE, SUM_MPI };
  * [slice_lo(q), slice_lo(q + 1)), of every rank's part goes to rank q
  * (MPI_Ialltoallv, rank by rank into gather), which folds its slice over
  * the job's tree; then every rank's folded slice goes to every rank
- * (MPI_Iallgatherv). Both only move bytes. */
+ * (MPI_Iallgatherv). Both only move bytes. A small bucket (at most
+ * SMALL_BUCKET doubles of partial sums from all ranks) takes one phase
+ * instead, since there a phase's latency is the cost: every rank's part
+ * goes to every rank (MPI_Iallgatherv into whole), and each rank folds
+ * the whole bucket, the same fold. */
+#define SMALL_BUCKET 4096
+
 struct exchange {
 	MPI_Comm comm;
 	const struct job *job;
@@ -409,11 +415,12 @@ struct exchange {
 	int *to, *to_at;     /* send's slice for each rank: doubles, start */
 	int *from, *from_at; /* gather's part from each rank: doubles, start */
 	int *slice, *offset; /* each rank's slice of sum: length, start */
-	double *whole;	     /* --simulate-ranks: every rank's send whole */
-	double *mine;	     /* SUM_MPI: this rank's sums */
-	double *scratch;     /* the fold's sums, log2(UNITS) + 2 levels */
-	double *sum;	     /* the bucket's sums: count of them */
-	int phase;	     /* 0 idle, 1 slices moving, 2 gathering */
+	double *whole;	     /* small or simulated: every rank's send whole */
+	int *whole_size, *whole_at; /* small: each rank's part in whole */
+	double *mine;		    /* SUM_MPI: this rank's sums */
+	double *scratch; /* the fold's sums, log2(UNITS) + 2 levels */
+	double *sum;	 /* the bucket's sums: count of them */
+	int phase; /* 0 idle, 1 slices moving, 2 gathering, 3 all moving */
 };
 
 /* Where parameter p's partial sums are, rank by rank: rank r's from
@@ -434,6 +441,7 @@ static void exchange_free(struct exchange *x)
 	free(x->gather);
 	free(x->to);
 	free(x->whole);
+	free(x->whole_size);
 	free(x->mine);
 	free(x->scratch);
 }
@@ -475,8 +483,17 @@ static int exchange_init(struct exchange *x, MPI_Comm comm,
 	x->to = malloc(6 * n * sizeof(int));
 	x->mine = malloc((size_t)count * sizeof(double));
 	x->scratch = malloc((size_t)count * (LOG2_UNITS + 2) * sizeof(double));
-	if (simulated)
+	int small = (size_t)count * MAX_PARTIALS * n <= SMALL_BUCKET;
+	if (simulated || small)
 		x->whole = malloc(n * count * MAX_PARTIALS * sizeof(double));
+	if (small) {
+		x->whole_size = malloc(2 * n * sizeof(int));
+		for (size_t r = 0; x->whole_size != NULL && r < n; r++) {
+			x->whole_size[r] = count * job->n_parts[r];
+			x->whole_size[n + r] = (int)r * count * MAX_PARTIALS;
+		}
+		x->whole_at = x->whole_size + n;
+	}
 	if (x->to != NULL) {
 		x->to_at = x->to + n;
 		x->from = x->to_at + n;
@@ -488,7 +505,8 @@ static int exchange_init(struct exchange *x, MPI_Comm comm,
 	}
 	if (x->send == NULL || x->to == NULL || x->gather == NULL ||
 	    x->mine == NULL || x->scratch == NULL ||
-	    (simulated && x->whole == NULL)) {
+	    ((simulated || small) && x->whole == NULL) ||
+	    (small && x->whole_size == NULL)) {
 		exchange_free(x);
 		return ADG_ENOMEM;
 	}
@@ -535,15 +553,16 @@ static void exchange_sum(struct exchange *x, const struct parts_view *v, int lo,
 	exchange_fold(x, v, lo, hi, 0, UNITS, x->sum + lo, x->scratch);
 }
 
-/* --simulate-ranks: rank r's send, whole, kept for exchange_simulated. */
+/* --simulate-ranks: rank r's send, whole, kept for exchange_whole. */
 static void exchange_keep(struct exchange *x, int r)
 {
 	memcpy(x->whole + (size_t)r * x->count * MAX_PARTIALS, x->send,
 	       (size_t)x->count * x->job->n_parts[r] * sizeof(double));
 }
 
-/* --simulate-ranks: every rank's send kept, the sums SUM_TREE gives. */
-static void exchange_simulated(struct exchange *x)
+/* Every rank's send in whole (small, or simulated): the sums SUM_TREE
+ * gives. */
+static void exchange_whole(struct exchange *x)
 {
 	struct parts_view v = {.p0 = 0};
 	for (int r = 0; r < x->world; r++)
@@ -568,6 +587,15 @@ static int exchange_start(struct exchange *x, enum sum_mode mode,
 			       ? 0
 			       : EMPI;
 	}
+	if (x->whole_size != NULL) {
+		x->phase = 3;
+		return MPI_Iallgatherv(x->send, x->whole_size[x->rank],
+				       MPI_DOUBLE, x->whole, x->whole_size,
+				       x->whole_at, MPI_DOUBLE, x->comm,
+				       req) == MPI_SUCCESS
+			       ? 0
+			       : EMPI;
+	}
 	x->phase = 1;
 	return MPI_Ialltoallv(x->send, x->to, x->to_at, MPI_DOUBLE, x->gather,
 			      x->from, x->from_at, MPI_DOUBLE, x->comm,
@@ -578,10 +606,12 @@ static int exchange_start(struct exchange *x, enum sum_mode mode,
 
 /* The exchange's request completed: after the slices came, fold this
  * rank's slice over the job's tree and start gathering every rank's
- * folded slice; after that, or after MPI_Iallreduce, it is done. 0 or
- * EMPI. */
+ * folded slice; after that, after a small bucket's parts came (folded
+ * here whole), or after MPI_Iallreduce, it is done. 0 or EMPI. */
 static int exchange_advance(struct exchange *x, MPI_Request *req)
 {
+	if (x->phase == 3)
+		exchange_whole(x);
 	if (x->phase != 1) {
 		x->phase = 0;
 		return 0;
@@ -902,7 +932,7 @@ static int simulate_step(struct rank *s, int *order, int *early)
 			exchange_keep(&s->exchange[b], r);
 	}
 	for (int b = 0; b < BUCKETS; b++)
-		exchange_simulated(&s->exchange[b]);
+		exchange_whole(&s->exchange[b]);
 	for (int i = 0; i < PARAMS; i++)
 		s->w[i] -= LEARNING_RATE * s->grad[i];
 	return 0;
