@@ -18,9 +18,13 @@
  * which unit: the arithmetic depends on U alone (I15). Marks are never
  * reset: a round's number differs from every earlier one's, an
  * abandoned round's half-met nodes included. The one that completes the
- * root has the parameter's sum. Lookups go through an open-addressing
- * table built at creation and only read afterwards. Nothing on this path
- * locks or allocates.
+ * root has the parameter's sum; in a reducer of a rank's share of a
+ * job's units (total_units), the tree is the job's, and a climb stops
+ * below the first node holding units outside the share: each such
+ * subtree is a partial sum, completed and applied as a whole sum is.
+ * Units' slots come in two halves, by the round's parity (I16). Lookups
+ * go through an open-addressing table built at creation and only read
+ * afterwards. Nothing on this path locks or allocates.
  *
  * Slices. A large parameter may be cut into slices (reduce-scatter): its
  * tree only tracks arrivals, and the thread that completes its root
