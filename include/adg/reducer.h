@@ -33,12 +33,14 @@ extern "C" {
  * The promise: the sum apply sees depends only on the U contributions,
  * not on T, on which thread computed which unit, nor on timing. So for a
  * given data order, seed, batch, unit definition and BLAS build, a
- * trainer's weights are bitwise the same for every T >= 1 (and, where the
- * ranks of a job fold the same tree over global unit indices, every rank
- * count). Within a unit the backward sums in tape order, as always: a
- * unit's contribution must reach the reducer apart from the others' (one
- * backward per unit), as a sum of two units made inside one backward
- * would tie the bits to how units were packed.
+ * trainer's weights are bitwise the same for every T >= 1, and, where the
+ * ranks of a job fold their reducers' partial sums over the same tree
+ * (first_unit, total_units), for every rank count R >= 1, whatever the
+ * collective's algorithm, bucket or slice size (MPI only moving bytes,
+ * as examples/mpi_data_parallel.c does). Within a unit the backward sums in
+ * tape order, as always: a unit's contribution must reach the reducer apart
+ * from the others' (one backward per unit), as a sum of two units made inside
+ * one backward would tie the bits to how units were packed.
  *
  * Units of zero (n_units 0, the default): one unit per participant,
  * participant p's contributions are unit p's, with no adg_reducer_next_unit

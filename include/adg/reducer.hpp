@@ -5,8 +5,12 @@
  * trainer defines (micro-batches, graphs); T participants (threads) take
  * units as they come, run a backward over each, and the reducer folds
  * each parameter's U gradients in a fixed tree over unit indices, as
- * they arrive, and applies the sum once: bitwise the same for every T
- * (adg/reducer.h states the promise).
+ * they arrive, and applies the sum once. The promise (adg/reducer.h):
+ * for a given data order, seed, batch, unit definition and BLAS build,
+ * the weights are bitwise the same for every T >= 1, and, where the
+ * ranks of a job fold their reducers' partial sums over the same tree
+ * (reducer_options::total_units), every rank count R >= 1, whatever the
+ * collective's algorithm, bucket or slice size.
  *
  *     adg::reducer_options<G> o;
  *     o.units = U;
