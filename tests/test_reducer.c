@@ -790,19 +790,28 @@ static void hand_release(void *value, size_t participant, void *ctx)
 	value_free(value);
 }
 
-static void hand_open(struct hand *h, size_t t, int apply_early)
+/* A reducer of the three parameters for t participants and units units
+ * (0: one per participant). */
+static void hand_open_units(struct hand *h, size_t t, size_t units,
+			    int apply_early)
 {
 	memset(h, 0, sizeof *h);
 	h->ids[0] = 11, h->ids[1] = 7, h->ids[2] = 1000003;
 	h->fail_apply = -1;
 	adg_reducer_options o = {
 		.n_participants = t,
+		.n_units = units,
 		.param_ids = h->ids,
 		.n_params = 3,
 		.ops = {hand_add, hand_apply, hand_release, h},
 		.apply_early = apply_early,
 	};
 	cr_assert_eq(adg_reducer_new(&o, &h->red), 0);
+}
+
+static void hand_open(struct hand *h, size_t t, int apply_early)
+{
+	hand_open_units(h, t, 0, apply_early);
 }
 
 static void hand_close(struct hand *h)
@@ -1217,26 +1226,10 @@ CHECKED_TEST(reducer, a_failed_unit_abandons_the_round_whole)
 		}
 }
 
-/* Units given by hand, on one thread. */
-static void units_open(struct hand *h, size_t t, size_t units)
-{
-	memset(h, 0, sizeof *h);
-	h->ids[0] = 11, h->ids[1] = 7, h->ids[2] = 1000003;
-	h->fail_apply = -1;
-	adg_reducer_options o = {
-		.n_participants = t,
-		.n_units = units,
-		.param_ids = h->ids,
-		.n_params = 3,
-		.ops = {hand_add, hand_apply, hand_release, h},
-	};
-	cr_assert_eq(adg_reducer_new(&o, &h->red), 0);
-}
-
 CHECKED_TEST(reducer, units_are_dealt_in_order_and_their_calls_checked)
 {
 	struct hand h;
-	units_open(&h, 2, 3);
+	hand_open_units(&h, 2, 3, 0); /* units given by hand */
 	adg_reducer *r = h.red;
 	size_t u = 0;
 	double *v = scalar_box(2);
