@@ -2,8 +2,11 @@
 # Installs libadg into a temporary prefix and builds examples/quickstart.c
 # outside the tree with nothing but pkg-config, against the shared and the
 # static library, then runs both; the same for examples/quickstart.cpp, the
-# C++ layer (adg.hpp), when a C++ compiler is there. Prints "consumer: N
-# passed, N failed".
+# C++ layer (adg.hpp), when a C++ compiler is there. pkg-config sees the
+# prefix alone, as on a machine where libadg is the only package installed
+# (no liburcu-dev, no libck-dev), and the headers must include nothing of
+# theirs. Checks that the prefix holds the licence and the docs. Prints
+# "consumer: N passed, N failed".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
@@ -12,13 +15,57 @@ prefix=$work/prefix
 
 # ADG_WERROR (set by scripts/test.sh, what CI runs): warnings are errors.
 meson setup "$work/build" --prefix="$prefix" --libdir=lib \
-	--buildtype=release -Dtests=disabled ${ADG_WERROR:+--werror} >/dev/null
+	--buildtype=release -Dtests=disabled -Dexamples=false -Dbench=false \
+	${ADG_WERROR:+--werror} >/dev/null
 ninja -C "$work/build" install >/dev/null
-export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
+# The prefix's .pc files and no others: a Requires of adg.pc that only
+# liburcu-dev or libck-dev would satisfy fails here.
+export PKG_CONFIG_LIBDIR=$prefix/lib/pkgconfig
+unset PKG_CONFIG_PATH
 cp examples/quickstart.c examples/quickstart.cpp "$work/"
 cd "$work"
 
 passed=0 failed=0
+verdict() { # name, then a command: it must succeed
+	local name=$1
+	shift
+	if "$@"; then
+		echo "consumer $name: ok"
+		passed=$((passed + 1))
+	else
+		echo "consumer $name: FAILED"
+		failed=$((failed + 1))
+	fi
+}
+
+# pkg-config answers for adg alone, and its flags are libadg's only (no
+# -D or -I of a dependency's).
+pc_alone() {
+	pkg-config --cflags --libs adg >/dev/null &&
+		pkg-config --static --cflags --libs adg >/dev/null &&
+		[ "$(pkg-config --cflags adg | xargs)" = "-I$prefix/include" ]
+}
+verdict pkg-config pc_alone
+# The installed headers reach only the compiler's and libc's own: cc -M
+# lists every file adg.h (and adg.hpp) brings in.
+headers_alone() {
+	local deps
+	deps=$(cc -M -I"$prefix/include" -x c - <<<'#include <adg.h>') &&
+		if command -v c++ >/dev/null; then
+			deps+=$(c++ -std=c++17 -M -I"$prefix/include" -x c++ - \
+				<<<'#include <adg.hpp>')
+		fi &&
+		! grep -E 'urcu|/ck_' <<<"$deps"
+}
+verdict headers headers_alone
+# The licence, the changelog and the docs, where Debian keeps them.
+docs_installed() {
+	local doc=$prefix/share/doc/libadg
+	[ -f "$doc/LICENSE" ] && [ -f "$doc/CHANGELOG.md" ] &&
+		[ -f "$doc/README.md" ] && [ -f "$doc/guide.md" ] &&
+		[ -f "$doc/api.md" ]
+}
+verdict docs docs_installed
 check() { # name, binary: it must print both gradients, whatever the layout
 	if out=$("./$2") && grep -q 'dy/da = 4\([^.0-9]\|$\)' <<<"$out" &&
 		grep -q 'dy/db = 3\([^.0-9]\|$\)' <<<"$out"; then
