@@ -40,6 +40,7 @@
  * fetch-words.sh's train.txt and test.txt (--help lists the options).
  * Exit status 0; 1 on an error or a missed check; 2 on bad usage; 77 when
  * the data is missing and --skip-if-missing is given. */
+#include "../jitter.h"
 #include "gru.hpp"
 #include "words.hpp"
 
@@ -885,6 +886,8 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 				/* Every unit reads the round's weights. */
 				l.refresh();
 				red->round(t, [&](std::size_t u) {
+					jitter_pause(); /* tests' interleavings
+							 */
 					run(u, false);
 				});
 			}

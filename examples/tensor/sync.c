@@ -1,6 +1,8 @@
 /* The glue between a trainer and the gradient reducer (see sync.h). */
 #include "sync.h"
 
+#include "../jitter.h"
+
 #include <stdlib.h>
 
 int sync_reducer_new(const adg_reducer_options *o, const size_t *elements,
@@ -47,6 +49,7 @@ int sync_round(struct sync_participant *p, int (*train)(size_t unit, void *ctx),
 		rc = adg_reducer_next_unit(p->reducer, p->index, &unit);
 		if (rc != 0 || unit == ADG_REDUCER_NO_UNIT)
 			break;
+		jitter_pause(); /* the tests' other interleavings */
 		rc = adg_reducer_unit_end(p->reducer, p->index,
 					  train(unit, ctx));
 		if (rc != 0)
