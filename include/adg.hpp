@@ -721,6 +721,34 @@ template <class T>
 gradients<T> backward(node_ref root, T seed,
 		      const backward_options &options = {});
 
+/* The seed of a backward given none: d root / d root, a T of one element
+ * equal to 1, for a root whose value has one element (a loss), as
+ * PyTorch's loss.backward() makes one. Defined, value() a T of 1, for
+ * - an arithmetic T (double, float): T(1);
+ * - another T that a double converts to implicitly (a scalar that also
+ *   records, std::complex<double>): T(1.0);
+ * - a container of one element: a T with a value_type V, constructible
+ *   from a std::initializer_list<V> (std::vector<double>, a tensor
+ *   class with a std::vector's constructors): T{V(1)}. Never T(1),
+ *   which for a container is one element of 0.
+ * For a T of another kind, specialize it once, beside T:
+ *
+ *     template <> struct adg::one<tensor> {
+ *             static tensor value() { return tensor::filled(1, 1, 1.0f); }
+ *     };
+ *
+ * libadg cannot see a value's shape: a root of more elements takes its
+ * seed explicitly, as does a scaled one (backward(loss, 1.0 / n)). */
+template <class T, class = void> struct one {
+	/* no value(): a T of none of the kinds above */
+};
+
+/* backward from root with one<T>::value() as its seed, for a root of one
+ * element: adg::backward<double>(loss), adg::backward<tensor>(loss, o).
+ * Throws as backward above. */
+template <class T>
+gradients<T> backward(node_ref root, const backward_options &options = {});
+
 /* During a callback that a backward runs on this thread (a step, the value
  * check, an add: T's operator+=, on_step): the adg_failure that would name
  * its failure, code 0 (adg_callback_site); empty elsewhere. What this
@@ -2213,6 +2241,55 @@ gradients<T> backward(node_ref root, T seed, const backward_options &options)
 	if (state->kept.load(std::memory_order_relaxed))
 		core->drop(failure.pass_id); /* caught by a step: unclaimed */
 	return detail::access::adopt<T>(out, std::move(state));
+}
+
+namespace detail
+{
+template <class T, class = void> struct has_one : std::false_type {
+};
+template <class T>
+struct has_one<T, std::void_t<decltype(one<T>::value())>>
+    : std::is_convertible<decltype(one<T>::value()), T> {
+};
+} // namespace detail
+
+template <class T> struct one<T, std::enable_if_t<std::is_arithmetic_v<T>>> {
+	static T value()
+	{
+		return T(1);
+	}
+};
+
+template <class T>
+struct one<T, std::enable_if_t<!std::is_arithmetic_v<T> &&
+			       std::is_convertible_v<double, T>>> {
+	static T value()
+	{
+		return T(1.0);
+	}
+};
+
+template <class T>
+struct one<
+	T,
+	std::enable_if_t<
+		!std::is_arithmetic_v<T> && !std::is_convertible_v<double, T> &&
+		std::is_constructible_v<
+			T, std::initializer_list<typename T::value_type>>>> {
+	static T value()
+	{
+		return T{typename T::value_type(1)};
+	}
+};
+
+template <class T>
+gradients<T> backward(node_ref root, const backward_options &options)
+{
+	static_assert(detail::has_one<T>::value,
+		      "adg::backward<T>(root) seeds with adg::one<T>::value(), "
+		      "which T has not: specialize adg::one for T, or pass the "
+		      "seed");
+	return backward<T>(root, one<T>::value(), options);
 }
 
 inline std::optional<adg_failure> callback_site() noexcept

@@ -627,6 +627,107 @@ TEST(the_gradient_type_is_the_registrys)
 	EXPECT(probe::live == 0);
 }
 
+/* Gradient types for a backward without a seed: a container that a
+ * std::vector's constructors build (a one-element tensor), where
+ * column(1) would be one 0; and a type of no kind adg::one knows, which
+ * gets a specialization (below, outside this namespace). */
+struct column : std::vector<double> {
+	using std::vector<double>::vector;
+	column &operator+=(const column &o)
+	{
+		for (std::size_t i = 0; i < size(); i++)
+			(*this)[i] += o[i];
+		return *this;
+	}
+};
+
+struct patch {
+	int rows = 0, cols = 0;
+	std::vector<float> v;
+	patch &operator+=(const patch &o)
+	{
+		for (std::size_t i = 0; i < v.size(); i++)
+			v[i] += o.v[i];
+		return *this;
+	}
+};
+
+struct no_unit {
+	no_unit &operator+=(const no_unit &)
+	{
+		return *this;
+	}
+};
+
+} // namespace
+
+template <> struct adg::one<patch> {
+	static patch value()
+	{
+		return patch{1, 1, {1.0f}};
+	}
+};
+
+namespace
+{
+
+TEST(a_backward_without_a_seed_starts_from_one)
+{
+	static_assert(adg::detail::has_one<double>::value &&
+			      adg::detail::has_one<tracked>::value &&
+			      adg::detail::has_one<column>::value &&
+			      adg::detail::has_one<patch>::value &&
+			      !adg::detail::has_one<no_unit>::value,
+		      "adg::one knows numbers, scalars, containers and "
+		      "specializations");
+	EXPECT(adg::one<float>::value() == 1.0f && adg::one<int>::value() == 1);
+	EXPECT(adg::one<tracked>::value().v == 1.0);
+	EXPECT((adg::one<std::vector<double>>::value() ==
+		std::vector<double>{1.0}));
+	EXPECT((adg::one<column>::value() == column{1.0}));
+
+	/* The same gradients as a seed of 1, for each kind. */
+	std::vector<double> want = c_gradients();
+	{
+		adg::registry reg;
+		leaves l(reg);
+		adg::gradients<double> g =
+			adg::backward<double>(build<double>(reg, l));
+		EXPECT(same_bits({g.get(l.x), g.get(l.y), g.get(l.z)}, want));
+	}
+	{
+		adg::registry reg;
+		leaves l(reg);
+		adg::backward_options o;
+		adg_failure failure{};
+		o.failure = &failure;
+		adg::gradients<tracked> g =
+			adg::backward<tracked>(build<tracked>(reg, l), o);
+		EXPECT(same_bits({g.get(l.x).v, g.get(l.y).v, g.get(l.z).v},
+				 want));
+		EXPECT(failure.code == 0 && failure.site == ADG_FAILED_NOWHERE);
+	}
+	adg::registry reg;
+	adg::node a = adg::leaf(reg);
+	adg::node y = adg::op(reg, {a}, [](adg::step_call<column> &c) {
+		column d = *c.grad();
+		d[0] *= 3;
+		c.give(0, std::move(d));
+	});
+	adg::gradients<column> g = adg::backward<column>(y);
+	EXPECT((g.get(a) == column{3.0}));
+
+	adg::registry preg;
+	adg::node b = adg::leaf(preg);
+	adg::node z = adg::op(preg, {b}, [](adg::step_call<patch> &c) {
+		patch d = *c.grad();
+		d.v[0] *= 3;
+		c.give(0, std::move(d));
+	});
+	adg::gradients<patch> pg = adg::backward<patch>(z);
+	EXPECT(pg.get(b).rows == 1 && pg.get(b).v == std::vector<float>{3.0f});
+}
+
 TEST(a_refused_op_keeps_nothing)
 {
 	adg::registry reg, other;

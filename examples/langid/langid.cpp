@@ -232,13 +232,27 @@ private:
 	}
 };
 
-/* The gradient of a node with a value of 1 x 1: the mean loss's seed. */
+/* The gradient of a node with a value of 1 x 1. */
 grad scalar(float v)
 {
 	grad g = grad::whole(1, 1);
 	g.band[0] = v;
 	return g;
 }
+
+} // namespace
+
+/* The mean loss's seed, 1 as a 1 x 1 grad, so that a backward from it
+ * needs none: adg::backward<grad>(loss). */
+template <> struct adg::one<grad> {
+	static grad value()
+	{
+		return scalar(1);
+	}
+};
+
+namespace
+{
 
 /* ---------------------------------------------------------------- model */
 
@@ -875,8 +889,8 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 						l.record(train_set, dealt[u],
 							 size, fresh);
 					if (loss)
-						adg::backward(loss, scalar(1),
-							      hooked);
+						adg::backward<grad>(loss,
+								    hooked);
 				};
 				if (!units) {
 					red->round(t, [&] { run(t, true); });
@@ -907,7 +921,7 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 				split_into_graphs(train_set, &order[m][first],
 						  size, o.shape),
 				size);
-			adg::backward(loss, scalar(1), b);
+			adg::backward<grad>(loss, b);
 		}
 	};
 
