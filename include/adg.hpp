@@ -633,13 +633,16 @@ private:
 };
 
 /* Where a backward runs its steps: nowhere else (the default), a pool, an
- * executor, or a C adg_executor; borrowed for the backward's call. */
+ * executor, or a C adg_executor; borrowed for the backward's call. An
+ * empty pool or executor (default-made, moved from) throws
+ * adg::error(ADG_EINVAL) here, rather than run the backward on one
+ * thread unasked. */
 class executor_ref
 {
 public:
 	executor_ref() noexcept = default;
-	executor_ref(const pool &p) noexcept;
-	executor_ref(const executor &e) noexcept;
+	executor_ref(const pool &p);
+	executor_ref(const executor &e);
 	executor_ref(const adg_executor &e) noexcept;
 	const adg_executor *get() const noexcept;
 
@@ -2199,9 +2202,10 @@ inline const adg_executor *executor::c_executor() const noexcept
 	return submit_ != nullptr ? &exec_ : nullptr;
 }
 
-inline executor_ref::executor_ref(const executor &e) noexcept
-    : exec_(e.c_executor())
+inline executor_ref::executor_ref(const executor &e) : exec_(e.c_executor())
 {
+	if (exec_ == nullptr)
+		throw error(ADG_EINVAL, "executor_ref: an empty executor");
 }
 
 inline executor_ref::executor_ref(const adg_executor &e) noexcept : exec_(&e)

@@ -1066,6 +1066,44 @@ TEST(registry_gradients_pool_and_executor_handles_move)
 	EXPECT(tracked::live == 3 && dx.v == c_gradients()[0]);
 }
 
+/* A pool default-made or moved from is empty, as a registry is: false,
+ * no C handle, and refused as a backward's executor (adg::error, not a
+ * backward run on one thread unasked); a pool moved into it is used. */
+TEST(an_empty_pool_is_refused_until_one_is_assigned)
+{
+	std::vector<double> want = c_gradients();
+	adg::pool workers;
+	EXPECT(!workers && workers.raw() == nullptr &&
+	       workers.c_executor() == nullptr);
+	adg::backward_options o;
+	EXPECT_THROWS(adg::error, o.executor = workers, {
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(std::string(e.what()).find("an empty pool") !=
+		       std::string::npos);
+	});
+	EXPECT(o.executor.get() == nullptr);
+
+	adg::pool started(2);
+	EXPECT(started && started.raw() != nullptr);
+	workers = std::move(started);
+	EXPECT(workers && !started && started.raw() == nullptr);
+	EXPECT_THROWS(adg::error, o.executor = started,
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	o.executor = workers;
+	EXPECT(o.executor.get() == workers.c_executor());
+	EXPECT(same_bits(cpp_gradients(o), want));
+
+	adg::executor exec([](adg::job j) { j(); }, 1);
+	adg::executor taken(std::move(exec));
+	EXPECT_THROWS(adg::error, o.executor = exec, {
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(std::string(e.what()).find("an empty executor") !=
+		       std::string::npos);
+	});
+	workers = adg::pool(); /* stopped and freed: empty again */
+	EXPECT(!workers);
+}
+
 TEST(a_node_dropped_before_the_backward)
 {
 	adg::registry reg;
