@@ -87,6 +87,7 @@
 #pragma GCC diagnostic pop
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -696,6 +697,19 @@ struct backward_options {
 	std::function<void(std::uint64_t id, grad_ref grad)> on_ready;
 	/* on_ready for leaves only: a trainer's parameters. */
 	bool leaves_only = false;
+	/* Sets on_ready (what it held goes, as with an assignment) to call
+	 * f(index, grad) for each of params whose gradient is final, index
+	 * its position in params, and leaves_only: a Hogwild trainer's step
+	 * on parameter index, without a map of its own from leaf ids to
+	 * parameters. The ids are sorted here, once, and found by binary
+	 * search; copies of these options share them. Leaves not in params
+	 * (inputs) are skipped. f is copied, and called as on_ready is:
+	 * with an executor, concurrently. The backward's root must be of
+	 * params' registry. Throws adg::error: ADG_EINVAL for an empty
+	 * handle or a leaf named twice, ADG_EFOREIGN for parameters of two
+	 * registries. */
+	template <class F>
+	backward_options &on_param_ready(const std::vector<node> &params, F f);
 	/* Called before and after each step, on the thread that runs it
 	 * (adg_step_event). */
 	std::function<void(const adg_step_event &event)> on_step;
@@ -2256,6 +2270,77 @@ struct has_one<T, std::void_t<decltype(one<T>::value())>>
     : std::is_convertible<decltype(one<T>::value()), T> {
 };
 } // namespace detail
+
+namespace detail
+{
+/* A trainer's parameters by leaf id: (id, index) sorted by id. A search
+ * costs log2(n) compares of ids and touches nothing shared but this
+ * read-only table; leaf ids are not dense enough to index an array by. */
+class param_index
+{
+public:
+	explicit param_index(const std::vector<node> &params)
+	{
+		by_id_.reserve(params.size());
+		registry_core *core = nullptr;
+		for (std::size_t i = 0; i < params.size(); i++) {
+			if (!params[i])
+				throw error(ADG_EINVAL,
+					    "on_param_ready: parameter " +
+						    std::to_string(i) +
+						    " is an empty handle");
+			if (core != nullptr && access::core(params[i]) != core)
+				throw error(ADG_EFOREIGN,
+					    "on_param_ready: parameter " +
+						    std::to_string(i) +
+						    " is of another registry");
+			core = access::core(params[i]);
+			by_id_.emplace_back(params[i].id(), i);
+		}
+		std::sort(by_id_.begin(), by_id_.end());
+		for (std::size_t k = 1; k < by_id_.size(); k++)
+			if (by_id_[k].first == by_id_[k - 1].first)
+				throw error(
+					ADG_EINVAL,
+					"on_param_ready: parameters " +
+						std::to_string(
+							by_id_[k - 1].second) +
+						" and " +
+						std::to_string(
+							by_id_[k].second) +
+						" are one leaf");
+	}
+
+	/* id's index in params, or none. */
+	std::optional<std::size_t> find(std::uint64_t id) const noexcept
+	{
+		auto it = std::lower_bound(
+			by_id_.begin(), by_id_.end(), id,
+			[](const std::pair<std::uint64_t, std::size_t> &e,
+			   std::uint64_t key) { return e.first < key; });
+		if (it == by_id_.end() || it->first != id)
+			return std::nullopt;
+		return it->second;
+	}
+
+private:
+	std::vector<std::pair<std::uint64_t, std::size_t>> by_id_;
+};
+} // namespace detail
+
+template <class F>
+backward_options &
+backward_options::on_param_ready(const std::vector<node> &params, F f)
+{
+	auto index = std::make_shared<const detail::param_index>(params);
+	on_ready = [index = std::move(index),
+		    f = std::move(f)](std::uint64_t id, grad_ref g) mutable {
+		if (std::optional<std::size_t> i = index->find(id))
+			f(*i, g);
+	};
+	leaves_only = true;
+	return *this;
+}
 
 template <class T> struct one<T, std::enable_if_t<std::is_arithmetic_v<T>>> {
 	static T value()

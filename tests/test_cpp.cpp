@@ -1387,6 +1387,72 @@ TEST(hooks_are_callables)
 
 /* The value check names the step that gave a NaN, in every mode; a check
  * that throws is rethrown. */
+/* Hogwild's hook by parameter index: each parameter's gradient once,
+ * under its index in the list given (not in id order), inputs skipped;
+ * on one thread and on a pool, through a copy of the options. */
+TEST(the_ready_hook_calls_parameters_by_index)
+{
+	adg::registry reg;
+	std::vector<adg::node> w;
+	for (int i = 0; i < 4; i++)
+		w.push_back(adg::leaf(reg));
+	std::vector<adg::node> params = {w[2], w[0], w[3], w[1]};
+	adg::pool workers(2);
+	for (bool pooled : {false, true}) {
+		adg::node x = adg::leaf(reg); /* an input: no parameter */
+		std::vector<adg::node> terms;
+		for (int i = 0; i < 4; i++)
+			terms.push_back(mul<double>(reg, w[i], 1.0 + i, x,
+						    10.0 * (i + 1)));
+		adg::node y =
+			adg::op(reg, terms, [](adg::step_call<double> &c) {
+				for (std::size_t i = 0; i < c.n_parents(); i++)
+					c.give(i, *c.grad());
+			});
+		terms.clear();
+		std::mutex mutex;
+		std::vector<double> seen(params.size(), 0.0);
+		int calls = 0;
+		adg::backward_options o;
+		o.on_param_ready(params, [&](std::size_t i, adg::grad_ref g) {
+			std::lock_guard<std::mutex> lock(mutex);
+			calls++;
+			seen.at(i) += *g.get<double>();
+		});
+		EXPECT(o.leaves_only && o.on_ready);
+		if (pooled)
+			o.executor = workers;
+		adg::backward_options copy = o;
+		adg::gradients<double> g = adg::backward<double>(y, copy);
+		EXPECT(calls == 4); /* x's gradient: not a parameter's */
+		EXPECT(g.get(x) == 1.0 + 2.0 + 3.0 + 4.0);
+		/* w[i]'s gradient is 10 (i + 1); params: w2, w0, w3, w1. */
+		EXPECT((seen == std::vector<double>{30.0, 10.0, 40.0, 20.0}));
+		for (std::size_t i = 0; i < params.size(); i++)
+			EXPECT(g.get(params[i]) == seen[i]);
+	}
+
+	adg::backward_options o;
+	auto none = [](std::size_t, adg::grad_ref) {};
+	EXPECT_THROWS(adg::error, o.on_param_ready({w[0], adg::node()}, none), {
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(std::string(e.what()).find("on_param_ready: parameter 1 "
+						  "is an empty handle") !=
+		       std::string::npos);
+	});
+	EXPECT_THROWS(adg::error, o.on_param_ready({w[1], w[0], w[1]}, none), {
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(std::string(e.what()).find("on_param_ready: parameters "
+						  "0 and 2 are one leaf") !=
+		       std::string::npos);
+	});
+	adg::registry other;
+	adg::node stranger = adg::leaf(other);
+	EXPECT_THROWS(adg::error, o.on_param_ready({w[0], stranger}, none),
+		      EXPECT(e.code().value() == ADG_EFOREIGN));
+	EXPECT(!o.on_ready && !o.leaves_only); /* refused: unchanged */
+}
+
 TEST(the_value_check_names_the_producing_step)
 {
 	for (unsigned n_workers : {0u, 2u}) {

@@ -265,7 +265,6 @@ namespace
 struct model {
 	std::array<std::unique_ptr<std::atomic<float>[]>, gru::n_params> values;
 	std::vector<adg::node> leaves;
-	std::vector<std::uint64_t> ids; /* the leaves' */
 
 	model(adg::registry &reg, const gru::weights &initial)
 	{
@@ -276,7 +275,6 @@ struct model {
 				values[p][i].store(initial[p][i],
 						   std::memory_order_relaxed);
 			leaves.push_back(adg::leaf(reg, gru::shapes[p].name));
-			ids.push_back(leaves.back().id());
 		}
 	}
 
@@ -288,15 +286,6 @@ struct model {
 				w[p][i] = values[p][i].load(
 					std::memory_order_relaxed);
 		}
-	}
-
-	/* Which parameter a leaf id is; -1 for none. */
-	int param_of(std::uint64_t id) const
-	{
-		for (int p = 0; p < gru::n_params; p++)
-			if (ids[p] == id)
-				return p;
-		return -1;
 	}
 
 	/* One SGD step on parameter p: value -= lr * g, g multiplied out
@@ -799,13 +788,14 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 	std::vector<std::vector<int>> order(static_cast<std::size_t>(n_models));
 
 	/* Hogwild, plain and each of --models: the ready hook applies each
-	 * parameter's gradient as soon as it is final. */
+	 * parameter's gradient as soon as it is final, told the parameter's
+	 * index in m.leaves. */
 	auto apply_when_ready = [&](model &m) {
 		adg::backward_options b;
-		b.leaves_only = true;
-		b.on_ready = [&m, &lr](std::uint64_t id, adg::grad_ref g) {
-			m.sgd(m.param_of(id), *g.as<grad>(), lr);
-		};
+		b.on_param_ready(
+			m.leaves, [&m, &lr](std::size_t p, adg::grad_ref g) {
+				m.sgd(static_cast<int>(p), *g.as<grad>(), lr);
+			});
 		return b;
 	};
 	/* Sync: the reducer sums each parameter's gradients in a tree over
