@@ -778,8 +778,10 @@ std::optional<adg_failure> callback_site() noexcept;
  * adg_graph_visit does; what f throws stops the visit and is rethrown. */
 template <class F> void visit(node_ref n, F &&f);
 
-/* Writes the graph n is in to out as Graphviz DOT (adg_graph_write_dot),
- * its leaves labelled with the names leaf(reg, name) gave them. Throws
+/* Writes the graph n is in to out as Graphviz DOT (adg_graph_write_dot:
+ * an op's edges labelled with their parent slots where it has two
+ * parents or more), its leaves labelled with the names leaf(reg, name)
+ * gave them. Throws
  * adg::error, or std::ios_base::failure when out is set to throw. */
 void write_dot(node_ref n, std::ostream &out);
 /* The same DOT, as a string. */

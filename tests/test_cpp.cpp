@@ -1850,6 +1850,12 @@ TEST(graphs_are_seen_with_named_leaves)
 	       std::string::npos);
 	EXPECT(text.find("\"leaf " + std::to_string(b.id()) + "\"") !=
 	       std::string::npos);
+	/* mul's two edges carry their slots: w is its left, b its right. */
+	std::string to_y = " -> n" + std::to_string(y.id());
+	EXPECT(text.find("n" + std::to_string(w.id()) + to_y +
+			 " [label=\"0\"];") != std::string::npos);
+	EXPECT(text.find("n" + std::to_string(b.id()) + to_y +
+			 " [label=\"1\"];") != std::string::npos);
 	std::ostringstream out;
 	adg::write_dot(y, out);
 	EXPECT(out.str() == text);
