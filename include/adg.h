@@ -746,12 +746,15 @@ typedef int (*adg_write_fn)(const char *text, size_t len, void *ctx);
  * from one copy as adg_graph_visit takes it: each op a box labelled with
  * its id, name and depth; each leaf an ellipse and each consumed op a
  * dashed box, labelled with their ids; an edge from parent to child per
- * parent slot; the graph's id as the title. A name is written with quotes
- * and backslashes escaped and control characters as spaces; past 200
- * bytes it is cut, between UTF-8 characters. Bytes that are not UTF-8
- * pass through unchanged (Graphviz then reads the file as Latin-1).
- * write is called many times, with no lock held. Errors: those of
- * adg_graph_visit, and write's code (ADG_ECALLBACK for a positive one). */
+ * parent slot, in slot order, labelled with the slot ("0", "1": the left
+ * and right of a subtraction) where the child has two parents or more,
+ * bare where it has one; the graph's id as the title. A name is written
+ * with quotes and backslashes escaped and control characters as spaces;
+ * past 200 bytes it is cut, between UTF-8 characters. Bytes that are not
+ * UTF-8 pass through unchanged (Graphviz then reads the file as
+ * Latin-1). write is called many times, with no lock held. Errors: those
+ * of adg_graph_visit, and write's code (ADG_ECALLBACK for a positive
+ * one). */
 ADG_API int adg_graph_write_dot(adg_node *node, adg_write_fn write, void *ctx);
 
 /* What adg_graph_write_dot_with adds. Zero-initialise, then set what you

@@ -87,6 +87,7 @@
 #pragma GCC diagnostic pop
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -633,13 +634,16 @@ private:
 };
 
 /* Where a backward runs its steps: nowhere else (the default), a pool, an
- * executor, or a C adg_executor; borrowed for the backward's call. */
+ * executor, or a C adg_executor; borrowed for the backward's call. An
+ * empty pool or executor (default-made, moved from) throws
+ * adg::error(ADG_EINVAL) here, rather than run the backward on one
+ * thread unasked. */
 class executor_ref
 {
 public:
 	executor_ref() noexcept = default;
-	executor_ref(const pool &p) noexcept;
-	executor_ref(const executor &e) noexcept;
+	executor_ref(const pool &p);
+	executor_ref(const executor &e);
 	executor_ref(const adg_executor &e) noexcept;
 	const adg_executor *get() const noexcept;
 
@@ -693,6 +697,19 @@ struct backward_options {
 	std::function<void(std::uint64_t id, grad_ref grad)> on_ready;
 	/* on_ready for leaves only: a trainer's parameters. */
 	bool leaves_only = false;
+	/* Sets on_ready (what it held goes, as with an assignment) to call
+	 * f(index, grad) for each of params whose gradient is final, index
+	 * its position in params, and leaves_only: a Hogwild trainer's step
+	 * on parameter index, without a map of its own from leaf ids to
+	 * parameters. The ids are sorted here, once, and found by binary
+	 * search; copies of these options share them. Leaves not in params
+	 * (inputs) are skipped. f is copied, and called as on_ready is:
+	 * with an executor, concurrently. The backward's root must be of
+	 * params' registry. Throws adg::error: ADG_EINVAL for an empty
+	 * handle or a leaf named twice, ADG_EFOREIGN for parameters of two
+	 * registries. */
+	template <class F>
+	backward_options &on_param_ready(const std::vector<node> &params, F f);
 	/* Called before and after each step, on the thread that runs it
 	 * (adg_step_event). */
 	std::function<void(const adg_step_event &event)> on_step;
@@ -721,6 +738,34 @@ template <class T>
 gradients<T> backward(node_ref root, T seed,
 		      const backward_options &options = {});
 
+/* The seed of a backward given none: d root / d root, a T of one element
+ * equal to 1, for a root whose value has one element (a loss), as
+ * PyTorch's loss.backward() makes one. Defined, value() a T of 1, for
+ * - an arithmetic T (double, float): T(1);
+ * - another T that a double converts to implicitly (a scalar that also
+ *   records, std::complex<double>): T(1.0);
+ * - a container of one element: a T with a value_type V, constructible
+ *   from a std::initializer_list<V> (std::vector<double>, a tensor
+ *   class with a std::vector's constructors): T{V(1)}. Never T(1),
+ *   which for a container is one element of 0.
+ * For a T of another kind, specialize it once, beside T:
+ *
+ *     template <> struct adg::one<tensor> {
+ *             static tensor value() { return tensor::filled(1, 1, 1.0f); }
+ *     };
+ *
+ * libadg cannot see a value's shape: a root of more elements takes its
+ * seed explicitly, as does a scaled one (backward(loss, 1.0 / n)). */
+template <class T, class = void> struct one {
+	/* no value(): a T of none of the kinds above */
+};
+
+/* backward from root with one<T>::value() as its seed, for a root of one
+ * element: adg::backward<double>(loss), adg::backward<tensor>(loss, o).
+ * Throws as backward above. */
+template <class T>
+gradients<T> backward(node_ref root, const backward_options &options = {});
+
 /* During a callback that a backward runs on this thread (a step, the value
  * check, an add: T's operator+=, on_step): the adg_failure that would name
  * its failure, code 0 (adg_callback_site); empty elsewhere. What this
@@ -733,8 +778,10 @@ std::optional<adg_failure> callback_site() noexcept;
  * adg_graph_visit does; what f throws stops the visit and is rethrown. */
 template <class F> void visit(node_ref n, F &&f);
 
-/* Writes the graph n is in to out as Graphviz DOT (adg_graph_write_dot),
- * its leaves labelled with the names leaf(reg, name) gave them. Throws
+/* Writes the graph n is in to out as Graphviz DOT (adg_graph_write_dot:
+ * an op's edges labelled with their parent slots where it has two
+ * parents or more), its leaves labelled with the names leaf(reg, name)
+ * gave them. Throws
  * adg::error, or std::ios_base::failure when out is set to throw. */
 void write_dot(node_ref n, std::ostream &out);
 /* The same DOT, as a string. */
@@ -2171,9 +2218,10 @@ inline const adg_executor *executor::c_executor() const noexcept
 	return submit_ != nullptr ? &exec_ : nullptr;
 }
 
-inline executor_ref::executor_ref(const executor &e) noexcept
-    : exec_(e.c_executor())
+inline executor_ref::executor_ref(const executor &e) : exec_(e.c_executor())
 {
+	if (exec_ == nullptr)
+		throw error(ADG_EINVAL, "executor_ref: an empty executor");
 }
 
 inline executor_ref::executor_ref(const adg_executor &e) noexcept : exec_(&e)
@@ -2213,6 +2261,126 @@ gradients<T> backward(node_ref root, T seed, const backward_options &options)
 	if (state->kept.load(std::memory_order_relaxed))
 		core->drop(failure.pass_id); /* caught by a step: unclaimed */
 	return detail::access::adopt<T>(out, std::move(state));
+}
+
+namespace detail
+{
+template <class T, class = void> struct has_one : std::false_type {
+};
+template <class T>
+struct has_one<T, std::void_t<decltype(one<T>::value())>>
+    : std::is_convertible<decltype(one<T>::value()), T> {
+};
+} // namespace detail
+
+namespace detail
+{
+/* A trainer's parameters by leaf id: (id, index) sorted by id. A search
+ * costs log2(n) compares of ids and touches nothing shared but this
+ * read-only table; leaf ids are not dense enough to index an array by. */
+class param_index
+{
+public:
+	explicit param_index(const std::vector<node> &params)
+	{
+		by_id_.reserve(params.size());
+		registry_core *core = nullptr;
+		for (std::size_t i = 0; i < params.size(); i++) {
+			if (!params[i])
+				throw error(ADG_EINVAL,
+					    "on_param_ready: parameter " +
+						    std::to_string(i) +
+						    " is an empty handle");
+			if (core != nullptr && access::core(params[i]) != core)
+				throw error(ADG_EFOREIGN,
+					    "on_param_ready: parameter " +
+						    std::to_string(i) +
+						    " is of another registry");
+			core = access::core(params[i]);
+			by_id_.emplace_back(params[i].id(), i);
+		}
+		std::sort(by_id_.begin(), by_id_.end());
+		for (std::size_t k = 1; k < by_id_.size(); k++)
+			if (by_id_[k].first == by_id_[k - 1].first)
+				throw error(
+					ADG_EINVAL,
+					"on_param_ready: parameters " +
+						std::to_string(
+							by_id_[k - 1].second) +
+						" and " +
+						std::to_string(
+							by_id_[k].second) +
+						" are one leaf");
+	}
+
+	/* id's index in params, or none. */
+	std::optional<std::size_t> find(std::uint64_t id) const noexcept
+	{
+		auto it = std::lower_bound(
+			by_id_.begin(), by_id_.end(), id,
+			[](const std::pair<std::uint64_t, std::size_t> &e,
+			   std::uint64_t key) { return e.first < key; });
+		if (it == by_id_.end() || it->first != id)
+			return std::nullopt;
+		return it->second;
+	}
+
+private:
+	std::vector<std::pair<std::uint64_t, std::size_t>> by_id_;
+};
+} // namespace detail
+
+template <class F>
+backward_options &
+backward_options::on_param_ready(const std::vector<node> &params, F f)
+{
+	auto index = std::make_shared<const detail::param_index>(params);
+	on_ready = [index = std::move(index),
+		    f = std::move(f)](std::uint64_t id, grad_ref g) mutable {
+		if (std::optional<std::size_t> i = index->find(id))
+			f(*i, g);
+	};
+	leaves_only = true;
+	return *this;
+}
+
+template <class T> struct one<T, std::enable_if_t<std::is_arithmetic_v<T>>> {
+	static T value()
+	{
+		return T(1);
+	}
+};
+
+template <class T>
+struct one<T, std::enable_if_t<!std::is_arithmetic_v<T> &&
+			       std::is_convertible_v<double, T>>> {
+	static T value()
+	{
+		return T(1.0);
+	}
+};
+
+template <class T>
+struct one<
+	T,
+	std::enable_if_t<
+		!std::is_arithmetic_v<T> && !std::is_convertible_v<double, T> &&
+		std::is_constructible_v<
+			T, std::initializer_list<typename T::value_type>>>> {
+	static T value()
+	{
+		return T{typename T::value_type(1)};
+	}
+};
+
+template <class T>
+gradients<T> backward(node_ref root, const backward_options &options)
+{
+	static_assert(detail::has_one<T>::value,
+		      "adg::backward<T>(root) seeds with adg::one<T>::value(), "
+		      "which T has not: specialize adg::one for T, or pass the "
+		      "seed");
+	return backward<T>(root, one<T>::value(), options);
 }
 
 inline std::optional<adg_failure> callback_site() noexcept

@@ -242,6 +242,22 @@ static void dot_write_others(struct dot *d, struct snapshot *s,
 	}
 }
 
+/* An edge from each parent to op, in slot order. With two parents or
+ * more each is labelled with its slot, so that the left and right of a
+ * subtraction (or the two slots of x * x) can be told apart; an op of
+ * one parent has nothing to tell, and its edge stays bare. */
+static void dot_write_edges(struct dot *d, const adg_graph_node *op)
+{
+	for (size_t k = 0; k < op->n_parents; k++) {
+		unsigned long long from = op->parent_ids[k], to = op->id;
+		if (op->n_parents == 1)
+			dot_emit(d, "  n%llu -> n%llu;\n", from, to);
+		else
+			dot_emit(d, "  n%llu -> n%llu [label=\"%zu\"];\n", from,
+				 to, k);
+	}
+}
+
 int adg_graph_write_dot(adg_node *node, adg_write_fn write, void *ctx)
 {
 	return adg_graph_write_dot_with(node, NULL, write, ctx);
@@ -272,10 +288,7 @@ int adg_graph_write_dot_with(adg_node *node, const adg_dot_options *options,
 	}
 	dot_write_others(&d, &s, options);
 	for (size_t i = 0; i < s.n_ops; i++)
-		for (size_t k = 0; k < s.ops[i].n_parents; k++)
-			dot_emit(&d, "  n%llu -> n%llu;\n",
-				 (unsigned long long)s.ops[i].parent_ids[k],
-				 (unsigned long long)s.ops[i].id);
+		dot_write_edges(&d, &s.ops[i]);
 	dot_emit(&d, "}\n");
 	snapshot_free(&s);
 	return d.rc;

@@ -627,6 +627,107 @@ TEST(the_gradient_type_is_the_registrys)
 	EXPECT(probe::live == 0);
 }
 
+/* Gradient types for a backward without a seed: a container that a
+ * std::vector's constructors build (a one-element tensor), where
+ * column(1) would be one 0; and a type of no kind adg::one knows, which
+ * gets a specialization (below, outside this namespace). */
+struct column : std::vector<double> {
+	using std::vector<double>::vector;
+	column &operator+=(const column &o)
+	{
+		for (std::size_t i = 0; i < size(); i++)
+			(*this)[i] += o[i];
+		return *this;
+	}
+};
+
+struct patch {
+	int rows = 0, cols = 0;
+	std::vector<float> v;
+	patch &operator+=(const patch &o)
+	{
+		for (std::size_t i = 0; i < v.size(); i++)
+			v[i] += o.v[i];
+		return *this;
+	}
+};
+
+struct no_unit {
+	no_unit &operator+=(const no_unit &)
+	{
+		return *this;
+	}
+};
+
+} // namespace
+
+template <> struct adg::one<patch> {
+	static patch value()
+	{
+		return patch{1, 1, {1.0f}};
+	}
+};
+
+namespace
+{
+
+TEST(a_backward_without_a_seed_starts_from_one)
+{
+	static_assert(adg::detail::has_one<double>::value &&
+			      adg::detail::has_one<tracked>::value &&
+			      adg::detail::has_one<column>::value &&
+			      adg::detail::has_one<patch>::value &&
+			      !adg::detail::has_one<no_unit>::value,
+		      "adg::one knows numbers, scalars, containers and "
+		      "specializations");
+	EXPECT(adg::one<float>::value() == 1.0f && adg::one<int>::value() == 1);
+	EXPECT(adg::one<tracked>::value().v == 1.0);
+	EXPECT((adg::one<std::vector<double>>::value() ==
+		std::vector<double>{1.0}));
+	EXPECT((adg::one<column>::value() == column{1.0}));
+
+	/* The same gradients as a seed of 1, for each kind. */
+	std::vector<double> want = c_gradients();
+	{
+		adg::registry reg;
+		leaves l(reg);
+		adg::gradients<double> g =
+			adg::backward<double>(build<double>(reg, l));
+		EXPECT(same_bits({g.get(l.x), g.get(l.y), g.get(l.z)}, want));
+	}
+	{
+		adg::registry reg;
+		leaves l(reg);
+		adg::backward_options o;
+		adg_failure failure{};
+		o.failure = &failure;
+		adg::gradients<tracked> g =
+			adg::backward<tracked>(build<tracked>(reg, l), o);
+		EXPECT(same_bits({g.get(l.x).v, g.get(l.y).v, g.get(l.z).v},
+				 want));
+		EXPECT(failure.code == 0 && failure.site == ADG_FAILED_NOWHERE);
+	}
+	adg::registry reg;
+	adg::node a = adg::leaf(reg);
+	adg::node y = adg::op(reg, {a}, [](adg::step_call<column> &c) {
+		column d = *c.grad();
+		d[0] *= 3;
+		c.give(0, std::move(d));
+	});
+	adg::gradients<column> g = adg::backward<column>(y);
+	EXPECT((g.get(a) == column{3.0}));
+
+	adg::registry preg;
+	adg::node b = adg::leaf(preg);
+	adg::node z = adg::op(preg, {b}, [](adg::step_call<patch> &c) {
+		patch d = *c.grad();
+		d.v[0] *= 3;
+		c.give(0, std::move(d));
+	});
+	adg::gradients<patch> pg = adg::backward<patch>(z);
+	EXPECT(pg.get(b).rows == 1 && pg.get(b).v == std::vector<float>{3.0f});
+}
+
 TEST(a_refused_op_keeps_nothing)
 {
 	adg::registry reg, other;
@@ -965,6 +1066,44 @@ TEST(registry_gradients_pool_and_executor_handles_move)
 	EXPECT(tracked::live == 3 && dx.v == c_gradients()[0]);
 }
 
+/* A pool default-made or moved from is empty, as a registry is: false,
+ * no C handle, and refused as a backward's executor (adg::error, not a
+ * backward run on one thread unasked); a pool moved into it is used. */
+TEST(an_empty_pool_is_refused_until_one_is_assigned)
+{
+	std::vector<double> want = c_gradients();
+	adg::pool workers;
+	EXPECT(!workers && workers.raw() == nullptr &&
+	       workers.c_executor() == nullptr);
+	adg::backward_options o;
+	EXPECT_THROWS(adg::error, o.executor = workers, {
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(std::string(e.what()).find("an empty pool") !=
+		       std::string::npos);
+	});
+	EXPECT(o.executor.get() == nullptr);
+
+	adg::pool started(2);
+	EXPECT(started && started.raw() != nullptr);
+	workers = std::move(started);
+	EXPECT(workers && !started && started.raw() == nullptr);
+	EXPECT_THROWS(adg::error, o.executor = started,
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	o.executor = workers;
+	EXPECT(o.executor.get() == workers.c_executor());
+	EXPECT(same_bits(cpp_gradients(o), want));
+
+	adg::executor exec([](adg::job j) { j(); }, 1);
+	adg::executor taken(std::move(exec));
+	EXPECT_THROWS(adg::error, o.executor = exec, {
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(std::string(e.what()).find("an empty executor") !=
+		       std::string::npos);
+	});
+	workers = adg::pool(); /* stopped and freed: empty again */
+	EXPECT(!workers);
+}
+
 TEST(a_node_dropped_before_the_backward)
 {
 	adg::registry reg;
@@ -1248,6 +1387,72 @@ TEST(hooks_are_callables)
 
 /* The value check names the step that gave a NaN, in every mode; a check
  * that throws is rethrown. */
+/* Hogwild's hook by parameter index: each parameter's gradient once,
+ * under its index in the list given (not in id order), inputs skipped;
+ * on one thread and on a pool, through a copy of the options. */
+TEST(the_ready_hook_calls_parameters_by_index)
+{
+	adg::registry reg;
+	std::vector<adg::node> w;
+	for (int i = 0; i < 4; i++)
+		w.push_back(adg::leaf(reg));
+	std::vector<adg::node> params = {w[2], w[0], w[3], w[1]};
+	adg::pool workers(2);
+	for (bool pooled : {false, true}) {
+		adg::node x = adg::leaf(reg); /* an input: no parameter */
+		std::vector<adg::node> terms;
+		for (int i = 0; i < 4; i++)
+			terms.push_back(mul<double>(reg, w[i], 1.0 + i, x,
+						    10.0 * (i + 1)));
+		adg::node y =
+			adg::op(reg, terms, [](adg::step_call<double> &c) {
+				for (std::size_t i = 0; i < c.n_parents(); i++)
+					c.give(i, *c.grad());
+			});
+		terms.clear();
+		std::mutex mutex;
+		std::vector<double> seen(params.size(), 0.0);
+		int calls = 0;
+		adg::backward_options o;
+		o.on_param_ready(params, [&](std::size_t i, adg::grad_ref g) {
+			std::lock_guard<std::mutex> lock(mutex);
+			calls++;
+			seen.at(i) += *g.get<double>();
+		});
+		EXPECT(o.leaves_only && o.on_ready);
+		if (pooled)
+			o.executor = workers;
+		adg::backward_options copy = o;
+		adg::gradients<double> g = adg::backward<double>(y, copy);
+		EXPECT(calls == 4); /* x's gradient: not a parameter's */
+		EXPECT(g.get(x) == 1.0 + 2.0 + 3.0 + 4.0);
+		/* w[i]'s gradient is 10 (i + 1); params: w2, w0, w3, w1. */
+		EXPECT((seen == std::vector<double>{30.0, 10.0, 40.0, 20.0}));
+		for (std::size_t i = 0; i < params.size(); i++)
+			EXPECT(g.get(params[i]) == seen[i]);
+	}
+
+	adg::backward_options o;
+	auto none = [](std::size_t, adg::grad_ref) {};
+	EXPECT_THROWS(adg::error, o.on_param_ready({w[0], adg::node()}, none), {
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(std::string(e.what()).find("on_param_ready: parameter 1 "
+						  "is an empty handle") !=
+		       std::string::npos);
+	});
+	EXPECT_THROWS(adg::error, o.on_param_ready({w[1], w[0], w[1]}, none), {
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(std::string(e.what()).find("on_param_ready: parameters "
+						  "0 and 2 are one leaf") !=
+		       std::string::npos);
+	});
+	adg::registry other;
+	adg::node stranger = adg::leaf(other);
+	EXPECT_THROWS(adg::error, o.on_param_ready({w[0], stranger}, none),
+		      EXPECT(e.code().value() == ADG_EFOREIGN));
+	EXPECT(!o.on_ready && !o.leaves_only); /* refused: unchanged */
+}
+
 TEST(the_value_check_names_the_producing_step)
 {
 	for (unsigned n_workers : {0u, 2u}) {
@@ -1645,6 +1850,12 @@ TEST(graphs_are_seen_with_named_leaves)
 	       std::string::npos);
 	EXPECT(text.find("\"leaf " + std::to_string(b.id()) + "\"") !=
 	       std::string::npos);
+	/* mul's two edges carry their slots: w is its left, b its right. */
+	std::string to_y = " -> n" + std::to_string(y.id());
+	EXPECT(text.find("n" + std::to_string(w.id()) + to_y +
+			 " [label=\"0\"];") != std::string::npos);
+	EXPECT(text.find("n" + std::to_string(b.id()) + to_y +
+			 " [label=\"1\"];") != std::string::npos);
 	std::ostringstream out;
 	adg::write_dot(y, out);
 	EXPECT(out.str() == text);

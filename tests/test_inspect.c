@@ -292,6 +292,48 @@ CHECKED_TEST(inspect, dot_names_leaves_the_options_name)
 	s_drop(b);
 }
 
+/* Whether text has the edge line from -> to, with label (NULL: bare). */
+static bool has_edge(const char *text, uint64_t from, uint64_t to,
+		     const char *label)
+{
+	char want[96];
+	if (label == NULL)
+		snprintf(want, sizeof want, "  n%llu -> n%llu;\n",
+			 (unsigned long long)from, (unsigned long long)to);
+	else
+		snprintf(want, sizeof want,
+			 "  n%llu -> n%llu [label=\"%s\"];\n",
+			 (unsigned long long)from, (unsigned long long)to,
+			 label);
+	return strstr(text, want) != NULL;
+}
+
+/* The edges of an op with two parents or more carry their slots, so
+ * that a - b is told from b - a, and the two slots of d * d apart; the
+ * edge of an op with one parent stays bare. Before, every edge was bare
+ * and a - b drew as b - a could. */
+CHECKED_TEST(inspect, dot_labels_the_slots_of_an_op_with_two_parents)
+{
+	scalar a = s_leaf(reg, 2), b = s_leaf(reg, 3);
+	scalar d = named_op((scalar[]){a, b}, 2, "sub");
+	scalar sq = named_op((scalar[]){d, d}, 2, "square");
+	scalar n = named_op((scalar[]){sq}, 1, "neg");
+	struct text t = {0};
+	cr_assert_eq(adg_graph_write_dot(n.node, append, &t), 0);
+	cr_expect(has_edge(t.buf, a.id, d.id, "0"), "%s", t.buf);
+	cr_expect(has_edge(t.buf, b.id, d.id, "1"), "%s", t.buf);
+	cr_expect(has_edge(t.buf, d.id, sq.id, "0"), "%s", t.buf);
+	cr_expect(has_edge(t.buf, d.id, sq.id, "1"), "%s", t.buf);
+	cr_expect(has_edge(t.buf, sq.id, n.id, NULL), "%s", t.buf);
+	cr_expect_eq(parse_dot(t.buf).edges, 5, "%s", t.buf);
+	free(t.buf);
+	s_drop(n);
+	s_drop(sq);
+	s_drop(d);
+	s_drop(a);
+	s_drop(b);
+}
+
 /* Two graphs merged by a join, a repeated parent, a consumed parent and
  * a name that needs escaping: every op, leaf and consumed op once, an
  * edge per parent slot. */

@@ -5,10 +5,11 @@
  *
  * Each step builds the batch's graph over the weights' leaves, named W1, b1,
  * W2 and b2, which every step's graph shares; runs backward from the loss;
- * and moves the weights against their gradients. The loss must fall at
- * every step. Then the gradients of a few weights are checked against
- * central differences of the loss. Usage: mlp-cpp (exits 1 on a failed
- * check). */
+ * and moves the weights against their gradients. The loss is one value,
+ * so its backward takes no seed: adg::backward<vec> starts from a vec of
+ * one 1 (adg::one). The loss must fall at every step. Then the gradients
+ * of a few weights are checked against central differences of the loss.
+ * Usage: mlp-cpp (exits 1 on a failed check). */
 #include "mlp.hpp"
 
 #include <cstdio>
@@ -24,8 +25,8 @@ using namespace mlp;
 int check_gradients(adg::registry &reg, model &m, const vec &x)
 {
 	double loss = 0;
-	adg::gradients<vec> g = adg::backward(
-		forward(reg, m, x, 0, n_samples, &loss), vec{1.0});
+	adg::gradients<vec> g =
+		adg::backward<vec>(forward(reg, m, x, 0, n_samples, &loss));
 	/* The loss alone: its graph is dropped unrun. */
 	auto loss_of = [&] {
 		double l = 0;
@@ -68,7 +69,7 @@ int run()
 	for (int step = 0; step < 20; step++) {
 		double loss = 0;
 		adg::node root = forward(reg, m, x, 0, n_samples, &loss);
-		adg::gradients<vec> g = adg::backward(root, vec{1.0});
+		adg::gradients<vec> g = adg::backward<vec>(root);
 		for (param *p : {&m.w1, &m.b1, &m.w2, &m.b2})
 			sgd(p->value, g.get(p->leaf), 0.5);
 		std::printf("step %2d: loss %.6f\n", step, loss);

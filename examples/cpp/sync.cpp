@@ -38,8 +38,8 @@ std::uint64_t train_plain(const vec &x)
 	model m = make_model(reg, rng);
 	for (int step = 0; step < steps; step++) {
 		double loss = 0;
-		adg::gradients<vec> g = adg::backward(
-			forward(reg, m, x, 0, n_samples, &loss), vec{1.0});
+		adg::gradients<vec> g = adg::backward<vec>(
+			forward(reg, m, x, 0, n_samples, &loss));
 		for (param *p : {&m.w1, &m.b1, &m.w2, &m.b2})
 			sgd(p->value, g.get(p->leaf), rate);
 	}
@@ -87,10 +87,8 @@ std::uint64_t train_units_by_hand(const vec &x)
 			std::size_t lo = u * unit_samples,
 				    hi = std::min(lo + unit_samples, n_samples);
 			double loss = 0;
-			adg::gradients<vec> g =
-				adg::backward(forward(reg, m, rows(x, lo, hi),
-						      lo, n_samples, &loss),
-					      vec{1.0});
+			adg::gradients<vec> g = adg::backward<vec>(forward(
+				reg, m, rows(x, lo, hi), lo, n_samples, &loss));
 			for (int i = 0; i < 4; i++)
 				grads[i].push_back(g.get(params[i]->leaf));
 		}
@@ -122,9 +120,9 @@ std::uint64_t train_sync(const vec &x, int t, bool units)
 		std::move(o));
 	auto backward = [&](std::size_t p, std::size_t lo, std::size_t hi) {
 		double loss = 0;
-		adg::backward(
+		adg::backward<vec>(
 			forward(reg, m, rows(x, lo, hi), lo, n_samples, &loss),
-			vec{1.0}, red.hook(p));
+			red.hook(p));
 	};
 	std::vector<std::thread> threads;
 	for (int p = 0; p < t; p++)

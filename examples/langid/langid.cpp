@@ -233,13 +233,27 @@ private:
 	}
 };
 
-/* The gradient of a node with a value of 1 x 1: the mean loss's seed. */
+/* The gradient of a node with a value of 1 x 1. */
 grad scalar(float v)
 {
 	grad g = grad::whole(1, 1);
 	g.band[0] = v;
 	return g;
 }
+
+} // namespace
+
+/* The mean loss's seed, 1 as a 1 x 1 grad, so that a backward from it
+ * needs none: adg::backward<grad>(loss). */
+template <> struct adg::one<grad> {
+	static grad value()
+	{
+		return scalar(1);
+	}
+};
+
+namespace
+{
 
 /* ---------------------------------------------------------------- model */
 
@@ -252,7 +266,6 @@ grad scalar(float v)
 struct model {
 	std::array<std::unique_ptr<std::atomic<float>[]>, gru::n_params> values;
 	std::vector<adg::node> leaves;
-	std::vector<std::uint64_t> ids; /* the leaves' */
 
 	model(adg::registry &reg, const gru::weights &initial)
 	{
@@ -263,7 +276,6 @@ struct model {
 				values[p][i].store(initial[p][i],
 						   std::memory_order_relaxed);
 			leaves.push_back(adg::leaf(reg, gru::shapes[p].name));
-			ids.push_back(leaves.back().id());
 		}
 	}
 
@@ -275,15 +287,6 @@ struct model {
 				w[p][i] = values[p][i].load(
 					std::memory_order_relaxed);
 		}
-	}
-
-	/* Which parameter a leaf id is; -1 for none. */
-	int param_of(std::uint64_t id) const
-	{
-		for (int p = 0; p < gru::n_params; p++)
-			if (ids[p] == id)
-				return p;
-		return -1;
 	}
 
 	/* One SGD step on parameter p: value -= lr * g, g multiplied out
@@ -786,13 +789,14 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 	std::vector<std::vector<int>> order(static_cast<std::size_t>(n_models));
 
 	/* Hogwild, plain and each of --models: the ready hook applies each
-	 * parameter's gradient as soon as it is final. */
+	 * parameter's gradient as soon as it is final, told the parameter's
+	 * index in m.leaves. */
 	auto apply_when_ready = [&](model &m) {
 		adg::backward_options b;
-		b.leaves_only = true;
-		b.on_ready = [&m, &lr](std::uint64_t id, adg::grad_ref g) {
-			m.sgd(m.param_of(id), *g.as<grad>(), lr);
-		};
+		b.on_param_ready(
+			m.leaves, [&m, &lr](std::size_t p, adg::grad_ref g) {
+				m.sgd(static_cast<int>(p), *g.as<grad>(), lr);
+			});
 		return b;
 	};
 	/* Sync: the reducer sums each parameter's gradients in a tree over
@@ -876,8 +880,8 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 						l.record(train_set, dealt[u],
 							 size, fresh);
 					if (loss)
-						adg::backward(loss, scalar(1),
-							      hooked);
+						adg::backward<grad>(loss,
+								    hooked);
 				};
 				if (!units) {
 					red->round(t, [&] { run(t, true); });
@@ -910,7 +914,7 @@ outcome train(const options &o, int n_threads, const words::dataset &train_set,
 				split_into_graphs(train_set, &order[m][first],
 						  size, o.shape),
 				size);
-			adg::backward(loss, scalar(1), b);
+			adg::backward<grad>(loss, b);
 		}
 	};
 

@@ -16,10 +16,15 @@ namespace adg
 {
 
 /* libadg's thread pool (adg_pool): n_threads workers that sleep while there
- * is no work. It must outlive every backward that uses it. */
+ * is no work. It must outlive every backward that uses it. Move-only, as
+ * adg::registry: a default-made or moved-from pool is empty (no threads,
+ * false as a bool), and a backward given one throws adg::error(ADG_EINVAL)
+ * (executor_ref); assigning a pool to it starts using that one. */
 class pool
 {
 public:
+	/* An empty pool. */
+	pool() noexcept = default;
 	explicit pool(unsigned n_threads);
 	/* The pool's memory from allocator (registry::allocator(), say),
 	 * which must outlive the pool. */
@@ -31,7 +36,11 @@ public:
 	/* Runs what is queued and stops the threads (adg_pool_free). */
 	~pool();
 
+	/* The C executor; null if empty. */
 	const adg_executor *c_executor() const noexcept;
+	/* The C handle, for calls this layer does not wrap; null if empty. */
+	adg_pool *raw() const noexcept;
+	explicit operator bool() const noexcept;
 
 private:
 	adg_pool *raw_ = nullptr;
@@ -83,9 +92,20 @@ inline const adg_executor *pool::c_executor() const noexcept
 	return raw_ != nullptr ? &exec_ : nullptr;
 }
 
-inline executor_ref::executor_ref(const pool &p) noexcept
-    : exec_(p.c_executor())
+inline adg_pool *pool::raw() const noexcept
 {
+	return raw_;
+}
+
+inline pool::operator bool() const noexcept
+{
+	return raw_ != nullptr;
+}
+
+inline executor_ref::executor_ref(const pool &p) : exec_(p.c_executor())
+{
+	if (exec_ == nullptr)
+		throw error(ADG_EINVAL, "executor_ref: an empty pool");
 }
 
 } // namespace adg
