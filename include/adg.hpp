@@ -118,6 +118,15 @@ namespace detail
 struct registry_core;
 struct grad_state;
 struct access;
+
+/* A C struct that begins with its size (adg.h, "ABI"): zeroed, its size
+ * set, as this layer passes every one, so that its users never set it. */
+template <class T> T sized() noexcept
+{
+	T t{};
+	t.size = sizeof t;
+	return t;
+}
 } // namespace detail
 
 namespace detail
@@ -951,7 +960,7 @@ struct grad_state {
 
 	void keep(std::exception_ptr e) noexcept
 	{
-		adg_failure where{};
+		auto where = detail::sized<adg_failure>();
 		if (core == nullptr || adg_callback_site(&where) != 0)
 			return;
 		core->keep(where, std::move(e));
@@ -1163,7 +1172,7 @@ template <class T, class F> struct closure {
 			self->step(c);
 			return 0;
 		} catch (...) {
-			adg_failure where{};
+			auto where = detail::sized<adg_failure>();
 			where.site = ADG_FAILED_STEP;
 			where.node_id = call->node_id;
 			where.pass_id = call->pass_id;
@@ -1385,7 +1394,7 @@ node make_typed_op(registry_ref reg, const parent_list &parents, F &&step,
 		if (owned->rebuild)
 			output.recompute = &full::recompute;
 		output.memory_bound = ckpt->memory_bound;
-		adg_op_options o{};
+		auto o = detail::sized<adg_op_options>();
 		if (value || owned->rebuild)
 			o.output = &output;
 		o.want_self = ckpt->want_self;
@@ -1539,7 +1548,7 @@ struct pass_state {
 			e = std::current_exception();
 			rc = thrown_code();
 		}
-		adg_failure where{};
+		auto where = detail::sized<adg_failure>();
 		if (adg_callback_site(&where) == 0)
 			self->keep(where.site, where.node_id, std::move(e));
 		return rc;
@@ -1550,7 +1559,7 @@ struct pass_state {
 	 * first). */
 	adg_backward_options c_options(adg_failure *failure)
 	{
-		adg_backward_options o{};
+		auto o = detail::sized<adg_backward_options>();
 		o.executor = options.executor.get();
 		o.retain = options.retain ? 1 : 0;
 		o.failure = failure;
@@ -1663,14 +1672,16 @@ inline void check(int rc, const char *context)
 
 /* registry */
 
-inline registry::registry() : registry(adg_registry_options{})
+inline registry::registry() : registry(detail::sized<adg_registry_options>())
 {
 }
 
 inline registry::registry(const adg_registry_options &options)
 {
 	auto core = std::make_unique<detail::registry_core>();
-	check(adg_registry_new(&options, &core->raw), "adg_registry_new");
+	adg_registry_options o = options;
+	o.size = sizeof o; /* this header's struct, whatever the caller set */
+	check(adg_registry_new(&o, &core->raw), "adg_registry_new");
 	core_ = core.release();
 }
 
@@ -1715,7 +1726,7 @@ inline void registry::close()
 
 inline struct adg_stats registry::stats() const
 {
-	struct adg_stats s = {};
+	auto s = detail::sized<struct adg_stats>();
 	check(adg_stats(raw(), &s), "adg_stats");
 	return s;
 }
@@ -2020,7 +2031,7 @@ namespace detail
 				     registry_core *core)
 {
 	if (core != nullptr) {
-		adg_failure where{};
+		auto where = detail::sized<adg_failure>();
 		where.site = ADG_FAILED_STEP;
 		where.node_id = call->node_id;
 		where.pass_id = call->pass_id;
@@ -2199,7 +2210,7 @@ gradients<T> backward(node_ref root, T seed, const backward_options &options)
 	adg_grad_ops ops = grad_ops<T>();
 	ops.ctx = state.get();
 	detail::pass_state pass{options, typeid(T), {}, {}};
-	adg_failure failure{};
+	auto failure = detail::sized<adg_failure>();
 	adg_backward_options o = pass.c_options(&failure);
 	adg_grads *out = nullptr;
 	/* libadg's from the call on */
@@ -2217,7 +2228,7 @@ gradients<T> backward(node_ref root, T seed, const backward_options &options)
 
 inline std::optional<adg_failure> callback_site() noexcept
 {
-	adg_failure where{};
+	auto where = detail::sized<adg_failure>();
 	if (adg_callback_site(&where) != 0)
 		return std::nullopt;
 	return where;
@@ -2295,7 +2306,7 @@ template <class F> void visit(node_ref n, F &&f)
 inline void write_dot(node_ref n, std::ostream &out)
 {
 	detail::dot_state state{out, detail::access::core(n), {}, nullptr};
-	adg_dot_options o{};
+	auto o = detail::sized<adg_dot_options>();
 	if (state.core != nullptr) {
 		o.leaf_name = &detail::dot_state::leaf_name;
 		o.leaf_name_ctx = &state;
