@@ -264,7 +264,7 @@ public:
 	const std::string &context() const noexcept;
 
 private:
-	adg_failure failure_{};
+	adg_failure failure_ = detail::sized<adg_failure>();
 	std::string context_;
 };
 

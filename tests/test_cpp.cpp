@@ -1026,7 +1026,7 @@ TEST(c_code_runs_cpp_steps_with_the_registrys_ops)
 	adg::pool workers(2, reg.allocator()); /* the registry's memory */
 	leaves l(reg);
 	adg::node t = build<double>(reg, l);
-	adg_backward_options o{};
+	adg_backward_options o{sizeof o};
 	o.executor = workers.c_executor();
 	adg_grads *grads = nullptr;
 	EXPECT(adg_backward_with(reg.raw(), t.raw(), adg::pack(1.0), nullptr,

@@ -60,7 +60,8 @@ Test(errors, registry_new_and_free)
 	adg_registry *r;
 	cr_expect_eq(adg_registry_new(NULL, NULL), ADG_EINVAL);
 	failing_alloc fa = {0};
-	adg_registry_options half = {.allocator = failing_allocator(&fa)};
+	adg_registry_options half = {.size = sizeof half,
+				     .allocator = failing_allocator(&fa)};
 	half.allocator.free = NULL;
 	r = (adg_registry *)&r;
 	cr_expect_eq(adg_registry_new(&half, &r), ADG_EINVAL);
@@ -71,7 +72,7 @@ Test(errors, registry_new_and_free)
 	adg_node *n;
 	cr_assert_eq(adg_leaf(r, &n), 0);
 	cr_expect_eq(adg_registry_free(r), ADG_EBUSY);
-	struct adg_stats st;
+	struct adg_stats st = {.size = sizeof st};
 	cr_assert_eq(adg_stats(r, &st), 0, "a busy registry is left intact");
 	cr_expect_eq(st.live_nodes, 1);
 	adg_node_unref(n);
@@ -81,7 +82,7 @@ Test(errors, registry_new_and_free)
 Test(errors, stats)
 {
 	adg_registry *r;
-	struct adg_stats st;
+	struct adg_stats st = {.size = sizeof st};
 	cr_assert_eq(adg_registry_new(NULL, &r), 0);
 	cr_expect_eq(adg_stats(NULL, &st), ADG_EINVAL);
 	cr_expect_eq(adg_stats(r, NULL), ADG_EINVAL);
@@ -125,7 +126,7 @@ Test(errors, op_bad_arguments)
 	cr_expect_eq(adg_op(r, mixed, 2, &noop, &out), ADG_EFOREIGN);
 	cr_expect_null(out);
 	cr_expect_eq(adg_op(other, pair, 2, &noop, &out), ADG_EFOREIGN);
-	struct adg_stats st;
+	struct adg_stats st = {.size = sizeof st};
 	adg_stats(r, &st);
 	cr_expect_eq(st.live_nodes, 2, "failed ops created nothing");
 	cr_expect_eq(st.live_steps, 0);
@@ -160,7 +161,7 @@ Test(errors, node_functions)
 Test(errors, ids_run_out)
 {
 	adg_registry *r;
-	adg_registry_options o = {.max_node_id = 3};
+	adg_registry_options o = {.size = sizeof o, .max_node_id = 3};
 	cr_assert_eq(adg_registry_new(&o, &r), 0);
 	adg_node *a, *b, *c, *d = (adg_node *)&d;
 	cr_assert_eq(adg_leaf(r, &a), 0);
@@ -169,7 +170,7 @@ Test(errors, ids_run_out)
 	cr_expect_eq(adg_leaf(r, &d), ADG_ENOIDS);
 	cr_expect_null(d);
 	cr_expect_eq(adg_op(r, &a, 1, &noop, &d), ADG_ENOIDS);
-	struct adg_stats st;
+	struct adg_stats st = {.size = sizeof st};
 	adg_stats(r, &st);
 	cr_expect_eq(st.live_nodes, 3);
 	cr_expect_eq(st.live_steps, 1);
@@ -182,7 +183,7 @@ Test(errors, ids_run_out)
 Test(errors, ids_run_out_at_uint64_max)
 {
 	adg_registry *r;
-	adg_registry_options o = {.max_node_id = UINT64_MAX};
+	adg_registry_options o = {.size = sizeof o, .max_node_id = UINT64_MAX};
 	cr_assert_eq(adg_registry_new(&o, &r), 0);
 	adg_node *a;
 	cr_assert_eq(adg_leaf(r, &a), 0);
@@ -231,7 +232,7 @@ Test(errors, backward_bad_arguments)
 	cr_expect_eq(adg_backward(other, a, scalar_box(1), &scalar_ops, &g),
 		     ADG_EFOREIGN);
 	cr_expect_eq(atomic_load(&scalar_values_live), 0);
-	struct adg_stats st;
+	struct adg_stats st = {.size = sizeof st};
 	adg_stats(r, &st);
 	cr_expect_eq(st.live_steps, 1, "nothing was taken");
 
@@ -266,6 +267,7 @@ Test(errors, callback_site_outside_a_callback)
 {
 	adg_failure where, junk;
 	memset(&junk, 0x5a, sizeof junk);
+	junk.size = sizeof junk;
 	where = junk;
 	cr_expect_eq(adg_callback_site(NULL), ADG_EINVAL);
 	cr_expect_eq(adg_callback_site(&where), ADG_EINVAL, "no backward");
@@ -345,7 +347,8 @@ Test(errors, grads_functions)
  * operation then succeeds. */
 static void with_failing_registry(void)
 {
-	adg_registry_options o = {.allocator =
+	adg_registry_options o = {.size = sizeof o,
+				  .allocator =
 					  failing_allocator(&fixture_alloc)};
 	fixture_open(&o);
 }
@@ -373,7 +376,8 @@ CHECKED_TEST(nomem, leaf_and_op)
 	adg_node *x, *y, *z;
 	/* A new graph: node, then graph. */
 	for (int k = 1;; k++) {
-		struct adg_stats before, after;
+		struct adg_stats before = {.size = sizeof before},
+				 after = {.size = sizeof after};
 		adg_stats(reg, &before);
 		atomic_store(&fixture_alloc.fail_in, k);
 		int rc = adg_op(reg, ab, 2, &noop, &x);
@@ -391,7 +395,7 @@ CHECKED_TEST(nomem, leaf_and_op)
 	adg_node *xyx[3] = {x, y, x};
 	atomic_store(&fixture_alloc.fail_in, 1);
 	cr_expect_eq(adg_op(reg, xyx, 3, &noop, &z), ADG_ENOMEM);
-	struct adg_stats st;
+	struct adg_stats st = {.size = sizeof st};
 	adg_stats(reg, &st);
 	cr_expect_eq(st.merges, 0);
 	cr_expect_eq(st.live_graphs, 2);
@@ -427,7 +431,8 @@ CHECKED_TEST(nomem, backward_takes_nothing_when_it_fails)
 {
 	scalar a = s_leaf(reg, 2), b = s_leaf(reg, 3);
 	scalar x = s_mul(reg, a, b), y = s_mul(reg, x, a);
-	struct adg_stats before, after;
+	struct adg_stats before = {.size = sizeof before},
+			 after = {.size = sizeof after};
 	adg_stats(reg, &before);
 	atomic_store(&fixture_alloc.fail_in, 1);
 	adg_grads *g = (adg_grads *)&g;
