@@ -51,10 +51,10 @@
  * - Structs the caller allocates and libadg reads or fills may grow: the
  *   options (adg_registry_options, adg_op_options, adg_backward_options,
  *   adg_dot_options, adg_reducer_options, adg_pool_options) and the
- *   outputs (struct adg_stats, adg_failure). Each begins with size_t size,
+ *   outputs (adg_stats, adg_failure). Each begins with size_t size,
  *   which the caller sets to the size of its struct:
  *       adg_backward_options o = {.size = sizeof o, .executor = ex};
- *       struct adg_stats st = {.size = sizeof st};
+ *       adg_stats st = {.size = sizeof st};
  *   libadg reads or writes only the first min(size, its own sizeof)
  *   bytes: a field the caller's header lacks reads as zero. A size of 0,
  *   or below the struct's size in 0.2.0, is ADG_EINVAL; a size above
@@ -172,7 +172,7 @@ typedef struct adg_grads adg_grads;	  /* gradients of one backward */
  * backward scratch and gradient containers. (The executor's jobs, which may
  * outlive the registry, use malloc.) With no allocator given, a thread's
  * node slabs past some 20 MiB are 2 MiB mappings of libadg's own, advised
- * for transparent huge pages (adg_stats counts them); malloc and free
+ * for transparent huge pages (adg_registry_stats counts them); malloc and free
  * passed here keep every slab on the heap. alloc returns NULL on failure, or
  * memory aligned as malloc's is; free receives the size that was asked of
  * alloc. Both may be called from any thread that calls libadg; neither may call
@@ -243,8 +243,8 @@ ADG_API int adg_registry_allocator(const adg_registry *registry,
 				   adg_allocator *out);
 
 /* Counters of a registry, read without stopping other threads: each is
- * exact once the threads that change it are quiescent. (A struct tag, so
- * that the function below can share its name.) */
+ * exact once the threads that change it are quiescent. */
+typedef struct adg_stats adg_stats;
 struct adg_stats {
 	size_t size;	      /* sizeof the caller's struct (adg.h, "ABI") */
 	uint64_t live_nodes;  /* nodes not yet freed, leaves included */
@@ -261,9 +261,11 @@ struct adg_stats {
 	uint64_t slab_bytes_huge;
 };
 
-/* Fills *out. Costs one read per thread that has used the registry; takes
- * no lock. Errors: ADG_EINVAL (NULL argument). */
-ADG_API int adg_stats(adg_registry *registry, struct adg_stats *out);
+/* Fills *out (out->size set: see "ABI" above). Costs one read per thread
+ * that has used the registry; takes no lock. Named adg_stats before 0.2.0,
+ * which hid the struct's name in C++. Errors: ADG_EINVAL (NULL argument,
+ * a bad out->size). */
+ADG_API int adg_registry_stats(adg_registry *registry, adg_stats *out);
 
 /* ------------------------------------------------------------------- nodes */
 

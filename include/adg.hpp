@@ -76,16 +76,7 @@
 #ifndef ADG_HPP
 #define ADG_HPP
 
-/* adg.h names a function after its struct (adg_stats, as C allows), which
- * C++'s -Wshadow reports: not a warning for a user of this header. */
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wshadow"
-#endif
 #include <adg.h>
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
 
 #include <atomic>
 #include <cstddef>
@@ -303,8 +294,8 @@ public:
 	 * unchanged, while nodes are alive. Afterwards the handle is empty. */
 	void close();
 
-	/* Counters (adg_stats). */
-	struct adg_stats stats() const;
+	/* Counters (adg_registry_stats). */
+	adg_stats stats() const;
 	/* The registry's allocator (adg_registry_allocator), for a pool's
 	 * memory, say. */
 	adg_allocator allocator() const;
@@ -1724,10 +1715,10 @@ inline void registry::close()
 	core_ = nullptr;
 }
 
-inline struct adg_stats registry::stats() const
+inline adg_stats registry::stats() const
 {
-	auto s = detail::sized<struct adg_stats>();
-	check(adg_stats(raw(), &s), "adg_stats");
+	auto s = detail::sized<adg_stats>();
+	check(adg_registry_stats(raw(), &s), "adg_registry_stats");
 	return s;
 }
 

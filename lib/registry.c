@@ -4,7 +4,7 @@
  * No counter or id source that every registration touches is shared between
  * threads: each thread that uses a registry gets a shard, where it takes ids
  * from a batch and counts events with plain stores. The registry's shared
- * id counter is touched once per batch. adg_stats sums the shards.
+ * id counter is touched once per batch. adg_registry_stats sums the shards.
  *
  * A thread's slots, where it finds its shards, are in its record (thread.c),
  * as is the threads lock that guards them.
@@ -61,8 +61,8 @@ static struct adg_shard *registry_shard_adopt(struct adg_registry *r)
 	s->registry = r;
 	s->next_in_registry =
 		atomic_load_explicit(&r->shards, memory_order_relaxed);
-	/* Release: adg_stats, which walks the list without the lock, sees
-	 * the shard initialised. */
+	/* Release: adg_registry_stats, which walks the list without the lock,
+	 * sees the shard initialised. */
 	atomic_store_explicit(&r->shards, s, memory_order_release);
 	return s;
 }
@@ -285,7 +285,7 @@ static void registry_stats(struct adg_registry *r, struct adg_stats *out)
 		c[ADG_C_HUGE_BYTES_TAKEN] - c[ADG_C_HUGE_BYTES_FREED];
 }
 
-int adg_stats(adg_registry *registry, struct adg_stats *out)
+int adg_registry_stats(adg_registry *registry, struct adg_stats *out)
 {
 	if (registry == NULL || out == NULL ||
 	    adg_abi_check(out, sizeof *out, ADG_ABI_FIRST_STATS) != 0)

@@ -233,7 +233,8 @@ CHECKED_TEST(abi, stats)
 		GROWN(struct adg_stats) g;
 		memset(&g, 0x5a, sizeof g);
 		SIZE_FOR(g, c);
-		expect(adg_stats(reg, &g.known), c, "adg_stats");
+		expect(adg_registry_stats(reg, &g.known), c,
+		       "adg_registry_stats");
 		if (accepted(c))
 			cr_assert_eq(g.known.live_nodes, 1);
 		else

@@ -584,7 +584,7 @@ Test(checkpoint, outputs_follow_nodes_through_a_merge)
 	adg_node *z;
 	cr_assert_eq(adg_op_with(reg, ends, 2, &st, &opt, &z), 0);
 	struct adg_stats stats = {.size = sizeof stats};
-	adg_stats(reg, &stats);
+	adg_registry_stats(reg, &stats);
 	cr_expect_eq(stats.merges, 1);
 	adg_grads *g;
 	cr_assert_eq(adg_backward(reg, z, scalar_box(1), &scalar_ops, &g), 0);

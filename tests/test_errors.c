@@ -73,7 +73,8 @@ Test(errors, registry_new_and_free)
 	cr_assert_eq(adg_leaf(r, &n), 0);
 	cr_expect_eq(adg_registry_free(r), ADG_EBUSY);
 	struct adg_stats st = {.size = sizeof st};
-	cr_assert_eq(adg_stats(r, &st), 0, "a busy registry is left intact");
+	cr_assert_eq(adg_registry_stats(r, &st), 0,
+		     "a busy registry is left intact");
 	cr_expect_eq(st.live_nodes, 1);
 	adg_node_unref(n);
 	cr_expect_eq(adg_registry_free(r), 0);
@@ -84,8 +85,8 @@ Test(errors, stats)
 	adg_registry *r;
 	struct adg_stats st = {.size = sizeof st};
 	cr_assert_eq(adg_registry_new(NULL, &r), 0);
-	cr_expect_eq(adg_stats(NULL, &st), ADG_EINVAL);
-	cr_expect_eq(adg_stats(r, NULL), ADG_EINVAL);
+	cr_expect_eq(adg_registry_stats(NULL, &st), ADG_EINVAL);
+	cr_expect_eq(adg_registry_stats(r, NULL), ADG_EINVAL);
 	adg_registry_free(r);
 }
 
@@ -127,7 +128,7 @@ Test(errors, op_bad_arguments)
 	cr_expect_null(out);
 	cr_expect_eq(adg_op(other, pair, 2, &noop, &out), ADG_EFOREIGN);
 	struct adg_stats st = {.size = sizeof st};
-	adg_stats(r, &st);
+	adg_registry_stats(r, &st);
 	cr_expect_eq(st.live_nodes, 2, "failed ops created nothing");
 	cr_expect_eq(st.live_steps, 0);
 	cr_expect_eq(st.live_graphs, 0);
@@ -171,7 +172,7 @@ Test(errors, ids_run_out)
 	cr_expect_null(d);
 	cr_expect_eq(adg_op(r, &a, 1, &noop, &d), ADG_ENOIDS);
 	struct adg_stats st = {.size = sizeof st};
-	adg_stats(r, &st);
+	adg_registry_stats(r, &st);
 	cr_expect_eq(st.live_nodes, 3);
 	cr_expect_eq(st.live_steps, 1);
 	adg_node_unref(c);
@@ -233,7 +234,7 @@ Test(errors, backward_bad_arguments)
 		     ADG_EFOREIGN);
 	cr_expect_eq(atomic_load(&scalar_values_live), 0);
 	struct adg_stats st = {.size = sizeof st};
-	adg_stats(r, &st);
+	adg_registry_stats(r, &st);
 	cr_expect_eq(st.live_steps, 1, "nothing was taken");
 
 	cr_expect_eq(adg_backward(r, y, scalar_box(1), &scalar_ops, &g), 0);
@@ -378,14 +379,14 @@ CHECKED_TEST(nomem, leaf_and_op)
 	for (int k = 1;; k++) {
 		struct adg_stats before = {.size = sizeof before},
 				 after = {.size = sizeof after};
-		adg_stats(reg, &before);
+		adg_registry_stats(reg, &before);
 		atomic_store(&fixture_alloc.fail_in, k);
 		int rc = adg_op(reg, ab, 2, &noop, &x);
 		atomic_store(&fixture_alloc.fail_in, 0);
 		if (rc == 0)
 			break;
 		cr_assert_eq(rc, ADG_ENOMEM);
-		adg_stats(reg, &after);
+		adg_registry_stats(reg, &after);
 		expect_same_stats(&before, &after);
 		cr_assert_lt(k, 10);
 	}
@@ -396,7 +397,7 @@ CHECKED_TEST(nomem, leaf_and_op)
 	atomic_store(&fixture_alloc.fail_in, 1);
 	cr_expect_eq(adg_op(reg, xyx, 3, &noop, &z), ADG_ENOMEM);
 	struct adg_stats st = {.size = sizeof st};
-	adg_stats(reg, &st);
+	adg_registry_stats(reg, &st);
 	cr_expect_eq(st.merges, 0);
 	cr_expect_eq(st.live_graphs, 2);
 	/* ...and one whose slab has room (x's and y's) allocates nothing. */
@@ -404,7 +405,7 @@ CHECKED_TEST(nomem, leaf_and_op)
 	atomic_store(&fixture_alloc.fail_in, 1);
 	cr_assert_eq(adg_op(reg, xy, 2, &noop, &z), 0);
 	atomic_store(&fixture_alloc.fail_in, 0);
-	adg_stats(reg, &st);
+	adg_registry_stats(reg, &st);
 	cr_expect_eq(st.merges, 1);
 	/* Many parents (more than fit on the stack) use the allocator. */
 	adg_node *many[20];
@@ -433,12 +434,12 @@ CHECKED_TEST(nomem, backward_takes_nothing_when_it_fails)
 	scalar x = s_mul(reg, a, b), y = s_mul(reg, x, a);
 	struct adg_stats before = {.size = sizeof before},
 			 after = {.size = sizeof after};
-	adg_stats(reg, &before);
+	adg_registry_stats(reg, &before);
 	atomic_store(&fixture_alloc.fail_in, 1);
 	adg_grads *g = (adg_grads *)&g;
 	cr_expect_eq(s_backward(reg, y, &g), ADG_ENOMEM);
 	cr_expect_null(g);
-	adg_stats(reg, &after);
+	adg_registry_stats(reg, &after);
 	expect_same_stats(&before, &after);
 	cr_expect_eq(atomic_load(&scalar_values_live), 0, "seed freed");
 	cr_expect_neq(s_graph(y), 0, "the tape went back");

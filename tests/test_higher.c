@@ -163,7 +163,7 @@ static void check(double got, double want, const char *what, int how, double x)
 static struct adg_stats stats(void)
 {
 	struct adg_stats st = {.size = sizeof st};
-	cr_assert_eq(adg_stats(reg, &st), 0);
+	cr_assert_eq(adg_registry_stats(reg, &st), 0);
 	return st;
 }
 

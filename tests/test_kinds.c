@@ -441,7 +441,7 @@ Test(kinds, a_failed_intern_changes_nothing)
 		for (long n = 1;; n++) {
 			struct adg_stats before = {.size = sizeof before},
 					 after = {.size = sizeof after};
-			cr_assert_eq(adg_stats(r, &before), 0);
+			cr_assert_eq(adg_registry_stats(r, &before), 0);
 			size_t size_before;
 			size_t held = kinds_held(r, &size_before);
 			long bytes = oom.live_bytes;
@@ -464,7 +464,7 @@ Test(kinds, a_failed_intern_changes_nothing)
 			cr_assert_eq(rc, ADG_ENOMEM);
 			cr_assert(failed);
 			cr_assert_null(out);
-			cr_assert_eq(adg_stats(r, &after), 0);
+			cr_assert_eq(adg_registry_stats(r, &after), 0);
 			cr_assert_eq(after.live_nodes, before.live_nodes);
 			cr_assert_eq(after.live_steps, before.live_steps);
 			cr_assert_eq(after.live_graphs, before.live_graphs);

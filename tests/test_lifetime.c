@@ -36,9 +36,9 @@ CHECKED_TEST(lifetime, training_loop_stays_bounded, .timeout = 600)
 	for (int it = 1; it <= 100000; it++) {
 		iteration(params, &sum);
 		if (it == 1000)
-			adg_stats(reg, &at1000);
+			adg_registry_stats(reg, &at1000);
 	}
-	adg_stats(reg, &end);
+	adg_registry_stats(reg, &end);
 	cr_expect_eq(end.live_nodes, at1000.live_nodes);
 	cr_expect_eq(end.live_steps, at1000.live_steps);
 	cr_expect_eq(end.live_graphs, at1000.live_graphs);
@@ -82,7 +82,7 @@ CHECKED_TEST(lifetime, unrun_graph_is_freed_by_its_last_handle)
 	s_drop(z);
 	assert_stats(reg, 0, 0, 0);
 	struct adg_stats st = {.size = sizeof st};
-	adg_stats(reg, &st);
+	adg_registry_stats(reg, &st);
 	cr_expect_eq(st.nodes_freed, 5);
 }
 
@@ -192,7 +192,7 @@ CHECKED_TEST(lifetime, counts_survive_exited_threads)
 		pthread_join(t, NULL);
 	}
 	struct adg_stats st = {.size = sizeof st};
-	adg_stats(reg, &st);
+	adg_registry_stats(reg, &st);
 	cr_expect_eq(st.nodes_freed, 200);
 	cr_expect_eq(st.live_nodes, 1);
 	cr_expect_eq(st.live_graphs, 0);
@@ -229,7 +229,7 @@ CHECKED_TEST(lifetime, registries_are_independent)
 		pthread_create(&t, NULL, use_registry, r2);
 		pthread_join(t, NULL);
 		struct adg_stats st = {.size = sizeof st};
-		adg_stats(r2, &st);
+		adg_registry_stats(r2, &st);
 		cr_expect_eq(st.nodes_freed, 2);
 		cr_assert_eq(adg_registry_free(r2), 0);
 	}

@@ -145,7 +145,7 @@ static struct snap snap(adg_registry *r)
 		.failed = atomic_load(&oom.failed),
 	};
 	if (r != NULL)
-		cr_assert_eq(adg_stats(r, &s.st), 0);
+		cr_assert_eq(adg_registry_stats(r, &s.st), 0);
 	return s;
 }
 
@@ -541,7 +541,7 @@ static void expect_stats(adg_registry *r, uint64_t nodes, uint64_t steps,
 			 uint64_t graphs, uint64_t merges)
 {
 	struct adg_stats st = {.size = sizeof st};
-	cr_assert_eq(adg_stats(r, &st), 0);
+	cr_assert_eq(adg_registry_stats(r, &st), 0);
 	cr_assert(st.live_nodes == nodes && st.live_steps == steps &&
 			  st.live_graphs == graphs && st.merges == merges,
 		  "N=%ld: stats %llu nodes, %llu steps, %llu graphs, %llu "

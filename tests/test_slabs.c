@@ -232,7 +232,7 @@ static void backward_long_chain(scalar y, scalar w)
 static struct adg_stats stats_now(void)
 {
 	struct adg_stats st = {.size = sizeof st};
-	cr_assert_eq(adg_stats(reg, &st), 0);
+	cr_assert_eq(adg_registry_stats(reg, &st), 0);
 	return st;
 }
 
@@ -419,7 +419,7 @@ static void refused_then_freed(bool remotely)
 	assert_stats(reg, 0, 0, 0);
 	/* Only the current slab stays, empty: one of 32 KiB to 1 MiB. */
 	struct adg_stats st = {.size = sizeof st};
-	cr_assert_eq(adg_stats(reg, &st), 0);
+	cr_assert_eq(adg_registry_stats(reg, &st), 0);
 	cr_expect(st.slab_bytes >= (32 << 10) && st.slab_bytes <= (1 << 20) &&
 			  (st.slab_bytes & (st.slab_bytes - 1)) == 0,
 		  "%llu bytes of slabs kept with no node alive",

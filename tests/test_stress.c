@@ -65,7 +65,7 @@ static void disjoint(int threads, int rounds)
 	run_threads(threads, disjoint_worker, &d);
 	cr_expect_eq(atomic_load(&d.wrong), 0);
 	struct adg_stats st = {.size = sizeof st};
-	adg_stats(reg, &st);
+	adg_registry_stats(reg, &st);
 	cr_expect_eq(st.merges, 0);
 	cr_expect_eq(st.live_nodes, 4);
 	cr_expect_eq(st.live_steps, 0);
@@ -287,7 +287,7 @@ CHECKED_TEST(stress, merges_in_random_orders_with_lookups)
 			smallest[r] = m->made[i].x.id;
 	}
 	struct adg_stats st = {.size = sizeof st};
-	adg_stats(reg, &st);
+	adg_registry_stats(reg, &st);
 	int components = 0;
 	for (int i = 0; i < n; i++) {
 		int r = find_root(up, i);

@@ -54,7 +54,7 @@ int model_free(struct model *m)
 	for (int i = 0; i < m->n_params; i++)
 		leaves += m->params[i].leaf != NULL;
 	struct adg_stats st = {.size = sizeof st};
-	if (m->registry != NULL && adg_stats(m->registry, &st) == 0 &&
+	if (m->registry != NULL && adg_registry_stats(m->registry, &st) == 0 &&
 	    (st.live_nodes != leaves || st.live_graphs != 0)) {
 		fprintf(stderr,
 			"%" PRIu64 " live nodes, %" PRIu64

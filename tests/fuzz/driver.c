@@ -677,7 +677,7 @@ static void check_all(struct fuzz *f)
 	struct adg_stats got = {.size = sizeof got};
 	struct model_stats want;
 
-	expect_rc(f, "adg_stats", adg_stats(f->reg, &got), 0);
+	expect_rc(f, "adg_registry_stats", adg_registry_stats(f->reg, &got), 0);
 	model_stats(&f->model, &want);
 	expect_u64(f, "stats.live_nodes", got.live_nodes, want.live_nodes);
 	expect_u64(f, "stats.live_steps", got.live_steps, want.live_steps);
@@ -1366,7 +1366,7 @@ static void do_stats(struct fuzz *f)
 	/* check_all compares every field after every operation; this kind
 	 * exists so that inputs can ask for it between other operations. */
 	struct adg_stats st = {.size = sizeof st};
-	expect_rc(f, "adg_stats", adg_stats(f->reg, &st), 0);
+	expect_rc(f, "adg_registry_stats", adg_registry_stats(f->reg, &st), 0);
 	f->cov.stats++;
 }
 
