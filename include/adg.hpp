@@ -273,7 +273,8 @@ void check(int rc, const char *context = nullptr);
 class registry
 {
 public:
-	/* adg_registry_new with the defaults, or with options (copied). */
+	/* adg_registry_new with the defaults, or with options (copied, its
+	 * size set to this header's: the caller need not set it). */
 	registry();
 	explicit registry(const adg_registry_options &options);
 	registry(registry &&other) noexcept;
