@@ -53,6 +53,7 @@ static void heap_free(void *p, size_t size, void *ctx)
 static void *a_open(void)
 {
 	adg_registry_options o = {
+		.size = sizeof o,
 		.allocator = {.alloc = heap_alloc, .free = heap_free}};
 	adg_registry *r;
 	return adg_registry_new(bench_adg_heap_slabs ? &o : NULL, &r) == 0
@@ -117,8 +118,10 @@ int bench_adg_backward_ready(void *reg, void *root,
 			     int (*ready)(uint64_t id, void **grad, void *ctx),
 			     void *ctx, void **grads)
 {
-	adg_backward_options o = {
-		.on_ready = ready, .on_ready_ctx = ctx, .leaves_only = 1};
+	adg_backward_options o = {.size = sizeof o,
+				  .on_ready = ready,
+				  .on_ready_ctx = ctx,
+				  .leaves_only = 1};
 	return adg_backward_with(reg, root, bench_grad_encode(1.0),
 				 &bench_adg_grad_ops, &o, (adg_grads **)grads);
 }
@@ -129,7 +132,8 @@ int bench_adg_backward_exec(void *reg, void *root,
 {
 	if (ex == NULL && !retain)
 		return a_backward(reg, root, grads);
-	adg_backward_options o = {.executor = ex, .retain = retain};
+	adg_backward_options o = {
+		.size = sizeof o, .executor = ex, .retain = retain};
 	return adg_backward_with(reg, root, bench_grad_encode(1.0),
 				 &bench_adg_grad_ops, &o, (adg_grads **)grads);
 }
@@ -253,7 +257,7 @@ static int last_backward(adg_step_call *call, void *user)
 
 double bench_checkpoint(int strategy, int k, int ms, long *peak)
 {
-	adg_registry_options o = {.checkpointing = strategy};
+	adg_registry_options o = {.size = sizeof o, .checkpointing = strategy};
 	adg_registry *reg;
 	if (adg_registry_new(&o, &reg) != 0)
 		abort();
@@ -269,7 +273,7 @@ double bench_checkpoint(int strategy, int k, int ms, long *peak)
 		adg_node *p[2] = {a, w}, *prev, *y;
 		adg_output oc = {output_new(ck_a * ck_w), output_free, NULL, 0,
 				 NULL};
-		adg_op_options keep = {&oc, 0, NULL, 0};
+		adg_op_options keep = {sizeof keep, &oc, 0, NULL, 0};
 		adg_step s0 = {.backward = leaves_backward,
 			       .release = NULL,
 			       .user = NULL};
@@ -279,7 +283,7 @@ double bench_checkpoint(int strategy, int k, int ms, long *peak)
 			v += 1;
 			adg_output om = {output_new(v), output_free,
 					 add_recompute, 1, NULL};
-			adg_op_options mo = {&om, 0, NULL, 0};
+			adg_op_options mo = {sizeof mo, &om, 0, NULL, 0};
 			adg_step sm = {.backward = add_backward,
 				       .release = NULL,
 				       .user = NULL};
@@ -291,7 +295,7 @@ double bench_checkpoint(int strategy, int k, int ms, long *peak)
 		adg_node *pl[2] = {prev, w2};
 		adg_output ol = {output_new(v * ck_w2), output_free, NULL, 0,
 				 NULL};
-		adg_op_options lo = {&ol, 0, &want0, 1};
+		adg_op_options lo = {sizeof lo, &ol, 0, &want0, 1};
 		adg_step sl = {.backward = last_backward,
 			       .release = NULL,
 			       .user = NULL};

@@ -82,9 +82,10 @@ int main(void)
 	adg_node *f = m && l ? op(reg, "add", m, 1, l, 1) : NULL;
 
 	int rc = f != NULL ? 0 : ADG_ENOMEM;
-	adg_failure found = {0};
+	adg_failure found = {.size = sizeof found};
 	if (rc == 0) {
-		adg_backward_options o = {.value_check = reject_nonfinite,
+		adg_backward_options o = {.size = sizeof o,
+					  .value_check = reject_nonfinite,
 					  .failure = &found};
 		adg_grads *grads = NULL;
 		void *seed = boxed(1);

@@ -122,7 +122,8 @@ static int batch_backward(int samples, const adg_executor *executor,
 	free(square);
 	adg_grads *grads = NULL;
 	if (rc == 0) {
-		adg_backward_options o = {.executor = executor};
+		adg_backward_options o = {.size = sizeof o,
+					  .executor = executor};
 		rc = adg_backward_with(reg, loss, boxed(1), &boxed_ops, &o,
 				       &grads);
 	}

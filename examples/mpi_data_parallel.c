@@ -773,7 +773,7 @@ static int unit_step(struct worker *wk, size_t unit, unsigned long step,
 static int worker_step(struct worker *wk, unsigned long step)
 {
 	adg_reducer *red = wk->s->red;
-	adg_backward_options options = {0};
+	adg_backward_options options = {.size = sizeof options};
 	int rc = adg_reducer_hook(red, wk->index, &options);
 	size_t unit;
 	while (rc == 0 && adg_reducer_next_unit(red, wk->index, &unit) == 0 &&
@@ -1091,6 +1091,7 @@ static int rank_init(struct rank *s)
 	 * --simulate-ranks, one reducer per rank simulated. Every parameter
 	 * is one scalar: none is cut into slices. */
 	adg_reducer_options o = {
+		.size = sizeof o,
 		.n_participants = (size_t)s->threads,
 		.total_units = UNITS,
 		.param_ids = s->param_id,

@@ -54,7 +54,8 @@ static int mul_backward(adg_step_call *call, void *user)
 /* The gradient arithmetic belongs to the value type: it goes on the
  * registry, for every backward. */
 static const adg_grad_ops ops = {.add = add, .free = drop};
-static const adg_registry_options options = {.grad_ops = &ops};
+static const adg_registry_options options = {.size = sizeof options,
+					     .grad_ops = &ops};
 static double ab[2] = {3.0, 4.0}; /* forward values of a and b */
 
 int main(void)

@@ -180,8 +180,8 @@ int main(int argc, char **argv)
 		}
 	}
 	/* Every step's graph is gone; only the parameters remain. */
-	struct adg_stats st;
-	adg_stats(reg, &st);
+	struct adg_stats st = {.size = sizeof st};
+	adg_registry_stats(reg, &st);
 	printf("live nodes %llu, live graphs %llu\n",
 	       (unsigned long long)st.live_nodes,
 	       (unsigned long long)st.live_graphs);

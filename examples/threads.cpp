@@ -136,7 +136,7 @@ int main(int argc, char **argv)
 			}
 		}
 		/* Every step's graph is gone; only the parameters remain. */
-		struct adg_stats st = reg.stats();
+		adg_stats st = reg.stats();
 		std::printf("live nodes %llu, live graphs %llu\n",
 			    static_cast<unsigned long long>(st.live_nodes),
 			    static_cast<unsigned long long>(st.live_graphs));

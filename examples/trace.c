@@ -191,7 +191,8 @@ int main(int argc, char **argv)
 	if (rc == 0) {
 		adg_executor executor;
 		adg_pool_executor(pool, &executor);
-		adg_backward_options o = {.executor = &executor,
+		adg_backward_options o = {.size = sizeof o,
+					  .executor = &executor,
 					  .on_step = on_step};
 		adg_grads *grads = NULL;
 		void *seed = boxed(1);

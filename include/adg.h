@@ -45,6 +45,31 @@
  *   locked, and the parent's pools and reducers have no threads there
  *   (docs/concurrency.md, "Threads' ends, and fork").
  * - It never aborts, prints or leaks on bad input.
+ *
+ * ABI: what a binary built against one version of this header may assume
+ * of a later libadg.so.1 (docs/abi.md says more).
+ * - Structs the caller allocates and libadg reads or fills may grow: the
+ *   options (adg_registry_options, adg_op_options, adg_backward_options,
+ *   adg_dot_options, adg_reducer_options, adg_pool_options) and the
+ *   outputs (adg_stats, adg_failure). Each begins with size_t size,
+ *   which the caller sets to the size of its struct:
+ *       adg_backward_options o = {.size = sizeof o, .executor = ex};
+ *       adg_stats st = {.size = sizeof st};
+ *   libadg reads or writes only the first min(size, its own sizeof)
+ *   bytes: a field the caller's header lacks reads as zero. A size of 0,
+ *   or below the struct's size in 0.2.0, is ADG_EINVAL; a size above
+ *   libadg's own (a newer header) is accepted when every byte past
+ *   libadg's own is zero (the fields it does not know left unset), else
+ *   ADG_EINVAL. A struct only ever grows at its end.
+ * - Structs libadg allocates and hands to callbacks (adg_step_call,
+ *   adg_recompute_call, adg_graph_node, adg_step_event, adg_reduction)
+ *   may grow at their end only, and are never reordered; callers never
+ *   allocate them.
+ * - Structs of callbacks the caller fills (adg_allocator, adg_grad_ops,
+ *   adg_executor, adg_output, adg_step, adg_reducer_ops) are frozen:
+ *   changing one is an incompatible change.
+ * An incompatible change moves the soname (libadg.so.N); a compatible
+ * addition moves the minor version.
  */
 #ifndef ADG_H
 #define ADG_H
@@ -74,7 +99,7 @@ extern "C" {
 /* The version of this header; meson's project version, checked at
  * configure time. Compare with adg_version() for the library loaded. */
 #define ADG_VERSION_MAJOR 0
-#define ADG_VERSION_MINOR 1
+#define ADG_VERSION_MINOR 2
 #define ADG_VERSION_PATCH 0
 
 /* Error codes: name, value, message (what adg_strerror returns), and what
@@ -147,7 +172,7 @@ typedef struct adg_grads adg_grads;	  /* gradients of one backward */
  * backward scratch and gradient containers. (The executor's jobs, which may
  * outlive the registry, use malloc.) With no allocator given, a thread's
  * node slabs past some 20 MiB are 2 MiB mappings of libadg's own, advised
- * for transparent huge pages (adg_stats counts them); malloc and free
+ * for transparent huge pages (adg_registry_stats counts them); malloc and free
  * passed here keep every slab on the heap. alloc returns NULL on failure, or
  * memory aligned as malloc's is; free receives the size that was asked of
  * alloc. Both may be called from any thread that calls libadg; neither may call
@@ -174,8 +199,9 @@ enum adg_checkpointing {
  * graph grows"). Past it, making a node fails with ADG_ENOIDS. */
 #define ADG_ID_MAX ((uint64_t)INT64_MAX)
 
-/* Zero-initialise, then set what you need. */
+/* Set size (adg.h, "ABI"), zero the rest, then set what you need. */
 typedef struct adg_registry_options {
+	size_t size; /* sizeof the caller's struct (adg.h, "ABI") */
 	/* Both callbacks, or neither (malloc and free). adg_registry_free
 	 * gives back all that the registry took, except gradient containers,
 	 * which may outlive it: the allocator must outlive every container. */
@@ -217,9 +243,10 @@ ADG_API int adg_registry_allocator(const adg_registry *registry,
 				   adg_allocator *out);
 
 /* Counters of a registry, read without stopping other threads: each is
- * exact once the threads that change it are quiescent. (A struct tag, so
- * that the function below can share its name.) */
+ * exact once the threads that change it are quiescent. */
+typedef struct adg_stats adg_stats;
 struct adg_stats {
+	size_t size;	      /* sizeof the caller's struct (adg.h, "ABI") */
 	uint64_t live_nodes;  /* nodes not yet freed, leaves included */
 	uint64_t live_steps;  /* steps registered and not yet released */
 	uint64_t live_graphs; /* graphs with at least one unconsumed step */
@@ -234,9 +261,11 @@ struct adg_stats {
 	uint64_t slab_bytes_huge;
 };
 
-/* Fills *out. Costs one read per thread that has used the registry; takes
- * no lock. Errors: ADG_EINVAL (NULL argument). */
-ADG_API int adg_stats(adg_registry *registry, struct adg_stats *out);
+/* Fills *out (out->size set: see "ABI" above). Costs one read per thread
+ * that has used the registry; takes no lock. Named adg_stats before 0.2.0,
+ * which hid the struct's name in C++. Errors: ADG_EINVAL (NULL argument,
+ * a bad out->size). */
+ADG_API int adg_registry_stats(adg_registry *registry, adg_stats *out);
 
 /* ------------------------------------------------------------------- nodes */
 
@@ -397,8 +426,9 @@ typedef struct adg_output {
 	void *ctx; /* passed to free */
 } adg_output;
 
-/* Zero-initialise, then set what you need. */
+/* Set size (adg.h, "ABI"), zero the rest, then set what you need. */
 typedef struct adg_op_options {
+	size_t size; /* sizeof the caller's struct (adg.h, "ABI") */
 	/* This node's output, for steps that will ask for it; NULL: none.
 	 * Either value or recompute must be set. */
 	const adg_output *output;
@@ -574,7 +604,8 @@ typedef enum adg_failure_site {
 
 /* What a backward tells of its result. */
 typedef struct adg_failure {
-	int code; /* the backward's result: 0, or its error */
+	size_t size; /* sizeof the caller's struct (adg.h, "ABI") */
+	int code;    /* the backward's result: 0, or its error */
 	adg_failure_site site;
 	uint64_t node_id; /* 0 with ADG_FAILED_NOWHERE */
 	/* node_id's step name (adg_step.name) when node_id has a step, else
@@ -586,8 +617,9 @@ typedef struct adg_failure {
 	uint64_t pass_id;
 } adg_failure;
 
-/* Zero-initialise, then set what you need. */
+/* Set size (adg.h, "ABI"), zero the rest, then set what you need. */
 typedef struct adg_backward_options {
+	size_t size;	       /* sizeof the caller's struct (adg.h, "ABI") */
 	adg_ready_fn on_ready; /* NULL: no hook */
 	void *on_ready_ctx;    /* passed to on_ready */
 	/* Nonzero: call on_ready for leaves only (a trainer's parameters). */
@@ -757,9 +789,10 @@ typedef int (*adg_write_fn)(const char *text, size_t len, void *ctx);
  * one). */
 ADG_API int adg_graph_write_dot(adg_node *node, adg_write_fn write, void *ctx);
 
-/* What adg_graph_write_dot_with adds. Zero-initialise, then set what you
- * need. */
+/* What adg_graph_write_dot_with adds. Set size (adg.h, "ABI"), zero the
+ * rest, then set what you need. */
 typedef struct adg_dot_options {
+	size_t size; /* sizeof the caller's struct (adg.h, "ABI") */
 	/* NULL: a leaf is labelled "leaf <id>". Set: called once for each
 	 * leaf written, with no lock held, on the calling thread; returns the
 	 * leaf's name (a parameter's, "W1"), read before the next call, or

@@ -76,16 +76,7 @@
 #ifndef ADG_HPP
 #define ADG_HPP
 
-/* adg.h names a function after its struct (adg_stats, as C allows), which
- * C++'s -Wshadow reports: not a warning for a user of this header. */
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wshadow"
-#endif
 #include <adg.h>
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
 
 #include <algorithm>
 #include <atomic>
@@ -119,6 +110,15 @@ namespace detail
 struct registry_core;
 struct grad_state;
 struct access;
+
+/* A C struct that begins with its size (adg.h, "ABI"): zeroed, its size
+ * set, as this layer passes every one, so that its users never set it. */
+template <class T> T sized() noexcept
+{
+	T t{};
+	t.size = sizeof t;
+	return t;
+}
 } // namespace detail
 
 namespace detail
@@ -256,7 +256,7 @@ public:
 	const std::string &context() const noexcept;
 
 private:
-	adg_failure failure_{};
+	adg_failure failure_ = detail::sized<adg_failure>();
 	std::string context_;
 };
 
@@ -274,7 +274,8 @@ void check(int rc, const char *context = nullptr);
 class registry
 {
 public:
-	/* adg_registry_new with the defaults, or with options (copied). */
+	/* adg_registry_new with the defaults, or with options (copied, its
+	 * size set to this header's: the caller need not set it). */
 	registry();
 	explicit registry(const adg_registry_options &options);
 	registry(registry &&other) noexcept;
@@ -295,8 +296,8 @@ public:
 	 * unchanged, while nodes are alive. Afterwards the handle is empty. */
 	void close();
 
-	/* Counters (adg_stats). */
-	struct adg_stats stats() const;
+	/* Counters (adg_registry_stats). */
+	adg_stats stats() const;
 	/* The registry's allocator (adg_registry_allocator), for a pool's
 	 * memory, say. */
 	adg_allocator allocator() const;
@@ -998,7 +999,7 @@ struct grad_state {
 
 	void keep(std::exception_ptr e) noexcept
 	{
-		adg_failure where{};
+		auto where = detail::sized<adg_failure>();
 		if (core == nullptr || adg_callback_site(&where) != 0)
 			return;
 		core->keep(where, std::move(e));
@@ -1210,7 +1211,7 @@ template <class T, class F> struct closure {
 			self->step(c);
 			return 0;
 		} catch (...) {
-			adg_failure where{};
+			auto where = detail::sized<adg_failure>();
 			where.site = ADG_FAILED_STEP;
 			where.node_id = call->node_id;
 			where.pass_id = call->pass_id;
@@ -1432,7 +1433,7 @@ node make_typed_op(registry_ref reg, const parent_list &parents, F &&step,
 		if (owned->rebuild)
 			output.recompute = &full::recompute;
 		output.memory_bound = ckpt->memory_bound;
-		adg_op_options o{};
+		auto o = detail::sized<adg_op_options>();
 		if (value || owned->rebuild)
 			o.output = &output;
 		o.want_self = ckpt->want_self;
@@ -1586,7 +1587,7 @@ struct pass_state {
 			e = std::current_exception();
 			rc = thrown_code();
 		}
-		adg_failure where{};
+		auto where = detail::sized<adg_failure>();
 		if (adg_callback_site(&where) == 0)
 			self->keep(where.site, where.node_id, std::move(e));
 		return rc;
@@ -1597,7 +1598,7 @@ struct pass_state {
 	 * first). */
 	adg_backward_options c_options(adg_failure *failure)
 	{
-		adg_backward_options o{};
+		auto o = detail::sized<adg_backward_options>();
 		o.executor = options.executor.get();
 		o.retain = options.retain ? 1 : 0;
 		o.failure = failure;
@@ -1710,14 +1711,16 @@ inline void check(int rc, const char *context)
 
 /* registry */
 
-inline registry::registry() : registry(adg_registry_options{})
+inline registry::registry() : registry(detail::sized<adg_registry_options>())
 {
 }
 
 inline registry::registry(const adg_registry_options &options)
 {
 	auto core = std::make_unique<detail::registry_core>();
-	check(adg_registry_new(&options, &core->raw), "adg_registry_new");
+	adg_registry_options o = options;
+	o.size = sizeof o; /* this header's struct, whatever the caller set */
+	check(adg_registry_new(&o, &core->raw), "adg_registry_new");
 	core_ = core.release();
 }
 
@@ -1760,10 +1763,10 @@ inline void registry::close()
 	core_ = nullptr;
 }
 
-inline struct adg_stats registry::stats() const
+inline adg_stats registry::stats() const
 {
-	struct adg_stats s = {};
-	check(adg_stats(raw(), &s), "adg_stats");
+	auto s = detail::sized<adg_stats>();
+	check(adg_registry_stats(raw(), &s), "adg_registry_stats");
 	return s;
 }
 
@@ -2067,7 +2070,7 @@ namespace detail
 				     registry_core *core)
 {
 	if (core != nullptr) {
-		adg_failure where{};
+		auto where = detail::sized<adg_failure>();
 		where.site = ADG_FAILED_STEP;
 		where.node_id = call->node_id;
 		where.pass_id = call->pass_id;
@@ -2247,7 +2250,7 @@ gradients<T> backward(node_ref root, T seed, const backward_options &options)
 	adg_grad_ops ops = grad_ops<T>();
 	ops.ctx = state.get();
 	detail::pass_state pass{options, typeid(T), {}, {}};
-	adg_failure failure{};
+	auto failure = detail::sized<adg_failure>();
 	adg_backward_options o = pass.c_options(&failure);
 	adg_grads *out = nullptr;
 	/* libadg's from the call on */
@@ -2385,7 +2388,7 @@ gradients<T> backward(node_ref root, const backward_options &options)
 
 inline std::optional<adg_failure> callback_site() noexcept
 {
-	adg_failure where{};
+	auto where = detail::sized<adg_failure>();
 	if (adg_callback_site(&where) != 0)
 		return std::nullopt;
 	return where;
@@ -2463,7 +2466,7 @@ template <class F> void visit(node_ref n, F &&f)
 inline void write_dot(node_ref n, std::ostream &out)
 {
 	detail::dot_state state{out, detail::access::core(n), {}, nullptr};
-	adg_dot_options o{};
+	auto o = detail::sized<adg_dot_options>();
 	if (state.core != nullptr) {
 		o.leaf_name = &detail::dot_state::leaf_name;
 		o.leaf_name_ctx = &state;

@@ -211,7 +211,21 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 {
 	if (out != NULL)
 		*out = NULL;
+	/* The caller's options, by the size rule: a bad size is bad input,
+	 * and then neither they nor their failure are read. */
+	adg_backward_options opts;
+	int sized = options != NULL
+			    ? ADG_ABI_READ(&opts, options,
+					   ADG_ABI_FIRST_BACKWARD_OPTIONS)
+			    : 0;
+	if (options != NULL)
+		options = sized == 0 ? &opts : NULL;
 	adg_failure *report = options != NULL ? options->failure : NULL;
+	if (report != NULL && sized == 0)
+		sized = adg_abi_check(report, sizeof *report,
+				      ADG_ABI_FIRST_FAILURE);
+	if (sized != 0)
+		report = NULL;
 	if (ops == NULL && registry != NULL && registry->has_grad_ops)
 		ops = &registry->grad_ops; /* the value type's */
 	struct adg_run run;
@@ -219,7 +233,8 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 	int rc = ADG_EINVAL;
 	if (ops == NULL || ops->add == NULL || ops->free == NULL)
 		goto out; /* no way to free seed */
-	rc = backward_check(registry, root, seed, options, out);
+	rc = sized != 0 ? sized
+			: backward_check(registry, root, seed, options, out);
 	if (rc == 0) {
 		run.shard = adg_shard_get(registry);
 		if (run.shard == NULL)
@@ -255,10 +270,11 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 		adg_grad_table_free(run.grads);
 out:
 	if (report != NULL) {
-		*report = run.first;
+		adg_failure f = run.first;
 		if (rc != 0 && run.first.code == 0)
-			*report = (adg_failure){.code = rc}; /* nowhere */
-		report->pass_id = run.pass_id;
+			f = (adg_failure){.code = rc}; /* nowhere */
+		f.pass_id = run.pass_id;
+		adg_abi_write(report, &f, sizeof f);
 	}
 	return rc;
 }

@@ -266,8 +266,13 @@ int adg_graph_write_dot(adg_node *node, adg_write_fn write, void *ctx)
 int adg_graph_write_dot_with(adg_node *node, const adg_dot_options *options,
 			     adg_write_fn write, void *ctx)
 {
-	if (node == NULL || write == NULL)
+	adg_dot_options o;
+	if (node == NULL || write == NULL ||
+	    (options != NULL &&
+	     ADG_ABI_READ(&o, options, ADG_ABI_FIRST_DOT_OPTIONS) != 0))
 		return ADG_EINVAL;
+	if (options != NULL)
+		options = &o;
 	struct snapshot s;
 	int rc = snapshot_take(node, &s);
 	if (rc != 0)

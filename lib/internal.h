@@ -440,8 +440,8 @@ enum adg_counter {
 	ADG_C_MERGES,
 	ADG_C_SLAB_BYTES_FREED, /* node slabs given back */
 	ADG_C_HUGE_BYTES_FREED, /* of them, mapped for huge pages */
-	/* Creation counters come after the retirement counters: adg_stats
-	 * reads all of the latter first (see registry.c). */
+	/* Creation counters come after the retirement counters:
+	 * adg_registry_stats reads all of the latter first (see registry.c). */
 	ADG_C_LEAVES_MADE,
 	ADG_C_OPS_MADE, /* nodes with a step */
 	ADG_C_GRAPHS_MADE,
@@ -464,8 +464,8 @@ struct adg_slab;
 /*
  * One thread's slice of a registry: its batch of node ids and its counters,
  * on cache lines no other thread writes. The registry keeps every shard on
- * an append-only list (adg_stats sums them) and frees them all, with its
- * allocator, in adg_registry_free; a thread finds its shards through the
+ * an append-only list (adg_registry_stats sums them) and frees them all, with
+ * its allocator, in adg_registry_free; a thread finds its shards through the
  * slots of its record, struct adg_thread (or, past ADG_THREAD_SLOTS
  * registries, its overflow list). A shard whose thread has ended is
  * adopted by the next thread that needs one and finds it so.
@@ -692,7 +692,7 @@ adg_shard_get_or_shared(struct adg_registry *registry)
 
 /* Counts n events of kind c on this thread's shard. Only the owning thread
  * writes a shard, so a load and a store do, with no locked instruction; the
- * release store lets adg_stats see what led up to the event. */
+ * release store lets adg_registry_stats see what led up to the event. */
 static inline void adg_count(struct adg_shard *s, enum adg_counter c,
 			     uint64_t n)
 {

@@ -200,11 +200,31 @@ int adg_op(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	return node_op_new(registry, parents, n_parents, step, NULL, 0, out);
 }
 
+/* node_op_new with the caller's options (non-NULL), read by the size
+ * rule. */
+static int node_op_with(adg_registry *registry, adg_node *const *parents,
+			size_t n_parents, const adg_step *step,
+			const adg_op_options *options, uint64_t moved,
+			adg_node **out)
+{
+	adg_op_options o;
+	if (ADG_ABI_READ(&o, options, ADG_ABI_FIRST_OP_OPTIONS) != 0) {
+		if (out != NULL)
+			*out = NULL;
+		return ADG_EINVAL;
+	}
+	return node_op_new(registry, parents, n_parents, step, &o, moved, out);
+}
+
 int adg_op_with(adg_registry *registry, adg_node *const *parents,
 		size_t n_parents, const adg_step *step,
 		const adg_op_options *options, adg_node **out)
 {
-	return node_op_new(registry, parents, n_parents, step, options, 0, out);
+	if (options == NULL)
+		return node_op_new(registry, parents, n_parents, step, NULL, 0,
+				   out);
+	return node_op_with(registry, parents, n_parents, step, options, 0,
+			    out);
 }
 
 int adg_op_moving(adg_registry *registry, adg_node *const *parents,
@@ -214,8 +234,8 @@ int adg_op_moving(adg_registry *registry, adg_node *const *parents,
 	if (options == NULL) /* the common case, without the options' code */
 		return node_op_new(registry, parents, n_parents, step, NULL,
 				   moved, out);
-	return node_op_new(registry, parents, n_parents, step, options, moved,
-			   out);
+	return node_op_with(registry, parents, n_parents, step, options, moved,
+			    out);
 }
 
 int adg_node_ref(adg_node *node)

@@ -115,7 +115,7 @@ static void pool_stop(struct adg_pool *pool, unsigned n)
 
 int adg_pool_new(unsigned n_threads, adg_pool **out)
 {
-	adg_pool_options o = {.n_threads = n_threads};
+	adg_pool_options o = {.size = sizeof o, .n_threads = n_threads};
 	return adg_pool_new_with(&o, out);
 }
 
@@ -123,7 +123,12 @@ int adg_pool_new_with(const adg_pool_options *options, adg_pool **out)
 {
 	if (out != NULL)
 		*out = NULL;
-	if (out == NULL || options == NULL || options->n_threads == 0 ||
+	adg_pool_options o;
+	if (out == NULL || options == NULL ||
+	    ADG_ABI_READ(&o, options, ADG_ABI_FIRST_POOL_OPTIONS) != 0)
+		return ADG_EINVAL;
+	options = &o;
+	if (options->n_threads == 0 ||
 	    options->n_threads > ADG_EXECUTOR_MAX_WORKERS ||
 	    (options->allocator.alloc == NULL) !=
 		    (options->allocator.free == NULL))

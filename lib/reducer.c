@@ -569,8 +569,12 @@ int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 	if (out != NULL)
 		*out = NULL;
 	bool sliced;
+	adg_reducer_options o;
 	if (options == NULL || out == NULL ||
-	    !reducer_options_valid(options, &sliced))
+	    ADG_ABI_READ(&o, options, ADG_ABI_FIRST_REDUCER_OPTIONS) != 0)
+		return ADG_EINVAL;
+	options = &o;
+	if (!reducer_options_valid(options, &sliced))
 		return ADG_EINVAL;
 	struct reducer_layout l;
 	if (!reducer_layout(options->n_participants, options, options->n_params,
@@ -990,8 +994,12 @@ static int reducer_on_ready(uint64_t id, void **grad, void *ctx)
 int adg_reducer_hook(adg_reducer *reducer, size_t participant,
 		     adg_backward_options *options)
 {
+	/* The options are the caller's, read and written in place: the
+	 * fields it sets are in every size the check accepts. */
 	if (reducer == NULL || options == NULL ||
-	    participant >= reducer->n_members)
+	    participant >= reducer->n_members ||
+	    adg_abi_check(options, sizeof *options,
+			  ADG_ABI_FIRST_BACKWARD_OPTIONS) != 0)
 		return ADG_EINVAL;
 	struct member *m = &reducer->members[participant];
 	/* The options' own hook, kept and called first; options already

@@ -4,7 +4,7 @@
  * No counter or id source that every registration touches is shared between
  * threads: each thread that uses a registry gets a shard, where it takes ids
  * from a batch and counts events with plain stores. The registry's shared
- * id counter is touched once per batch. adg_stats sums the shards.
+ * id counter is touched once per batch. adg_registry_stats sums the shards.
  *
  * A thread's slots, where it finds its shards, are in its record (thread.c),
  * as is the threads lock that guards them.
@@ -61,8 +61,8 @@ static struct adg_shard *registry_shard_adopt(struct adg_registry *r)
 	s->registry = r;
 	s->next_in_registry =
 		atomic_load_explicit(&r->shards, memory_order_relaxed);
-	/* Release: adg_stats, which walks the list without the lock, sees
-	 * the shard initialised. */
+	/* Release: adg_registry_stats, which walks the list without the lock,
+	 * sees the shard initialised. */
 	atomic_store_explicit(&r->shards, s, memory_order_release);
 	return s;
 }
@@ -183,7 +183,12 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 	/* A leaf parent's slot holds (id << 1) | 1 (internal.h): no id
 	 * beyond ADG_ID_MAX. */
 	uint64_t max_node_id = ADG_ID_MAX;
+	adg_registry_options opts;
 	if (options != NULL) {
+		if (ADG_ABI_READ(&opts, options,
+				 ADG_ABI_FIRST_REGISTRY_OPTIONS) != 0)
+			return ADG_EINVAL;
+		options = &opts;
 		const adg_allocator *a = &options->allocator;
 		if ((a->alloc == NULL) != (a->free == NULL))
 			return ADG_EINVAL;
@@ -264,13 +269,11 @@ static void registry_sum_counters(struct adg_registry *r,
 	}
 }
 
-int adg_stats(adg_registry *registry, struct adg_stats *out)
+static void registry_stats(struct adg_registry *r, struct adg_stats *out)
 {
-	if (registry == NULL || out == NULL)
-		return ADG_EINVAL;
 	uint64_t c[ADG_C_COUNT];
 
-	registry_sum_counters(registry, c);
+	registry_sum_counters(r, c);
 	out->live_nodes =
 		c[ADG_C_LEAVES_MADE] + c[ADG_C_OPS_MADE] - c[ADG_C_NODES_FREED];
 	out->live_steps = c[ADG_C_OPS_MADE] - c[ADG_C_STEPS_RELEASED];
@@ -280,6 +283,16 @@ int adg_stats(adg_registry *registry, struct adg_stats *out)
 	out->slab_bytes = c[ADG_C_SLAB_BYTES_TAKEN] - c[ADG_C_SLAB_BYTES_FREED];
 	out->slab_bytes_huge =
 		c[ADG_C_HUGE_BYTES_TAKEN] - c[ADG_C_HUGE_BYTES_FREED];
+}
+
+int adg_registry_stats(adg_registry *registry, struct adg_stats *out)
+{
+	if (registry == NULL || out == NULL ||
+	    adg_abi_check(out, sizeof *out, ADG_ABI_FIRST_STATS) != 0)
+		return ADG_EINVAL;
+	struct adg_stats st;
+	registry_stats(registry, &st);
+	adg_abi_write(out, &st, sizeof st);
 	return 0;
 }
 
@@ -289,7 +302,7 @@ int adg_registry_free(adg_registry *registry)
 		return 0;
 	struct adg_stats stats;
 
-	adg_stats(registry, &stats);
+	registry_stats(registry, &stats);
 	if (stats.live_nodes != 0)
 		return ADG_EBUSY;
 	/* A grace period: no read-side section still touches a graph in a

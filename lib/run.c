@@ -389,7 +389,8 @@ void adg_run_thread_leave(struct adg_run_thread *th)
 int adg_callback_site(adg_failure *where)
 {
 	const struct adg_run_thread *th = adg_run_current;
-	if (where == NULL || th == NULL)
+	if (where == NULL || th == NULL ||
+	    adg_abi_check(where, sizeof *where, ADG_ABI_FIRST_FAILURE) != 0)
 		return ADG_EINVAL;
 	adg_failure_site site = th->site;
 	const struct adg_node *n = th->site_node;
@@ -403,8 +404,9 @@ int adg_callback_site(adg_failure *where)
 		site = ADG_FAILED_STEP;
 		id = n->id;
 	}
-	*where = adg_run_failure_at(site, 0, n, id);
-	where->pass_id = th->run->pass_id;
+	adg_failure f = adg_run_failure_at(site, 0, n, id);
+	f.pass_id = th->run->pass_id;
+	adg_abi_write(where, &f, sizeof f);
 	return 0;
 }
 

@@ -66,4 +66,34 @@ static inline uint64_t adg_id_hash(uint64_t id, unsigned int shift)
  * whose options give none (util.c). */
 extern const adg_allocator adg_default_allocator;
 
+/*
+ * The size rule (include/adg.h, "ABI") of a struct the caller allocates,
+ * whose first member is its size_t size (abi.c). own is libadg's sizeof,
+ * first the struct's first published size: the smallest a caller may give.
+ * When a field is added to a struct, its first size stays what it was.
+ *
+ * adg_abi_check: ADG_EINVAL unless first <= size and every byte past own
+ * is zero. adg_abi_read: checks, then copies the caller's options into
+ * local (own bytes), zero past the caller's size. adg_abi_write: fills an
+ * output the check passed with local, min(size, own) bytes, its size kept.
+ */
+int adg_abi_check(const void *given, size_t own, size_t first);
+int adg_abi_read(void *local, size_t own, size_t first, const void *given);
+void adg_abi_write(void *given, const void *local, size_t own);
+
+/* The first published sizes (libadg.so.1, 0.2.0): today's. */
+#define ADG_ABI_FIRST_REGISTRY_OPTIONS sizeof(adg_registry_options)
+#define ADG_ABI_FIRST_OP_OPTIONS       sizeof(adg_op_options)
+#define ADG_ABI_FIRST_BACKWARD_OPTIONS sizeof(adg_backward_options)
+#define ADG_ABI_FIRST_DOT_OPTIONS      sizeof(adg_dot_options)
+#define ADG_ABI_FIRST_REDUCER_OPTIONS  sizeof(adg_reducer_options)
+#define ADG_ABI_FIRST_POOL_OPTIONS     sizeof(adg_pool_options)
+#define ADG_ABI_FIRST_STATS	       sizeof(struct adg_stats)
+#define ADG_ABI_FIRST_FAILURE	       sizeof(adg_failure)
+
+/* Reads the caller's options *given into the local copy *local, by the
+ * size rule; first names the struct's first size (ADG_ABI_FIRST_...). */
+#define ADG_ABI_READ(local, given, first)                                      \
+	adg_abi_read((local), sizeof *(local), (first), (given))
+
 #endif /* ADG_UTIL_H */

@@ -6,7 +6,8 @@ set -euo pipefail
 want=(meson ninja-build pkg-config gcc liburcu-dev libck-dev)
 case "${1:-}" in
 test) want+=(libcriterion-dev valgrind openmpi-bin libopenmpi-dev clang
-	clang-format shellcheck libopenblas-dev g++) ;; # g++: adg.hpp's tests
+	clang-format shellcheck libopenblas-dev g++ # g++: adg.hpp's tests
+	abigail-tools) ;; # abidw, abidiff: scripts/abi-check.sh
 bench) want+=(gnuplot-nox valgrind) ;;
 pictures) want+=(graphviz gnuplot-nox) ;;
 digits | fashion) want+=(libopenblas-dev gnuplot-nox) ;;

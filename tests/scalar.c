@@ -236,8 +236,8 @@ adg_allocator failing_allocator(failing_alloc *state)
 void assert_stats(adg_registry *r, uint64_t nodes, uint64_t steps,
 		  uint64_t graphs)
 {
-	struct adg_stats st;
-	cr_assert_eq(adg_stats(r, &st), 0);
+	struct adg_stats st = {.size = sizeof st};
+	cr_assert_eq(adg_registry_stats(r, &st), 0);
 	cr_assert_eq(st.live_nodes, nodes, "live nodes %llu, want %llu",
 		     (unsigned long long)st.live_nodes,
 		     (unsigned long long)nodes);

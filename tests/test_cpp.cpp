@@ -489,6 +489,21 @@ TEST(closures_are_released_once_each)
 	EXPECT(g.size() == 3);
 }
 
+/* adg_stats names the struct in C++ too (issue 43): the function that
+ * hid it is adg_registry_stats. */
+TEST(stats_are_an_adg_stats)
+{
+	adg::registry reg;
+	leaves l(reg);
+	adg_stats st = reg.stats();
+	EXPECT(st.size == sizeof st);
+	EXPECT(st.live_nodes == 3);
+	adg_stats raw{};
+	raw.size = sizeof raw;
+	EXPECT(adg_registry_stats(reg.raw(), &raw) == 0);
+	EXPECT(raw.live_nodes == st.live_nodes);
+}
+
 TEST(an_unrun_graph_releases_its_closures)
 {
 	adg::registry reg;
@@ -1166,6 +1181,7 @@ TEST(c_code_runs_cpp_steps_with_the_registrys_ops)
 	leaves l(reg);
 	adg::node t = build<double>(reg, l);
 	adg_backward_options o{};
+	o.size = sizeof o;
 	o.executor = workers.c_executor();
 	adg_grads *grads = nullptr;
 	EXPECT(adg_backward_with(reg.raw(), t.raw(), adg::pack(1.0), nullptr,

@@ -94,8 +94,8 @@ static bool ctor_work(void)
 	if (tip != NULL)
 		adg_node_unref(tip);
 	adg_node_unref(leaf);
-	struct adg_stats st;
-	ok = ok && adg_stats(r, &st) == 0 && st.live_graphs == 0;
+	struct adg_stats st = {.size = sizeof st};
+	ok = ok && adg_registry_stats(r, &st) == 0 && st.live_graphs == 0;
 	return adg_registry_free(r) == 0 && ok;
 }
 

@@ -60,7 +60,8 @@ Test(errors, registry_new_and_free)
 	adg_registry *r;
 	cr_expect_eq(adg_registry_new(NULL, NULL), ADG_EINVAL);
 	failing_alloc fa = {0};
-	adg_registry_options half = {.allocator = failing_allocator(&fa)};
+	adg_registry_options half = {.size = sizeof half,
+				     .allocator = failing_allocator(&fa)};
 	half.allocator.free = NULL;
 	r = (adg_registry *)&r;
 	cr_expect_eq(adg_registry_new(&half, &r), ADG_EINVAL);
@@ -71,8 +72,9 @@ Test(errors, registry_new_and_free)
 	adg_node *n;
 	cr_assert_eq(adg_leaf(r, &n), 0);
 	cr_expect_eq(adg_registry_free(r), ADG_EBUSY);
-	struct adg_stats st;
-	cr_assert_eq(adg_stats(r, &st), 0, "a busy registry is left intact");
+	struct adg_stats st = {.size = sizeof st};
+	cr_assert_eq(adg_registry_stats(r, &st), 0,
+		     "a busy registry is left intact");
 	cr_expect_eq(st.live_nodes, 1);
 	adg_node_unref(n);
 	cr_expect_eq(adg_registry_free(r), 0);
@@ -81,10 +83,10 @@ Test(errors, registry_new_and_free)
 Test(errors, stats)
 {
 	adg_registry *r;
-	struct adg_stats st;
+	struct adg_stats st = {.size = sizeof st};
 	cr_assert_eq(adg_registry_new(NULL, &r), 0);
-	cr_expect_eq(adg_stats(NULL, &st), ADG_EINVAL);
-	cr_expect_eq(adg_stats(r, NULL), ADG_EINVAL);
+	cr_expect_eq(adg_registry_stats(NULL, &st), ADG_EINVAL);
+	cr_expect_eq(adg_registry_stats(r, NULL), ADG_EINVAL);
 	adg_registry_free(r);
 }
 
@@ -125,8 +127,8 @@ Test(errors, op_bad_arguments)
 	cr_expect_eq(adg_op(r, mixed, 2, &noop, &out), ADG_EFOREIGN);
 	cr_expect_null(out);
 	cr_expect_eq(adg_op(other, pair, 2, &noop, &out), ADG_EFOREIGN);
-	struct adg_stats st;
-	adg_stats(r, &st);
+	struct adg_stats st = {.size = sizeof st};
+	adg_registry_stats(r, &st);
 	cr_expect_eq(st.live_nodes, 2, "failed ops created nothing");
 	cr_expect_eq(st.live_steps, 0);
 	cr_expect_eq(st.live_graphs, 0);
@@ -160,7 +162,7 @@ Test(errors, node_functions)
 Test(errors, ids_run_out)
 {
 	adg_registry *r;
-	adg_registry_options o = {.max_node_id = 3};
+	adg_registry_options o = {.size = sizeof o, .max_node_id = 3};
 	cr_assert_eq(adg_registry_new(&o, &r), 0);
 	adg_node *a, *b, *c, *d = (adg_node *)&d;
 	cr_assert_eq(adg_leaf(r, &a), 0);
@@ -169,8 +171,8 @@ Test(errors, ids_run_out)
 	cr_expect_eq(adg_leaf(r, &d), ADG_ENOIDS);
 	cr_expect_null(d);
 	cr_expect_eq(adg_op(r, &a, 1, &noop, &d), ADG_ENOIDS);
-	struct adg_stats st;
-	adg_stats(r, &st);
+	struct adg_stats st = {.size = sizeof st};
+	adg_registry_stats(r, &st);
 	cr_expect_eq(st.live_nodes, 3);
 	cr_expect_eq(st.live_steps, 1);
 	adg_node_unref(c);
@@ -182,7 +184,7 @@ Test(errors, ids_run_out)
 Test(errors, ids_run_out_at_uint64_max)
 {
 	adg_registry *r;
-	adg_registry_options o = {.max_node_id = UINT64_MAX};
+	adg_registry_options o = {.size = sizeof o, .max_node_id = UINT64_MAX};
 	cr_assert_eq(adg_registry_new(&o, &r), 0);
 	adg_node *a;
 	cr_assert_eq(adg_leaf(r, &a), 0);
@@ -231,8 +233,8 @@ Test(errors, backward_bad_arguments)
 	cr_expect_eq(adg_backward(other, a, scalar_box(1), &scalar_ops, &g),
 		     ADG_EFOREIGN);
 	cr_expect_eq(atomic_load(&scalar_values_live), 0);
-	struct adg_stats st;
-	adg_stats(r, &st);
+	struct adg_stats st = {.size = sizeof st};
+	adg_registry_stats(r, &st);
 	cr_expect_eq(st.live_steps, 1, "nothing was taken");
 
 	cr_expect_eq(adg_backward(r, y, scalar_box(1), &scalar_ops, &g), 0);
@@ -266,6 +268,7 @@ Test(errors, callback_site_outside_a_callback)
 {
 	adg_failure where, junk;
 	memset(&junk, 0x5a, sizeof junk);
+	junk.size = sizeof junk;
 	where = junk;
 	cr_expect_eq(adg_callback_site(NULL), ADG_EINVAL);
 	cr_expect_eq(adg_callback_site(&where), ADG_EINVAL, "no backward");
@@ -345,7 +348,8 @@ Test(errors, grads_functions)
  * operation then succeeds. */
 static void with_failing_registry(void)
 {
-	adg_registry_options o = {.allocator =
+	adg_registry_options o = {.size = sizeof o,
+				  .allocator =
 					  failing_allocator(&fixture_alloc)};
 	fixture_open(&o);
 }
@@ -373,15 +377,16 @@ CHECKED_TEST(nomem, leaf_and_op)
 	adg_node *x, *y, *z;
 	/* A new graph: node, then graph. */
 	for (int k = 1;; k++) {
-		struct adg_stats before, after;
-		adg_stats(reg, &before);
+		struct adg_stats before = {.size = sizeof before},
+				 after = {.size = sizeof after};
+		adg_registry_stats(reg, &before);
 		atomic_store(&fixture_alloc.fail_in, k);
 		int rc = adg_op(reg, ab, 2, &noop, &x);
 		atomic_store(&fixture_alloc.fail_in, 0);
 		if (rc == 0)
 			break;
 		cr_assert_eq(rc, ADG_ENOMEM);
-		adg_stats(reg, &after);
+		adg_registry_stats(reg, &after);
 		expect_same_stats(&before, &after);
 		cr_assert_lt(k, 10);
 	}
@@ -391,8 +396,8 @@ CHECKED_TEST(nomem, leaf_and_op)
 	adg_node *xyx[3] = {x, y, x};
 	atomic_store(&fixture_alloc.fail_in, 1);
 	cr_expect_eq(adg_op(reg, xyx, 3, &noop, &z), ADG_ENOMEM);
-	struct adg_stats st;
-	adg_stats(reg, &st);
+	struct adg_stats st = {.size = sizeof st};
+	adg_registry_stats(reg, &st);
 	cr_expect_eq(st.merges, 0);
 	cr_expect_eq(st.live_graphs, 2);
 	/* ...and one whose slab has room (x's and y's) allocates nothing. */
@@ -400,7 +405,7 @@ CHECKED_TEST(nomem, leaf_and_op)
 	atomic_store(&fixture_alloc.fail_in, 1);
 	cr_assert_eq(adg_op(reg, xy, 2, &noop, &z), 0);
 	atomic_store(&fixture_alloc.fail_in, 0);
-	adg_stats(reg, &st);
+	adg_registry_stats(reg, &st);
 	cr_expect_eq(st.merges, 1);
 	/* Many parents (more than fit on the stack) use the allocator. */
 	adg_node *many[20];
@@ -427,13 +432,14 @@ CHECKED_TEST(nomem, backward_takes_nothing_when_it_fails)
 {
 	scalar a = s_leaf(reg, 2), b = s_leaf(reg, 3);
 	scalar x = s_mul(reg, a, b), y = s_mul(reg, x, a);
-	struct adg_stats before, after;
-	adg_stats(reg, &before);
+	struct adg_stats before = {.size = sizeof before},
+			 after = {.size = sizeof after};
+	adg_registry_stats(reg, &before);
 	atomic_store(&fixture_alloc.fail_in, 1);
 	adg_grads *g = (adg_grads *)&g;
 	cr_expect_eq(s_backward(reg, y, &g), ADG_ENOMEM);
 	cr_expect_null(g);
-	adg_stats(reg, &after);
+	adg_registry_stats(reg, &after);
 	expect_same_stats(&before, &after);
 	cr_expect_eq(atomic_load(&scalar_values_live), 0, "seed freed");
 	cr_expect_neq(s_graph(y), 0, "the tape went back");

@@ -69,7 +69,7 @@ static void backward_then_drop(adg_registry *r, const adg_executor *exec)
 {
 	scalar l[3];
 	scalar y = two_branches(r, l);
-	adg_backward_options o = {.executor = exec};
+	adg_backward_options o = {.size = sizeof o, .executor = exec};
 	adg_grads *g;
 	cr_assert_eq(adg_backward_with(r, y.node, scalar_box(1), &scalar_ops,
 				       &o, &g),
@@ -90,7 +90,8 @@ static adg_registry *registry_on_heap_allocator(failing_alloc **state)
 {
 	*state = calloc(1, sizeof **state);
 	cr_assert_not_null(*state);
-	adg_registry_options ro = {.allocator = failing_allocator(*state)};
+	adg_registry_options ro = {.size = sizeof ro,
+				   .allocator = failing_allocator(*state)};
 	adg_registry *r;
 	cr_assert_eq(adg_registry_new(&ro, &r), 0);
 	return r;
@@ -318,16 +319,18 @@ static void rebuilt_build(struct rebuilt *g, int k, int branches)
 	g->a = s_leaf(reg, 2);
 	adg_output keep = {s_output_new(g->a.value), s_output_free, NULL, 0,
 			   NULL};
-	adg_op_options kept = {.output = &keep};
+	adg_op_options kept = {.size = sizeof kept, .output = &keep};
 	g->c0 = rebuilt_op(g, 0, &g->a, 1, r_backward, &kept);
 	for (int i = 0; i < k; i++) {
 		adg_output o = {s_output_new(g->c0.value + 1 + i),
 				s_output_free, r_recompute, 1, NULL};
-		adg_op_options dropped = {.output = &o};
+		adg_op_options dropped = {.size = sizeof dropped, .output = &o};
 		g->r[i] = rebuilt_op(g, i, &g->c0, 1, r_backward, &dropped);
 	}
 	static const uint32_t slot0 = 0;
-	adg_op_options asks = {.want_parents = &slot0, .n_want_parents = 1};
+	adg_op_options asks = {.size = sizeof asks,
+			       .want_parents = &slot0,
+			       .n_want_parents = 1};
 	for (int j = 0; j < branches; j++) {
 		g->w[j] = s_leaf(reg, 1.0 + j / 8.0);
 		scalar f[2] = {g->r[j % k], g->w[j]};
@@ -341,7 +344,7 @@ static void rebuilt_build(struct rebuilt *g, int k, int branches)
 static void rebuilt_run(struct rebuilt *g, const adg_executor *exec,
 			double *out)
 {
-	adg_backward_options o = {.executor = exec};
+	adg_backward_options o = {.size = sizeof o, .executor = exec};
 	adg_grads *grads;
 	int rc = adg_backward_with(reg, g->root.node, scalar_box(1),
 				   &scalar_ops, &o, &grads);
@@ -368,6 +371,7 @@ static void rebuilt_run(struct rebuilt *g, const adg_executor *exec,
 static void open_balanced(void)
 {
 	adg_registry_options o = {
+		.size = sizeof o,
 		.allocator = failing_allocator(&fixture_alloc),
 		.checkpointing = ADG_CHECKPOINT_BALANCED,
 	};
@@ -494,7 +498,8 @@ CHECKED_TEST(executor_ckpt_stress,
 			struct rebuilt g = {.jitter = true};
 			rebuilt_build(&g, k, 12);
 			long made = atomic_load(&scalar_outputs_made);
-			adg_backward_options keep = {.executor = &exec,
+			adg_backward_options keep = {.size = sizeof keep,
+						     .executor = &exec,
 						     .retain = 1};
 			adg_grads *grads;
 			cr_assert_eq(adg_backward_with(

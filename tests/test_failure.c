@@ -23,7 +23,9 @@ struct runner {
 static adg_backward_options *options_in(enum mode m, struct runner *r)
 {
 	memset(&r->report, 0x5a, sizeof r->report);
-	r->o = (adg_backward_options){.failure = &r->report};
+	r->report.size = sizeof r->report;
+	r->o = (adg_backward_options){.size = sizeof r->o,
+				      .failure = &r->report};
 	if (m != SEQUENTIAL) {
 		if (r->pool == NULL)
 			cr_assert_eq(adg_pool_new(2, &r->pool), 0);
@@ -287,8 +289,9 @@ static int logging_backward(adg_step_call *call, void *user)
 	const struct pass_step *p = user;
 	atomic_store(&p->log->seen[p->slot], call->pass_id);
 	if (p->slot == 0 && p->log->inner != NULL) {
-		adg_failure f;
-		adg_backward_options o = {.failure = &f, .retain = 1};
+		adg_failure f = {.size = sizeof f};
+		adg_backward_options o = {
+			.size = sizeof o, .failure = &f, .retain = 1};
 		adg_grads *g;
 		int rc = adg_backward_with(call->registry, p->log->inner,
 					   scalar_box(1), &scalar_ops, &o, &g);
@@ -553,6 +556,7 @@ static void site_note(struct site_log *log, char who)
 		return; /* the test sees n past the array */
 	struct site_seen *s = &log->seen[i];
 	memset(&s->where, 0x5a, sizeof s->where);
+	s->where.size = sizeof s->where;
 	s->who = who;
 	s->rc = adg_callback_site(&s->where);
 }
@@ -564,7 +568,8 @@ static int site_check(const void *value, void *ctx);
 static adg_backward_options site_options(struct site_log *log,
 					 adg_failure *report)
 {
-	return (adg_backward_options){.executor = log->executor,
+	return (adg_backward_options){.size = sizeof(adg_backward_options),
+				      .executor = log->executor,
 				      .failure = report,
 				      .value_check = site_check,
 				      .value_check_ctx = log};

@@ -80,7 +80,7 @@ struct run {
 static int backward_in(enum mode m, struct run *r, adg_node *root,
 		       adg_grads **out)
 {
-	adg_backward_options o = {0};
+	adg_backward_options o = {.size = sizeof o};
 	if (m == ALONE) {
 		r->executor = (adg_executor){0};
 		cr_assert_eq(adg_pool_new(1, &r->pool), 0);

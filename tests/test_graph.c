@@ -8,8 +8,8 @@ FIXTURE_SUITE(graph);
 
 static struct adg_stats stats(void)
 {
-	struct adg_stats st;
-	cr_assert_eq(adg_stats(reg, &st), 0);
+	struct adg_stats st = {.size = sizeof st};
+	cr_assert_eq(adg_registry_stats(reg, &st), 0);
 	return st;
 }
 

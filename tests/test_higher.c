@@ -119,7 +119,8 @@ static int try_backward(struct dual root, bool record, bool retain,
 			const adg_executor *ex, adg_grads **out)
 {
 	adg_grad_ops ops = dual_ops(reg);
-	adg_backward_options o = {.executor = ex, .retain = retain};
+	adg_backward_options o = {
+		.size = sizeof o, .executor = ex, .retain = retain};
 	return adg_backward_with(reg, root.node, seed(record), &ops, &o, out);
 }
 
@@ -161,8 +162,8 @@ static void check(double got, double want, const char *what, int how, double x)
 
 static struct adg_stats stats(void)
 {
-	struct adg_stats st;
-	cr_assert_eq(adg_stats(reg, &st), 0);
+	struct adg_stats st = {.size = sizeof st};
+	cr_assert_eq(adg_registry_stats(reg, &st), 0);
 	return st;
 }
 
@@ -576,7 +577,8 @@ static int take_value(adg_grads *g, struct dual x, double *value)
 static int passer(struct passers *p, int i)
 {
 	adg_grad_ops ops = dual_ops(reg);
-	adg_backward_options o = {.executor = p->exec, .retain = 1};
+	adg_backward_options o = {
+		.size = sizeof o, .executor = p->exec, .retain = 1};
 	struct dual s1, gx = dual_const(0), gy = dual_const(0),
 			dot = dual_const(0);
 	int rc = dual_leaf(reg, 1.0, &s1);

@@ -58,7 +58,8 @@ static int count_of(uint64_t id)
 
 static int backward_with(scalar root, int leaves_only, adg_grads **g)
 {
-	adg_backward_options o = {.on_ready = record,
+	adg_backward_options o = {.size = sizeof o,
+				  .on_ready = record,
 				  .leaves_only = leaves_only};
 	return adg_backward_with(reg, root.node, scalar_box(1), &scalar_ops, &o,
 				 g);

@@ -270,7 +270,9 @@ CHECKED_TEST(inspect, dot_names_leaves_the_options_name)
 	scalar a = s_leaf(reg, 2), b = s_leaf(reg, 3);
 	scalar p = named_op((scalar[]){a, b}, 2, "mul");
 	struct text t = {0};
-	adg_dot_options o = {.leaf_name = name_of_a, .leaf_name_ctx = &a.id};
+	adg_dot_options o = {.size = sizeof o,
+			     .leaf_name = name_of_a,
+			     .leaf_name_ctx = &a.id};
 	cr_assert_eq(adg_graph_write_dot_with(p.node, &o, append, &t), 0);
 	char want[96];
 	snprintf(want, sizeof want,
@@ -389,7 +391,8 @@ CHECKED_TEST(inspect,
  * works. */
 Test(inspect_alloc, out_of_memory_visits_and_writes_nothing)
 {
-	adg_registry_options o = {.allocator =
+	adg_registry_options o = {.size = sizeof o,
+				  .allocator =
 					  failing_allocator(&fixture_alloc)};
 	fixture_open(&o);
 	scalar a = s_leaf(reg, 2);
@@ -586,8 +589,10 @@ static void drop_tree(scalar root, scalar leaf, scalar links[64])
 static int step_backward_with(const adg_executor *executor,
 			      struct step_log *log, scalar root)
 {
-	adg_backward_options o = {
-		.executor = executor, .on_step = log_step, .on_step_ctx = log};
+	adg_backward_options o = {.size = sizeof o,
+				  .executor = executor,
+				  .on_step = log_step,
+				  .on_step_ctx = log};
 	adg_grads *g = NULL;
 	int rc = adg_backward_with(reg, root.node, scalar_box(1), &scalar_ops,
 				   &o, &g);

@@ -510,7 +510,8 @@ __attribute__((constructor)) static void break_an_invariant(void)
 {
 	if (getenv("ADG_BREAK_AN_INVARIANT") == NULL)
 		return;
-	adg_registry_options o = {.allocator = {arena_alloc, arena_free, NULL}};
+	adg_registry_options o = {.size = sizeof o,
+				  .allocator = {arena_alloc, arena_free, NULL}};
 	adg_registry *r;
 	adg_node *leaf;
 	if (adg_registry_new(&o, &r) != 0 || adg_leaf(r, &leaf) != 0)

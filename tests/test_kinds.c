@@ -49,7 +49,7 @@ _Static_assert(N_NAMES > 4 * ADG_KIND_TABLE_MIN,
 
 static adg_registry *registry_new(const adg_allocator *allocator)
 {
-	adg_registry_options o = {0};
+	adg_registry_options o = {.size = sizeof o};
 	if (allocator != NULL)
 		o.allocator = *allocator;
 	adg_registry *r;
@@ -245,8 +245,8 @@ Test(kinds, a_backward_runs_the_kinds_step_with_the_nodes_user)
 	ok.user = &other; /* same kind, another user */
 	adg_node *c = op(r, x, &ok);
 	cr_assert_eq(kind_of(b), kind_of(c));
-	adg_failure failure = {0};
-	adg_backward_options o = {.failure = &failure};
+	adg_failure failure = {.size = sizeof failure};
+	adg_backward_options o = {.size = sizeof o, .failure = &failure};
 	adg_grads *g = NULL;
 	int rc = adg_backward_with(r, b, scalar_box(1), &scalar_ops, &o, &g);
 	cr_assert_eq(rc, ADG_ECALLBACK, "%s", adg_strerror(rc));
@@ -439,8 +439,9 @@ Test(kinds, a_failed_intern_changes_nothing)
 				 .name = names[k]};
 		adg_node *out;
 		for (long n = 1;; n++) {
-			struct adg_stats before, after;
-			cr_assert_eq(adg_stats(r, &before), 0);
+			struct adg_stats before = {.size = sizeof before},
+					 after = {.size = sizeof after};
+			cr_assert_eq(adg_registry_stats(r, &before), 0);
 			size_t size_before;
 			size_t held = kinds_held(r, &size_before);
 			long bytes = oom.live_bytes;
@@ -463,7 +464,7 @@ Test(kinds, a_failed_intern_changes_nothing)
 			cr_assert_eq(rc, ADG_ENOMEM);
 			cr_assert(failed);
 			cr_assert_null(out);
-			cr_assert_eq(adg_stats(r, &after), 0);
+			cr_assert_eq(adg_registry_stats(r, &after), 0);
 			cr_assert_eq(after.live_nodes, before.live_nodes);
 			cr_assert_eq(after.live_steps, before.live_steps);
 			cr_assert_eq(after.live_graphs, before.live_graphs);

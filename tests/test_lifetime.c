@@ -31,13 +31,14 @@ CHECKED_TEST(lifetime, training_loop_stays_bounded, .timeout = 600)
 	for (int k = 0; k < 4; k++)
 		params[k] = s_leaf(reg, 1.0 + k / 1000.0);
 	double sum = 0;
-	struct adg_stats at1000 = {0}, end;
+	struct adg_stats at1000 = {.size = sizeof at1000},
+			 end = {.size = sizeof end};
 	for (int it = 1; it <= 100000; it++) {
 		iteration(params, &sum);
 		if (it == 1000)
-			adg_stats(reg, &at1000);
+			adg_registry_stats(reg, &at1000);
 	}
-	adg_stats(reg, &end);
+	adg_registry_stats(reg, &end);
 	cr_expect_eq(end.live_nodes, at1000.live_nodes);
 	cr_expect_eq(end.live_steps, at1000.live_steps);
 	cr_expect_eq(end.live_graphs, at1000.live_graphs);
@@ -80,8 +81,8 @@ CHECKED_TEST(lifetime, unrun_graph_is_freed_by_its_last_handle)
 	assert_stats(reg, 3, 3, 1);
 	s_drop(z);
 	assert_stats(reg, 0, 0, 0);
-	struct adg_stats st;
-	adg_stats(reg, &st);
+	struct adg_stats st = {.size = sizeof st};
+	adg_registry_stats(reg, &st);
 	cr_expect_eq(st.nodes_freed, 5);
 }
 
@@ -190,8 +191,8 @@ CHECKED_TEST(lifetime, counts_survive_exited_threads)
 		pthread_create(&t, NULL, short_lived, &a);
 		pthread_join(t, NULL);
 	}
-	struct adg_stats st;
-	adg_stats(reg, &st);
+	struct adg_stats st = {.size = sizeof st};
+	adg_registry_stats(reg, &st);
 	cr_expect_eq(st.nodes_freed, 200);
 	cr_expect_eq(st.live_nodes, 1);
 	cr_expect_eq(st.live_graphs, 0);
@@ -227,8 +228,8 @@ CHECKED_TEST(lifetime, registries_are_independent)
 		pthread_t t;
 		pthread_create(&t, NULL, use_registry, r2);
 		pthread_join(t, NULL);
-		struct adg_stats st;
-		adg_stats(r2, &st);
+		struct adg_stats st = {.size = sizeof st};
+		adg_registry_stats(r2, &st);
 		cr_expect_eq(st.nodes_freed, 2);
 		cr_assert_eq(adg_registry_free(r2), 0);
 	}
@@ -242,7 +243,8 @@ CHECKED_TEST(lifetime, registries_are_independent)
 CHECKED_TEST(lifetime, retired_graphs_past_the_pool_are_freed)
 {
 	failing_alloc fa = {0};
-	adg_registry_options o = {.allocator = failing_allocator(&fa)};
+	adg_registry_options o = {.size = sizeof o,
+				  .allocator = failing_allocator(&fa)};
 	adg_registry *r;
 	cr_assert_eq(adg_registry_new(&o, &r), 0);
 	enum { GRAPHS = 5000 };

@@ -135,6 +135,7 @@ static struct snap snap(adg_registry *r)
 {
 	struct snap s = {
 		.r = r,
+		.st = {.size = sizeof s.st},
 		.values = atomic_load(&scalar_values_live),
 		.runs = step_runs,
 		.releases = step_releases,
@@ -144,7 +145,7 @@ static struct snap snap(adg_registry *r)
 		.failed = atomic_load(&oom.failed),
 	};
 	if (r != NULL)
-		cr_assert_eq(adg_stats(r, &s.st), 0);
+		cr_assert_eq(adg_registry_stats(r, &s.st), 0);
 	return s;
 }
 
@@ -209,6 +210,7 @@ struct reg {
 static adg_registry *registry_new(int checkpointing)
 {
 	adg_registry_options o = {
+		.size = sizeof o,
 		.allocator = {oom_alloc, oom_free, NULL},
 		.checkpointing = checkpointing,
 	};
@@ -303,6 +305,7 @@ static struct var op(struct reg *g, const char *name, enum kind kind,
 		NULL,
 	};
 	adg_op_options opt = {
+		.size = sizeof opt,
 		.output = sp->output ? &out : NULL,
 		.want_self = sp->want_self,
 		.want_parents = &sp->want_slot,
@@ -537,8 +540,8 @@ static int on_ready(uint64_t id, void **grad, void *ctx)
 static void expect_stats(adg_registry *r, uint64_t nodes, uint64_t steps,
 			 uint64_t graphs, uint64_t merges)
 {
-	struct adg_stats st;
-	cr_assert_eq(adg_stats(r, &st), 0);
+	struct adg_stats st = {.size = sizeof st};
+	cr_assert_eq(adg_registry_stats(r, &st), 0);
 	cr_assert(st.live_nodes == nodes && st.live_steps == steps &&
 			  st.live_graphs == graphs && st.merges == merges,
 		  "N=%ld: stats %llu nodes, %llu steps, %llu graphs, %llu "
@@ -637,11 +640,12 @@ static adg_grads *plain_ops(struct reg *g)
 	 * key the tape's nodes in the table, which is larger. It takes
 	 * nothing and gives the same gradients. */
 	hook = (struct hook){.take = a.id};
-	adg_grads *grads =
-		backward(g, big,
-			 &(adg_backward_options){.on_ready = on_ready,
-						 .on_ready_ctx = &hook,
-						 .retain = 1});
+	adg_grads *grads = backward(
+		g, big,
+		&(adg_backward_options){.size = sizeof(adg_backward_options),
+					.on_ready = on_ready,
+					.on_ready_ctx = &hook,
+					.retain = 1});
 	expect_stats(g->r, 28, 15, 1, 11);
 	cr_assert_eq(hook.n, g->n);
 	cr_assert_eq(hook.taken, 24);
@@ -650,8 +654,10 @@ static adg_grads *plain_ops(struct reg *g)
 	grads_free(grads);
 
 	hook = (struct hook){.take = a.id};
-	adg_backward_options o = {
-		.on_ready = on_ready, .on_ready_ctx = &hook, .executor = &solo};
+	adg_backward_options o = {.size = sizeof o,
+				  .on_ready = on_ready,
+				  .on_ready_ctx = &hook,
+				  .executor = &solo};
 	grads = backward(g, big, &o);
 	expect_stats(g->r, 28, 0, 0, 11);
 	/* Every node and leaf of the tape became final once. */
@@ -729,14 +735,19 @@ static adg_grads *checkpointed_ops(struct reg *g)
 	 * for the consuming pass, which then rebuilds nothing. */
 	adg_grads *grads = backward(
 		g, root,
-		&(adg_backward_options){.executor = &lazy, .retain = 1});
+		&(adg_backward_options){.size = sizeof(adg_backward_options),
+					.executor = &lazy,
+					.retain = 1});
 	run_deferred();
 	cr_assert_eq(recomputes, 3, "N=%ld: m1, m2, bm once each", oom.fail_at);
 	expect_stats(g->r, 19, 7, 2, 0);
 	expect_grad(grads, e, 60);
 	grads_free(grads);
 
-	grads = backward(g, root, &(adg_backward_options){.executor = &lazy});
+	grads = backward(
+		g, root,
+		&(adg_backward_options){.size = sizeof(adg_backward_options),
+					.executor = &lazy});
 	run_deferred();
 	cr_assert_eq(recomputes, 3, "N=%ld: held since", oom.fail_at);
 	expect_stats(g->r, 19, 1, 1, 0);

@@ -11,7 +11,7 @@ FIXTURE_SUITE(ownership, .timeout = 60);
 
 static void open_with_ops(void)
 {
-	adg_registry_options o = {.grad_ops = &scalar_ops};
+	adg_registry_options o = {.size = sizeof o, .grad_ops = &scalar_ops};
 	fixture_open(&o);
 }
 
@@ -63,7 +63,7 @@ CHECKED_TEST(ownership, without_ops_anywhere_the_seed_stays_the_callers)
 Test(ownership_own, registry_ops_must_be_whole)
 {
 	adg_grad_ops half = {.add = scalar_ops.add};
-	adg_registry_options o = {.grad_ops = &half};
+	adg_registry_options o = {.size = sizeof o, .grad_ops = &half};
 	adg_registry *r = (adg_registry *)&r;
 	cr_assert_eq(adg_registry_new(&o, &r), ADG_EINVAL);
 	cr_assert_null(r);
@@ -203,8 +203,10 @@ CHECKED_TEST(ownership, an_offered_output_is_handed_over_with_the_node)
 	struct freed f = {0};
 	adg_output out = {.value = malloc(8), .free = counted_free, .ctx = &f};
 	const uint32_t bad_want = 5;
-	adg_op_options opt = {
-		.output = &out, .want_parents = &bad_want, .n_want_parents = 1};
+	adg_op_options opt = {.size = sizeof opt,
+			      .output = &out,
+			      .want_parents = &bad_want,
+			      .n_want_parents = 1};
 	struct owned_user u = {0};
 	adg_step step = {.backward = noop_backward,
 			 .release = owned_release,
@@ -241,10 +243,11 @@ static void gate_job(void *arg)
 Test(ownership_own, a_pool_on_the_registrys_allocator)
 {
 	failing_alloc fa = {0};
-	adg_registry_options ro = {.allocator = failing_allocator(&fa)};
+	adg_registry_options ro = {.size = sizeof ro,
+				   .allocator = failing_allocator(&fa)};
 	adg_registry *r;
 	cr_assert_eq(adg_registry_new(&ro, &r), 0);
-	adg_pool_options o = {.n_threads = 2};
+	adg_pool_options o = {.size = sizeof o, .n_threads = 2};
 	cr_assert_eq(adg_registry_allocator(r, &o.allocator), 0);
 	cr_assert_eq(o.allocator.ctx, &fa);
 	long before = atomic_load(&fa.live_bytes);
@@ -274,7 +277,7 @@ Test(ownership_own, a_pool_on_the_registrys_allocator)
 Test(ownership_own, pool_and_allocator_bad_input)
 {
 	adg_pool *pool = (adg_pool *)&pool;
-	adg_pool_options o = {.n_threads = 1};
+	adg_pool_options o = {.size = sizeof o, .n_threads = 1};
 	cr_assert_eq(adg_pool_new_with(NULL, &pool), ADG_EINVAL);
 	cr_assert_null(pool);
 	cr_assert_eq(adg_pool_new_with(&o, NULL), ADG_EINVAL);
@@ -283,7 +286,8 @@ Test(ownership_own, pool_and_allocator_bad_input)
 	o.n_threads = ADG_EXECUTOR_MAX_WORKERS + 1;
 	cr_assert_eq(adg_pool_new_with(&o, &pool), ADG_EINVAL);
 	failing_alloc fa = {0};
-	o = (adg_pool_options){.n_threads = 1,
+	o = (adg_pool_options){.size = sizeof(adg_pool_options),
+			       .n_threads = 1,
 			       .allocator = failing_allocator(&fa)};
 	o.allocator.free = NULL;
 	cr_assert_eq(adg_pool_new_with(&o, &pool), ADG_EINVAL);
@@ -393,7 +397,7 @@ CHECKED_TEST(ownership, a_refused_move_leaves_the_handles_the_callers)
 		     ADG_EINVAL);
 	assert_stats(reg, 3, 1, 1);
 	/* A registry out of ids refuses after the parents were looked at. */
-	adg_registry_options o = {.max_node_id = 3};
+	adg_registry_options o = {.size = sizeof o, .max_node_id = 3};
 	adg_registry *small;
 	cr_assert_eq(adg_registry_new(&o, &small), 0);
 	adg_node *l1, *l2, *q;

@@ -25,7 +25,8 @@ FIXTURE_SUITE(parallel, .timeout = 120);
 
 static void open_balanced(void)
 {
-	adg_registry_options o = {.checkpointing = ADG_CHECKPOINT_BALANCED};
+	adg_registry_options o = {.size = sizeof o,
+				  .checkpointing = ADG_CHECKPOINT_BALANCED};
 	fixture_open(&o);
 }
 
@@ -442,6 +443,7 @@ struct how {
 static int g_backward(struct graph *g, struct how how, adg_grads **out)
 {
 	adg_backward_options o = {
+		.size = sizeof o,
 		.on_ready = how.hook ? h_ready : NULL,
 		.on_ready_ctx = g,
 		.leaves_only = how.leaves_only,
@@ -584,15 +586,17 @@ static void build_ckpt(struct graph *g, int branches, int len)
 		g_leaf(g);
 	adg_output oc = {s_output_new(CKPT_C0_VALUE), s_output_free, NULL, 0,
 			 NULL};
-	adg_op_options keep = {.output = &oc};
+	adg_op_options keep = {.size = sizeof keep, .output = &oc};
 	int c0 = g_op_with(g, &a, 1, &keep);
 	adg_output orr = {s_output_new(CKPT_C0_VALUE + 1), s_output_free,
 			  g_recompute, 1, NULL};
-	adg_op_options rebuilt = {.output = &orr};
+	adg_op_options rebuilt = {.size = sizeof rebuilt, .output = &orr};
 	int r = g_op_with(g, &c0, 1, &rebuilt);
 	cr_assert_eq(r, ckpt_r_label(branches));
 	static const uint32_t slot0 = 0;
-	adg_op_options want_r = {.want_parents = &slot0, .n_want_parents = 1};
+	adg_op_options want_r = {.size = sizeof want_r,
+				 .want_parents = &slot0,
+				 .n_want_parents = 1};
 	int tops[MAX_PARENTS];
 	for (int j = 0; j < branches; j++) {
 		int wj = 1 + j;
@@ -1348,7 +1352,7 @@ static uint64_t twice_for_one_slot(const adg_executor *ex, bool x_first,
 	/* The root's last slot's branch comes first on the tape. */
 	adg_node *top[2] = {x_first ? y : x, x_first ? x : y};
 	adg_node *root = const_op(top, 2, 1, 0, NULL);
-	adg_backward_options o = {.executor = ex};
+	adg_backward_options o = {.size = sizeof o, .executor = ex};
 	adg_grads *out;
 	cr_assert_eq(adg_backward_with(reg, root, hv_new(1), &hv_ops, &o, &out),
 		     0);
@@ -1417,7 +1421,7 @@ CHECKED_TEST(parallel, a_repeated_parent_folds_per_slot)
 		adg_node *z = const_op(pp, 2, 2, 0, NULL);
 		adg_node *top[2] = {z, y};
 		adg_node *root = const_op(top, 2, 1, 0, NULL);
-		adg_backward_options o = {.executor = ex};
+		adg_backward_options o = {.size = sizeof o, .executor = ex};
 		adg_grads *out;
 		cr_assert_eq(adg_backward_with(reg, root, hv_new(1), &hv_ops,
 					       &o, &out),
@@ -1491,6 +1495,7 @@ Test(parallel_alloc, scratch_fits_blocks_with_only_mallocs_alignment)
 {
 	struct edge_alloc st = {0};
 	adg_registry_options o = {
+		.size = sizeof o,
 		.allocator = {edge_alloc_fn, edge_free_fn, &st}};
 	fixture_open(&o);
 	const struct shape sh = {WIDE, 4, 3};

@@ -256,7 +256,8 @@ static void reference(struct model *m, int k0, int k1)
 			if (!m->retain || k == k0)
 				roots[p] =
 					build(m, p, m->retain ? 0 : k, NO_FAIL);
-			adg_backward_options o = {.retain = m->retain &&
+			adg_backward_options o = {.size = sizeof o,
+						  .retain = m->retain &&
 							    k < k1 - 1};
 			adg_grads *g;
 			cr_assert_eq(adg_backward_with(reg, roots[p].node,
@@ -331,7 +332,7 @@ static void *participant(void *arg)
 	struct model *m = th->s;
 	int p = th->i;
 	this_participant = p;
-	adg_backward_options o = {.executor = m->executor};
+	adg_backward_options o = {.size = sizeof o, .executor = m->executor};
 	if (m->own_hook) {
 		m->own[p] = (struct own_ctx){m, p};
 		o.on_ready = own_ready;
@@ -415,7 +416,7 @@ static void *unit_participant(void *arg)
 	struct model *m = th->s;
 	int p = th->i;
 	this_participant = p;
-	adg_backward_options o = {.executor = m->executor};
+	adg_backward_options o = {.size = sizeof o, .executor = m->executor};
 	if (adg_reducer_hook(m->red, (size_t)p, &o) != 0)
 		atomic_fetch_add(&m->bad, 1);
 	for (int k = 0; k < m->rounds; k++) {
@@ -437,6 +438,7 @@ static void *unit_participant(void *arg)
 static void train(struct model *m)
 {
 	adg_reducer_options o = {
+		.size = sizeof o,
 		.n_participants = (size_t)m->t,
 		.n_units = (size_t)m->units,
 		.param_ids = m->id,
@@ -511,7 +513,8 @@ CHECKED_TEST(reducer, one_participant_applies_as_a_plain_hook_does)
 	model_open(&plain, 1);
 	struct plain pl = {&plain, plain.w};
 	for (int k = 0; k < ROUNDS; k++) {
-		adg_backward_options o = {.on_ready = plain_hook,
+		adg_backward_options o = {.size = sizeof o,
+					  .on_ready = plain_hook,
 					  .on_ready_ctx = &pl,
 					  .leaves_only = 1};
 		scalar root = build(&plain, 0, k, NO_FAIL);
@@ -799,6 +802,7 @@ static void hand_open_units(struct hand *h, size_t t, size_t units,
 	h->ids[0] = 11, h->ids[1] = 7, h->ids[2] = 1000003;
 	h->fail_apply = -1;
 	adg_reducer_options o = {
+		.size = sizeof o,
 		.n_participants = t,
 		.n_units = units,
 		.param_ids = h->ids,
@@ -978,6 +982,7 @@ CHECKED_TEST(reducer, bad_options_are_einval_and_allocate_nothing)
 	failing_alloc fa = {0};
 	uint64_t ids[3] = {4, 5, 6};
 	const adg_reducer_options good = {
+		.size = sizeof good,
 		.n_participants = 2,
 		.param_ids = ids,
 		.n_params = 3,
@@ -1024,7 +1029,8 @@ CHECKED_TEST(reducer, bad_calls_change_nothing)
 	adg_reducer *r = h.red;
 	double *v = scalar_box(8);
 
-	adg_backward_options bo = {.leaves_only = 0, .retain = 1};
+	adg_backward_options bo = {
+		.size = sizeof bo, .leaves_only = 0, .retain = 1};
 	cr_assert_eq(adg_reducer_hook(NULL, 0, &bo), ADG_EINVAL);
 	cr_assert_eq(adg_reducer_hook(r, 2, &bo), ADG_EINVAL);
 	cr_assert_eq(adg_reducer_hook(r, 0, NULL), ADG_EINVAL);
@@ -1098,6 +1104,7 @@ CHECKED_TEST(reducer, calls_out_of_order_are_estate)
 	o.h.fail_apply = -1;
 	o.h.ids[0] = 11, o.h.ids[1] = 7, o.h.ids[2] = 1000003;
 	adg_reducer_options opt = {
+		.size = sizeof opt,
 		.n_participants = 2,
 		.param_ids = o.h.ids,
 		.n_params = 3,
@@ -1305,6 +1312,7 @@ Test(reducer_alloc, every_allocation_fails_in_turn)
 	memcpy(h.ids, ids, sizeof h.ids);
 	h.fail_apply = -1;
 	adg_reducer_options o = {
+		.size = sizeof o,
 		.n_participants = 1,
 		.param_ids = ids,
 		.n_params = 3,
@@ -1461,6 +1469,7 @@ CHECKED_TEST(reducer_stress, gives_from_two_threads_per_participant)
 	for (int i = 0; i < 16; i++)
 		c.ids[i] = (uint64_t)(i * 64 + 1); /* collide in the table */
 	adg_reducer_options o = {
+		.size = sizeof o,
 		.n_participants = CROWD_T,
 		.param_ids = c.ids,
 		.n_params = 16,
@@ -1591,6 +1600,7 @@ static void sliced_open(struct sliced *m, int t, size_t big, int apply_early)
 	m->ids[0] = 5, m->ids[1] = 6, m->ids[2] = 9;
 	m->slices[0] = big, m->slices[1] = 1, m->slices[2] = 2;
 	adg_reducer_options o = {
+		.size = sizeof o,
 		.n_participants = (size_t)t,
 		.param_ids = m->ids,
 		.n_params = VNP,
@@ -1798,7 +1808,7 @@ static void *ranked_participant(void *arg)
 	struct ranked *rk = th->s;
 	struct model *m = rk->m;
 	this_participant = th->i;
-	adg_backward_options o = {0};
+	adg_backward_options o = {.size = sizeof o};
 	if (adg_reducer_hook(m->red, (size_t)th->i, &o) != 0)
 		atomic_fetch_add(&rk->bad, 1);
 	size_t unit;
@@ -1821,6 +1831,7 @@ static void ranked_train(struct ranked *rk, int ranks, int t, int rounds)
 		size_t lo = (size_t)(r * JOB / ranks),
 		       hi = (size_t)((r + 1) * JOB / ranks);
 		adg_reducer_options o = {
+			.size = sizeof o,
 			.n_participants = (size_t)t,
 			.n_units = hi - lo,
 			.first_unit = lo,
@@ -1892,6 +1903,7 @@ CHECKED_TEST(reducer, ranges_of_units_are_checked)
 	uint64_t ids[2] = {3, 4};
 	size_t slices[2] = {2, 1};
 	adg_reducer_options good = {
+		.size = sizeof good,
 		.n_participants = 1,
 		.n_units = 3,
 		.first_unit = 5,

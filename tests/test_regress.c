@@ -22,7 +22,7 @@ static int output_rebuild(adg_recompute_call *call, void *user)
 static scalar offering(scalar a)
 {
 	adg_output out = {s_output_new(a.value), s_output_free, NULL, 0, NULL};
-	adg_op_options opt = {.output = &out};
+	adg_op_options opt = {.size = sizeof opt, .output = &out};
 	adg_step st = {.backward = prod_backward,
 		       .release = prod_release,
 		       .user = prod_step_new(&a, 1)};
@@ -45,13 +45,16 @@ static int child_of(scalar p, bool rebuild, adg_node **out)
 {
 	static const uint32_t slot0 = 0;
 	adg_output o = {NULL, s_output_free, output_rebuild, 0, NULL};
-	adg_op_options opt = {.want_parents = &slot0, .n_want_parents = 1};
+	adg_op_options opt = {.size = sizeof opt,
+			      .want_parents = &slot0,
+			      .n_want_parents = 1};
 	adg_step st = {.backward = want_backward,
 		       .release = prod_release,
 		       .user = prod_step_new(&p, 1)};
 	if (rebuild) {
 		o.value = s_output_new(p.value);
-		opt = (adg_op_options){.output = &o};
+		opt = (adg_op_options){.size = sizeof(adg_op_options),
+				       .output = &o};
 		st.backward = prod_backward;
 	}
 	int rc = adg_op_with(reg, &p.node, 1, &st, &opt, out);
@@ -274,7 +277,8 @@ static void step_drops_root(size_t n, bool offers)
 	if (offers) {
 		adg_output out = {s_output_new(2), s_output_free, NULL, 0,
 				  NULL};
-		adg_op_options opt = {.output = &out, .want_self = 1};
+		adg_op_options opt = {
+			.size = sizeof opt, .output = &out, .want_self = 1};
 		cr_assert_eq(adg_op_with(reg, parents, n, &st, &opt, &root), 0);
 	} else {
 		cr_assert_eq(adg_op(reg, parents, n, &st, &root), 0);
@@ -328,6 +332,7 @@ static void reopen(int checkpointing)
 {
 	fixture_close();
 	fixture_open(&(adg_registry_options){
+		.size = sizeof(adg_registry_options),
 		.checkpointing = checkpointing,
 		.allocator = failing_allocator(&fixture_alloc)});
 }
@@ -346,7 +351,7 @@ CHECKED_TEST(regress, refused_op_takes_no_node_id)
 	adg_node_id(b, &b_id);
 
 	/* want_self without an output */
-	adg_op_options self = {.want_self = 1};
+	adg_op_options self = {.size = sizeof self, .want_self = 1};
 	cr_assert_eq(adg_op_with(reg, &a, 1, &st, &self, &y), ADG_EINVAL);
 	/* nine parents in two graphs: the node (not cached: 4 or more
 	 * parents) is the first allocation, placement's scratch the second */
@@ -382,15 +387,17 @@ static struct rebuilt rebuilt_graph(adg_recompute_fn rebuild, adg_step mst,
 	static const uint32_t slot0 = 0;
 	struct rebuilt g = {.a = s_leaf(reg, 3)};
 	adg_output bo = {s_output_new(3), s_output_free, NULL, 0, NULL};
-	adg_op_options bopt = {.output = &bo};
+	adg_op_options bopt = {.size = sizeof bopt, .output = &bo};
 	adg_step bst = {.backward = prod_backward,
 			.release = prod_release,
 			.user = prod_step_new(&g.a, 1)};
 	cr_assert_eq(adg_op_with(reg, &g.a.node, 1, &bst, &bopt, &g.b), 0);
 	adg_output mo = {s_output_new(3), s_output_free, rebuild, 1, NULL};
-	adg_op_options mopt = {.output = &mo};
+	adg_op_options mopt = {.size = sizeof mopt, .output = &mo};
 	cr_assert_eq(adg_op_with(reg, &g.b, 1, &mst, &mopt, &g.m), 0);
-	adg_op_options copt = {.want_parents = &slot0, .n_want_parents = 1};
+	adg_op_options copt = {.size = sizeof copt,
+			       .want_parents = &slot0,
+			       .n_want_parents = 1};
 	cr_assert_eq(adg_op_with(reg, &g.m, 1, &cst, &copt, &g.c), 0);
 	return g;
 }

@@ -16,7 +16,8 @@ FIXTURE_SUITE(retain, .timeout = 120);
 
 static void open_balanced(void)
 {
-	adg_registry_options o = {.checkpointing = ADG_CHECKPOINT_BALANCED};
+	adg_registry_options o = {.size = sizeof o,
+				  .checkpointing = ADG_CHECKPOINT_BALANCED};
 	fixture_open(&o);
 }
 
@@ -64,7 +65,8 @@ static const adg_executor *executor_of(struct runner *r, enum mode m)
 static int run_backward(adg_node *root, const adg_executor *e, int retain,
 			adg_grads **out)
 {
-	adg_backward_options o = {.executor = e, .retain = retain};
+	adg_backward_options o = {
+		.size = sizeof o, .executor = e, .retain = retain};
 	return adg_backward_with(reg, root, scalar_box(1.0), &scalar_ops, &o,
 				 out);
 }
@@ -327,6 +329,7 @@ CHECKED_TEST(retain, the_ready_hook_fires_once_per_node_each_pass)
 					.ids = {g.x.id, g.y.id, g.xy.id,
 						g.sum.id, g.f.id}};
 				adg_backward_options o = {
+					.size = sizeof o,
 					.on_ready = count_ready,
 					.on_ready_ctx = &c,
 					.leaves_only = leaves_only,
@@ -524,7 +527,7 @@ static void squared_build_with(struct squared *q, adg_recompute_fn rebuild)
 	scalar f[2] = {q->x, q->w};
 	adg_output yo = {
 		.free = s_output_free, .recompute = rebuild, .memory_bound = 1};
-	adg_op_options yopt = {.output = &yo};
+	adg_op_options yopt = {.size = sizeof yopt, .output = &yo};
 	adg_step ystep = {.backward = prod_backward,
 			  .release = prod_release,
 			  .user = prod_step_new(f, 2)};
@@ -533,7 +536,8 @@ static void squared_build_with(struct squared *q, adg_recompute_fn rebuild)
 	scalar yv = {.node = q->y, .value = 6.0};
 	scalar zf[2] = {yv, yv};
 	uint32_t want[1] = {0};
-	adg_op_options zopt = {.want_parents = want, .n_want_parents = 1};
+	adg_op_options zopt = {
+		.size = sizeof zopt, .want_parents = want, .n_want_parents = 1};
 	adg_step zstep = {.backward = square_backward,
 			  .release = prod_release,
 			  .user = prod_step_new(zf, 2)};

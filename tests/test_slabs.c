@@ -11,7 +11,8 @@
 /* On fixture_alloc, whose bytes the tests read. */
 static void open_counted(void)
 {
-	adg_registry_options o = {.allocator =
+	adg_registry_options o = {.size = sizeof o,
+				  .allocator =
 					  failing_allocator(&fixture_alloc)};
 	fixture_open(&o);
 }
@@ -230,8 +231,8 @@ static void backward_long_chain(scalar y, scalar w)
 
 static struct adg_stats stats_now(void)
 {
-	struct adg_stats st;
-	cr_assert_eq(adg_stats(reg, &st), 0);
+	struct adg_stats st = {.size = sizeof st};
+	cr_assert_eq(adg_registry_stats(reg, &st), 0);
 	return st;
 }
 
@@ -351,6 +352,7 @@ static void open_refusing(void)
 	refusing.counted = failing_allocator(&fixture_alloc);
 	atomic_store(&refusing.refuse_slabs, false);
 	adg_registry_options o = {
+		.size = sizeof o,
 		.allocator = {refusing_alloc, refusing_free, NULL}};
 	fixture_open(&o);
 }
@@ -416,8 +418,8 @@ static void refused_then_freed(bool remotely)
 		s_drop(x[i]);
 	assert_stats(reg, 0, 0, 0);
 	/* Only the current slab stays, empty: one of 32 KiB to 1 MiB. */
-	struct adg_stats st;
-	cr_assert_eq(adg_stats(reg, &st), 0);
+	struct adg_stats st = {.size = sizeof st};
+	cr_assert_eq(adg_registry_stats(reg, &st), 0);
 	cr_expect(st.slab_bytes >= (32 << 10) && st.slab_bytes <= (1 << 20) &&
 			  (st.slab_bytes & (st.slab_bytes - 1)) == 0,
 		  "%llu bytes of slabs kept with no node alive",

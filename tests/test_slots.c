@@ -185,7 +185,7 @@ static void wide_run(size_t width, size_t n_x, unsigned workers, int retain)
 	wide_build(&g, width, n_x, NULL);
 	adg_pool *pool = NULL;
 	adg_executor ex;
-	adg_backward_options o = {.retain = retain};
+	adg_backward_options o = {.size = sizeof o, .retain = retain};
 	if (workers > 0) {
 		cr_assert_eq(adg_pool_new(workers, &pool), 0);
 		cr_assert_eq(adg_pool_executor(pool, &ex), 0);
@@ -303,7 +303,8 @@ Test(slots, ids_near_max)
 		cr_assert_eq(adg_parent_id(word), ids[i]);
 		free(opn);
 	}
-	adg_registry_options ro = {.max_node_id = UINT64_MAX};
+	adg_registry_options ro = {.size = sizeof ro,
+				   .max_node_id = UINT64_MAX};
 	struct wide g;
 	wide_build(&g, 10, 2, &ro);
 	adg_grads *grads = NULL;
@@ -354,10 +355,11 @@ static void oom_free(void *p, size_t size, void *ctx)
  * same backward then runs as if nothing had failed. */
 static void oom_run(unsigned workers)
 {
-	adg_registry_options ro = {.allocator = {oom_alloc, oom_free, NULL}};
+	adg_registry_options ro = {.size = sizeof ro,
+				   .allocator = {oom_alloc, oom_free, NULL}};
 	adg_pool *pool = NULL;
 	adg_executor ex;
-	adg_backward_options o = {0};
+	adg_backward_options o = {.size = sizeof o};
 	if (workers > 0) {
 		cr_assert_eq(adg_pool_new(workers, &pool), 0);
 		cr_assert_eq(adg_pool_executor(pool, &ex), 0);

@@ -64,8 +64,8 @@ static void disjoint(int threads, int rounds)
 		d.params[k] = s_leaf(reg, k + 2);
 	run_threads(threads, disjoint_worker, &d);
 	cr_expect_eq(atomic_load(&d.wrong), 0);
-	struct adg_stats st;
-	adg_stats(reg, &st);
+	struct adg_stats st = {.size = sizeof st};
+	adg_registry_stats(reg, &st);
 	cr_expect_eq(st.merges, 0);
 	cr_expect_eq(st.live_nodes, 4);
 	cr_expect_eq(st.live_steps, 0);
@@ -286,8 +286,8 @@ CHECKED_TEST(stress, merges_in_random_orders_with_lookups)
 		if (m->made[i].starts_graph && m->made[i].x.id < smallest[r])
 			smallest[r] = m->made[i].x.id;
 	}
-	struct adg_stats st;
-	adg_stats(reg, &st);
+	struct adg_stats st = {.size = sizeof st};
+	adg_registry_stats(reg, &st);
 	int components = 0;
 	for (int i = 0; i < n; i++) {
 		int r = find_root(up, i);
@@ -806,7 +806,8 @@ CHECKED_TEST(stress, one_thread_more_registries_than_slots)
 	adg_registry *regs[MANY_REGISTRIES];
 	failing_alloc mem[MANY_REGISTRIES] = {0};
 	for (int k = 0; k < MANY_REGISTRIES; k++) {
-		adg_registry_options o = {.allocator =
+		adg_registry_options o = {.size = sizeof o,
+					  .allocator =
 						  failing_allocator(&mem[k])};
 		cr_assert_eq(adg_registry_new(&o, &regs[k]), 0);
 	}
@@ -868,7 +869,8 @@ CHECKED_TEST(stress, threads_exit_while_their_registry_is_freed)
 	struct exiting e = {0};
 	for (int round = 0; round < EXIT_ROUNDS; round++) {
 		failing_alloc mem = {0};
-		adg_registry_options o = {.allocator = failing_allocator(&mem)};
+		adg_registry_options o = {.size = sizeof o,
+					  .allocator = failing_allocator(&mem)};
 		cr_assert_eq(adg_registry_new(&o, &e.r), 0);
 		pthread_barrier_init(&e.done, NULL, EXIT_THREADS + 1);
 		pthread_t t[EXIT_THREADS];
@@ -1097,7 +1099,7 @@ static void *moved_chains(void *arg)
 {
 	const struct thread *t = arg;
 	struct moved *m = t->s;
-	adg_backward_options retain = {.retain = 1};
+	adg_backward_options retain = {.size = sizeof retain, .retain = 1};
 	for (int c = 0; c < MOVED_CHAINS; c++) {
 		cr_assert_eq(adg_node_ref(m->base.node), 0);
 		scalar x = m->base;

@@ -346,8 +346,8 @@ Test(threads, threads_come_and_go_while_grace_periods_run, .timeout = 300)
 	cr_assert_eq(pthread_create(&t[1], NULL, cg_starter, NULL), 0);
 	cr_assert_eq(pthread_create(&t[2], NULL, cg_registries, NULL), 0);
 	while (atomic_load(&cg.starters_left) > 0) {
-		struct adg_stats st;
-		cr_assert_eq(adg_stats(cg.r, &st), 0);
+		struct adg_stats st = {.size = sizeof st};
+		cr_assert_eq(adg_registry_stats(cg.r, &st), 0);
 		sched_yield();
 	}
 	for (int i = 0; i < 3; i++)

@@ -53,8 +53,8 @@ int model_free(struct model *m)
 	uint64_t leaves = 0;
 	for (int i = 0; i < m->n_params; i++)
 		leaves += m->params[i].leaf != NULL;
-	struct adg_stats st;
-	if (m->registry != NULL && adg_stats(m->registry, &st) == 0 &&
+	struct adg_stats st = {.size = sizeof st};
+	if (m->registry != NULL && adg_registry_stats(m->registry, &st) == 0 &&
 	    (st.live_nodes != leaves || st.live_graphs != 0)) {
 		fprintf(stderr,
 			"%" PRIu64 " live nodes, %" PRIu64
@@ -270,6 +270,7 @@ static int reducer_new(struct runner *r)
 		elements[i] = param_elements(&m->params[i]);
 	}
 	adg_reducer_options o = {
+		.size = sizeof o,
 		.n_participants = (size_t)r->n_threads,
 		.n_units = r->unit_rows > 0
 				   ? (size_t)((r->batch + r->unit_rows - 1) /
@@ -304,8 +305,11 @@ static int worker_init(struct runner *r, size_t index)
 		return sync_participant_init(&w->part, r->reducer, index,
 					     r->unit_rows > 0);
 	}
-	w->hogwild = (adg_backward_options){
-		.on_ready = hogwild_ready, .on_ready_ctx = w, .leaves_only = 1};
+	w->hogwild =
+		(adg_backward_options){.size = sizeof(adg_backward_options),
+				       .on_ready = hogwild_ready,
+				       .on_ready_ctx = w,
+				       .leaves_only = 1};
 	for (int i = 0; i < m->n_params; i++) {
 		const struct tensor *v = m->params[i].value;
 		w->weights[i] = tensor_new(v->rows, v->cols);

@@ -29,7 +29,11 @@ int sync_participant_init(struct sync_participant *p, adg_reducer *reducer,
 			  size_t index, int units)
 {
 	*p = (struct sync_participant){
-		.reducer = reducer, .index = index, .units = units};
+		.reducer = reducer,
+		.index = index,
+		.units = units,
+		.backward = {.size = sizeof p->backward},
+	};
 	return adg_reducer_hook(reducer, index, &p->backward);
 }
 

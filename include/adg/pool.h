@@ -15,8 +15,9 @@ extern "C" {
 
 typedef struct adg_pool adg_pool; /* libadg's own worker threads */
 
-/* Zero-initialise, then set what you need. */
+/* Set size (adg.h, "ABI"), zero the rest, then set what you need. */
 typedef struct adg_pool_options {
+	size_t size;	    /* sizeof the caller's struct (adg.h, "ABI") */
 	unsigned n_threads; /* 1 to ADG_EXECUTOR_MAX_WORKERS */
 	/* Both callbacks, or neither (malloc and free): the pool's own
 	 * memory, its job queue included. A registry's (see

@@ -57,7 +57,7 @@ inline pool::pool(unsigned n_threads)
 
 inline pool::pool(unsigned n_threads, const adg_allocator &allocator)
 {
-	adg_pool_options options{};
+	auto options = detail::sized<adg_pool_options>();
 	options.n_threads = n_threads;
 	options.allocator = allocator;
 	check(adg_pool_new_with(&options, &raw_), "adg_pool_new_with");

@@ -156,8 +156,9 @@ typedef struct adg_reducer_ops {
  * dealt. */
 #define ADG_REDUCER_NO_UNIT SIZE_MAX
 
-/* Zero-initialise, then set what you need. */
+/* Set size (adg.h, "ABI"), zero the rest, then set what you need. */
 typedef struct adg_reducer_options {
+	size_t size;	       /* sizeof the caller's struct (adg.h, "ABI") */
 	size_t n_participants; /* T >= 1 */
 	/* U, 1 to ADG_REDUCER_MAX_UNITS: the units of every round, dealt by
 	 * adg_reducer_next_unit. 0: one per participant (see above). */

@@ -332,7 +332,7 @@ reducer<G>::reducer(std::size_t participants, const std::vector<node> &params,
 	ids.reserve(params.size());
 	for (const node &p : params)
 		ids.push_back(p.id());
-	adg_reducer_options o{};
+	auto o = detail::sized<adg_reducer_options>();
 	o.n_participants = participants;
 	o.param_ids = ids.data();
 	o.n_params = ids.size();

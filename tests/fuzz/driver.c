@@ -674,10 +674,10 @@ static void step_release(void *user)
  * only by retained backward passes and a last one, of either kind). */
 static void check_all(struct fuzz *f)
 {
-	struct adg_stats got;
+	struct adg_stats got = {.size = sizeof got};
 	struct model_stats want;
 
-	expect_rc(f, "adg_stats", adg_stats(f->reg, &got), 0);
+	expect_rc(f, "adg_registry_stats", adg_registry_stats(f->reg, &got), 0);
 	model_stats(&f->model, &want);
 	expect_u64(f, "stats.live_nodes", got.live_nodes, want.live_nodes);
 	expect_u64(f, "stats.live_steps", got.live_steps, want.live_steps);
@@ -846,6 +846,7 @@ static void do_op_with(struct fuzz *f, uint8_t p, uint8_t o, const uint8_t *idx)
 		.memory_bound = mo.memory_bound,
 	};
 	adg_op_options opts = {
+		.size = sizeof opts,
 		.output = kind != 0 ? &out : NULL,
 		.want_self = mo.want_self,
 		.want_parents = mo.want,
@@ -1223,7 +1224,8 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 		rc = adg_backward(f->reg, f->h[i].node, box(f, seed), &f->ops,
 				  &out);
 	} else {
-		adg_backward_options o = {.executor = exec, .retain = retain};
+		adg_backward_options o = {
+			.size = sizeof o, .executor = exec, .retain = retain};
 		if (hook != NULL) {
 			o.on_ready = on_ready;
 			o.on_ready_ctx = f;
@@ -1363,8 +1365,8 @@ static void do_stats(struct fuzz *f)
 {
 	/* check_all compares every field after every operation; this kind
 	 * exists so that inputs can ask for it between other operations. */
-	struct adg_stats st;
-	expect_rc(f, "adg_stats", adg_stats(f->reg, &st), 0);
+	struct adg_stats st = {.size = sizeof st};
+	expect_rc(f, "adg_registry_stats", adg_registry_stats(f->reg, &st), 0);
 	f->cov.stats++;
 }
 
@@ -1511,6 +1513,7 @@ size_t adg_fuzz_run(const uint8_t *data, size_t size,
 	f->ops = (adg_grad_ops){box_add, box_free, f};
 	/* The header byte, if any: the strategy. */
 	adg_registry_options options = {
+		.size = sizeof options,
 		.checkpointing = size > 0 && (data[0] & 1)
 					 ? ADG_CHECKPOINT_BALANCED
 					 : ADG_CHECKPOINT_NONE,

@@ -32,7 +32,7 @@
  *                             hook takes the gradient of id if r =
  *                             (s/2)%4 is 3, or 1 and id is even, or 2 and
  *                             id%3 == 0
- *   13     stats              compares adg_stats
+ *   13     stats              compares adg_registry_stats
  *   14     graph     i        compares handle i's graph id
  *   15     backward-newest x  backward from the newest handle, seed 1
  *   16-19  op-with   p o i... the same as op with adg_op_with: o says what
