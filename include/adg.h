@@ -164,8 +164,10 @@ enum adg_checkpointing {
 	/* Every output an op offers is kept until no backward can want it. */
 	ADG_CHECKPOINT_NONE = 0,
 	/* Outputs of ops marked memory-bound that can recompute themselves
-	 * are dropped at once and recomputed when a step asks; the others are
-	 * kept. */
+	 * are dropped at once (a backward recomputes them when a step asks);
+	 * the others are kept. A dropped value stays the forward's to read
+	 * until the same thread's next op or backward on the registry: see
+	 * adg_op_with. */
 	ADG_CHECKPOINT_BALANCED = 1,
 };
 
@@ -392,7 +394,9 @@ typedef struct adg_output {
 	void (*free)(void *value, void *ctx);
 	adg_recompute_fn recompute; /* NULL: it cannot be rebuilt */
 	/* Cheap to recompute (an activation, an add): the balanced strategy
-	 * drops value at once and recomputes it when asked. */
+	 * drops value at once and recomputes it when asked. Dropped, value
+	 * stays valid for the forward that made it until this thread's next
+	 * op or backward on the registry (adg_op_with). */
 	int memory_bound;
 	void *ctx; /* passed to free */
 } adg_output;
@@ -423,6 +427,14 @@ typedef struct adg_op_options {
  * still does, the call succeeds as adg_op's does, and a backward from the
  * new node that needs that parent fails with ADG_EUNAVAILABLE. On error
  * the caller still owns output->value.
+ * An offered value stays valid for the forward that made it until this
+ * thread's next adg_op, adg_op_with, adg_op_moving or backward on the
+ * registry, whatever the strategy: ADG_CHECKPOINT_BALANCED takes a value
+ * it drops out of the node at once (a backward, on any thread, rebuilds
+ * it) and frees it when the next of those calls on this thread succeeds,
+ * or at adg_registry_free; so a forward may go on reading its activation
+ * until its next op. One such value per thread and registry at most; a
+ * thread that ends leaves its last until the registry is freed.
  * Errors: those of adg_op, and ADG_EINVAL for a malformed options (no
  * free, neither value nor recompute, a want out of range or on a node that
  * offers no output, n_want_parents above UINT32_MAX). */

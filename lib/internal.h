@@ -502,6 +502,18 @@ struct adg_shard {
 	 * adg_kind_hash (adg_kind_intern); NULL entries are empty. Never used
 	 * on the fallback shard, which threads share. */
 	const struct adg_step_kind *kind_cache[ADG_KIND_CACHE_SIZE];
+	/* The output this thread offered last and the balanced strategy let
+	 * go of, taken out of its node's record: freed by the owner's next
+	 * op or backward on the registry that succeeds, or with the
+	 * registry (adg_ckpt_free_deferred), so that
+	 * the forward that made it may go on reading it. value NULL: none.
+	 * Owner-only: no other thread can reach it, whatever becomes of the
+	 * node. */
+	struct adg_deferred_output {
+		void *value;
+		void (*free)(void *value, void *ctx);
+		void *ctx;
+	} deferred;
 
 	/* Slabs of this shard's that other threads freed nodes of, pushed by
 	 * them, taken all at once by the owner (slab.c): a line of its own,
@@ -1130,8 +1142,20 @@ int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
 		    const adg_op_options *options);
 
 /* Once an op with a record is placed: applies the registry's strategy to
- * its output. */
-void adg_ckpt_commit(struct adg_node *node);
+ * its output. An output the strategy drops leaves the record at once but
+ * is freed later: it becomes shard's deferred output (shard is the
+ * caller's own, and has none: the caller freed it). */
+void adg_ckpt_commit(struct adg_shard *shard, struct adg_node *node);
+
+/* Frees shard's deferred output, if any: when the owner's next op or
+ * backward succeeds, and when the registry goes. */
+void adg_ckpt_free_deferred_slow(struct adg_shard *shard);
+
+static inline void adg_ckpt_free_deferred(struct adg_shard *shard)
+{
+	if (adg_unlikely(shard->deferred.value != NULL))
+		adg_ckpt_free_deferred_slow(shard);
+}
 
 /* After a tape is taken: counts its requests and frees what none needs. */
 void adg_ckpt_plan(struct adg_node **tape, size_t len);

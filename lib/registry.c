@@ -320,6 +320,9 @@ int adg_registry_free(adg_registry *registry)
 		atomic_load_explicit(&registry->shards, memory_order_acquire);
 	while (s != NULL) {
 		struct adg_shard *next = s->next_in_registry;
+		/* Its thread's last dropped output, still the forward's:
+		 * that thread is done with the registry (the contract). */
+		adg_ckpt_free_deferred(s);
 		adg_graph_free_pool(s);
 		adg_slab_free_all(s);
 		adg_tape_free(registry, s->tape_cache);
