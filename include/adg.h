@@ -196,6 +196,18 @@ typedef struct adg_registry_options {
 } adg_registry_options;
 
 /* Creates a registry. options may be NULL for the defaults.
+ * The first call of a process (any thread; later calls skip it) sets up
+ * libadg's read side, which keeps graph memory from going back to the
+ * allocator while a lock-free reader may still touch it: on Linux 4.14 and
+ * later it registers the process for private expedited membarrier, so that
+ * each graph op's read-side section costs a compiler barrier instead of a
+ * full fence, the rare writer that frees graph memory paying with one
+ * membarrier call instead. The registration waits in the kernel until
+ * every CPU is known to see it (on most kernels a grace period of the
+ * kernel's own RCU): some milliseconds, 8 to 30 measured, in a process
+ * that already runs several threads. It is paid once per process, here
+ * rather than in the first graph op. Without membarrier, readers fence
+ * and nothing is registered.
  * Errors: ADG_EINVAL (out NULL, only one allocator callback set, an
  * unknown checkpointing strategy, or grad_ops without add or free),
  * ADG_ENOMEM. */

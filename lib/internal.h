@@ -830,7 +830,8 @@ extern bool adg_rcu_membarrier;
 extern atomic_uint_fast64_t adg_rcu_unregistered_readers;
 
 /* Sets the read side up, once in the process; before a thread's first
- * section (adg_thread_register runs it). */
+ * section (adg_thread_register runs it), and at adg_registry_new, which
+ * normally comes first and takes its cost. */
 void adg_rcu_init(void);
 
 /* Returns once every read-side section open when it was called has ended.

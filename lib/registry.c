@@ -199,6 +199,14 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 		if (ops != NULL && (ops->add == NULL || ops->free == NULL))
 			return ADG_EINVAL;
 	}
+	/* The read side's set-up, once in the process: here, not at the
+	 * first read-side section, so that its membarrier registration
+	 * (milliseconds: readside.c) is paid where the docs say, not inside
+	 * the first graph op, which needs a registry. A thread's first
+	 * section and each grace period still run it (a pthread_once, nearly
+	 * free once done), so no order of calls meets a read side not set
+	 * up. */
+	adg_rcu_init();
 	void *base;
 	struct adg_registry *r =
 		registry_zalloc_aligned(&allocator, sizeof *r, &base);
