@@ -21,6 +21,7 @@
  *   |------------------------------------|--------------|--------------------|
  *   | seed (adg_backward*)               | libadg       | freed by libadg (1)|
  *   | gradient (adg_step_give,           | libadg       | freed by libadg (2)|
+ *   |   adg_step_give_all,               |              |                    |
  *   |   adg_grads_register)              |              |                    |
  *   | a step's user (adg_op, adg_op_with)| libadg (3)   | the caller's       |
  *   | an offered output (adg_op_with)    | libadg       | the caller's       |
@@ -303,6 +304,20 @@ typedef struct adg_step_call {
  * ops->add's code (ADG_ECALLBACK for a positive one); with one an add
  * error is the backward's (see adg_backward_options). */
 ADG_API int adg_step_give(adg_step_call *call, size_t slot, void *value);
+
+/* During a step: gives every slot's gradient at once, values[i] for slot i
+ * (i < call->n_parents; NULL: none for that slot), in slot order, each as
+ * adg_step_give would (its fast path included). Takes ownership of every
+ * non-NULL value, failing or not: on error the give that failed has freed
+ * its value and this call has freed every later non-NULL one, those given
+ * before are the backward's, and the caller owns none, so a step needs no
+ * cleanup of its own. Exceptions: call NULL or not a step's, where nothing
+ * is taken or freed; values NULL, where there is nothing to take. values
+ * itself stays the caller's, unchanged.
+ * Errors: ADG_EINVAL (NULL call or values), and those of adg_step_give
+ * for the first slot whose give fails (a slot already given, the value
+ * check's code, ADG_ENOMEM, an add's code without an executor). */
+ADG_API int adg_step_give_all(adg_step_call *call, void *const *values);
 
 /* The backward function of one node. Returns 0, or a negative code that
  * stops the backward and becomes its result. It runs with no libadg lock
