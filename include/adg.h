@@ -258,11 +258,14 @@ ADG_API int adg_stats(adg_registry *registry, struct adg_stats *out);
 /* What a step's backward callback receives. */
 typedef struct adg_step_call {
 	adg_registry *registry; /* the node's registry (for nested backward) */
-	/* Deprecated, and will go: use adg_step_give. Where the parents'
-	 * gradients could be registered by id (adg_grads_register), the
-	 * slower path; a use of the field warns (ADG_DEPRECATED). */
+	/* Deprecated, and goes in 0.3.0 (a new soname: the members after it
+	 * move): use adg_step_give or adg_step_give_all (docs/migration.md).
+	 * Where the parents' gradients could be registered by id
+	 * (adg_grads_register), the slower path; a use of the field warns
+	 * (ADG_DEPRECATED). */
 	adg_grads *grads ADG_DEPRECATED(
-		"call->grads is deprecated: give with adg_step_give");
+		"call->grads is deprecated and goes in 0.3.0: give with "
+		"adg_step_give (docs/migration.md)");
 	uint64_t node_id; /* the node whose step this is */
 	/* The node's gradient, summed over its children; NULL when no child
 	 * registered one. The step may take ownership by setting it to NULL;
@@ -296,9 +299,13 @@ typedef struct adg_step_call {
  * in order pays no lookup at all. A parent named in several slots (x * x)
  * takes its gradients in the order they are given, whichever of its slots
  * is named, as registering by id does, so a gradient's sum is folded in
- * the same order with or without an executor. adg_grads_register on
- * call->grads, the slower path, is deprecated and will go: it finds the
- * slot by comparing ids, and without an executor it accepts any id.
+ * the same order with or without an executor. Only a parent has a slot:
+ * there is no giving to a node that is not a parent of the step, in any
+ * mode; make it a parent (list it in adg_op's parents) and give to its
+ * slot, so that its contribution has a place in the fixed fold order.
+ * adg_grads_register on call->grads, the slower path, is deprecated and
+ * goes in 0.3.0 (docs/migration.md): it finds the slot by comparing ids,
+ * and without an executor it accepts any id, a non-parent's included.
  * Errors: ADG_EINVAL (NULL argument, slot out of range, or every slot
  * naming that parent already given), ADG_ENOMEM, or, without an executor,
  * ops->add's code (ADG_ECALLBACK for a positive one); with one an add
@@ -638,8 +645,8 @@ typedef struct adg_backward_options {
 	 * on_ready, and ops) must then be safe to run on any thread and
 	 * concurrently with each other; a chain of steps stays on one thread.
 	 *
-	 * call->grads (deprecated, and will go: use adg_step_give) is then
-	 * a step's own view: adg_grads_register takes one gradient per
+	 * call->grads (deprecated, and goes in 0.3.0: use adg_step_give) is
+	 * then a step's own view: adg_grads_register takes one gradient per
 	 * parent slot, as adg_step_give does (a parent named twice, as in
 	 * x * x, takes two), and ADG_EINVAL, value freed, for an id that is
 	 * not a parent or whose slots are all taken; get, take, count and
@@ -851,7 +858,8 @@ ADG_API int adg_grads_take_node(adg_grads *grads, const adg_node *node,
 /* Adds value (non-NULL) to the gradient held for id, with ops->add when one
  * is held. Takes ownership of value: on error it has been freed, unless
  * grads is NULL. It stays for containers (a backward's result); its use on
- * a step's call->grads is deprecated and will go: use adg_step_give.
+ * a step's call->grads is deprecated and goes in 0.3.0: use adg_step_give
+ * (docs/migration.md).
  * Errors: ADG_EINVAL (NULL grads or value, id 0), ADG_ENOMEM, or
  * ops->add's code (ADG_ECALLBACK for a positive one). */
 ADG_API int adg_grads_register(adg_grads *grads, uint64_t id, void *value);
