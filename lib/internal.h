@@ -475,8 +475,20 @@ struct adg_shard {
 	/* The registry's fallback shard, shared by threads that could not
 	 * allocate their own: counted with atomic adds, never given ids. */
 	bool shared;
-	uint64_t next_id;	     /* next id of this thread's batch */
-	uint64_t ids_left;	     /* ids left in the batch */
+	uint64_t next_id;  /* next id of this thread's batch */
+	uint64_t ids_left; /* ids left in the batch */
+	/* The output this thread offered last and the balanced strategy let
+	 * go of, taken out of its node's record: freed by the owner's next
+	 * op or backward on the registry that succeeds, or with the registry
+	 * (adg_ckpt_free_deferred), so that the forward that made it may go
+	 * on reading it. value NULL: none. Owner-only: no other thread can
+	 * reach it, whatever becomes of the node. Beside the ids, which
+	 * every op reads: no cache line more for the op's check. */
+	struct adg_deferred_output {
+		void *value;
+		void (*free)(void *value, void *ctx);
+		void *ctx;
+	} deferred;
 	uint64_t next_pass;	     /* next pass id of this thread's batch */
 	uint64_t passes_left;	     /* pass ids left in the batch */
 	struct adg_tape *tape_cache; /* NULL while a backward uses it */
@@ -502,18 +514,6 @@ struct adg_shard {
 	 * adg_kind_hash (adg_kind_intern); NULL entries are empty. Never used
 	 * on the fallback shard, which threads share. */
 	const struct adg_step_kind *kind_cache[ADG_KIND_CACHE_SIZE];
-	/* The output this thread offered last and the balanced strategy let
-	 * go of, taken out of its node's record: freed by the owner's next
-	 * op or backward on the registry that succeeds, or with the
-	 * registry (adg_ckpt_free_deferred), so that
-	 * the forward that made it may go on reading it. value NULL: none.
-	 * Owner-only: no other thread can reach it, whatever becomes of the
-	 * node. */
-	struct adg_deferred_output {
-		void *value;
-		void (*free)(void *value, void *ctx);
-		void *ctx;
-	} deferred;
 
 	/* Slabs of this shard's that other threads freed nodes of, pushed by
 	 * them, taken all at once by the owner (slab.c): a line of its own,
