@@ -21,6 +21,7 @@
  *   |------------------------------------|--------------|--------------------|
  *   | seed (adg_backward*)               | libadg       | freed by libadg (1)|
  *   | gradient (adg_step_give,           | libadg       | freed by libadg (2)|
+ *   |   adg_step_give_all,               |              |                    |
  *   |   adg_grads_register)              |              |                    |
  *   | a step's user (adg_op, adg_op_with)| libadg (3)   | the caller's       |
  *   | an offered output (adg_op_with)    | libadg       | the caller's       |
@@ -189,8 +190,10 @@ enum adg_checkpointing {
 	/* Every output an op offers is kept until no backward can want it. */
 	ADG_CHECKPOINT_NONE = 0,
 	/* Outputs of ops marked memory-bound that can recompute themselves
-	 * are dropped at once and recomputed when a step asks; the others are
-	 * kept. */
+	 * are dropped at once (a backward recomputes them when a step asks);
+	 * the others are kept. A dropped value stays the forward's to read
+	 * until the same thread's next op or backward on the registry: see
+	 * adg_op_with. */
 	ADG_CHECKPOINT_BALANCED = 1,
 };
 
@@ -220,6 +223,18 @@ typedef struct adg_registry_options {
 } adg_registry_options;
 
 /* Creates a registry. options may be NULL for the defaults.
+ * The first call of a process (any thread; later calls skip it) sets up
+ * libadg's read side, which keeps graph memory from going back to the
+ * allocator while a lock-free reader may still touch it: on Linux 4.14 and
+ * later it registers the process for private expedited membarrier, so that
+ * each graph op's read-side section costs a compiler barrier instead of a
+ * full fence, the rare writer that frees graph memory paying with one
+ * membarrier call instead. The registration waits in the kernel until
+ * every CPU is known to see it (on most kernels a grace period of the
+ * kernel's own RCU): some milliseconds, 8 to 30 measured, in a process
+ * that already runs several threads. It is paid once per process, here
+ * rather than in the first graph op. Without membarrier, readers fence
+ * and nothing is registered.
  * Errors: ADG_EINVAL (out NULL, only one allocator callback set, an
  * unknown checkpointing strategy, or grad_ops without add or free),
  * ADG_ENOMEM. */
@@ -272,11 +287,14 @@ ADG_API int adg_registry_stats(adg_registry *registry, adg_stats *out);
 /* What a step's backward callback receives. */
 typedef struct adg_step_call {
 	adg_registry *registry; /* the node's registry (for nested backward) */
-	/* Deprecated, and will go: use adg_step_give. Where the parents'
-	 * gradients could be registered by id (adg_grads_register), the
-	 * slower path; a use of the field warns (ADG_DEPRECATED). */
+	/* Deprecated, and goes in 0.3.0 (a new soname: the members after it
+	 * move): use adg_step_give or adg_step_give_all (docs/migration.md).
+	 * Where the parents' gradients could be registered by id
+	 * (adg_grads_register), the slower path; a use of the field warns
+	 * (ADG_DEPRECATED). */
 	adg_grads *grads ADG_DEPRECATED(
-		"call->grads is deprecated: give with adg_step_give");
+		"call->grads is deprecated and goes in 0.3.0: give with "
+		"adg_step_give (docs/migration.md)");
 	uint64_t node_id; /* the node whose step this is */
 	/* The node's gradient, summed over its children; NULL when no child
 	 * registered one. The step may take ownership by setting it to NULL;
@@ -310,14 +328,32 @@ typedef struct adg_step_call {
  * in order pays no lookup at all. A parent named in several slots (x * x)
  * takes its gradients in the order they are given, whichever of its slots
  * is named, as registering by id does, so a gradient's sum is folded in
- * the same order with or without an executor. adg_grads_register on
- * call->grads, the slower path, is deprecated and will go: it finds the
- * slot by comparing ids, and without an executor it accepts any id.
+ * the same order with or without an executor. Only a parent has a slot:
+ * there is no giving to a node that is not a parent of the step, in any
+ * mode; make it a parent (list it in adg_op's parents) and give to its
+ * slot, so that its contribution has a place in the fixed fold order.
+ * adg_grads_register on call->grads, the slower path, is deprecated and
+ * goes in 0.3.0 (docs/migration.md): it finds the slot by comparing ids,
+ * and without an executor it accepts any id, a non-parent's included.
  * Errors: ADG_EINVAL (NULL argument, slot out of range, or every slot
  * naming that parent already given), ADG_ENOMEM, or, without an executor,
  * ops->add's code (ADG_ECALLBACK for a positive one); with one an add
  * error is the backward's (see adg_backward_options). */
 ADG_API int adg_step_give(adg_step_call *call, size_t slot, void *value);
+
+/* During a step: gives every slot's gradient at once, values[i] for slot i
+ * (i < call->n_parents; NULL: none for that slot), in slot order, each as
+ * adg_step_give would (its fast path included). Takes ownership of every
+ * non-NULL value, failing or not: on error the give that failed has freed
+ * its value and this call has freed every later non-NULL one, those given
+ * before are the backward's, and the caller owns none, so a step needs no
+ * cleanup of its own. Exceptions: call NULL or not a step's, where nothing
+ * is taken or freed; values NULL, where there is nothing to take. values
+ * itself stays the caller's, unchanged.
+ * Errors: ADG_EINVAL (NULL call or values), and those of adg_step_give
+ * for the first slot whose give fails (a slot already given, the value
+ * check's code, ADG_ENOMEM, an add's code without an executor). */
+ADG_API int adg_step_give_all(adg_step_call *call, void *const *values);
 
 /* The backward function of one node. Returns 0, or a negative code that
  * stops the backward and becomes its result. It runs with no libadg lock
@@ -421,7 +457,9 @@ typedef struct adg_output {
 	void (*free)(void *value, void *ctx);
 	adg_recompute_fn recompute; /* NULL: it cannot be rebuilt */
 	/* Cheap to recompute (an activation, an add): the balanced strategy
-	 * drops value at once and recomputes it when asked. */
+	 * drops value at once and recomputes it when asked. Dropped, value
+	 * stays valid for the forward that made it until this thread's next
+	 * op or backward on the registry (adg_op_with). */
 	int memory_bound;
 	void *ctx; /* passed to free */
 } adg_output;
@@ -453,6 +491,14 @@ typedef struct adg_op_options {
  * still does, the call succeeds as adg_op's does, and a backward from the
  * new node that needs that parent fails with ADG_EUNAVAILABLE. On error
  * the caller still owns output->value.
+ * An offered value stays valid for the forward that made it until this
+ * thread's next adg_op, adg_op_with, adg_op_moving or backward on the
+ * registry, whatever the strategy: ADG_CHECKPOINT_BALANCED takes a value
+ * it drops out of the node at once (a backward, on any thread, rebuilds
+ * it) and frees it when the next of those calls on this thread succeeds,
+ * or at adg_registry_free; so a forward may go on reading its activation
+ * until its next op. One such value per thread and registry at most; a
+ * thread that ends leaves its last until the registry is freed.
  * Errors: those of adg_op, and ADG_EINVAL for a malformed options (no
  * free, neither value nor recompute, a want out of range or on a node that
  * offers no output, n_want_parents above UINT32_MAX). */
@@ -631,8 +677,8 @@ typedef struct adg_backward_options {
 	 * on_ready, and ops) must then be safe to run on any thread and
 	 * concurrently with each other; a chain of steps stays on one thread.
 	 *
-	 * call->grads (deprecated, and will go: use adg_step_give) is then
-	 * a step's own view: adg_grads_register takes one gradient per
+	 * call->grads (deprecated, and goes in 0.3.0: use adg_step_give) is
+	 * then a step's own view: adg_grads_register takes one gradient per
 	 * parent slot, as adg_step_give does (a parent named twice, as in
 	 * x * x, takes two), and ADG_EINVAL, value freed, for an id that is
 	 * not a parent or whose slots are all taken; get, take, count and
@@ -848,7 +894,8 @@ ADG_API int adg_grads_take_node(adg_grads *grads, const adg_node *node,
 /* Adds value (non-NULL) to the gradient held for id, with ops->add when one
  * is held. Takes ownership of value: on error it has been freed, unless
  * grads is NULL. It stays for containers (a backward's result); its use on
- * a step's call->grads is deprecated and will go: use adg_step_give.
+ * a step's call->grads is deprecated and goes in 0.3.0: use adg_step_give
+ * (docs/migration.md).
  * Errors: ADG_EINVAL (NULL grads or value, id 0), ADG_ENOMEM, or
  * ops->add's code (ADG_ECALLBACK for a positive one). */
 ADG_API int adg_grads_register(adg_grads *grads, uint64_t id, void *value);

@@ -451,6 +451,15 @@ public:
 	 * the backward's, later): the value is gone either way. */
 	void give(std::size_t slot, T value);
 	void give(std::size_t slot, std::unique_ptr<T> value);
+	/* Gives every slot's gradient in one call (adg_step_give_all):
+	 * values[i] for slot i, one per parent, an empty one for a slot that
+	 * gets none. Every value is gone whatever happens: given, or freed
+	 * when a give fails, so a step that gives several needs no cleanup.
+	 * Throws adg::error for a count that is not n_parents() (nothing
+	 * given), a slot already given or a value the check rejected (the
+	 * slots before it given, the rest freed); rethrows what T's += threw
+	 * when a give ran the add, as give does. */
+	void give_all(std::vector<std::optional<T>> values);
 
 	/* The forward output of this node or of a parent (id: node_id() or
 	 * parent_id(slot)) that op_with's checkpoint asked for, as V,
@@ -2062,6 +2071,64 @@ void step_call<T>::give(std::size_t slot, std::unique_ptr<T> value)
 
 namespace detail
 {
+[[noreturn]] void give_all_failed(int rc, const adg_step_call *call,
+				  registry_core *core);
+} // namespace detail
+
+template <class T>
+void step_call<T>::give_all(std::vector<std::optional<T>> values)
+{
+	if (values.size() != call_->n_parents)
+		throw error(
+			ADG_EINVAL,
+			"step_call::give_all: " +
+				std::to_string(values.size()) + " values for " +
+				std::to_string(call_->n_parents) + " parents");
+	std::vector<void *> packed(values.size(), nullptr);
+	try {
+		for (std::size_t i = 0; i < values.size(); i++)
+			if (values[i])
+				packed[i] = detail::packing<T>::pack(
+					std::move(*values[i]));
+	} catch (...) {
+		/* T's copy or an allocation threw: nothing given yet. */
+		for (void *p : packed)
+			if (p != nullptr)
+				detail::packing<T>::drop(p);
+		throw;
+	}
+	/* adg_step_give_all owns every value from the call on, failing or
+	 * not */
+	int rc = adg_step_give_all(call_, packed.data());
+	if (rc != 0)
+		detail::give_all_failed(rc, call_, core_);
+}
+
+namespace detail
+{
+/* step_call::give_all's error: as give's, without a slot, which the C
+ * call does not report. */
+[[noreturn]] inline void give_all_failed(int rc, const adg_step_call *call,
+					 registry_core *core)
+{
+	if (core != nullptr) {
+		adg_failure where{};
+		where.site = ADG_FAILED_STEP;
+		where.node_id = call->node_id;
+		where.pass_id = call->pass_id;
+		if (std::exception_ptr e = core->take_last(where))
+			std::rethrow_exception(e);
+	}
+	std::string what = "step_call::give_all: ";
+	if (rc == ADG_EINVAL)
+		what += "a slot already given";
+	else if (rc == ADG_EVALUE)
+		what += "the value check rejected a gradient";
+	else
+		what += adg_strerror(rc);
+	throw error(rc, what);
+}
+
 /* step_call::give's error: what an add that the give ran threw (without an
  * executor, where the add's failure is the step's: kept by the step's
  * pass and node), else what was wrong, in words. */

@@ -264,9 +264,13 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 		if (run.ticket != NULL)
 			adg_par_ticket_put(run.ticket); /* not handed on */
 	}
-	if (rc == 0)
+	if (rc == 0) {
 		*out = &run.grads->as_grads;
-	else if (run.grads != NULL)
+		/* The forward's last dropped output (adg_ckpt_commit): its
+		 * backward is done. Only then: a failed call changes
+		 * nothing. */
+		adg_ckpt_free_deferred(run.shard);
+	} else if (run.grads != NULL)
 		adg_grad_table_free(run.grads);
 out:
 	if (report != NULL) {

@@ -124,15 +124,37 @@ int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
 	return 0;
 }
 
-void adg_ckpt_commit(struct adg_node *node)
+void adg_ckpt_commit(struct adg_shard *shard, struct adg_node *node)
 {
 	struct adg_ckpt *c = adg_node_ckpt(node);
 	/* The strategy, once the op is in: balanced drops at once what it can
-	 * rebuild cheaply. */
-	if (c->memory_bound && c->recompute != NULL &&
-	    adg_node_registry_of(node)->checkpointing ==
+	 * rebuild cheaply, from the record (a backward rebuilds it) but not
+	 * from memory: the forward that offered it may still be reading it,
+	 * so it waits in the caller's shard for the thread's next op or
+	 * backward that succeeds, or for the registry's end. It leaves the
+	 * node now, while no other thread can reach the node: whatever comes
+	 * to the node next (a backward on any thread, consuming or retained;
+	 * its free) never meets it, and the shard is the owner's alone, so
+	 * no atomic and no lock. (Node makers have shards of their own: no
+	 * shared one comes here.) */
+	if (c->value == NULL || !c->memory_bound || c->recompute == NULL ||
+	    adg_node_registry_of(node)->checkpointing !=
 		    ADG_CHECKPOINT_BALANCED)
-		ckpt_drop_value(node, NULL);
+		return;
+	ADG_ASSERT(!shard->shared);
+	ADG_ASSERT(shard->deferred.value == NULL); /* freed by the caller */
+	shard->deferred = (struct adg_deferred_output){
+		.value = c->value, .free = c->free, .ctx = c->free_ctx};
+	c->value = NULL;
+}
+
+void adg_ckpt_free_deferred_slow(struct adg_shard *shard)
+{
+	struct adg_deferred_output d = shard->deferred;
+	/* Cleared first: the free is the caller's code, which may call
+	 * libadg again on this thread. */
+	shard->deferred.value = NULL;
+	d.free(d.value, d.ctx);
 }
 
 static void ckpt_request(struct adg_node *n)

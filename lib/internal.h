@@ -475,8 +475,20 @@ struct adg_shard {
 	/* The registry's fallback shard, shared by threads that could not
 	 * allocate their own: counted with atomic adds, never given ids. */
 	bool shared;
-	uint64_t next_id;	     /* next id of this thread's batch */
-	uint64_t ids_left;	     /* ids left in the batch */
+	uint64_t next_id;  /* next id of this thread's batch */
+	uint64_t ids_left; /* ids left in the batch */
+	/* The output this thread offered last and the balanced strategy let
+	 * go of, taken out of its node's record: freed by the owner's next
+	 * op or backward on the registry that succeeds, or with the registry
+	 * (adg_ckpt_free_deferred), so that the forward that made it may go
+	 * on reading it. value NULL: none. Owner-only: no other thread can
+	 * reach it, whatever becomes of the node. Beside the ids, which
+	 * every op reads: no cache line more for the op's check. */
+	struct adg_deferred_output {
+		void *value;
+		void (*free)(void *value, void *ctx);
+		void *ctx;
+	} deferred;
 	uint64_t next_pass;	     /* next pass id of this thread's batch */
 	uint64_t passes_left;	     /* pass ids left in the batch */
 	struct adg_tape *tape_cache; /* NULL while a backward uses it */
@@ -818,7 +830,8 @@ extern bool adg_rcu_membarrier;
 extern atomic_uint_fast64_t adg_rcu_unregistered_readers;
 
 /* Sets the read side up, once in the process; before a thread's first
- * section (adg_thread_register runs it). */
+ * section (adg_thread_register runs it), and at adg_registry_new, which
+ * normally comes first and takes its cost. */
 void adg_rcu_init(void);
 
 /* Returns once every read-side section open when it was called has ended.
@@ -1130,8 +1143,20 @@ int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
 		    const adg_op_options *options);
 
 /* Once an op with a record is placed: applies the registry's strategy to
- * its output. */
-void adg_ckpt_commit(struct adg_node *node);
+ * its output. An output the strategy drops leaves the record at once but
+ * is freed later: it becomes shard's deferred output (shard is the
+ * caller's own, and has none: the caller freed it). */
+void adg_ckpt_commit(struct adg_shard *shard, struct adg_node *node);
+
+/* Frees shard's deferred output, if any: when the owner's next op or
+ * backward succeeds, and when the registry goes. */
+void adg_ckpt_free_deferred_slow(struct adg_shard *shard);
+
+static inline void adg_ckpt_free_deferred(struct adg_shard *shard)
+{
+	if (adg_unlikely(shard->deferred.value != NULL))
+		adg_ckpt_free_deferred_slow(shard);
+}
 
 /* After a tape is taken: counts its requests and frees what none needs. */
 void adg_ckpt_plan(struct adg_node **tape, size_t len);

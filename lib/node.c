@@ -161,8 +161,12 @@ node_op_new(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	rc = adg_graph_place(shard, n);
 	if (rc != 0)
 		goto out_put_parents;
+	/* The output this thread's last op offered and the balanced
+	 * strategy dropped was its forward's until now. Only once the op
+	 * is in: a failed call changes nothing. */
+	adg_ckpt_free_deferred(shard);
 	if (adg_node_ckpt(n) != NULL)
-		adg_ckpt_commit(n);
+		adg_ckpt_commit(shard, n);
 	adg_count(shard, ADG_C_OPS_MADE, 1);
 	*out = n;
 	/* A moved leaf's reference has no slot to go to (children keep a

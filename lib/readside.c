@@ -60,7 +60,12 @@ static void readside_init(void)
 {
 	/* Private expedited membarrier (Linux 4.14), registered once for the
 	 * process; otherwise, readers fence. ThreadSanitizer does not know
-	 * membarrier: its builds fence. */
+	 * membarrier: its builds fence. The registration waits until every
+	 * CPU sees it (on most kernels an RCU grace period of the kernel's),
+	 * 8 to 30 ms measured, so adg_registry_new runs
+	 * this, where adg.h says so, rather than the first graph op; a
+	 * thread's first section (adg_thread_register) and each grace period
+	 * run it too, should either ever come first. */
 #ifndef ADG_TSAN
 	long cmds = readside_membarrier(MEMBARRIER_CMD_QUERY);
 	if (cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&

@@ -204,6 +204,14 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 		if (ops != NULL && (ops->add == NULL || ops->free == NULL))
 			return ADG_EINVAL;
 	}
+	/* The read side's set-up, once in the process: here, not at the
+	 * first read-side section, so that its membarrier registration
+	 * (milliseconds: readside.c) is paid where the docs say, not inside
+	 * the first graph op, which needs a registry. A thread's first
+	 * section and each grace period still run it (a pthread_once, nearly
+	 * free once done), so no order of calls meets a read side not set
+	 * up. */
+	adg_rcu_init();
 	void *base;
 	struct adg_registry *r =
 		registry_zalloc_aligned(&allocator, sizeof *r, &base);
@@ -333,6 +341,9 @@ int adg_registry_free(adg_registry *registry)
 		atomic_load_explicit(&registry->shards, memory_order_acquire);
 	while (s != NULL) {
 		struct adg_shard *next = s->next_in_registry;
+		/* Its thread's last dropped output, still the forward's:
+		 * that thread is done with the registry (the contract). */
+		adg_ckpt_free_deferred(s);
 		adg_graph_free_pool(s);
 		adg_slab_free_all(s);
 		adg_tape_free(registry, s->tape_cache);

@@ -297,6 +297,19 @@ step_out_give_slow(struct adg_run_thread *th, struct adg_step_out *o,
 	return step_out_deliver(o, k, value);
 }
 
+/* adg_step_give_all after a failed give: frees the values not given,
+ * values[from, n_parents), with the backward's ops. */
+static __attribute__((noinline)) void
+step_give_all_free_from(adg_step_call *call, void *const *values, size_t from)
+{
+	struct adg_run_thread *th =
+		caa_container_of(call->context, struct adg_run_thread, ckpt);
+	const adg_grad_ops *ops = th->run->ops;
+	for (size_t i = from; i < call->n_parents; i++)
+		if (values[i] != NULL)
+			ops->free(values[i], ops->ctx);
+}
+
 int adg_step_give(adg_step_call *call, size_t slot, void *value)
 {
 	if (call == NULL || call->context == NULL)
@@ -315,6 +328,26 @@ int adg_step_give(adg_step_call *call, size_t slot, void *value)
 			th->run->grads, call->parent_ids[slot], value);
 	}
 	return step_out_give_slow(th, o, slot, value);
+}
+
+int adg_step_give_all(adg_step_call *call, void *const *values)
+{
+	if (call == NULL || call->context == NULL)
+		return ADG_EINVAL; /* not a step's: no ops to free values */
+	if (values == NULL)
+		return ADG_EINVAL; /* nothing to take */
+	for (size_t i = 0; i < call->n_parents; i++) {
+		if (values[i] == NULL)
+			continue;
+		/* Each give takes its value, and frees it on error: what is
+		 * left to free then is the slots after it. */
+		int rc = adg_step_give(call, i, values[i]);
+		if (adg_unlikely(rc != 0)) {
+			step_give_all_free_from(call, values, i + 1);
+			return rc;
+		}
+	}
+	return 0;
 }
 
 /* ----------------------------------------------------------------- steps */

@@ -196,6 +196,190 @@ Test(checkpoint, chain_balanced_keeps_a_handful_none_keeps_all)
 	cr_expect_eq(made_extra[1], CHAIN, "each add rebuilt once");
 }
 
+static double grad_in(adg_grads *g, adg_node *n);
+
+/* y = c0 + 1, offered memory-bound with a recompute, on a = 2, w = 3:
+ * the balanced strategy drops it; returns the node, and the value the
+ * forward offered in *value. */
+static adg_node *offered_add(adg_node **leaves, adg_node **c0, double **value)
+{
+	cr_assert_eq(adg_leaf(reg, &leaves[0]), 0);
+	cr_assert_eq(adg_leaf(reg, &leaves[1]), 0);
+	adg_output oc = {s_output_new(6), s_output_free, NULL, 0, NULL};
+	*c0 = make(leaves, 2, mul_leaves_backward, (struct op){3, 2, 0}, &oc, 0,
+		   NULL);
+	*value = s_output_new(7);
+	adg_output oy = {*value, s_output_free, add_k_recompute, 1, NULL};
+	return make(c0, 1, add_k_backward, (struct op){1, 6, 0}, &oy, 0, NULL);
+}
+
+/* The trap this guards against: the balanced strategy freed a dropped
+ * output inside adg_op_with, under the forward that had just computed it
+ * and goes on to read it (ASan: a use after free). It stays the forward's
+ * until the thread's next op on the registry. */
+Test(checkpoint, balanced_output_stays_valid_until_the_next_op)
+{
+	open_registry(ADG_CHECKPOINT_BALANCED);
+	adg_node *leaves[2], *c0;
+	double *y_value;
+	adg_node *y = offered_add(leaves, &c0, &y_value);
+	cr_expect_eq(*y_value, 7.0, "the forward reads its own output");
+	cr_expect_eq(atomic_load(&scalar_outputs_live), 2, "c0's and y's");
+
+	/* The next op: y's output goes, z's stays the forward's. */
+	double *z_value = s_output_new(8);
+	adg_output oz = {z_value, s_output_free, add_k_recompute, 1, NULL};
+	adg_node *z =
+		make(&y, 1, add_k_backward, (struct op){1, 7, 0}, &oz, 0, NULL);
+	cr_expect_eq(atomic_load(&scalar_outputs_live), 2, "c0's and z's");
+	cr_expect_eq(*z_value, 8.0);
+
+	/* A backward is a next op too; y was dropped from its node, so it is
+	 * rebuilt for z's recompute, and everything goes by its end. */
+	adg_grads *g;
+	cr_assert_eq(adg_backward(reg, z, scalar_box(1), &scalar_ops, &g), 0);
+	cr_expect_eq(grad_in(g, leaves[0]), 3.0);
+	cr_expect_eq(grad_in(g, leaves[1]), 2.0);
+	cr_expect_eq(atomic_load(&scalar_outputs_live), 0);
+	adg_grads_free(g);
+	adg_node *all[] = {leaves[0], leaves[1], c0, y, z};
+	drop_nodes(all, 5);
+	fixture_close();
+}
+
+/* A forward with no op after its last: its nodes go unrun, and the
+ * dropped output with the registry. */
+static void *forward_alone(void *arg)
+{
+	double **y_value = arg;
+	adg_node *leaves[2], *c0;
+	adg_node *y = offered_add(leaves, &c0, y_value);
+	adg_node *all[] = {leaves[0], leaves[1], c0, y};
+	drop_nodes(all, 4);
+	return NULL;
+}
+
+/* On this thread, and on one that ends with its output still dropped
+ * (a thread's end frees nothing: libadg has no hook there); the
+ * registry's end frees both (fixture_close counts every output back). */
+Test(checkpoint, balanced_output_goes_with_the_registry)
+{
+	open_registry(ADG_CHECKPOINT_BALANCED);
+	double *y_value;
+	forward_alone(&y_value);
+	cr_expect_eq(*y_value, 7.0, "still the forward's: no op since");
+	pthread_t t;
+	double *ended_value;
+	cr_assert_eq(pthread_create(&t, NULL, forward_alone, &ended_value), 0);
+	pthread_join(t, NULL);
+	cr_expect_eq(atomic_load(&scalar_outputs_live), 2);
+	fixture_close();
+}
+
+/* What the other thread's forward and backward work on. */
+struct elsewhere {
+	adg_node *y, *a;
+	double grad_a;
+};
+
+/* On another thread, while y's forward still reads its output: q = y * w2,
+ * whose step asks for y's output, and a backward from q, which rebuilds it
+ * and leaves the forward's alone. */
+static void *backward_elsewhere(void *arg)
+{
+	struct elsewhere *e = arg;
+	adg_node *w2;
+	cr_assert_eq(adg_leaf(reg, &w2), 0);
+	adg_node *pq[2] = {e->y, w2};
+	const uint32_t want0 = 0;
+	adg_output oq = {s_output_new(35), s_output_free, NULL, 0, NULL};
+	adg_node *q = make(pq, 2, mul_leaf_backward, (struct op){5, 7, 0}, &oq,
+			   1, &want0);
+	adg_grads *g;
+	cr_assert_eq(adg_backward(reg, q, scalar_box(1), &scalar_ops, &g), 0);
+	e->grad_a = grad_in(g, e->a);
+	adg_grads_free(g);
+	adg_node_unref(q);
+	adg_node_unref(w2);
+	return NULL;
+}
+
+Test(checkpoint, balanced_output_outlives_another_threads_backward)
+{
+	open_registry(ADG_CHECKPOINT_BALANCED);
+	adg_node *leaves[2], *c0;
+	double *y_value;
+	adg_node *y = offered_add(leaves, &c0, &y_value);
+	struct elsewhere e = {.y = y, .a = leaves[0]};
+	pthread_t t;
+	cr_assert_eq(pthread_create(&t, NULL, backward_elsewhere, &e), 0);
+	pthread_join(t, NULL);
+	cr_expect_eq(e.grad_a, 5.0 * 3, "dq/da = w2 w");
+	cr_expect_eq(atomic_load(&recomputes), 1, "y rebuilt there");
+	cr_expect_eq(*y_value, 7.0, "the forward's output is still there");
+	adg_node *all[] = {leaves[0], leaves[1], c0, y};
+	drop_nodes(all, 4);
+	fixture_close();
+}
+
+/* Threads that each run forwards on one balanced registry at once, every
+ * forward reading each output after registering it and then running its
+ * backward, which rebuilds them: each thread's dropped output is its own
+ * (TSan: no race; ASan: no use after free). */
+#define FORWARDS 40
+#define ADDS	 8
+
+static void *forwards_reading_their_outputs(void *arg)
+{
+	struct thread *t = arg;
+	for (int f = 0; f < FORWARDS; f++) {
+		adg_node *n[ADDS + 4];
+		cr_assert_eq(adg_leaf(reg, &n[0]), 0);
+		cr_assert_eq(adg_leaf(reg, &n[1]), 0);
+		double a = t->i + 1, v = a * 3;
+		adg_output oc = {s_output_new(v), s_output_free, NULL, 0, NULL};
+		n[2] = make(n, 2, mul_leaves_backward, (struct op){3, a, 0},
+			    &oc, 0, NULL);
+		for (int i = 0; i < ADDS; i++) {
+			double *out = s_output_new(v + 1);
+			adg_output o = {out, s_output_free, add_k_recompute, 1,
+					NULL};
+			n[3 + i] = make(&n[2 + i], 1, add_k_backward,
+					(struct op){1, v, 0}, &o, 0, NULL);
+			v = *out; /* the forward goes on with what it made */
+		}
+		adg_node *w2;
+		cr_assert_eq(adg_leaf(reg, &w2), 0);
+		adg_node *pq[2] = {n[ADDS + 2], w2};
+		const uint32_t want0 = 0;
+		adg_output oq = {s_output_new(v * 5), s_output_free, NULL, 0,
+				 NULL};
+		adg_node *q = make(pq, 2, mul_leaf_backward,
+				   (struct op){5, v, 0}, &oq, 1, &want0);
+		adg_grads *g;
+		cr_assert_eq(
+			adg_backward(reg, q, scalar_box(1), &scalar_ops, &g),
+			0);
+		void *dw2;
+		cr_assert_eq(adg_grads_get_node(g, w2, &dw2), 0);
+		cr_assert_eq(*(double *)dw2, a * 3 + ADDS, "dq/dw2 = y");
+		adg_grads_free(g);
+		adg_node_unref(q);
+		adg_node_unref(w2);
+		drop_nodes(n, ADDS + 3);
+	}
+	return NULL;
+}
+
+Test(checkpoint, balanced_forwards_on_threads_read_their_outputs)
+{
+	open_registry(ADG_CHECKPOINT_BALANCED);
+	run_threads(4, forwards_reading_their_outputs, NULL);
+	cr_expect_eq(atomic_load(&recomputes), 4 * FORWARDS * ADDS,
+		     "every add rebuilt once");
+	fixture_close();
+}
+
 /* z = y1 + y2 + ...: a sum, whose backward needs nothing. */
 static int sum_backward(adg_step_call *call, void *user)
 {
@@ -547,6 +731,14 @@ static void *build_half(void *arg)
 			    &o, 0, NULL);
 		halves[h][i] = prev;
 	}
+	/* One more op, let go of at once: the last add's output, dropped by
+	 * the balanced strategy, was this forward's until then. */
+	adg_step st = {.backward = add_k_backward,
+		       .release = op_release,
+		       .user = op_new((struct op){1, v, 0})};
+	adg_node *spare;
+	cr_assert_eq(adg_op(reg, &prev, 1, &st, &spare), 0);
+	adg_node_unref(spare);
 	return NULL;
 }
 

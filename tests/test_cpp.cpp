@@ -565,6 +565,79 @@ TEST(an_adg_error_in_a_step_keeps_its_code)
 	EXPECT(why.site == ADG_FAILED_STEP && why.code == ADG_EINVAL);
 }
 
+/* step_call::give_all, in every mode: every slot at once, or some; on a
+ * rejected value, a throwing add (without an executor, where the give runs
+ * it) or a wrong count, every value not given is gone (tracked::live). */
+TEST(give_all_gives_every_slot_and_leaves_nothing_on_failure)
+{
+	adg::executor alone([](adg::job j) { j(); }, 0);
+	for (unsigned mode : {0u, 1u, 2u}) {
+		adg::pool workers(2);
+		adg::backward_options o;
+		if (mode == 1)
+			o.executor = alone;
+		if (mode == 2)
+			o.executor = workers;
+		adg::registry reg;
+		adg::node x = adg::leaf(reg), w = adg::leaf(reg);
+		auto all = [](adg::step_call<tracked> &c) {
+			c.give_all({tracked(5), tracked(3), tracked(7)});
+		};
+		adg::node y = adg::op(reg, {x, x, w}, all);
+		{
+			adg::gradients<tracked> g =
+				adg::backward(y, tracked(1.0), o);
+			EXPECT(g.get(x).v == 8.0 && g.get(w).v == 7.0);
+		}
+		auto some = [](adg::step_call<tracked> &c) {
+			c.give_all({std::nullopt, tracked(3), std::nullopt});
+		};
+		y = adg::op(reg, {x, x, w}, some);
+		{
+			adg::gradients<tracked> g =
+				adg::backward(y, tracked(1.0), o);
+			EXPECT(g.get(x).v == 3.0 && !g.find(w));
+		}
+		EXPECT(tracked::live == 0);
+
+		/* Slot 0 rejected: the rest freed. */
+		y = adg::op(reg, {x, x, w}, [](adg::step_call<tracked> &c) {
+			c.give_all({tracked(-1), tracked(3), tracked(7)});
+		});
+		adg::backward_options checked = o;
+		checked.value_check = [](adg::grad_ref g) {
+			return g.get<tracked>()->v >= 0;
+		};
+		EXPECT_THROWS(adg::error,
+			      adg::backward(y, tracked(1.0), checked),
+			      EXPECT(e.code().value() == ADG_EVALUE));
+		EXPECT(tracked::live == 0);
+
+		/* A count that is not the parents': nothing given. */
+		y = adg::op(reg, {x, w}, [](adg::step_call<tracked> &c) {
+			c.give_all({tracked(1)});
+		});
+		EXPECT_THROWS(adg::error, adg::backward(y, tracked(1.0), o),
+			      EXPECT(e.code().value() == ADG_EINVAL));
+		EXPECT(tracked::live == 0);
+
+		/* z gives x a gradient first; y's add into it throws on slot
+		 * 0: without an executor the give_all rethrows it, and frees
+		 * w's value; with one the add is the backward's. */
+		y = adg::op(reg, {x, w}, [](adg::step_call<tracked> &c) {
+			tracked::add_throws = true;
+			c.give_all({tracked(2), tracked(7)});
+		});
+		adg::node z =
+			adg::op(reg, {y, x}, [](adg::step_call<tracked> &c) {
+				c.give_all({tracked(1), tracked(4)});
+			});
+		EXPECT_THROWS(add_failed, adg::backward(z, tracked(1.0), o), );
+		tracked::add_throws = false;
+		EXPECT(tracked::live == 0);
+	}
+}
+
 /* An add that throws, in every mode: no executor (the step's give runs
  * it), an executor with no worker (alone) and workers (the add is the
  * backward's, named by x). */

@@ -8,6 +8,7 @@
  * contributions are added in changes the result. */
 #include "fixture.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 
 FIXTURE_SUITE(give, .timeout = 120);
@@ -218,6 +219,216 @@ CHECKED_TEST(give, null_arguments)
 	cr_assert_eq(adg_grads_free(g), 0);
 	adg_node_unref(y);
 	adg_node_unref(x);
+}
+
+/* ------------------------------------------------------------ give all */
+
+/* The poisoned gradient: the value check rejects it, and the poisoned add
+ * fails on it. */
+#define POISON 666
+
+/* A step that gives all its slots in one call: hv values of h (0: none
+ * for that slot); the call's result in rc. */
+struct giving_all {
+	uint64_t h[3];
+	int rc;
+	atomic_int runs;
+};
+
+static int giving_all_backward(adg_step_call *call, void *user)
+{
+	struct giving_all *s = user;
+	atomic_fetch_add(&s->runs, 1);
+	void *values[3] = {NULL, NULL, NULL};
+	for (size_t i = 0; i < call->n_parents; i++)
+		values[i] = s->h[i] != 0 ? hv_new(s->h[i]) : NULL;
+	s->rc = adg_step_give_all(call, values);
+	return s->rc;
+}
+
+static int reject_poison(const void *value, void *ctx)
+{
+	(void)ctx;
+	return ((const struct hv *)value)->h == POISON ? ADG_EVALUE : 0;
+}
+
+/* hv_add, failing on the poisoned value (which it owns, as any). */
+static int hv_add_poisoned(void **sum, void *value, void *ctx)
+{
+	if (((struct hv *)value)->h == POISON) {
+		hv_free(value, ctx);
+		return ADG_EUSER - 5;
+	}
+	return hv_add(sum, value, ctx);
+}
+
+/* A backward from root in mode m with ops and an optional value check;
+ * its result, *out the gradients on success. */
+static int backward_all_in(enum mode m, struct run *r, adg_node *root,
+			   const adg_grad_ops *ops, bool check, adg_grads **out)
+{
+	adg_backward_options o = {0};
+	if (m != SEQUENTIAL) {
+		cr_assert_eq(adg_pool_new(m == POOL2 ? 2 : 1, &r->pool), 0);
+		cr_assert_eq(adg_pool_executor(r->pool, &r->executor), 0);
+		if (m == ALONE)
+			r->executor.n_workers = 0;
+		o.executor = &r->executor;
+	}
+	if (check)
+		o.value_check = reject_poison;
+	return adg_backward_with(reg, root, hv_new(1), ops, &o, out);
+}
+
+/* y = f(x, x, w) whose step gives proto's values at once; x's and w's
+ * gradients (0: none), and the call's result in *rc. */
+static void run_all(enum mode m, const uint64_t h[3], uint64_t *gx,
+		    uint64_t *gw, int *rc)
+{
+	adg_node *x, *w, *y;
+	cr_assert_eq(adg_leaf(reg, &x), 0);
+	cr_assert_eq(adg_leaf(reg, &w), 0);
+	struct giving_all s = {.h = {h[0], h[1], h[2]}};
+	adg_node *parents[3] = {x, x, w};
+	adg_step step = {.backward = giving_all_backward, .user = &s};
+	cr_assert_eq(adg_op(reg, parents, 3, &step, &y), 0);
+	struct run r = {0};
+	adg_grads *g;
+	cr_assert_eq(backward_all_in(m, &r, y, &hv_ops, false, &g), 0);
+	cr_assert_eq(atomic_load(&s.runs), 1);
+	void *v;
+	*gx = adg_grads_get_node(g, x, &v) == 0 ? ((struct hv *)v)->h : 0;
+	*gw = adg_grads_get_node(g, w, &v) == 0 ? ((struct hv *)v)->h : 0;
+	*rc = s.rc;
+	cr_assert_eq(adg_grads_free(g), 0);
+	cr_assert_eq(adg_pool_free(r.pool), 0);
+	adg_node *all[] = {y, x, w};
+	for (int i = 0; i < 3; i++)
+		adg_node_unref(all[i]);
+}
+
+/* Every slot, or some, in one call: folded as giving them one by one in
+ * slot order, in every mode. */
+CHECKED_TEST(give, all_at_once_in_every_mode)
+{
+	for (enum mode m = 0; m < N_MODES; m++) {
+		uint64_t gx, gw;
+		int rc;
+		run_all(m, (const uint64_t[3]){5, 3, 7}, &gx, &gw, &rc);
+		cr_assert_eq(rc, 0, "mode %d", m);
+		cr_assert_eq(gx, 5 * 31 + 3, "mode %d", m);
+		cr_assert_eq(gw, 7, "mode %d", m);
+		run_all(m, (const uint64_t[3]){0, 3, 0}, &gx, &gw, &rc);
+		cr_assert_eq(rc, 0, "mode %d", m);
+		cr_assert_eq(gx, 3, "mode %d: slot 0 gave none", m);
+		cr_assert_eq(gw, 0, "mode %d: w got none", m);
+	}
+}
+
+/* The value check rejects slot 0's value: the call fails with its code,
+ * and frees the values of slots 1 and 2, which it had not given yet
+ * (fixture's end: no gradient left; ASan: none freed twice). */
+CHECKED_TEST(give, all_at_once_frees_the_rest_on_a_rejected_value)
+{
+	for (enum mode m = 0; m < N_MODES; m++) {
+		adg_node *x, *w, *y;
+		cr_assert_eq(adg_leaf(reg, &x), 0);
+		cr_assert_eq(adg_leaf(reg, &w), 0);
+		struct giving_all s = {.h = {POISON, 3, 7}};
+		adg_node *parents[3] = {x, x, w};
+		adg_step step = {.backward = giving_all_backward, .user = &s};
+		cr_assert_eq(adg_op(reg, parents, 3, &step, &y), 0);
+		struct run r = {0};
+		adg_grads *g = (adg_grads *)&g;
+		cr_assert_eq(backward_all_in(m, &r, y, &hv_ops, true, &g),
+			     ADG_EVALUE, "mode %d", m);
+		cr_assert_null(g);
+		cr_assert_eq(s.rc, ADG_EVALUE, "mode %d", m);
+		cr_assert_eq(atomic_load(&scalar_values_live), 0, "mode %d", m);
+		cr_assert_eq(adg_pool_free(r.pool), 0);
+		adg_node *all[] = {y, x, w};
+		for (int i = 0; i < 3; i++)
+			adg_node_unref(all[i]);
+	}
+}
+
+/* z = g(y, x) gives x a gradient first; then y = f(x, w) gives x the
+ * poisoned one, whose add into it fails. Without an executor the add's
+ * failure is the give's: the call returns it and frees w's value. With
+ * one it is the backward's (the give succeeds, w's value is given). The
+ * backward fails with it either way, and nothing is left. */
+CHECKED_TEST(give, all_at_once_frees_the_rest_on_a_failed_add)
+{
+	const adg_grad_ops poisoned = {hv_add_poisoned, hv_free, NULL};
+	for (enum mode m = 0; m < N_MODES; m++) {
+		adg_node *x, *w, *y, *z;
+		cr_assert_eq(adg_leaf(reg, &x), 0);
+		cr_assert_eq(adg_leaf(reg, &w), 0);
+		struct giving_all sy = {.h = {POISON, 7}};
+		adg_node *py[2] = {x, w};
+		adg_step stepy = {.backward = giving_all_backward, .user = &sy};
+		cr_assert_eq(adg_op(reg, py, 2, &stepy, &y), 0);
+		struct giving_all sz = {.h = {2, 4}};
+		adg_node *pz[2] = {y, x};
+		adg_step stepz = {.backward = giving_all_backward, .user = &sz};
+		cr_assert_eq(adg_op(reg, pz, 2, &stepz, &z), 0);
+		struct run r = {0};
+		adg_grads *g = (adg_grads *)&g;
+		cr_assert_eq(backward_all_in(m, &r, z, &poisoned, false, &g),
+			     ADG_EUSER - 5, "mode %d", m);
+		cr_assert_null(g);
+		cr_assert_eq(sz.rc, 0);
+		cr_assert_eq(sy.rc, m == SEQUENTIAL ? ADG_EUSER - 5 : 0,
+			     "mode %d", m);
+		cr_assert_eq(atomic_load(&scalar_values_live), 0, "mode %d", m);
+		cr_assert_eq(adg_pool_free(r.pool), 0);
+		adg_node *all[] = {z, y, x, w};
+		for (int i = 0; i < 4; i++)
+			adg_node_unref(all[i]);
+	}
+}
+
+/* A slot given before the call: the call fails there, having given the
+ * slots before it, and frees the rest. */
+static int give_then_all(adg_step_call *call, void *user)
+{
+	int *rc = user;
+	rc[0] = adg_step_give(call, 1, hv_new(3));
+	void *values[2] = {hv_new(5), hv_new(9)};
+	rc[1] = adg_step_give_all(call, values);
+	/* Not a step's call, or nothing to give: nothing taken. */
+	void *kept[2] = {hv_new(1), NULL};
+	rc[2] = adg_step_give_all(NULL, kept);
+	adg_step_call fake = *call;
+	fake.context = NULL;
+	rc[3] = adg_step_give_all(&fake, kept);
+	hv_free(kept[0], NULL);
+	rc[4] = adg_step_give_all(call, NULL);
+	return 0;
+}
+
+CHECKED_TEST(give, all_at_once_refusals)
+{
+	adg_node *x, *w, *y;
+	cr_assert_eq(adg_leaf(reg, &x), 0);
+	cr_assert_eq(adg_leaf(reg, &w), 0);
+	int rc[5] = {0};
+	adg_node *parents[2] = {x, w};
+	adg_step step = {.backward = give_then_all, .user = rc};
+	cr_assert_eq(adg_op(reg, parents, 2, &step, &y), 0);
+	adg_grads *g;
+	cr_assert_eq(adg_backward(reg, y, hv_new(1), &hv_ops, &g), 0);
+	cr_assert_eq(rc[0], 0);
+	cr_assert_eq(rc[1], ADG_EINVAL, "slot 1 was given");
+	cr_assert_eq(rc[2], ADG_EINVAL);
+	cr_assert_eq(rc[3], ADG_EINVAL);
+	cr_assert_eq(rc[4], ADG_EINVAL);
+	cr_assert_eq(hv_of(g, x), 5, "slot 0 given before the refusal");
+	cr_assert_eq(hv_of(g, w), 3);
+	cr_assert_eq(adg_grads_free(g), 0);
+	adg_node *all[] = {y, x, w};
+	for (int i = 0; i < 3; i++)
+		adg_node_unref(all[i]);
 }
 
 /* ------------------------------------------------------ deprecated path */

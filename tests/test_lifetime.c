@@ -2,8 +2,12 @@
  * over a training loop of any length. */
 #include "fixture.h"
 
+#include <errno.h>
+#include <linux/membarrier.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 FIXTURE_SUITE(lifetime);
 
@@ -260,3 +264,39 @@ CHECKED_TEST(lifetime, retired_graphs_past_the_pool_are_freed)
 	cr_assert_eq(adg_registry_free(r), 0);
 	cr_expect_eq(atomic_load(&fa.live_bytes), 0, "graphs not freed");
 }
+
+/* The read side's membarrier registration (lib/readside.c) is paid in
+ * adg_registry_new, not in the first graph op: a private expedited
+ * membarrier, which fails with EPERM in a process not registered, succeeds
+ * right after it. Each test runs in a child process of its own, which
+ * has made no registry before. TSan builds never register (TSan does not
+ * know membarrier); a kernel without the command has nothing to register. */
+#if defined(__SANITIZE_THREAD__)
+#define LIFETIME_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define LIFETIME_TSAN 1
+#endif
+#endif
+
+#ifndef LIFETIME_TSAN
+static long membarrier(int cmd)
+{
+	return syscall(__NR_membarrier, cmd, 0, 0);
+}
+
+Test(readside, registry_new_registers_for_membarrier)
+{
+	long cmds = membarrier(MEMBARRIER_CMD_QUERY);
+	if (cmds <= 0 || !(cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED))
+		cr_skip_test("no private expedited membarrier here");
+	cr_assert_eq(membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED), -1,
+		     "registered before any registry");
+	cr_assert_eq(errno, EPERM);
+	adg_registry *r;
+	cr_assert_eq(adg_registry_new(NULL, &r), 0);
+	cr_expect_eq(membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED), 0,
+		     "adg_registry_new registered the process");
+	cr_assert_eq(adg_registry_free(r), 0);
+}
+#endif

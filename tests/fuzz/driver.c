@@ -320,7 +320,7 @@ static void check_outputs(const struct fuzz *f)
 	for (uint64_t id = 1; id < f->model.next_id; id++) {
 		const struct model_node *n = &f->model.node[id];
 		expect_of(f, "outputs alive of node", id, f->out_live[id],
-			  n->held);
+			  model_outputs_alive(&f->model, id));
 		expect_of(f, "output frees of node", id, f->out_frees[id],
 			  n->frees);
 		expect_of(f, "recomputes of node", id, f->recomputes[id],
@@ -895,7 +895,7 @@ static void do_op_with(struct fuzz *f, uint8_t p, uint8_t o, const uint8_t *idx)
 	f->cov.ops_with++;
 	f->cov.failing_steps += s->fails;
 	f->cov.asks_consumed += consumed;
-	f->cov.dropped_at_once += f->model.node[id].frees;
+	f->cov.dropped_at_once += f->model.deferred == id;
 }
 
 static void do_ref(struct fuzz *f, size_t i)
@@ -1158,6 +1158,9 @@ static void settle_late_steps(struct fuzz *f)
 			continue;
 		/* check_runs: each ran at most once, and none is missing. */
 		unsigned ran = f->runs[id] - f->runs_before[id];
+		/* A failed call frees no dropped output its forward still
+		 * has, and no backward sees it. */
+		unsigned live = f->out_live[id] - (f->model.deferred == id);
 		if (ran < e->ran[id])
 			mismatch(f,
 				 "the step of %" PRIu64 " did not run in a "
@@ -1167,15 +1170,14 @@ static void settle_late_steps(struct fuzz *f)
 			expect_of(f,
 				  "outputs alive after a failed backward, of "
 				  "node",
-				  id, f->out_live[id], 0);
-		else if (f->out_live[id] < n->held || f->out_live[id] > 1 ||
-			 (f->out_live[id] > n->held &&
-			  f->recomputes[id] == n->recomputes))
+				  id, live, 0);
+		else if (live < n->held || live > 1 ||
+			 (live > n->held && f->recomputes[id] == n->recomputes))
 			mismatch(f,
 				 "node %" PRIu64 ": %u outputs alive after a "
 				 "failed retained backward, model %u, and "
 				 "%" PRIu64 " late recomputes",
-				 id, f->out_live[id], n->held,
+				 id, live, n->held,
 				 f->recomputes[id] - n->recomputes);
 		if (f->out_frees[id] < n->frees ||
 		    f->recomputes[id] < n->recomputes)
@@ -1189,7 +1191,7 @@ static void settle_late_steps(struct fuzz *f)
 		model_backward_late(&f->model, e, id, ran - e->ran[id],
 				    f->out_frees[id] - n->frees,
 				    f->recomputes[id] - n->recomputes,
-				    f->out_live[id] != 0);
+				    live != 0);
 	}
 }
 
@@ -1263,6 +1265,8 @@ static void do_backward(struct fuzz *f, size_t i, uint64_t seed,
 		want = f->recompute_rc[e->failed_recompute];
 	else if (want == 0 && e->failed_step != 0)
 		want = fail_code(e->failed_step);
+	if (want == 0)
+		model_free_deferred(&f->model);
 	if (rc != want)
 		mismatch(f,
 			 "adg_backward from node %" PRIu64

@@ -82,6 +82,18 @@ uint64_t model_leaf(struct model *m, uint64_t value)
 	return id;
 }
 
+unsigned model_outputs_alive(const struct model *m, uint64_t id)
+{
+	return m->node[id].held + (m->deferred == id);
+}
+
+void model_free_deferred(struct model *m)
+{
+	if (m->deferred != 0)
+		m->node[m->deferred].frees++;
+	m->deferred = 0;
+}
+
 uint64_t model_op(struct model *m, const uint64_t *parents, size_t n_parents,
 		  bool fails)
 {
@@ -108,6 +120,8 @@ uint64_t model_op(struct model *m, const uint64_t *parents, size_t n_parents,
 	}
 
 	uint64_t id = new_id(m);
+	/* The op succeeds: the last op's dropped output goes. */
+	model_free_deferred(m);
 	uint64_t graph = id; /* no graph found: a new one, origin id */
 	if (n_graphs > 0) {
 		graph = graphs[0];
@@ -162,10 +176,13 @@ uint64_t model_op_with(struct model *m, const uint64_t *parents, size_t n,
 	struct model_node *node = &m->node[id];
 	node->out = *out;
 	node->held = out->value;
-	/* Balanced drops at once what it can rebuild cheaply. */
+	/* Balanced drops at once what it can rebuild cheaply, from the node;
+	 * the forward keeps it until the next op or backward succeeds. */
 	if (out->value && out->recompute && out->memory_bound &&
-	    m->checkpointing == ADG_CHECKPOINT_BALANCED)
-		free_output(node);
+	    m->checkpointing == ADG_CHECKPOINT_BALANCED) {
+		node->held = false;
+		m->deferred = id;
+	}
 	*rc = 0;
 	return id;
 }

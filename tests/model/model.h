@@ -85,6 +85,10 @@ struct model {
 	uint64_t next_id;
 	uint64_t merges;
 	uint64_t nodes_freed;
+	/* The node whose output the balanced strategy dropped at its op but
+	 * that is still its forward's, alive outside the node, until the next
+	 * op or backward that succeeds; 0: none. */
+	uint64_t deferred;
 };
 
 /* The fields of struct adg_stats, as the model sees them. */
@@ -180,6 +184,12 @@ uint64_t model_op_with(struct model *m, const uint64_t *parents, size_t n,
 /* Whether the step of node step asked for the output of node target (so
  * adg_output_get serves it; otherwise it returns ADG_EINVAL). */
 bool model_asks(const struct model *m, uint64_t step, uint64_t target);
+
+/* How many outputs of id are alive: the one its node holds, and one the
+ * balanced strategy dropped and its forward still has (model.deferred). */
+unsigned model_outputs_alive(const struct model *m, uint64_t id);
+/* A backward succeeded: the dropped output its forward still had goes. */
+void model_free_deferred(struct model *m);
 
 void model_ref(struct model *m, uint64_t id);
 /* Drops one handle, then frees whatever no longer has a reference. */
