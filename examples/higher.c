@@ -177,7 +177,7 @@ static struct var derivative(adg_registry *reg, const adg_grad_ops *ops,
 	struct var *seed = var_box(one);
 	if (seed == NULL)
 		CHECK(ADG_ENOMEM);
-	adg_backward_options retain = {.retain = 1};
+	adg_backward_options retain = {.size = sizeof retain, .retain = 1};
 	adg_grads *grads;
 	CHECK(adg_backward_with(reg, y.node, seed, ops, &retain, &grads));
 	void *value;

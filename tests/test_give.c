@@ -267,7 +267,7 @@ static int hv_add_poisoned(void **sum, void *value, void *ctx)
 static int backward_all_in(enum mode m, struct run *r, adg_node *root,
 			   const adg_grad_ops *ops, bool check, adg_grads **out)
 {
-	adg_backward_options o = {0};
+	adg_backward_options o = {.size = sizeof o};
 	if (m != SEQUENTIAL) {
 		cr_assert_eq(adg_pool_new(m == POOL2 ? 2 : 1, &r->pool), 0);
 		cr_assert_eq(adg_pool_executor(r->pool, &r->executor), 0);
