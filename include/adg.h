@@ -130,6 +130,29 @@ ADG_API const char *adg_strerror(int code);
  * Like adg_strerror, it returns no error code. Thread-safe. */
 ADG_API const char *adg_error_name(int code);
 
+/* Returns the calling thread's reason for the last error a libadg call
+ * returned on this thread: what failed, in which function, and why,
+ * naming the argument ("adg_op_with: want_parents[1] (slot 2) names a
+ * parent that offers no output"; a callback's code passed on reads
+ * "adg_backward: step 'mul' of node 5 returned -1003"). Never NULL: ""
+ * before the thread's first failing call. The string is the thread's own
+ * (a failure on another thread does not touch it) and stays valid and
+ * unchanged until the thread's next failing libadg call, which rewrites
+ * it; a successful call never writes it, so the fast paths pay nothing
+ * and the reason outlives the calls made after the failure (a cleanup's
+ * adg_node_unref, say): read it before the next call that may fail. Where
+ * a callback's failure was itself a libadg call's (a step returning
+ * adg_step_give's code), the outer reason adds its context before the
+ * inner one: "adg_backward: step 'mul' of node 5 returned ADG_EINVAL
+ * (-1): adg_step_give: slot 3 out of range (2 parents)". Cut at
+ * ADG_ERRMSG_MAX - 1 bytes, between UTF-8 characters. Like adg_strerror,
+ * it returns no error code. The functions that return no code
+ * (adg_strerror, adg_error_name, adg_version, adg_errmsg) never write it. */
+ADG_API const char *adg_errmsg(void);
+
+/* The room adg_errmsg's string has, its NUL included. */
+#define ADG_ERRMSG_MAX 512
+
 /* Returns the library's version as "MAJOR.MINOR.PATCH" (static, never
  * NULL): the library that is loaded, which may be newer than this header.
  * Like adg_strerror, it returns no error code. Thread-safe. */

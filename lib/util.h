@@ -11,6 +11,7 @@
 
 #include <ck_cc.h>
 #include <ck_md.h>
+#include <inttypes.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -53,6 +54,39 @@ static inline int adg_callback_result(int rc)
 {
 	return rc > 0 ? ADG_ECALLBACK : rc;
 }
+
+/*
+ * Reasons (adg_errmsg, error.c): each failing public call writes the
+ * calling thread's reason as it returns its code, on the error path only:
+ * `return ADG_FAIL(ADG_EINVAL, "slot %zu out of range", slot);` returns
+ * ADG_EINVAL and reads "<function>: slot 5 out of range". A helper that
+ * fails for a public function names that function (adg_fail), so that the
+ * reason names what the caller called. Nothing on a success path writes
+ * or reads them.
+ */
+__attribute__((cold, format(printf, 3, 4))) int
+adg_fail(int code, const char *func, const char *fmt, ...);
+#define ADG_FAIL(code, ...) adg_fail((code), __func__, __VA_ARGS__)
+
+/* adg_fail for a code that a callback passed on: when the thread wrote a
+ * reason with that same code since its count read `since`
+ * (adg_errmsg_serial: a libadg call inside the callback failed, and the
+ * callback returned its code), that reason follows this one after ": ",
+ * so that the inner reason is kept and the outer adds its context. */
+__attribute__((cold, format(printf, 4, 5))) int
+adg_fail_over(int code, const char *func, uint64_t since, const char *fmt, ...);
+
+/* How many reasons the calling thread has written so far: read before a
+ * callback runs, for adg_fail_over after it. One TLS load. */
+uint64_t adg_errmsg_serial(void);
+
+/* Whether the thread wrote a reason for code since its count read since:
+ * the reason adg_errmsg holds is then the inner failure's. */
+int adg_errmsg_fresh(int code, uint64_t since);
+
+/* code as a reason shows it: "ADG_EVALUE (-12)" for libadg's codes, the
+ * number alone for a callback's own ("-1003"). Into buf, returned. */
+const char *adg_code_text(int code, char buf[static 32]);
 
 /* Fibonacci hashing of a node id: the product with 2^64 / phi, shifted
  * right by shift. Its high bits spread consecutive ids (a thread's batch)
