@@ -1191,9 +1191,11 @@ TEST(errors_say_what_and_where)
 		reg, {x}, [](adg::step_call<double> &c) { c.give(3, 1.0); },
 		"far");
 	EXPECT_THROWS(adg::error, adg::backward(far, 1.0), {
+		/* adg_step_give's reason, which the give captured. */
 		EXPECT(std::string(e.what()).find(
-			       "slot 3 out of range (1 parents)") !=
+			       "adg_step_give: slot 3 out of range: node") !=
 		       std::string::npos);
+		EXPECT(e.reason().find("has 1 parents") != std::string::npos);
 	});
 	/* What no exception explains names the step too. */
 	EXPECT_THROWS(adg::error, adg::backward(far, 1.0),
@@ -2194,6 +2196,51 @@ TEST(generic_lambdas_name_their_type)
 			c.give(i, *c.grad() * 3.0);
 	});
 	EXPECT(adg::backward(y, 2.0).get(x) == 12.0);
+}
+
+/* An error from a C call carries its reason (adg_errmsg), read when it
+ * was thrown: what() says it; an error of this layer alone has none. */
+TEST(errors_carry_the_c_calls_reason)
+{
+	std::uint64_t id;
+	EXPECT_THROWS(adg::error,
+		      adg::check(adg_node_id(nullptr, &id), "adg_node_id"), {
+			      EXPECT(e.reason() == "adg_node_id: node is NULL");
+			      EXPECT(std::string(e.what()) == e.reason());
+		      });
+	adg_registry_options o{};
+	o.checkpointing = 7;
+	EXPECT_THROWS(adg::error, adg::registry bad(o), {
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(std::string(e.what()).find(
+			       "adg_registry_new: options->checkpointing 7") ==
+		       0);
+	});
+	/* Read when thrown: a later failure on the thread changes nothing. */
+	adg::error kept(ADG_EINVAL, "context", adg_errmsg());
+	adg::registry reg;
+	EXPECT_THROWS(adg::error, adg::pool none(0u), {});
+	EXPECT(kept.reason().find("options->checkpointing 7") !=
+	       std::string::npos);
+	EXPECT(std::string(kept.what()).find("context: adg_registry_new") == 0);
+	adg::error plain(ADG_EINVAL, "reducer::hook: participant 5 of 2");
+	EXPECT(plain.reason().empty());
+	EXPECT(std::string(plain.what()) ==
+	       "reducer::hook: participant 5 of 2: invalid argument");
+	/* A step's own code, in the backward's reason. */
+	adg::node x = adg::leaf(reg);
+	adg::node y = adg::op(
+		reg, {x},
+		[](adg::step_call<double> &) {
+			throw adg::error(ADG_EUSER - 4, "bad data");
+		},
+		"load");
+	EXPECT_THROWS(adg::error, adg::backward(y, 1.0), {
+		EXPECT(e.code().value() == ADG_EUSER - 4);
+		EXPECT(std::strcmp(e.failure().name, "load") == 0);
+		EXPECT(std::string(e.what()).find("bad data") !=
+		       std::string::npos);
+	});
 }
 
 TEST(errors_name_their_codes)
