@@ -845,7 +845,7 @@ inline std::string failure_context(const adg_failure &f)
 	case ADG_FAILED_ADD:
 		return "backward: add into " + where;
 	case ADG_FAILED_CHECK:
-		return "backward: the value check rejected a gradient " +
+		return "backward: the value check rejected the gradient that " +
 		       where + " gave";
 	default:
 		return "backward";

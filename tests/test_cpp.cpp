@@ -1275,6 +1275,11 @@ TEST(the_value_check_names_the_producing_step)
 			EXPECT(std::strcmp(e.failure().name, "sqrt") == 0);
 			EXPECT(std::string(e.what()).find("'sqrt'") !=
 			       std::string::npos);
+			/* The C reason: the slot and the parent too. */
+			EXPECT(std::string(e.what()).find(
+				       "rejected the gradient that step "
+				       "'sqrt' of node 2 gave for parent slot "
+				       "0 (node 1)") != std::string::npos);
 		});
 		o.value_check = [](adg::grad_ref) -> bool { throw boom{3}; };
 		EXPECT_THROWS(boom, adg::backward(root, 1.0, o),
