@@ -2248,6 +2248,74 @@ TEST(errors_carry_the_c_calls_reason)
 	});
 }
 
+/* A round that participant 2 fails with an adg::error from its backward:
+ * every participant's end rethrows it, and reducer::failure tells each
+ * one who failed, with what code, at which step (round passed the
+ * error's failure on). */
+TEST(a_failed_round_tells_every_participant_who_and_where)
+{
+	constexpr int t = 3;
+	sync_model m;
+	adg::reducer<double> red(t, m.params,
+				 [&m](const adg::reduction<double> &r) {
+					 if (r.sum != nullptr)
+						 m.w[r.param] -= 0.1 * *r.sum;
+				 });
+	adg::node bad = adg::op(
+		m.reg, {m.params[0]},
+		[](adg::step_call<double> &) {
+			throw adg::error(ADG_EVALUE, "a NaN");
+		},
+		"mul");
+	std::uint64_t bad_id = bad.id();
+	std::array<adg_reducer_failure, t> told{};
+	std::atomic<int> rethrown{0};
+	std::vector<std::thread> threads;
+	for (int p = 0; p < t; p++)
+		threads.emplace_back([&, p] {
+			try {
+				red.round(p, [&] {
+					adg::backward(p == 2 ? bad
+							     : m.loss(p, 0),
+						      1.0, red.hook(p));
+				});
+			} catch (const adg::error &e) {
+				if (e.code().value() == ADG_EVALUE)
+					rethrown++;
+			}
+			told[p] = red.failure(p);
+		});
+	for (std::thread &th : threads)
+		th.join();
+	EXPECT(rethrown == t);
+	for (const adg_reducer_failure &f : told) {
+		EXPECT(f.code == ADG_EVALUE);
+		EXPECT(f.site == ADG_REDUCER_FAILED_RESULT);
+		EXPECT(f.participant == 2);
+		EXPECT(f.step.site == ADG_FAILED_STEP);
+		EXPECT(f.step.node_id == bad_id);
+		EXPECT(std::strcmp(f.step.name, "mul") == 0);
+	}
+	EXPECT_THROWS(adg::error, red.failure(t),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	/* No exception stands for a round ended with a unit not done: the
+	 * round's reason does. */
+	adg::reducer_options<double> o;
+	o.units = 2;
+	adg::reducer<double> units(
+		1, m.params, [](auto &) {}, o);
+	EXPECT(units.next_unit(0) == 0);
+	units.unit_end(0);
+	EXPECT_THROWS(adg::error, units.end(0), {
+		EXPECT(e.code().value() == ADG_ESTATE);
+		EXPECT(std::string(e.what()) ==
+		       "reducer::end: adg_reducer_end_with: round 0 abandoned "
+		       "with ADG_ESTATE (-10): it ended with units not done");
+	});
+	EXPECT(units.failure(0).site == ADG_REDUCER_FAILED_UNITS);
+	EXPECT(units.failure(0).participant == SIZE_MAX);
+}
+
 TEST(errors_name_their_codes)
 {
 	adg::error err(ADG_ENOMEM, "here");
