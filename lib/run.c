@@ -336,15 +336,14 @@ static int step_out_accept(struct adg_grads *to, uint64_t id, void *value)
 		 * would fold in another order than the sequential backward. */
 		const adg_grad_ops *ops = step_out_run(o)->ops;
 		ops->free(value, ops->ctx);
+		bool parent = step_out_has_parent(o, id);
 		return adg_fail(ADG_EINVAL, "adg_grads_register",
 				"id %" PRIu64 " is %s of node %" PRIu64
-				" (a step's view takes one gradient per parent "
-				"slot; value freed)",
-				id,
-				step_out_has_parent(o, id)
-					? "a parent whose slots are all taken"
-					: "not a parent",
-				o->node->id);
+				"%s (a step's view takes one gradient per "
+				"parent slot; value freed)",
+				id, parent ? "a parent" : "not a parent",
+				o->node->id,
+				parent ? " whose slots are all taken" : "");
 	}
 	return step_out_deliver(o, k, value);
 }
