@@ -150,6 +150,13 @@ Test(reasons, nodes)
 		      "out is NULL");
 	EXPECT_REASON(adg_op(r, pair, 0, &noop, &m), ADG_EINVAL, "adg_op",
 		      "n_parents is 0");
+	/* Refused before any parent is read. */
+	EXPECT_REASON(adg_op(r, pair, (size_t)UINT32_MAX + 1, &noop, &m),
+		      ADG_EINVAL, "adg_op", "n_parents is 4294967296");
+	EXPECT_REASON(adg_op_with(r, pair, 2, &noop, NULL, NULL), ADG_EINVAL,
+		      "adg_op_with", "out is NULL");
+	EXPECT_REASON(adg_op_moving(NULL, pair, 2, 0, &noop, NULL, &m),
+		      ADG_EINVAL, "adg_op_moving", "registry is NULL");
 	EXPECT_REASON(adg_op(r, pair, 2, &no_backward, &m), ADG_EINVAL,
 		      "adg_op", "step->backward is NULL");
 	EXPECT_REASON(adg_op(r, with_null, 2, &noop, &m), ADG_EINVAL, "adg_op",
@@ -715,8 +722,8 @@ CHECKED_TEST(reasons, grads, .init = fixture_open_default)
 /* What a step saw using its view (call->grads with an executor), which
  * is deprecated and will go: the field warns. */
 struct viewed {
-	int rc[6];
-	char why[6][ADG_ERRMSG_MAX];
+	int rc[8];
+	char why[8][ADG_ERRMSG_MAX];
 };
 
 static void saw(struct viewed *s, int k, int rc)
@@ -742,6 +749,8 @@ static int use_view(adg_step_call *call, void *user)
 		0);
 	saw(s, 4, adg_grads_register(view, call->parent_ids[0], scalar_box(1)));
 	saw(s, 5, adg_grads_take_node(view, NULL, &v));
+	saw(s, 6, adg_grads_take(view, 1, &v));
+	saw(s, 7, adg_grads_get_node(view, NULL, &v));
 	return 0;
 }
 #pragma GCC diagnostic pop
@@ -773,8 +782,10 @@ CHECKED_TEST(reasons, a_steps_view, .init = fixture_open_default)
 		"adg_grads_register: id 1 is a parent of node 2 whose slots "
 		"are all taken",
 		"adg_grads_take_node: grads is a step's view",
+		"adg_grads_take: grads is a step's view",
+		"adg_grads_get_node: grads is a step's view",
 	};
-	for (int k = 0; k < 6; k++) {
+	for (int k = 0; k < 8; k++) {
 		cr_expect_eq(s.rc[k], ADG_EINVAL);
 		cr_expect(strstr(s.why[k], want[k]) == s.why[k], "%s: %s",
 			  want[k], s.why[k]);
