@@ -8,7 +8,9 @@
  *
  * Conventions, for every function below unless its comment says otherwise:
  * - It returns 0 on success or a negative ADG_E* code; adg_strerror() names
- *   the code. On error nothing has changed and out-parameters are untouched,
+ *   the code, and adg_errmsg() says on the same thread what was wrong, in
+ *   which function, with which argument. On error nothing has changed and
+ *   out-parameters are untouched,
  *   except that pointer out-parameters are set to NULL, and that a gradient
  *   handed over is freed (the table below).
  * - Who owns what, one rule per kind of value. A gradient value is handed
