@@ -6,21 +6,24 @@
 #include <stdio.h>
 #include <string.h>
 
-/* One thread's reason. initial-exec: libadg is linked, never dlopen'd and
- * unloaded (-z nodelete), so its TLS is in the static block. Zero at a
+/* One thread's reason: its count and code, read on success paths too
+ * (adg_errmsg_serial, once per backward a thread joins), initial-exec,
+ * one load from the thread pointer; and its text, written and read on
+ * error paths only, in the default TLS model, so that the static TLS
+ * block a dlopen'd libadg would need stays a few words. Zero at a
  * thread's start: text "" before its first failure. */
 struct errmsg {
 	uint64_t serial; /* reasons written on this thread */
 	int code;	 /* the last reason's */
-	char text[ADG_ERRMSG_MAX];
 };
 
 static __thread struct errmsg errmsg_now
 	__attribute__((tls_model("initial-exec")));
+static __thread char errmsg_text[ADG_ERRMSG_MAX];
 
 const char *adg_errmsg(void)
 {
-	return errmsg_now.text;
+	return errmsg_text;
 }
 
 uint64_t adg_errmsg_serial(void)
@@ -79,7 +82,7 @@ static void errmsg_write(int code, const char *func, const char *inner,
 		len = sizeof text - 1;
 		errmsg_cut(text, len);
 	}
-	memcpy(errmsg_now.text, text, sizeof text);
+	memcpy(errmsg_text, text, sizeof text);
 	errmsg_now.code = code;
 	errmsg_now.serial++;
 }
@@ -99,8 +102,8 @@ int adg_fail_over(int code, const char *func, uint64_t since, const char *fmt,
 	va_list ap;
 	va_start(ap, fmt);
 	errmsg_write(code, func,
-		     adg_errmsg_fresh(code, since) ? errmsg_now.text : NULL,
-		     fmt, ap);
+		     adg_errmsg_fresh(code, since) ? errmsg_text : NULL, fmt,
+		     ap);
 	va_end(ap);
 	return code;
 }
