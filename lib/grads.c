@@ -109,6 +109,17 @@ int adg_grad_failed(int rc, const char *func, uint64_t id)
 		adg_code_text(rc, (char[32]){0}), id);
 }
 
+/* An insert into the table failed with rc for id. Its reason names
+ * adg_step_give, whose common path returns the insert's code as it is
+ * (a tail call, which a check of the code there would cost a frame); the
+ * other callers, adg_grads_register and the backward, write their own
+ * over it. */
+static __attribute__((cold, noinline)) int grad_table_failed(int rc,
+							     uint64_t id)
+{
+	return adg_grad_failed(rc, "adg_step_give", id);
+}
+
 /* The reason grads is refused by func: NULL, or a step's view. */
 static __attribute__((cold, noinline)) int grads_refused(const char *func,
 							 const adg_grads *grads)
@@ -224,7 +235,11 @@ int adg_grad_table_window_insert(struct adg_grad_table *g, void **slot,
 	/* add owns value from here on, whatever it returns. */
 	int rc = g->ops.add(slot, value, g->ops.ctx);
 	g->count -= *slot == NULL; /* nothing is held any more */
-	return adg_callback_result(rc);
+	if (adg_unlikely(rc != 0))
+		return grad_table_failed(adg_callback_result(rc),
+					 g->window_lo +
+						 (uint64_t)(slot - g->window));
+	return 0;
 }
 
 int adg_grad_table_insert(struct adg_grad_table *g, uint64_t id, void *value)
@@ -240,12 +255,13 @@ int adg_grad_table_insert(struct adg_grad_table *g, uint64_t id, void *value)
 		if (g->entries[i].value == NULL)
 			grad_table_remove_at(g,
 					     i); /* nothing is held any more */
-		return adg_callback_result(rc);
+		return rc == 0 ? 0
+			       : grad_table_failed(adg_callback_result(rc), id);
 	}
 	if ((g->count + 1) > g->cap / 4 * 3) {
 		if (grad_table_resize(g, g->cap * 2) != 0) {
 			ops->free(value, ops->ctx);
-			return ADG_ENOMEM;
+			return grad_table_failed(ADG_ENOMEM, id);
 		}
 		i = grad_table_find(g, id);
 	}

@@ -124,6 +124,7 @@ run_fail_reason(struct adg_run *run, const adg_failure *what)
 			 "ops->add folding a gradient into node %" PRIu64
 			 " returned %s",
 			 what->node_id, code);
+		th = NULL; /* the table's reason says the same */
 		break;
 	case ADG_FAILED_CHECK:
 		run_check_text(where, sizeof where, node,
@@ -453,12 +454,9 @@ int adg_step_give(adg_step_call *call, size_t slot, void *value)
 	if (adg_likely(o->direct && slot == o->filled && !o->marked &&
 		       slot < call->n_parents && value != NULL)) {
 		o->filled = (uint32_t)slot + 1;
-		int rc = adg_grad_table_insert_fast(
+		/* A failure's reason is the table's (grads.c). */
+		return adg_grad_table_insert_fast(
 			th->run->grads, call->parent_ids[slot], value);
-		return adg_likely(rc == 0)
-			       ? 0
-			       : adg_grad_failed(rc, "adg_step_give",
-						 call->parent_ids[slot]);
 	}
 	return step_out_give_slow(th, o, slot, value);
 }
