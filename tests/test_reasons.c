@@ -307,6 +307,52 @@ CHECKED_TEST(reasons, output_get, .init = fixture_open_default)
 	adg_node_unref(x);
 }
 
+static int rebuild_fails(adg_recompute_call *call, void *user)
+{
+	(void)call;
+	(void)user;
+	return ADG_EUSER - 6;
+}
+
+/* Asks for its parent's output, which its rebuild fails to make, and
+ * passes the code on. */
+static int ask_parent(adg_step_call *call, void *user)
+{
+	(void)user;
+	void *v;
+	return adg_output_get(call, call->parent_ids[0], &v);
+}
+
+/* A recompute's code: adg_output_get names the node it rebuilt, and the
+ * backward the step that passed the code on, the give's reason after. */
+Test(reasons, a_rebuild_that_fails)
+{
+	adg_registry *r;
+	adg_registry_options ro = {.checkpointing = ADG_CHECKPOINT_BALANCED};
+	cr_assert_eq(adg_registry_new(&ro, &r), 0);
+	adg_node *x, *h, *y;
+	cr_assert_eq(adg_leaf(r, &x), 0);
+	adg_output dropped = {.value = scalar_box(1),
+			      .free = output_free,
+			      .recompute = rebuild_fails,
+			      .memory_bound = 1};
+	adg_op_options o = {.output = &dropped};
+	cr_assert_eq(adg_op_with(r, &x, 1, &noop, &o, &h), 0);
+	uint32_t want = 0;
+	adg_op_options asks = {.want_parents = &want, .n_want_parents = 1};
+	adg_step step = {.backward = ask_parent, .name = "asks"};
+	cr_assert_eq(adg_op_with(r, &h, 1, &step, &asks, &y), 0);
+	adg_grads *g;
+	EXPECT_REASON(adg_backward(r, y, scalar_box(1), &scalar_ops, &g),
+		      ADG_EUSER - 6, "adg_backward",
+		      "step 'asks' of node 3 returned -1006: adg_output_get: "
+		      "rebuilding node 2's output failed with -1006");
+	adg_node_unref(y);
+	adg_node_unref(h);
+	adg_node_unref(x);
+	cr_expect_eq(adg_registry_free(r), 0);
+}
+
 /* ------------------------------------------------------------- backward */
 
 static int fail_with(adg_step_call *call, void *user)
