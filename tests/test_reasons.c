@@ -481,6 +481,49 @@ CHECKED_TEST(reasons, backward_hooks, .init = fixture_open_default)
 	adg_node_unref(x);
 }
 
+static int add_fails(void **sum, void *value, void *ctx)
+{
+	(void)sum;
+	(void)ctx;
+	scalar_ops.free(value, NULL);
+	return ADG_EUSER - 7;
+}
+
+/* Gives every slot, whatever the give returns. */
+static int give_all(adg_step_call *call, void *user)
+{
+	(void)user;
+	for (size_t k = 0; k < call->n_parents; k++)
+		adg_step_give(call, k, scalar_box(1));
+	return 0;
+}
+
+/* An add's code: without an executor the give's, which the step passes
+ * on or not; with one the backward's, named by the gradient it folds. */
+CHECKED_TEST(reasons, an_add_that_fails, .init = fixture_open_default)
+{
+	adg_node *x, *y;
+	cr_assert_eq(adg_leaf(reg, &x), 0);
+	adg_node *xx[2] = {x, x};
+	adg_step step = {.backward = give_all, .name = "twice"};
+	cr_assert_eq(adg_op(reg, xx, 2, &step, &y), 0);
+	adg_grad_ops ops = scalar_ops;
+	ops.add = add_fails;
+	adg_pool *pool;
+	cr_assert_eq(adg_pool_new(1, &pool), 0);
+	adg_executor ex;
+	cr_assert_eq(adg_pool_executor(pool, &ex), 0);
+	ex.n_workers = 0;
+	adg_backward_options o = {.executor = &ex, .retain = 1};
+	adg_grads *g;
+	EXPECT_REASON(adg_backward_with(reg, y, scalar_box(1), &ops, &o, &g),
+		      ADG_EUSER - 7, "adg_backward_with",
+		      "ops->add folding a gradient into node 1 returned -1007");
+	cr_expect_eq(adg_pool_free(pool), 0);
+	adg_node_unref(y);
+	adg_node_unref(x);
+}
+
 /* What a step saw of adg_step_give's failures. */
 struct gives {
 	int rc[5];
