@@ -46,8 +46,8 @@ const char *adg_code_text(int code, char buf[static 32])
 	return buf;
 }
 
-/* Cuts text, len bytes that filled a buffer of ADG_ERRMSG_MAX, before a
- * UTF-8 character the cut left incomplete. */
+/* Cuts text, len bytes that filled their buffer, before a UTF-8
+ * character the cut left incomplete. */
 static void errmsg_cut(char *text, size_t len)
 {
 	size_t lead = len;
@@ -59,6 +59,13 @@ static void errmsg_cut(char *text, size_t len)
 	size_t want = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
 	if (len - (lead - 1) < want)
 		text[lead - 1] = '\0';
+}
+
+void adg_errmsg_clip(char *text, size_t size)
+{
+	size_t len = strlen(text);
+	if (size > 0 && len == size - 1)
+		errmsg_cut(text, len);
 }
 
 /* Writes "func: <fmt>" and, when inner is not NULL, ": <inner>" after it

@@ -1487,6 +1487,7 @@ static void reducer_step_text(char *buf, size_t size, const adg_failure *f)
 			 f->name, f->node_id);
 	else
 		snprintf(node, sizeof node, "node %" PRIu64, f->node_id);
+	adg_errmsg_clip(node, sizeof node); /* a long name cut */
 	switch (f->site) {
 	case ADG_FAILED_STEP:
 		snprintf(buf, size, " at %s", node);

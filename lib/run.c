@@ -70,6 +70,7 @@ static void run_node_text(char *buf, size_t size, const char *name, uint64_t id)
 		snprintf(buf, size, "step '%s' of node %" PRIu64, name, id);
 	else
 		snprintf(buf, size, "node %" PRIu64, id);
+	adg_errmsg_clip(buf, size); /* a long name cut */
 }
 
 /* The value check's rejection of the gradient n's step (named node) gave

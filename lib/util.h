@@ -84,6 +84,11 @@ uint64_t adg_errmsg_serial(void);
  * the reason adg_errmsg holds is then the inner failure's. */
 int adg_errmsg_fresh(int code, uint64_t since);
 
+/* text, which snprintf wrote into size bytes, without the incomplete
+ * UTF-8 character a cut at its end may have left (a long step name in a
+ * reason): every reason is whole UTF-8 where its names are. */
+void adg_errmsg_clip(char *text, size_t size);
+
 /* code as a reason shows it: "ADG_EVALUE (-12)" for libadg's codes, the
  * number alone for a callback's own ("-1003"). Into buf, returned. */
 const char *adg_code_text(int code, char buf[static 32]);

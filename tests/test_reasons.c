@@ -444,6 +444,51 @@ CHECKED_TEST(reasons, backward, .init = fixture_open_default)
 	cr_expect_eq(adg_registry_free(other), 0);
 }
 
+/* Whether s is whole UTF-8: no character cut. */
+static bool whole_utf8(const char *s)
+{
+	for (const unsigned char *c = (const unsigned char *)s; *c != 0;) {
+		int n = *c < 0x80 ? 1 : *c >= 0xf0 ? 4 : *c >= 0xe0 ? 3 : 2;
+		for (int k = 1; k < n; k++)
+			if ((c[k] & 0xc0) != 0x80)
+				return false;
+		c += n;
+	}
+	return true;
+}
+
+/* A name longer than a reason holds, in two-byte characters: cut between
+ * characters, wherever it is cut. */
+CHECKED_TEST(reasons, a_long_name_is_cut_between_characters,
+	     .init = fixture_open_default)
+{
+	/* U+00E9s, after no ASCII byte or one: the cut lands on either
+	 * byte of a character. */
+	static char names[2][1002];
+	for (int shift = 0; shift < 2; shift++) {
+		names[shift][0] = 'a';
+		for (int k = 0; k < 500; k++)
+			memcpy(names[shift] + shift + 2 * k, "\xc3\xa9", 2);
+	}
+	adg_node *x, *y;
+	cr_assert_eq(adg_leaf(reg, &x), 0);
+	for (int shift = 0; shift < 2; shift++) {
+		adg_step step = {.backward = fail_with,
+				 .user = (void *)(intptr_t)-1003,
+				 .name = names[shift]};
+		cr_assert_eq(adg_op(reg, &x, 1, &step, &y), 0);
+		adg_grads *g;
+		EXPECT_REASON(
+			adg_backward(reg, y, scalar_box(1), &scalar_ops, &g),
+			-1003, "adg_backward",
+			shift ? "step 'a\xc3\xa9" : "step '\xc3\xa9");
+		cr_expect_lt(strlen(adg_errmsg()), (size_t)ADG_ERRMSG_MAX);
+		cr_expect(whole_utf8(adg_errmsg()), "%s", adg_errmsg());
+		adg_node_unref(y);
+	}
+	adg_node_unref(x);
+}
+
 static int refuse_ready(uint64_t id, void **grad, void *ctx)
 {
 	(void)id;
