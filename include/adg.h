@@ -8,7 +8,9 @@
  *
  * Conventions, for every function below unless its comment says otherwise:
  * - It returns 0 on success or a negative ADG_E* code; adg_strerror() names
- *   the code. On error nothing has changed and out-parameters are untouched,
+ *   the code, and adg_errmsg() says on the same thread what was wrong, in
+ *   which function, with which argument. On error nothing has changed and
+ *   out-parameters are untouched,
  *   except that pointer out-parameters are set to NULL, and that a gradient
  *   handed over is freed (the table below).
  * - Who owns what, one rule per kind of value. A gradient value is handed
@@ -52,8 +54,8 @@
  * - Structs the caller allocates and libadg reads or fills may grow: the
  *   options (adg_registry_options, adg_op_options, adg_backward_options,
  *   adg_dot_options, adg_reducer_options, adg_pool_options) and the
- *   outputs (adg_stats, adg_failure). Each begins with size_t size,
- *   which the caller sets to the size of its struct:
+ *   outputs (adg_stats, adg_failure, adg_reducer_failure). Each begins
+ *   with size_t size, which the caller sets to the size of its struct:
  *       adg_backward_options o = {.size = sizeof o, .executor = ex};
  *       adg_stats st = {.size = sizeof st};
  *   libadg reads or writes only the first min(size, its own sizeof)
@@ -155,6 +157,29 @@ ADG_API const char *adg_strerror(int code);
  * ADG_EINVAL (never NULL); "ADG_UNKNOWN" for codes libadg does not define.
  * Like adg_strerror, it returns no error code. Thread-safe. */
 ADG_API const char *adg_error_name(int code);
+
+/* Returns the calling thread's reason for the last error a libadg call
+ * returned on this thread: what failed, in which function, and why,
+ * naming the argument ("adg_op_with: want_parents[1] (slot 2) names a
+ * parent that offers no output"; a callback's code passed on reads
+ * "adg_backward: step 'mul' of node 5 returned -1003"). Never NULL: ""
+ * before the thread's first failing call. The string is the thread's own
+ * (a failure on another thread does not touch it) and stays valid and
+ * unchanged until the thread's next failing libadg call, which rewrites
+ * it; a successful call never writes it, so the fast paths pay nothing
+ * and the reason outlives the calls made after the failure (a cleanup's
+ * adg_node_unref, say): read it before the next call that may fail. Where
+ * a callback's failure was itself a libadg call's (a step returning
+ * adg_step_give's code), the outer reason adds its context before the
+ * inner one: "adg_backward: step 'mul' of node 5 returned ADG_EINVAL
+ * (-1): adg_step_give: slot 3 out of range (2 parents)". Cut at
+ * ADG_ERRMSG_MAX - 1 bytes, between UTF-8 characters. Like adg_strerror,
+ * it returns no error code. The functions that return no code
+ * (adg_strerror, adg_error_name, adg_version, adg_errmsg) never write it. */
+ADG_API const char *adg_errmsg(void);
+
+/* The room adg_errmsg's string has, its NUL included. */
+#define ADG_ERRMSG_MAX 512
 
 /* Returns the library's version as "MAJOR.MINOR.PATCH" (static, never
  * NULL): the library that is loaded, which may be newer than this header.

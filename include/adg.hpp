@@ -239,29 +239,52 @@ const std::error_category &category() noexcept;
 
 /* Every failure of this layer, and of libadg under it. code().value() is
  * the ADG_E* code; failure() says where a backward failed (site
- * ADG_FAILED_NOWHERE elsewhere). what() is the context, then the code's
- * message: "backward: step 'mul' of node 7: step_call::give: slot 0 given
- * twice: invalid argument". */
+ * ADG_FAILED_NOWHERE elsewhere). An error from a C call that failed
+ * carries that call's reason (adg_errmsg, read on the thread the moment it
+ * is thrown), and what() says it: the context, then the reason
+ * ("adg_registry_new: options->checkpointing 7 is no strategy (...)",
+ * the reason alone when it begins with the context); a backward's failure
+ * reads as the backward's reason ("adg_backward_with: step 'mul' of node
+ * 7 returned -1003"), an error raised inside it after the failure's
+ * context ("backward: step 'mul' of node 7: step_call::give: adg_step_give:
+ * slot 3 out of range: node 7 has 2 parents (value freed)"). An error of
+ * this layer alone has no reason: what() is the context, then the code's
+ * message ("reducer::hook: participant 5 of 2: invalid argument"). */
 class error : public std::system_error
 {
 public:
 	explicit error(int code, const char *context = nullptr);
 	error(int code, const std::string &context);
-	error(int code, const adg_failure &failure);
+	/* A C call's failure: reason is its adg_errmsg(). */
+	error(int code, const std::string &context, const std::string &reason);
+	/* A backward's failure; reason, the backward's adg_errmsg(), when
+	 * it comes from one (what() is then reason). */
+	error(int code, const adg_failure &failure,
+	      const std::string &reason = {});
 	/* inner, raised inside a backward that failed at failure: the same
-	 * code, its context after the failure's. */
+	 * code and reason, its context after the failure's. */
 	error(const error &inner, const adg_failure &failure);
 	const adg_failure &failure() const noexcept;
-	/* The context alone, without the code's message. */
+	/* The context alone, without the code's message or the reason. */
 	const std::string &context() const noexcept;
+	/* The C call's reason (adg_errmsg) when a C call failed, else "". */
+	const std::string &reason() const noexcept;
+	const char *what() const noexcept override;
 
 private:
 	adg_failure failure_ = detail::sized<adg_failure>();
 	std::string context_;
+	std::string reason_;
+	std::string what_; /* with a reason; else system_error's */
 };
 
-/* Throws adg::error(rc) unless rc is 0: for the C calls this layer does not
- * wrap. */
+/* Throws adg::error(rc, context, adg_errmsg()): what a C call that just
+ * failed on this thread with rc raises, with its reason. */
+[[noreturn]] void throw_c_error(int rc, const std::string &context);
+
+/* Throws adg::error(rc) unless rc is 0, with the reason of the C call
+ * that just failed on this thread (adg_errmsg): for the C calls this layer
+ * does not wrap. */
 void check(int rc, const char *context = nullptr);
 
 /* ---------------------------------------------------------------- registry */
@@ -879,7 +902,7 @@ inline std::string failure_context(const adg_failure &f)
 	case ADG_FAILED_ADD:
 		return "backward: add into " + where;
 	case ADG_FAILED_CHECK:
-		return "backward: the value check rejected a gradient " +
+		return "backward: the value check rejected the gradient that " +
 		       where + " gave";
 	default:
 		return "backward";
@@ -1640,7 +1663,7 @@ struct pass_state {
 	static void check_rc(int rc, const char *what)
 	{
 		if (rc != 0)
-			throw error(rc, what);
+			throw_c_error(rc, what);
 	}
 };
 
@@ -1660,7 +1683,7 @@ struct pass_state {
 	if (!e)
 		e = pass.take(failure);
 	if (!e)
-		throw error(rc, failure);
+		throw error(rc, failure, adg_errmsg());
 	try {
 		std::rethrow_exception(e);
 	} catch (const error &inner) {
@@ -1687,11 +1710,26 @@ inline error::error(int rc, const std::string &context)
 	failure_.code = rc;
 }
 
-inline error::error(int rc, const adg_failure &where)
+inline error::error(int rc, const std::string &context,
+		    const std::string &reason)
+    : error(rc, context)
+{
+	reason_ = reason;
+	if (reason_.empty())
+		return;
+	/* "adg_leaf" and "adg_leaf: registry is NULL" say it once. */
+	bool said = reason_.compare(0, context.size(), context) == 0 &&
+		    reason_.compare(context.size(), 1, ":") == 0;
+	what_ = context.empty() || said ? reason_ : context + ": " + reason_;
+}
+
+inline error::error(int rc, const adg_failure &where, const std::string &reason)
     : error(rc, detail::failure_context(where))
 {
 	failure_ = where;
 	failure_.code = rc;
+	reason_ = reason;
+	what_ = reason;
 }
 
 inline error::error(const error &inner, const adg_failure &where)
@@ -1700,6 +1738,24 @@ inline error::error(const error &inner, const adg_failure &where)
 {
 	failure_ = where;
 	failure_.code = inner.code().value();
+	reason_ = inner.reason_;
+	if (!reason_.empty())
+		what_ = context() + ": " + reason_;
+}
+
+inline const std::string &error::reason() const noexcept
+{
+	return reason_;
+}
+
+inline const char *error::what() const noexcept
+{
+	return what_.empty() ? std::system_error::what() : what_.c_str();
+}
+
+inline void throw_c_error(int rc, const std::string &context)
+{
+	throw error(rc, context, adg_errmsg());
 }
 
 inline const adg_failure &error::failure() const noexcept
@@ -1715,7 +1771,7 @@ inline const std::string &error::context() const noexcept
 inline void check(int rc, const char *context)
 {
 	if (rc != 0)
-		throw error(rc, context);
+		throw_c_error(rc, context ? context : "adg");
 }
 
 /* registry */
@@ -2136,6 +2192,8 @@ namespace detail
 				     const adg_step_call *call,
 				     registry_core *core)
 {
+	/* Read first: the give's reason, before anything else can fail. */
+	std::string reason = adg_errmsg();
 	if (core != nullptr) {
 		auto where = detail::sized<adg_failure>();
 		where.site = ADG_FAILED_STEP;
@@ -2144,16 +2202,8 @@ namespace detail
 		if (std::exception_ptr e = core->take_last(where))
 			std::rethrow_exception(e);
 	}
-	std::size_t n_parents = call->n_parents;
-	std::string what = "step_call::give: slot " + std::to_string(slot);
-	if (rc == ADG_EINVAL && slot >= n_parents)
-		what += " out of range (" + std::to_string(n_parents) +
-			" parents)";
-	else if (rc == ADG_EINVAL) /* the value is never null here */
-		what += " given twice";
-	else if (rc == ADG_EVALUE)
-		what += ": the value check rejected the gradient";
-	throw error(rc, what);
+	(void)slot; /* adg_step_give's reason names it */
+	throw error(rc, "step_call::give", reason);
 }
 } // namespace detail
 
@@ -2597,8 +2647,8 @@ const V &step_call<T>::output(std::uint64_t id) const
 			std::exchange(detail::rebuild_thrown, nullptr);
 		if (e)
 			std::rethrow_exception(e);
-		throw error(rc,
-			    "step_call::output: node " + std::to_string(id));
+		throw_c_error(rc,
+			      "step_call::output: node " + std::to_string(id));
 	}
 	return *static_cast<const V *>(value);
 }

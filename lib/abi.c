@@ -10,25 +10,39 @@
 
 #include <string.h>
 
-int adg_abi_check(const void *given, size_t own, size_t first)
+int adg_abi_check(const char *func, const char *what, const void *given,
+		  size_t own, size_t first)
 {
 	const unsigned char *bytes = given;
 	size_t size;
 
 	memcpy(&size, bytes, sizeof size);
+	if (size == 0)
+		return adg_fail(ADG_EINVAL, func,
+				"%s->size is 0: set it to sizeof the struct "
+				"(adg.h, \"ABI\")",
+				what);
 	if (size < first)
-		return ADG_EINVAL;
+		return adg_fail(ADG_EINVAL, func,
+				"%s->size is %zu, below the struct's %zu bytes",
+				what, size, first);
 	/* Past libadg's own size: fields of a newer header, which libadg
 	 * cannot honour, so they must be unset. */
 	for (size_t i = own; i < size; i++)
 		if (bytes[i] != 0)
-			return ADG_EINVAL;
+			return adg_fail(
+				ADG_EINVAL, func,
+				"%s->size is %zu, past libadg %s's %zu bytes, "
+				"and byte %zu is set: a field this library "
+				"does not know",
+				what, size, adg_version(), own, i);
 	return 0;
 }
 
-int adg_abi_read(void *local, size_t own, size_t first, const void *given)
+int adg_abi_read(const char *func, const char *what, void *local, size_t own,
+		 size_t first, const void *given)
 {
-	int rc = adg_abi_check(given, own, first);
+	int rc = adg_abi_check(func, what, given, own, first);
 	if (rc != 0)
 		return rc;
 	size_t size;

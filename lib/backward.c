@@ -117,12 +117,6 @@ static int backward_of_leaf(struct adg_run *run, uint64_t id, void *seed)
 	return run->on_ready != NULL ? seq_fire(run, NULL, id, 0) : 0;
 }
 
-int adg_backward(adg_registry *registry, adg_node *root, void *seed,
-		 const adg_grad_ops *ops, adg_grads **out)
-{
-	return adg_backward_with(registry, root, seed, ops, NULL, out);
-}
-
 /* The run's context, from the options; the mode from the executor. */
 static void backward_run_init(struct adg_run *run, adg_registry *registry,
 			      const adg_grad_ops *ops,
@@ -190,55 +184,115 @@ static int backward_run(struct adg_run *run, struct adg_node *root, void *seed)
 }
 
 /* Bad input, before anything is taken. */
-static int backward_check(adg_registry *registry, adg_node *root, void *seed,
+static int backward_check(const char *func, adg_registry *registry,
+			  adg_node *root, void *seed,
 			  const adg_backward_options *options, adg_grads **out)
 {
 	if (registry == NULL || root == NULL || seed == NULL || out == NULL)
-		return ADG_EINVAL;
+		return adg_fail(ADG_EINVAL, func, "%s is NULL",
+				registry == NULL ? "registry"
+				: root == NULL	 ? "root"
+				: seed == NULL	 ? "seed"
+						 : "out");
 	const adg_executor *executor = options ? options->executor : NULL;
-	if (executor != NULL &&
-	    (executor->submit == NULL ||
-	     executor->n_workers > ADG_EXECUTOR_MAX_WORKERS))
-		return ADG_EINVAL;
+	if (executor != NULL && executor->submit == NULL)
+		return adg_fail(ADG_EINVAL, func,
+				"options->executor has no submit");
+	if (executor != NULL && executor->n_workers > ADG_EXECUTOR_MAX_WORKERS)
+		return adg_fail(ADG_EINVAL, func,
+				"options->executor->n_workers is %u, above "
+				"ADG_EXECUTOR_MAX_WORKERS (%u)",
+				executor->n_workers, ADG_EXECUTOR_MAX_WORKERS);
 	if (adg_node_registry_of(root) != registry)
-		return ADG_EFOREIGN;
+		return adg_fail(ADG_EFOREIGN, func,
+				"root (node %" PRIu64
+				") belongs to another registry",
+				root->id);
 	return 0;
 }
 
-int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
-		      const adg_grad_ops *ops,
-		      const adg_backward_options *options, adg_grads **out)
+/* The reason of ops that cannot free seed: none at all, or one missing. */
+static __attribute__((cold, noinline)) int
+backward_no_ops(const char *func, const adg_grad_ops *ops)
 {
+	if (ops == NULL)
+		return adg_fail(ADG_EINVAL, func,
+				"ops is NULL and the registry has no grad_ops");
+	return adg_fail(ADG_EINVAL, func, "ops has no %s",
+			ops->add == NULL ? "add" : "free");
+}
+
+/* The reason of a run that failed with rc: its first failure's, which
+ * the thread that failed wrote, or what the run could not allocate. */
+static __attribute__((cold, noinline)) int
+backward_failed(const char *func, const struct adg_run *run, uint64_t root_id,
+		int rc)
+{
+	if (run->first.code != 0)
+		return adg_fail(rc, func, "%s", run->reason);
+	switch (rc) {
+	case ADG_ENOMEM:
+		return adg_fail(rc, func,
+				"the allocator gave no memory for the tape or "
+				"the gradients (nothing was taken)");
+	case ADG_ECONSUMED:
+		return adg_fail(rc, func,
+				"root (node %" PRIu64 ")'s step was consumed "
+				"by an earlier backward",
+				root_id);
+	case ADG_EUNAVAILABLE:
+		return adg_fail(rc, func,
+				"a step the backward needs was consumed, or is "
+				"being run by a retained backward (nothing was "
+				"taken)");
+	default:
+		return adg_fail(rc, func, "failed with %s",
+				adg_code_text(rc, (char[32]){0}));
+	}
+}
+
+static int backward_with(const char *func, adg_registry *registry,
+			 adg_node *root, void *seed, const adg_grad_ops *ops,
+			 const adg_backward_options *options, adg_grads **out)
+{
+	/* The first failure's reason: the run's, kept until it returns. */
+	char reason[ADG_ERRMSG_MAX];
 	if (out != NULL)
 		*out = NULL;
 	/* The caller's options, by the size rule: a bad size is bad input,
 	 * and then neither they nor their failure are read. */
 	adg_backward_options opts;
 	int sized = options != NULL
-			    ? ADG_ABI_READ(&opts, options,
+			    ? ADG_ABI_READ(func, "options", &opts, options,
 					   ADG_ABI_FIRST_BACKWARD_OPTIONS)
 			    : 0;
 	if (options != NULL)
 		options = sized == 0 ? &opts : NULL;
 	adg_failure *report = options != NULL ? options->failure : NULL;
 	if (report != NULL && sized == 0)
-		sized = adg_abi_check(report, sizeof *report,
-				      ADG_ABI_FIRST_FAILURE);
+		sized = adg_abi_check(func, "options->failure", report,
+				      sizeof *report, ADG_ABI_FIRST_FAILURE);
 	if (sized != 0)
 		report = NULL;
 	if (ops == NULL && registry != NULL && registry->has_grad_ops)
 		ops = &registry->grad_ops; /* the value type's */
 	struct adg_run run;
 	backward_run_init(&run, registry, ops, options);
+	run.reason = reason;
 	int rc = ADG_EINVAL;
-	if (ops == NULL || ops->add == NULL || ops->free == NULL)
+	if (ops == NULL || ops->add == NULL || ops->free == NULL) {
+		backward_no_ops(func, ops);
 		goto out; /* no way to free seed */
-	rc = sized != 0 ? sized
-			: backward_check(registry, root, seed, options, out);
+	}
+	rc = sized != 0
+		     ? sized
+		     : backward_check(func, registry, root, seed, options, out);
 	if (rc == 0) {
 		run.shard = adg_shard_get(registry);
 		if (run.shard == NULL)
-			rc = ADG_ENOMEM;
+			rc = adg_fail(ADG_ENOMEM, func,
+				      "the allocator gave no memory for the "
+				      "thread's slice");
 		else
 			run.pass_id = adg_next_pass_id(run.shard);
 	}
@@ -247,6 +301,7 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 			ops->free(seed, ops->ctx);
 		goto out;
 	}
+	bool explained = false; /* a reason written already */
 	if (adg_node_is_leaf(root)) {
 		rc = backward_of_leaf(&run, root->id, seed);
 	} else {
@@ -257,7 +312,9 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 			run.ticket = adg_par_ticket_new();
 		if (run.mode == ADG_RUN_PARALLEL && run.ticket == NULL) {
 			ops->free(seed, ops->ctx);
-			rc = ADG_ENOMEM;
+			rc = adg_fail(ADG_ENOMEM, func,
+				      "no memory for the executor's ticket");
+			explained = true;
 		} else {
 			rc = backward_run(&run, root, seed);
 		}
@@ -272,6 +329,8 @@ int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 		adg_ckpt_free_deferred(run.shard);
 	} else if (run.grads != NULL)
 		adg_grad_table_free(run.grads);
+	if (rc != 0 && !explained) /* after the frees: ops->free may fail */
+		backward_failed(func, &run, root->id, rc);
 out:
 	if (report != NULL) {
 		adg_failure f = run.first;
@@ -281,4 +340,17 @@ out:
 		adg_abi_write(report, &f, sizeof f);
 	}
 	return rc;
+}
+
+int adg_backward(adg_registry *registry, adg_node *root, void *seed,
+		 const adg_grad_ops *ops, adg_grads **out)
+{
+	return backward_with(__func__, registry, root, seed, ops, NULL, out);
+}
+
+int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
+		      const adg_grad_ops *ops,
+		      const adg_backward_options *options, adg_grads **out)
+{
+	return backward_with(__func__, registry, root, seed, ops, options, out);
 }

@@ -74,33 +74,87 @@ static bool ckpt_offers(const struct adg_node *n)
 	return (n->flags & ADG_NODE_F_OFFERS_OUTPUT) != 0;
 }
 
-int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
-		    const adg_op_options *o)
+/* The reason an options' want is refused: want_parents[i] names slot k,
+ * which is past the parents or names one that offers no output. */
+static __attribute__((cold, noinline)) int
+ckpt_want_refused(const char *func, adg_node *const *parents,
+		  uint32_t n_parents, size_t i, uint32_t k)
+{
+	if (k >= n_parents)
+		return adg_fail(ADG_EINVAL, func,
+				"options->want_parents[%zu] is %" PRIu32
+				", past the last slot (%" PRIu32 " parents)",
+				i, k, n_parents);
+	return adg_fail(ADG_EINVAL, func,
+			"options->want_parents[%zu] names parent %" PRIu32
+			" (node %" PRIu64 "), %s",
+			i, k, parents[k]->id,
+			adg_node_is_leaf(parents[k])
+				? "a leaf, which offers no output"
+				: "which offers no output");
+}
+
+/* The reason a malformed options is refused, but for its wants. */
+static __attribute__((cold, noinline)) int
+ckpt_options_refused(const char *func, const adg_op_options *o)
 {
 	const adg_output *out = o->output;
-	if (out != NULL && (out->free == NULL ||
-			    (out->value == NULL && out->recompute == NULL)))
-		return ADG_EINVAL;
+	if (out != NULL && out->free == NULL)
+		return adg_fail(ADG_EINVAL, func,
+				"options->output has no free");
+	if (out != NULL && out->value == NULL && out->recompute == NULL)
+		return adg_fail(ADG_EINVAL, func,
+				"options->output has neither value nor "
+				"recompute");
 	if (o->want_self && out == NULL)
-		return ADG_EINVAL;
+		return adg_fail(ADG_EINVAL, func,
+				"options->want_self is set but options->output "
+				"is NULL: the node offers no output");
 	if (o->n_want_parents > 0 && o->want_parents == NULL)
-		return ADG_EINVAL;
-	if (o->n_want_parents > UINT32_MAX)
-		return ADG_EINVAL; /* the record counts them in 32 bits */
+		return adg_fail(ADG_EINVAL, func,
+				"options->want_parents is NULL with "
+				"n_want_parents %zu",
+				o->n_want_parents);
+	return adg_fail(ADG_EINVAL, func,
+			"options->n_want_parents is %zu, above UINT32_MAX",
+			o->n_want_parents);
+}
+
+int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
+		    const adg_op_options *o, const char *func)
+{
+	const adg_output *out = o->output;
+	if ((out != NULL && (out->free == NULL ||
+			     (out->value == NULL && out->recompute == NULL))) ||
+	    (o->want_self && out == NULL) ||
+	    (o->n_want_parents > 0 && o->want_parents == NULL) ||
+	    o->n_want_parents > UINT32_MAX) /* the record counts in 32 bits */
+		return ckpt_options_refused(func, o);
 	for (size_t i = 0; i < o->n_want_parents; i++)
 		if (o->want_parents[i] >= node->n_parents ||
 		    !ckpt_offers(parents[o->want_parents[i]]))
-			return ADG_EINVAL; /* out of range, a leaf, no output */
+			/* out of range, a leaf, no output */
+			return ckpt_want_refused(func, parents, node->n_parents,
+						 i, o->want_parents[i]);
 	if (out != NULL && out->recompute != NULL)
 		for (uint32_t k = 0; k < node->n_parents; k++)
 			if (!adg_node_is_leaf(parents[k]) &&
 			    !ckpt_offers(parents[k]))
-				return ADG_EINVAL; /* nothing to rebuild from */
+				/* nothing to rebuild from */
+				return adg_fail(
+					ADG_EINVAL, func,
+					"parent %" PRIu32 " (node %" PRIu64
+					") offers no output to recompute "
+					"from (options->output->recompute "
+					"needs every non-leaf parent's)",
+					k, parents[k]->id);
 
 	struct adg_registry *r = adg_node_registry_of(node);
 	struct adg_ckpt *c = adg_alloc(r, ckpt_size(o->n_want_parents));
 	if (c == NULL)
-		return ADG_ENOMEM;
+		return adg_fail(ADG_ENOMEM, func,
+				"the allocator gave no memory for the "
+				"checkpointing record");
 	*c = (struct adg_ckpt){
 		.free = out ? out->free : NULL,
 		.free_ctx = out ? out->ctx : NULL,
@@ -523,23 +577,38 @@ int adg_output_get(adg_step_call *call, uint64_t id, void **value)
 	if (value != NULL)
 		*value = NULL;
 	if (call == NULL || value == NULL || call->context == NULL)
-		return ADG_EINVAL;
+		return ADG_FAIL(ADG_EINVAL, "%s",
+				call == NULL	? "call is NULL"
+				: value == NULL ? "value is NULL"
+						: "call is not a step's");
 	struct adg_backward_context *ctx = call->context;
 	struct adg_node *n = ctx->node, *target = NULL;
 	struct adg_ckpt *c = adg_node_ckpt(n);
 	if (c == NULL)
-		return ADG_EINVAL;
+		return ADG_FAIL(ADG_EINVAL,
+				"node %" PRIu64 " asked for no output: it was "
+				"made without adg_op_options",
+				n->id);
 	if (c->want_self && id == n->id)
 		target = n;
 	for (uint32_t k = 0; k < c->n_want_parents && target == NULL; k++)
 		if (adg_node_parent_id(n, c->want_parents[k]) == id)
 			target = adg_node_parent(n, c->want_parents[k]);
-	if (target == NULL)
-		return ADG_EINVAL; /* not an output this step asked for */
+	if (target == NULL) /* not an output this step asked for */
+		return ADG_FAIL(ADG_EINVAL,
+				"id %" PRIu64 " is not an output node %" PRIu64
+				"'s step asked for (want_self, want_parents)",
+				id, n->id);
+	uint64_t since = adg_errmsg_serial();
 	int rc = ctx->serialize != NULL ? ckpt_materialise_shared(ctx, target)
 					: ckpt_materialise(ctx, target);
 	/* Held until this step is served: its own request stands. */
 	if (rc == 0)
 		*value = ckpt_held(target);
+	else
+		adg_fail_over(rc, __func__, since,
+			      "rebuilding node %" PRIu64 "'s output failed "
+			      "with %s",
+			      id, adg_code_text(rc, (char[32]){0}));
 	return rc;
 }

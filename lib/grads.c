@@ -95,21 +95,78 @@ int adg_grad_table_new(struct adg_registry *registry, const adg_grad_ops *ops,
 	return 0;
 }
 
+int adg_grad_failed(int rc, const char *func, uint64_t id)
+{
+	if (rc == ADG_ENOMEM)
+		return adg_fail(
+			rc, func,
+			"the allocator gave no memory to hold id %" PRIu64
+			"'s gradient",
+			id);
+	return adg_fail(
+		rc, func,
+		"ops->add returned %s folding a gradient into id %" PRIu64,
+		adg_code_text(rc, (char[32]){0}), id);
+}
+
+/* An insert into the table failed with rc for id. Its reason names
+ * adg_step_give, whose common path returns the insert's code as it is
+ * (a tail call, which a check of the code there would cost a frame); the
+ * other callers, adg_grads_register and the backward, write their own
+ * over it. */
+static __attribute__((cold, noinline)) int grad_table_failed(int rc,
+							     uint64_t id)
+{
+	return adg_grad_failed(rc, "adg_step_give", id);
+}
+
+/* The reason grads is refused by func: NULL, or a step's view. */
+static __attribute__((cold, noinline)) int grads_refused(const char *func,
+							 const adg_grads *grads)
+{
+	return adg_fail(ADG_EINVAL, func, "%s",
+			grads == NULL ? "grads is NULL"
+				      : "grads is a step's view (call->grads "
+					"with an executor), not a container");
+}
+
+/* The checks of adg_grads_get and adg_grads_take, with their reasons. */
+static int grads_lookup_check(const char *func, const adg_grads *grads,
+			      const struct adg_grad_table *g, uint64_t id,
+			      void **value)
+{
+	if (adg_likely(g != NULL && value != NULL && id != 0))
+		return 0;
+	if (g == NULL)
+		return grads_refused(func, grads);
+	return adg_fail(ADG_EINVAL, func, "%s",
+			value == NULL ? "value is NULL" : "id is 0");
+}
+
+/* The reason no gradient was found. */
+static __attribute__((cold, noinline)) int grads_not_found(const char *func,
+							   uint64_t id)
+{
+	return adg_fail(ADG_ENOTFOUND, func,
+			"no gradient is held for id %" PRIu64, id);
+}
+
 int adg_grads_get(const adg_grads *grads, uint64_t id, void **value)
 {
 	if (value != NULL)
 		*value = NULL;
 	const struct adg_grad_table *g = adg_grad_table_of(grads);
-	if (g == NULL || value == NULL || id == 0)
-		return ADG_EINVAL;
+	int rc = grads_lookup_check(__func__, grads, g, id, value);
+	if (rc != 0)
+		return rc;
 	void **slot = grad_table_window_slot(g, id);
 	if (slot != NULL) {
 		*value = *slot;
-		return *value != NULL ? 0 : ADG_ENOTFOUND;
+		return *value != NULL ? 0 : grads_not_found(__func__, id);
 	}
 	size_t i = grad_table_find(g, id);
 	if (g->entries[i].id == 0)
-		return ADG_ENOTFOUND;
+		return grads_not_found(__func__, id);
 	*value = g->entries[i].value;
 	return 0;
 }
@@ -143,10 +200,11 @@ int adg_grads_take(adg_grads *grads, uint64_t id, void **value)
 	if (value != NULL)
 		*value = NULL;
 	struct adg_grad_table *g = adg_grad_table_of(grads);
-	if (g == NULL || value == NULL || id == 0)
-		return ADG_EINVAL;
+	int rc = grads_lookup_check(__func__, grads, g, id, value);
+	if (rc != 0)
+		return rc;
 	*value = adg_grad_table_take(g, id);
-	return *value != NULL ? 0 : ADG_ENOTFOUND;
+	return *value != NULL ? 0 : grads_not_found(__func__, id);
 }
 
 void *adg_grad_table_take(struct adg_grad_table *g, uint64_t id)
@@ -177,7 +235,11 @@ int adg_grad_table_window_insert(struct adg_grad_table *g, void **slot,
 	/* add owns value from here on, whatever it returns. */
 	int rc = g->ops.add(slot, value, g->ops.ctx);
 	g->count -= *slot == NULL; /* nothing is held any more */
-	return adg_callback_result(rc);
+	if (adg_unlikely(rc != 0))
+		return grad_table_failed(adg_callback_result(rc),
+					 g->window_lo +
+						 (uint64_t)(slot - g->window));
+	return 0;
 }
 
 int adg_grad_table_insert(struct adg_grad_table *g, uint64_t id, void *value)
@@ -193,12 +255,13 @@ int adg_grad_table_insert(struct adg_grad_table *g, uint64_t id, void *value)
 		if (g->entries[i].value == NULL)
 			grad_table_remove_at(g,
 					     i); /* nothing is held any more */
-		return adg_callback_result(rc);
+		return rc == 0 ? 0
+			       : grad_table_failed(adg_callback_result(rc), id);
 	}
 	if ((g->count + 1) > g->cap / 4 * 3) {
 		if (grad_table_resize(g, g->cap * 2) != 0) {
 			ops->free(value, ops->ctx);
-			return ADG_ENOMEM;
+			return grad_table_failed(ADG_ENOMEM, id);
 		}
 		i = grad_table_find(g, id);
 	}
@@ -214,15 +277,18 @@ static int grad_table_accept(struct adg_grads *to, uint64_t id, void *value)
 		caa_container_of(to, struct adg_grad_table, as_grads);
 	if (id == 0) {
 		g->ops.free(value, g->ops.ctx);
-		return ADG_EINVAL;
+		return adg_fail(ADG_EINVAL, "adg_grads_register",
+				"id is 0 (value freed)");
 	}
-	return adg_grad_table_insert(g, id, value);
+	int rc = adg_grad_table_insert(g, id, value);
+	return rc == 0 ? 0 : adg_grad_failed(rc, "adg_grads_register", id);
 }
 
 int adg_grads_register(adg_grads *grads, uint64_t id, void *value)
 {
 	if (grads == NULL || value == NULL)
-		return ADG_EINVAL;
+		return ADG_FAIL(ADG_EINVAL, "%s is NULL",
+				grads == NULL ? "grads" : "value");
 	/* A tail call through the receiver's own function: the table's, or
 	 * a step output's (run.c). */
 	return grads->accept(grads, id, value);
@@ -233,16 +299,22 @@ int adg_grads_register(adg_grads *grads, uint64_t id, void *value)
  * table, ADG_EFOREIGN for a node of another registry (its id may name
  * another node here). The caller holds node, and so its registry: both
  * are read without a lock. */
-static int grad_table_node_id(const adg_grads *grads, const adg_node *node,
-			      void **value, uint64_t *id)
+static int grad_table_node_id(const char *func, const adg_grads *grads,
+			      const adg_node *node, void **value, uint64_t *id)
 {
 	if (value != NULL)
 		*value = NULL;
 	const struct adg_grad_table *g = adg_grad_table_of(grads);
-	if (g == NULL || node == NULL || value == NULL)
-		return ADG_EINVAL;
+	if (g == NULL)
+		return grads_refused(func, grads);
+	if (node == NULL || value == NULL)
+		return adg_fail(ADG_EINVAL, func, "%s is NULL",
+				node == NULL ? "node" : "value");
 	if (adg_node_registry_of(node)->serial != g->registry_serial)
-		return ADG_EFOREIGN;
+		return adg_fail(ADG_EFOREIGN, func,
+				"node %" PRIu64 " belongs to another registry "
+				"than the backward that made grads",
+				node->id);
 	*id = node->id;
 	return 0;
 }
@@ -251,22 +323,30 @@ int adg_grads_get_node(const adg_grads *grads, const adg_node *node,
 		       void **value)
 {
 	uint64_t id;
-	int rc = grad_table_node_id(grads, node, value, &id);
-	return rc != 0 ? rc : adg_grads_get(grads, id, value);
+	int rc = grad_table_node_id(__func__, grads, node, value, &id);
+	if (rc != 0)
+		return rc;
+	rc = adg_grads_get(grads, id, value);
+	return rc == 0 ? 0 : grads_not_found(__func__, id);
 }
 
 int adg_grads_take_node(adg_grads *grads, const adg_node *node, void **value)
 {
 	uint64_t id;
-	int rc = grad_table_node_id(grads, node, value, &id);
-	return rc != 0 ? rc : adg_grads_take(grads, id, value);
+	int rc = grad_table_node_id(__func__, grads, node, value, &id);
+	if (rc != 0)
+		return rc;
+	rc = adg_grads_take(grads, id, value);
+	return rc == 0 ? 0 : grads_not_found(__func__, id);
 }
 
 int adg_grads_count(const adg_grads *grads, size_t *count)
 {
 	const struct adg_grad_table *g = adg_grad_table_of(grads);
-	if (g == NULL || count == NULL)
-		return ADG_EINVAL;
+	if (g == NULL)
+		return grads_refused(__func__, grads);
+	if (count == NULL)
+		return ADG_FAIL(ADG_EINVAL, "count is NULL");
 	*count = g->count;
 	return 0;
 }
@@ -276,8 +356,8 @@ int adg_grads_free(adg_grads *grads)
 	if (grads == NULL)
 		return 0;
 	struct adg_grad_table *g = adg_grad_table_of(grads);
-	if (g == NULL)
-		return ADG_EINVAL; /* a step's output: the backward owns it */
+	if (g == NULL) /* a step's output: the backward owns it */
+		return grads_refused(__func__, grads);
 	adg_grad_table_free(g);
 	return 0;
 }

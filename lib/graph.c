@@ -459,7 +459,8 @@ static struct adg_graph *graph_of_acquire(const struct adg_node *n)
 int adg_node_graph_id(const adg_node *node, uint64_t *graph_id)
 {
 	if (node == NULL || graph_id == NULL)
-		return ADG_EINVAL;
+		return ADG_FAIL(ADG_EINVAL, "%s is NULL",
+				node == NULL ? "node" : "graph_id");
 	uint64_t id;
 
 	adg_rcu_read_lock();

@@ -59,14 +59,19 @@ static int snapshot_by_depth_then_id(const void *a, const void *b)
 	return (x->id > y->id) - (x->id < y->id);
 }
 
-static int snapshot_take(adg_node *node, struct snapshot *s)
+static int snapshot_take(adg_node *node, struct snapshot *s, const char *func)
 {
 	*s = (struct snapshot){.registry = adg_node_registry_of(node)};
-	if (adg_node_is_leaf(node))
-		return ADG_EINVAL; /* a leaf is in no graph */
+	if (adg_node_is_leaf(node)) /* a leaf is in no graph */
+		return adg_fail(ADG_EINVAL, func,
+				"node %" PRIu64 " is a leaf, in no graph",
+				node->id);
 	struct adg_graph *g = adg_graph_lock_of(node);
 	if (g == NULL)
-		return ADG_ECONSUMED;
+		return adg_fail(ADG_ECONSUMED, func,
+				"node %" PRIu64 "'s step was consumed: it is "
+				"in no graph",
+				node->id);
 	struct adg_node *m;
 	cds_list_for_each_entry (m, &g->members, link)
 		s->n_slots += m->n_parents;
@@ -77,7 +82,10 @@ static int snapshot_take(adg_node *node, struct snapshot *s)
 		adg_alloc(s->registry, snapshot_bytes(s->n_ops, s->n_slots));
 	if (block == NULL) {
 		adg_graph_unlock_plain(g);
-		return ADG_ENOMEM;
+		return adg_fail(ADG_ENOMEM, func,
+				"the allocator gave no memory for a copy of "
+				"the graph (%zu ops)",
+				s->n_ops);
 	}
 	s->ops = block;
 	/* Widest alignment first: ops, others, ids, kinds. */
@@ -118,11 +126,21 @@ static int snapshot_take(adg_node *node, struct snapshot *s)
 int adg_graph_visit(adg_node *node, adg_visit_fn visit, void *ctx)
 {
 	if (node == NULL || visit == NULL)
-		return ADG_EINVAL;
+		return ADG_FAIL(ADG_EINVAL, "%s is NULL",
+				node == NULL ? "node" : "visit");
 	struct snapshot s;
-	int rc = snapshot_take(node, &s);
-	for (size_t i = 0; rc == 0 && i < s.n_ops; i++)
+	int rc = snapshot_take(node, &s, __func__);
+	if (rc != 0)
+		return rc;
+	uint64_t since = adg_errmsg_serial();
+	size_t i = 0;
+	for (; rc == 0 && i < s.n_ops; i++)
 		rc = adg_callback_result(visit(&s.ops[i], ctx));
+	if (rc != 0)
+		adg_fail_over(rc, __func__, since,
+			      "visit returned %s for node %" PRIu64,
+			      adg_code_text(rc, (char[32]){0}),
+			      s.ops[i - 1].id);
 	snapshot_free(&s);
 	return rc;
 }
@@ -258,25 +276,26 @@ static void dot_write_edges(struct dot *d, const adg_graph_node *op)
 	}
 }
 
-int adg_graph_write_dot(adg_node *node, adg_write_fn write, void *ctx)
+static int dot_write_graph(const char *func, adg_node *node,
+			   const adg_dot_options *options, adg_write_fn write,
+			   void *ctx)
 {
-	return adg_graph_write_dot_with(node, NULL, write, ctx);
-}
-
-int adg_graph_write_dot_with(adg_node *node, const adg_dot_options *options,
-			     adg_write_fn write, void *ctx)
-{
+	if (node == NULL || write == NULL)
+		return adg_fail(ADG_EINVAL, func, "%s is NULL",
+				node == NULL ? "node" : "write");
 	adg_dot_options o;
-	if (node == NULL || write == NULL ||
-	    (options != NULL &&
-	     ADG_ABI_READ(&o, options, ADG_ABI_FIRST_DOT_OPTIONS) != 0))
-		return ADG_EINVAL;
-	if (options != NULL)
+	if (options != NULL) {
+		int rc = ADG_ABI_READ(func, "options", &o, options,
+				      ADG_ABI_FIRST_DOT_OPTIONS);
+		if (rc != 0)
+			return rc;
 		options = &o;
+	}
 	struct snapshot s;
-	int rc = snapshot_take(node, &s);
+	int rc = snapshot_take(node, &s, func);
 	if (rc != 0)
 		return rc;
+	uint64_t since = adg_errmsg_serial();
 	struct dot d = {.write = write, .ctx = ctx};
 	dot_emit(&d, "digraph adg_graph_%llu {\n",
 		 (unsigned long long)s.graph_id);
@@ -296,5 +315,19 @@ int adg_graph_write_dot_with(adg_node *node, const adg_dot_options *options,
 		dot_write_edges(&d, &s.ops[i]);
 	dot_emit(&d, "}\n");
 	snapshot_free(&s);
+	if (d.rc != 0)
+		adg_fail_over(d.rc, func, since, "write returned %s",
+			      adg_code_text(d.rc, (char[32]){0}));
 	return d.rc;
+}
+
+int adg_graph_write_dot(adg_node *node, adg_write_fn write, void *ctx)
+{
+	return dot_write_graph(__func__, node, NULL, write, ctx);
+}
+
+int adg_graph_write_dot_with(adg_node *node, const adg_dot_options *options,
+			     adg_write_fn write, void *ctx)
+{
+	return dot_write_graph(__func__, node, options, write, ctx);
 }

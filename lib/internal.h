@@ -1137,10 +1137,11 @@ struct adg_backward_context {
 };
 
 /* adg_op_with: checks options against the parents and attaches a record
- * to node (not yet placed). Returns 0, ADG_EINVAL or ADG_ENOMEM; on error
- * nothing was taken. */
+ * to node (not yet placed). Returns 0, ADG_EINVAL or ADG_ENOMEM, with its
+ * reason naming func (the public function called); on error nothing was
+ * taken. */
 int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
-		    const adg_op_options *options);
+		    const adg_op_options *options, const char *func);
 
 /* Once an op with a record is placed: applies the registry's strategy to
  * its output. An output the strategy drops leaves the record at once but
@@ -1216,6 +1217,11 @@ int adg_grad_table_new(struct adg_registry *registry, const adg_grad_ops *ops,
 /* The table behind grads, or NULL when grads is none (NULL, or a step's
  * output). */
 struct adg_grad_table *adg_grad_table_of(const adg_grads *grads);
+
+/* The reason of adg_grad_table_insert's failure rc (ADG_ENOMEM, or
+ * ops->add's code) for id, in func; returns rc. */
+__attribute__((cold)) int adg_grad_failed(int rc, const char *func,
+					  uint64_t id);
 
 /* Adds value to id's gradient (ops->add), or holds it; id non-zero. Takes
  * value whatever it returns: 0, ADG_ENOMEM or add's code. */

@@ -50,7 +50,7 @@ node_new(struct adg_shard *shard, const struct adg_step_kind *kind,
 	struct adg_node *n =
 		node_alloc(shard, kind->registry, n_parents, ckpt_slot);
 	if (n == NULL) {
-		*rc = ADG_ENOMEM;
+		*rc = ADG_ENOMEM; /* the caller says so */
 		return NULL;
 	}
 	n->kind = kind;
@@ -72,24 +72,70 @@ node_new(struct adg_shard *shard, const struct adg_step_kind *kind,
 	return n;
 }
 
+/* The reason of an allocation that failed for func: what it was for. */
+static __attribute__((cold, noinline)) int node_no_memory(const char *func,
+							  const char *what)
+{
+	return adg_fail(ADG_ENOMEM, func, "the allocator gave no memory for %s",
+			what);
+}
+
+/* The reason of node_new's failure: no memory, or no id left. */
+static __attribute__((cold, noinline)) int node_new_failed(const char *func,
+							   int rc)
+{
+	if (rc == ADG_ENOIDS)
+		return adg_fail(rc, func,
+				"no node id left to hand out (max_node_id "
+				"reached)");
+	return node_no_memory(func, "the node");
+}
+
 int adg_leaf(adg_registry *registry, adg_node **out)
 {
 	if (out != NULL)
 		*out = NULL;
 	if (registry == NULL || out == NULL)
-		return ADG_EINVAL;
+		return ADG_FAIL(ADG_EINVAL, "%s is NULL",
+				registry == NULL ? "registry" : "out");
 	struct adg_shard *shard = adg_shard_get(registry);
 	if (shard == NULL)
-		return ADG_ENOMEM;
+		return node_no_memory(__func__, "the thread's slice");
 	int rc;
 	struct adg_node *n =
 		node_new(shard, &registry->leaf_kind, 0, false, &rc);
 	if (n == NULL)
-		return rc;
+		return node_new_failed(__func__, rc);
 	n->user = NULL;
 	adg_count(shard, ADG_C_LEAVES_MADE, 1);
 	*out = n;
 	return 0;
+}
+
+/* The reasons of node_op_new's bad input: which argument, and why. */
+static __attribute__((cold, noinline)) int
+node_op_invalid(const char *func, adg_registry *registry,
+		adg_node *const *parents, size_t n_parents,
+		const adg_step *step, uint64_t moved, adg_node **out)
+{
+	if (registry == NULL || parents == NULL || step == NULL || out == NULL)
+		return adg_fail(ADG_EINVAL, func, "%s is NULL",
+				registry == NULL  ? "registry"
+				: parents == NULL ? "parents"
+				: step == NULL	  ? "step"
+						  : "out");
+	if (n_parents == 0 || n_parents > UINT32_MAX)
+		return adg_fail(ADG_EINVAL, func,
+				"n_parents is %zu (1 to UINT32_MAX)",
+				n_parents);
+	if (step->backward == NULL)
+		return adg_fail(ADG_EINVAL, func, "step->backward is NULL");
+	if (n_parents < 64 && moved >> n_parents != 0)
+		return adg_fail(ADG_EINVAL, func,
+				"moved has bit %d set, at or past n_parents "
+				"(%zu)",
+				63 - __builtin_clzll(moved), n_parents);
+	return adg_fail(ADG_EINVAL, func, "bad argument");
 }
 
 /* Whether slot i's reference is the caller's, moved in (adg_op_moving). */
@@ -103,41 +149,46 @@ static inline bool node_slot_moved(uint64_t moved, size_t i)
 static inline __attribute__((always_inline)) int
 node_op_new(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	    const adg_step *step, const adg_op_options *options, uint64_t moved,
-	    adg_node **out)
+	    adg_node **out, const char *func)
 {
 	if (out != NULL)
 		*out = NULL;
 	if (registry == NULL || parents == NULL || n_parents == 0 ||
 	    n_parents > UINT32_MAX || step == NULL || step->backward == NULL ||
 	    out == NULL || (n_parents < 64 && moved >> n_parents != 0))
-		return ADG_EINVAL;
+		return node_op_invalid(func, registry, parents, n_parents, step,
+				       moved, out);
 	/* Depth fits 32 bits: a deeper chain would need 2^32 nodes alive. */
 	uint32_t depth = 0;
 	for (size_t i = 0; i < n_parents; i++) {
 		if (parents[i] == NULL)
-			return ADG_EINVAL;
+			return adg_fail(ADG_EINVAL, func,
+					"parents[%zu] is NULL", i);
 		if (adg_node_registry_of(parents[i]) != registry)
-			return ADG_EFOREIGN;
+			return adg_fail(ADG_EFOREIGN, func,
+					"parents[%zu] (node %" PRIu64
+					") belongs to another registry",
+					i, parents[i]->id);
 		if (parents[i]->depth > depth)
 			depth = parents[i]->depth;
 	}
 	struct adg_shard *shard = adg_shard_get(registry);
 	if (shard == NULL)
-		return ADG_ENOMEM;
+		return node_no_memory(func, "the thread's slice");
 	/* Before anything is taken: a failed intern changes nothing. */
 	const struct adg_step_kind *kind = adg_kind_intern(shard, step);
 	if (kind == NULL)
-		return ADG_ENOMEM;
+		return node_no_memory(func, "the step's kind");
 	int rc;
 	struct adg_node *n = node_new(shard, kind, (uint32_t)n_parents,
 				      options != NULL, &rc);
 	if (n == NULL)
-		return rc;
+		return node_new_failed(func, rc);
 	n->depth = depth + 1;
 	n->state = ADG_NODE_LIVE; /* I1: before it is published */
 	n->user = step->user;
 	if (options != NULL) {
-		rc = adg_ckpt_attach(n, parents, options);
+		rc = adg_ckpt_attach(n, parents, options, func);
 		if (rc != 0)
 			goto out_dealloc;
 	}
@@ -159,8 +210,10 @@ node_op_new(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 		atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
 	}
 	rc = adg_graph_place(shard, n);
-	if (rc != 0)
+	if (rc != 0) {
+		node_no_memory(func, "the node's graph");
 		goto out_put_parents;
+	}
 	/* The output this thread's last op offered and the balanced
 	 * strategy dropped was its forward's until now. Only once the op
 	 * is in: a failed call changes nothing. */
@@ -201,7 +254,8 @@ out_dealloc:
 int adg_op(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	   const adg_step *step, adg_node **out)
 {
-	return node_op_new(registry, parents, n_parents, step, NULL, 0, out);
+	return node_op_new(registry, parents, n_parents, step, NULL, 0, out,
+			   __func__);
 }
 
 /* node_op_new with the caller's options (non-NULL), read by the size
@@ -209,15 +263,18 @@ int adg_op(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 static int node_op_with(adg_registry *registry, adg_node *const *parents,
 			size_t n_parents, const adg_step *step,
 			const adg_op_options *options, uint64_t moved,
-			adg_node **out)
+			adg_node **out, const char *func)
 {
 	adg_op_options o;
-	if (ADG_ABI_READ(&o, options, ADG_ABI_FIRST_OP_OPTIONS) != 0) {
+	int rc = ADG_ABI_READ(func, "options", &o, options,
+			      ADG_ABI_FIRST_OP_OPTIONS);
+	if (rc != 0) {
 		if (out != NULL)
 			*out = NULL;
-		return ADG_EINVAL;
+		return rc;
 	}
-	return node_op_new(registry, parents, n_parents, step, &o, moved, out);
+	return node_op_new(registry, parents, n_parents, step, &o, moved, out,
+			   func);
 }
 
 int adg_op_with(adg_registry *registry, adg_node *const *parents,
@@ -226,9 +283,9 @@ int adg_op_with(adg_registry *registry, adg_node *const *parents,
 {
 	if (options == NULL)
 		return node_op_new(registry, parents, n_parents, step, NULL, 0,
-				   out);
-	return node_op_with(registry, parents, n_parents, step, options, 0,
-			    out);
+				   out, __func__);
+	return node_op_with(registry, parents, n_parents, step, options, 0, out,
+			    __func__);
 }
 
 int adg_op_moving(adg_registry *registry, adg_node *const *parents,
@@ -237,15 +294,15 @@ int adg_op_moving(adg_registry *registry, adg_node *const *parents,
 {
 	if (options == NULL) /* the common case, without the options' code */
 		return node_op_new(registry, parents, n_parents, step, NULL,
-				   moved, out);
+				   moved, out, __func__);
 	return node_op_with(registry, parents, n_parents, step, options, moved,
-			    out);
+			    out, __func__);
 }
 
 int adg_node_ref(adg_node *node)
 {
 	if (node == NULL)
-		return ADG_EINVAL;
+		return ADG_FAIL(ADG_EINVAL, "node is NULL");
 	/* Relaxed: the caller holds a reference, so the count is above zero
 	 * and nothing is published by this increment. */
 	uint64_t old =
@@ -258,7 +315,8 @@ int adg_node_ref(adg_node *node)
 int adg_node_id(const adg_node *node, uint64_t *id)
 {
 	if (node == NULL || id == NULL)
-		return ADG_EINVAL;
+		return ADG_FAIL(ADG_EINVAL, "%s is NULL",
+				node == NULL ? "node" : "id");
 	*id = node->id;
 	return 0;
 }
@@ -266,7 +324,8 @@ int adg_node_id(const adg_node *node, uint64_t *id)
 int adg_node_registry(const adg_node *node, adg_registry **registry)
 {
 	if (node == NULL || registry == NULL)
-		return ADG_EINVAL;
+		return ADG_FAIL(ADG_EINVAL, "%s is NULL",
+				node == NULL ? "node" : "registry");
 	/* Set before the node is published and never changed. */
 	*registry = adg_node_registry_of(node);
 	return 0;
@@ -430,7 +489,7 @@ void adg_node_release(struct adg_shard *shard, struct adg_node *node)
 int adg_node_unref(adg_node *node)
 {
 	if (node == NULL)
-		return ADG_EINVAL;
+		return ADG_FAIL(ADG_EINVAL, "node is NULL");
 	/* Most drops are not the last one and need nothing else. */
 	if (!node_put_refs(node, 1))
 		return 0;

@@ -113,58 +113,93 @@ static void pool_stop(struct adg_pool *pool, unsigned n)
 	a.free(pool, pool_size(pool->n_threads), a.ctx);
 }
 
-int adg_pool_new(unsigned n_threads, adg_pool **out)
+/* The reason pool_new refuses its arguments. */
+static __attribute__((cold, noinline)) int
+pool_invalid(const char *func, const adg_pool_options *options, adg_pool **out)
 {
-	adg_pool_options o = {.size = sizeof o, .n_threads = n_threads};
-	return adg_pool_new_with(&o, out);
+	if (out == NULL || options == NULL)
+		return adg_fail(ADG_EINVAL, func, "%s is NULL",
+				out == NULL ? "out" : "options");
+	if (options->n_threads == 0 ||
+	    options->n_threads > ADG_EXECUTOR_MAX_WORKERS)
+		return adg_fail(ADG_EINVAL, func,
+				"n_threads is %u (1 to "
+				"ADG_EXECUTOR_MAX_WORKERS, %u)",
+				options->n_threads, ADG_EXECUTOR_MAX_WORKERS);
+	return adg_fail(ADG_EINVAL, func,
+			"options->allocator has %s without %s",
+			options->allocator.alloc ? "alloc" : "free",
+			options->allocator.alloc ? "free" : "alloc");
 }
 
-int adg_pool_new_with(const adg_pool_options *options, adg_pool **out)
+static int pool_new(const char *func, const adg_pool_options *options,
+		    adg_pool **out)
 {
 	if (out != NULL)
 		*out = NULL;
 	adg_pool_options o;
-	if (out == NULL || options == NULL ||
-	    ADG_ABI_READ(&o, options, ADG_ABI_FIRST_POOL_OPTIONS) != 0)
-		return ADG_EINVAL;
+	if (out == NULL || options == NULL)
+		return pool_invalid(func, options, out);
+	int rc = ADG_ABI_READ(func, "options", &o, options,
+			      ADG_ABI_FIRST_POOL_OPTIONS);
+	if (rc != 0)
+		return rc;
 	options = &o;
 	if (options->n_threads == 0 ||
 	    options->n_threads > ADG_EXECUTOR_MAX_WORKERS ||
 	    (options->allocator.alloc == NULL) !=
 		    (options->allocator.free == NULL))
-		return ADG_EINVAL;
+		return pool_invalid(func, options, out);
 	adg_allocator a = options->allocator;
 	if (a.alloc == NULL)
 		a = adg_default_allocator;
 	unsigned n_threads = options->n_threads;
 	struct adg_pool *pool = a.alloc(pool_size(n_threads), a.ctx);
 	if (pool == NULL)
-		return ADG_ENOMEM;
+		return adg_fail(ADG_ENOMEM, func,
+				"the allocator gave no memory for the pool");
 	*pool = (struct adg_pool){.allocator = a, .n_threads = n_threads};
 	if (pthread_mutex_init(&pool->lock, NULL) != 0) {
 		a.free(pool, pool_size(n_threads), a.ctx);
-		return ADG_ENOMEM;
+		return adg_fail(ADG_ENOMEM, func, "no mutex could be made");
 	}
 	if (pthread_cond_init(&pool->more, NULL) != 0) {
 		pthread_mutex_destroy(&pool->lock);
 		a.free(pool, pool_size(n_threads), a.ctx);
-		return ADG_ENOMEM;
+		return adg_fail(ADG_ENOMEM, func,
+				"no condition variable could be made");
 	}
 	for (unsigned i = 0; i < n_threads; i++) {
-		if (pthread_create(&pool->threads[i], NULL, pool_thread,
-				   pool) != 0) {
+		int err = pthread_create(&pool->threads[i], NULL, pool_thread,
+					 pool);
+		if (err != 0) {
 			pool_stop(pool, i);
-			return ADG_ENOMEM;
+			return adg_fail(ADG_ENOMEM, func,
+					"thread %u of %u could not start "
+					"(pthread_create: error %d)",
+					i, n_threads, err);
 		}
 	}
 	*out = pool;
 	return 0;
 }
 
+int adg_pool_new(unsigned n_threads, adg_pool **out)
+{
+	adg_pool_options o = {.size = sizeof o, .n_threads = n_threads};
+	return pool_new(__func__, &o, out);
+}
+
+int adg_pool_new_with(const adg_pool_options *options, adg_pool **out)
+{
+	return pool_new(__func__, options, out);
+}
+
 int adg_pool_executor(adg_pool *pool, adg_executor *out)
 {
 	if (pool == NULL || out == NULL)
-		return ADG_EINVAL;
+		return ADG_FAIL(ADG_EINVAL, "%s is NULL",
+				pool == NULL ? "pool" : "out");
 	*out = (adg_executor){
 		.submit = pool_submit,
 		.ctx = pool,
@@ -177,8 +212,9 @@ int adg_pool_free(adg_pool *pool)
 {
 	if (pool == NULL)
 		return 0;
-	if (this_pool == pool)
-		return ADG_EINVAL; /* it would join itself */
+	if (this_pool == pool) /* it would join itself */
+		return ADG_FAIL(ADG_EINVAL,
+				"called from one of the pool's own threads");
 	pool_stop(pool, pool->n_threads);
 	return 0;
 }

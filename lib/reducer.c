@@ -65,9 +65,13 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 #define NONE SIZE_MAX /* no unit, participant or parameter */
+
+/* Refuses options for adg_reducer_new: ADG_EINVAL with reason. */
+#define REDUCER_REFUSE(...) adg_fail(ADG_EINVAL, "adg_reducer_new", __VA_ARGS__)
 
 /* One parameter, on a cache line of its own: its sum completes on one
  * thread while others climb other parameters' trees. */
@@ -128,6 +132,9 @@ struct slot {
  * other unit writes. */
 struct unit {
 	_Alignas(ADG_CACHELINE) size_t next;
+	/* The participant it was dealt to this round (without units, unit
+	 * p's is p): written with next, read only to say who failed. */
+	size_t owner;
 	struct slot slots[];
 };
 
@@ -222,6 +229,11 @@ struct adg_reducer {
 	_Alignas(ADG_CACHELINE) atomic_int error;
 	/* Rounds completed; bumped by the last participant to end. */
 	atomic_uint_fast64_t rounds;
+	/* The round's first failure, where error was set: written by the
+	 * thread whose report set it, after its compare and swap, and read
+	 * at the barrier, which every report comes before (see
+	 * reducer_offer_applies). Failure paths only. */
+	adg_reducer_failure fault;
 	/* Slices and applies offered and not yet done: the round cannot
 	 * end before. */
 	atomic_size_t pending;
@@ -236,7 +248,8 @@ struct adg_reducer {
 	/* Rounds the barrier has let through: written under lock, read
 	 * without it by participants that look before they sleep. */
 	atomic_uint_fast64_t gen;
-	int result;	   /* what the round gen - 1 returns */
+	int result;			  /* what the round gen - 1 returns */
+	adg_reducer_failure result_fault; /* and its first failure */
 	size_t n_sleeping; /* participants in pthread_cond_wait */
 };
 
@@ -323,8 +336,13 @@ static bool reducer_index_params(struct adg_reducer *r, const uint64_t *ids)
 	for (size_t k = 0; k < r->n_params; k++) {
 		size_t i = reducer_home_of(r, ids[k]);
 		while (r->table[i].id != 0) {
-			if (r->table[i].id == ids[k])
+			if (r->table[i].id == ids[k]) {
+				REDUCER_REFUSE("param_ids[%zu] repeats "
+					       "param_ids[%zu] (id %" PRIu64
+					       ")",
+					       k, r->table[i].param, ids[k]);
 				return false;
+			}
 			i = (i + 1) & mask;
 		}
 		r->table[i] = (struct entry){ids[k], k};
@@ -352,34 +370,80 @@ static void reducer_free_blocks(struct adg_reducer *r)
 	reducer_free_block(&copy, &self);
 }
 
-/* Whether options are as adg_reducer_new requires, but for ids repeated
- * (reducer_index_params finds those); *sliced: some parameter is in
- * slices. */
-static bool reducer_options_valid(const adg_reducer_options *o, bool *sliced)
+/* Whether the options' counts and ops are as adg_reducer_new requires:
+ * 0, or ADG_EINVAL with its reason. */
+static int reducer_counts_valid(const adg_reducer_options *o)
 {
-	bool ranged = o->total_units != 0;
-	if (o->n_participants == 0 || o->n_params == 0 ||
-	    o->n_units > ADG_REDUCER_MAX_UNITS || o->param_ids == NULL ||
-	    o->ops.add == NULL || o->ops.apply == NULL ||
-	    o->ops.release == NULL ||
-	    (o->allocator.alloc == NULL) != (o->allocator.free == NULL))
-		return false;
-	if (ranged ? o->n_units == 0 ||
-			     o->total_units > ADG_REDUCER_MAX_UNITS ||
-			     o->first_unit > o->total_units - o->n_units
-		   : o->first_unit != 0)
-		return false;
+	if (o->n_participants == 0)
+		return REDUCER_REFUSE("options->n_participants is 0");
+	if (o->n_params == 0)
+		return REDUCER_REFUSE("options->n_params is 0");
+	if (o->n_units > ADG_REDUCER_MAX_UNITS)
+		return REDUCER_REFUSE("options->n_units is %zu, above "
+				      "ADG_REDUCER_MAX_UNITS (%zu)",
+				      o->n_units, ADG_REDUCER_MAX_UNITS);
+	if (o->param_ids == NULL)
+		return REDUCER_REFUSE("options->param_ids is NULL");
+	if (o->ops.add == NULL || o->ops.apply == NULL ||
+	    o->ops.release == NULL)
+		return REDUCER_REFUSE("options->ops.%s is NULL",
+				      o->ops.add == NULL     ? "add"
+				      : o->ops.apply == NULL ? "apply"
+							     : "release");
+	if ((o->allocator.alloc == NULL) != (o->allocator.free == NULL))
+		return REDUCER_REFUSE("options->allocator has %s without %s",
+				      o->allocator.alloc ? "alloc" : "free",
+				      o->allocator.alloc ? "free" : "alloc");
+	if (o->total_units == 0 && o->first_unit != 0)
+		return REDUCER_REFUSE("options->first_unit is %zu without "
+				      "total_units",
+				      o->first_unit);
+	if (o->total_units != 0 && o->n_units == 0)
+		return REDUCER_REFUSE("options->total_units is %zu but "
+				      "n_units is 0: a range needs units",
+				      o->total_units);
+	if (o->total_units > ADG_REDUCER_MAX_UNITS)
+		return REDUCER_REFUSE("options->total_units is %zu, above "
+				      "ADG_REDUCER_MAX_UNITS (%zu)",
+				      o->total_units, ADG_REDUCER_MAX_UNITS);
+	if (o->total_units != 0 && o->first_unit > o->total_units - o->n_units)
+		return REDUCER_REFUSE(
+			"units %zu to %zu (first_unit %zu, "
+			"n_units %zu) do not fit in total_units "
+			"%zu",
+			o->first_unit, o->first_unit + o->n_units - 1,
+			o->first_unit, o->n_units, o->total_units);
+	return 0;
+}
+
+/* Whether options are as adg_reducer_new requires, but for ids repeated
+ * (reducer_index_params finds those): 0, or ADG_EINVAL with its reason;
+ * *sliced: some parameter is in slices. */
+static int reducer_options_valid(const adg_reducer_options *o, bool *sliced)
+{
+	int rc = reducer_counts_valid(o);
+	if (rc != 0)
+		return rc;
 	const size_t *slices = o->param_slices;
 	*sliced = false;
 	for (size_t k = 0; k < o->n_params; k++) {
 		if (o->param_ids[k] == 0)
-			return false;
+			return REDUCER_REFUSE("param_ids[%zu] is 0", k);
 		if (slices != NULL &&
 		    (slices[k] == 0 || slices[k] > ADG_REDUCER_MAX_SLICES))
-			return false;
+			return REDUCER_REFUSE("param_slices[%zu] is %zu (1 to "
+					      "ADG_REDUCER_MAX_SLICES, %u)",
+					      k, slices[k],
+					      ADG_REDUCER_MAX_SLICES);
 		*sliced |= slices != NULL && slices[k] > 1;
 	}
-	return !*sliced || (o->ops.add_slice != NULL && !ranged);
+	if (*sliced && o->ops.add_slice == NULL)
+		return REDUCER_REFUSE("a parameter is in slices but "
+				      "options->ops.add_slice is NULL");
+	if (*sliced && o->total_units != 0)
+		return REDUCER_REFUSE("a parameter is in slices in a reducer "
+				      "of a range of units (total_units)");
+	return 0;
 }
 
 /* The nodes of the largest subtrees whose units, those below total, are
@@ -513,6 +577,13 @@ static void reducer_fill_partials(struct adg_reducer *r, char *block)
 		r->partials[j].anchor = NONE;
 }
 
+/* The reason of an allocation adg_reducer_new could not make. */
+static __attribute__((cold, noinline)) int reducer_no_memory(const char *what)
+{
+	return adg_fail(ADG_ENOMEM, "adg_reducer_new",
+			"the allocator gave no memory for %s", what);
+}
+
 /* Allocates and fills r's blocks with r's allocator. Returns 0,
  * ADG_ENOMEM, or ADG_EINVAL for a repeated id; on error what was
  * allocated is left for reducer_free_blocks. */
@@ -536,23 +607,25 @@ static int reducer_fill(struct adg_reducer *r, const adg_reducer_options *o,
 				 : reducer_alloc_aligned(a, l->partials_size,
 							 &r->partials_block);
 	if (partials == NULL)
-		return ADG_ENOMEM;
+		return reducer_no_memory("the reducer's blocks");
 	reducer_fill_partials(r, partials);
 	size_t table_size = r->table_cap * sizeof *r->table;
 	r->table = a->alloc(table_size, a->ctx);
 	if (r->table == NULL)
-		return ADG_ENOMEM;
+		return reducer_no_memory("the parameters' table");
 	memset(r->table, 0, table_size);
 	r->first_task = a->alloc((r->n_params + 1) * sizeof(size_t), a->ctx);
 	if (r->first_task == NULL)
-		return ADG_ENOMEM;
+		return reducer_no_memory("the applies' table");
 	if (!reducer_index_params(r, o->param_ids))
-		return ADG_EINVAL;
+		return ADG_EINVAL; /* its reason written */
 	if (!reducer_fill_tasks(r, o->param_slices))
-		return ADG_ENOMEM;
+		return reducer_no_memory("the applies (their count overflows)");
 	for (size_t u = 0; u < r->n_units; u++)
-		for (uint64_t half = 0; half < 2; half++)
+		for (uint64_t half = 0; half < 2; half++) {
 			reducer_unit_at(r, half, u)->next = NONE;
+			reducer_unit_at(r, half, u)->owner = u; /* no units */
+		}
 	for (size_t p = 0; p < r->n_members; p++) {
 		struct member *m = &r->members[p];
 		m->reducer = r;
@@ -569,17 +642,22 @@ int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 	if (out != NULL)
 		*out = NULL;
 	bool sliced;
+	if (options == NULL || out == NULL)
+		return ADG_FAIL(ADG_EINVAL, "%s is NULL",
+				options == NULL ? "options" : "out");
 	adg_reducer_options o;
-	if (options == NULL || out == NULL ||
-	    ADG_ABI_READ(&o, options, ADG_ABI_FIRST_REDUCER_OPTIONS) != 0)
-		return ADG_EINVAL;
+	int rc = ADG_ABI_READ(__func__, "options", &o, options,
+			      ADG_ABI_FIRST_REDUCER_OPTIONS);
+	if (rc != 0)
+		return rc;
 	options = &o;
-	if (!reducer_options_valid(options, &sliced))
-		return ADG_EINVAL;
+	rc = reducer_options_valid(options, &sliced);
+	if (rc != 0)
+		return rc;
 	struct reducer_layout l;
 	if (!reducer_layout(options->n_participants, options, options->n_params,
 			    &l))
-		return ADG_ENOMEM;
+		return reducer_no_memory("its blocks (their sizes overflow)");
 
 	adg_allocator a = options->allocator;
 	if (a.alloc == NULL)
@@ -587,7 +665,7 @@ int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 	struct block self;
 	struct adg_reducer *r = reducer_alloc_aligned(&a, sizeof *r, &self);
 	if (r == NULL)
-		return ADG_ENOMEM;
+		return reducer_no_memory("the reducer");
 	r->self_block = self;
 	r->allocator = a;
 	r->ops = options->ops;
@@ -605,14 +683,18 @@ int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 	r->unit_stride = l.unit_stride;
 	r->table_cap = l.table_cap;
 	r->shift = 64 - l.log2;
-	int rc = reducer_fill(r, options, &l);
+	rc = reducer_fill(r, options, &l);
 	if (rc != 0)
 		goto out_free;
 	rc = ADG_ENOMEM;
-	if (pthread_mutex_init(&r->lock, NULL) != 0)
+	if (pthread_mutex_init(&r->lock, NULL) != 0) {
+		reducer_no_memory("a mutex");
 		goto out_free;
-	if (pthread_cond_init(&r->done, NULL) != 0)
+	}
+	if (pthread_cond_init(&r->done, NULL) != 0) {
+		reducer_no_memory("a condition variable");
 		goto out_destroy_lock;
+	}
 	*out = r;
 	return 0;
 
@@ -625,15 +707,33 @@ out_free:
 
 /* ------------------------------------------------------- contributions */
 
-/* Makes code the round's error unless one was reported first. seq_cst:
- * one total order with the check before each apply (reducer_abandoned),
- * so that an apply whose check comes after this does not start. */
-static void reducer_report(struct adg_reducer *r, int code)
+/* Makes f the round's first failure (its code the round's error) unless
+ * one was reported first. seq_cst: one total order with the check before
+ * each apply (reducer_abandoned), so that an apply whose check comes
+ * after this does not start. The one that sets error writes the record:
+ * no other thread writes it this round. */
+static __attribute__((cold, noinline)) void
+reducer_report(struct adg_reducer *r, const adg_reducer_failure *f)
 {
 	int none = 0;
-	atomic_compare_exchange_strong_explicit(&r->error, &none, code,
-						memory_order_seq_cst,
-						memory_order_seq_cst);
+	if (atomic_compare_exchange_strong_explicit(&r->error, &none, f->code,
+						    memory_order_seq_cst,
+						    memory_order_seq_cst))
+		r->fault = *f;
+}
+
+/* A failure that names no participant: an add_slice, an apply, or the
+ * round's units (param_id 0). */
+static __attribute__((cold, noinline)) void
+reducer_report_at(struct adg_reducer *r, adg_reducer_failure_site site,
+		  int code, uint64_t param_id)
+{
+	adg_reducer_failure f = {.code = code,
+				 .site = site,
+				 .participant = SIZE_MAX,
+				 .param_id = param_id,
+				 .unit = ADG_REDUCER_NO_UNIT};
+	reducer_report(r, &f);
 }
 
 /* Whether the round was abandoned; seq_cst: see reducer_report. */
@@ -741,10 +841,13 @@ static void reducer_take_slices(struct adg_reducer *r, size_t i)
 			return;
 		int rc = 0;
 		(void)reducer_fold_slice(r, i, k, 0, r->width, &rc);
-		if (rc == 0 && r->apply_early)
+		adg_reducer_failure_site site = ADG_REDUCER_FAILED_ADD;
+		if (rc == 0 && r->apply_early) {
 			rc = reducer_apply(r, i, 0, k); /* one partial: whole */
+			site = ADG_REDUCER_FAILED_APPLY;
+		}
 		if (rc != 0)
-			reducer_report(r, rc);
+			reducer_report_at(r, site, rc, p->id);
 		reducer_task_done(r);
 	}
 }
@@ -774,7 +877,8 @@ static void reducer_take_applies(struct adg_reducer *r)
 					 ? reducer_apply(r, lo, 0, k)
 					 : reducer_apply(r, lo, k, 0);
 			if (rc != 0)
-				reducer_report(r, rc);
+				reducer_report_at(r, ADG_REDUCER_FAILED_APPLY,
+						  rc, r->params[lo].id);
 		}
 		reducer_task_done(r);
 	}
@@ -861,7 +965,7 @@ static int reducer_complete(struct adg_reducer *r, size_t i, size_t j,
 	}
 	int rc = r->apply_early ? reducer_apply(r, i, j, 0) : 0;
 	if (rc != 0)
-		reducer_report(r, rc);
+		reducer_report_at(r, ADG_REDUCER_FAILED_APPLY, rc, p->id);
 	return rc;
 }
 
@@ -887,6 +991,21 @@ static size_t reducer_partial_at(const struct adg_reducer *r, size_t node)
 	while (r->partial_node[j] != node)
 		j++; /* there: partial_node holds every partial root */
 	return j;
+}
+
+/* An add failed folding unit u's contribution to parameter i: u's
+ * participant's, whose thread (or backward) runs this climb. */
+static __attribute__((cold, noinline)) void
+reducer_report_add(struct adg_reducer *r, size_t u, size_t i, int code)
+{
+	adg_reducer_failure f = {
+		.code = code,
+		.site = ADG_REDUCER_FAILED_ADD,
+		.participant = reducer_unit_at(r, reducer_round(r), u)->owner,
+		.param_id = r->params[i].id,
+		.unit = ADG_REDUCER_NO_UNIT,
+	};
+	reducer_report(r, &f);
 }
 
 /* Unit u's contribution to parameter i is in its slot: climbs the tree
@@ -928,11 +1047,73 @@ static int reducer_arrive(struct adg_reducer *r, size_t u, size_t i)
 			&reducer_slot_of(r, left, i)->value,
 			reducer_slot_of(r, right, i)->value, r->ops.ctx));
 		if (rc != 0) {
-			reducer_report(r, rc);
+			reducer_report_add(r, u, i, rc);
 			return rc;
 		}
 	}
 	return reducer_complete(r, i, reducer_partial_at(r, node), anchor);
+}
+
+/* The reason participant is refused by func: NULL, or out of range. */
+static __attribute__((cold, noinline)) int
+reducer_bad_participant(const char *func, const adg_reducer *r,
+			size_t participant)
+{
+	if (r == NULL)
+		return adg_fail(ADG_EINVAL, func, "reducer is NULL");
+	return adg_fail(ADG_EINVAL, func,
+			"participant %zu out of range (%zu participants)",
+			participant, r->n_members);
+}
+
+/* The reason m is refused a unit's call by func (ADG_ESTATE). */
+static __attribute__((cold, noinline)) int
+reducer_unit_refused(const char *func, const struct adg_reducer *r,
+		     const struct member *m)
+{
+	if (!r->dealt)
+		return adg_fail(ADG_ESTATE, func,
+				"the reducer has no units (n_units 0)");
+	if (atomic_load_explicit(&m->ended, memory_order_relaxed))
+		return adg_fail(ADG_ESTATE, func,
+				"participant %zu is ending its round",
+				m->index);
+	if (m->unit == NONE)
+		return adg_fail(ADG_ESTATE, func,
+				"participant %zu has no unit (deal one with "
+				"adg_reducer_next_unit)",
+				m->index);
+	return adg_fail(ADG_ESTATE, func,
+			"participant %zu has not ended unit %zu "
+			"(adg_reducer_unit_end)",
+			m->index, r->first_unit + m->unit);
+}
+
+/* The reason of a give that failed with rc: refused (ADG_ESTATE, value not
+ * taken), or an add's or apply's code from its climb. */
+static __attribute__((cold, noinline)) int
+reducer_give_failed(const char *func, const struct adg_reducer *r,
+		    const struct member *m, size_t i, int rc)
+{
+	if (rc != ADG_ESTATE)
+		return adg_fail(rc, func,
+				"folding or applying parameter id %" PRIu64
+				" returned %s: the round is abandoned",
+				r->params[i].id,
+				adg_code_text(rc, (char[32]){0}));
+	if (atomic_load_explicit(&m->ended, memory_order_relaxed))
+		return adg_fail(rc, func,
+				"participant %zu is ending its round (value "
+				"not taken)",
+				m->index);
+	if (m->unit == NONE)
+		return adg_fail(rc, func,
+				"participant %zu has no unit (value not taken)",
+				m->index);
+	return adg_fail(rc, func,
+			"participant %zu's unit %zu already has parameter id "
+			"%" PRIu64 " (value not taken)",
+			m->index, r->first_unit + m->unit, r->params[i].id);
 }
 
 /* Hands parameter i's contribution of m's unit to the reducer. */
@@ -958,13 +1139,21 @@ static int reducer_give(struct adg_reducer *r, struct member *m, size_t i,
 int adg_reducer_give(adg_reducer *reducer, size_t participant, uint64_t id,
 		     void *value)
 {
-	if (reducer == NULL || value == NULL ||
-	    participant >= reducer->n_members)
-		return ADG_EINVAL;
+	if (reducer == NULL || participant >= reducer->n_members)
+		return reducer_bad_participant(__func__, reducer, participant);
+	if (value == NULL)
+		return ADG_FAIL(ADG_EINVAL, "value is NULL");
 	size_t i = reducer_lookup(reducer, id);
 	if (i == NONE)
-		return ADG_EINVAL;
-	return reducer_give(reducer, &reducer->members[participant], i, value);
+		return ADG_FAIL(ADG_EINVAL,
+				"id %" PRIu64 " is not a parameter (value not "
+				"taken)",
+				id);
+	struct member *m = &reducer->members[participant];
+	int rc = reducer_give(reducer, m, i, value);
+	return adg_likely(rc == 0)
+		       ? 0
+		       : reducer_give_failed(__func__, reducer, m, i, rc);
 }
 
 /* The ready hook of adg_reducer_hook: ctx is the participant. The
@@ -988,19 +1177,25 @@ static int reducer_on_ready(uint64_t id, void **grad, void *ctx)
 	int rc = reducer_give(r, m, i, *grad);
 	if (rc != ADG_ESTATE)
 		*grad = NULL; /* taken, whatever add and apply said */
-	return rc;
+	return adg_likely(rc == 0)
+		       ? 0
+		       : reducer_give_failed("adg_reducer_hook's on_ready", r,
+					     m, i, rc);
 }
 
 int adg_reducer_hook(adg_reducer *reducer, size_t participant,
 		     adg_backward_options *options)
 {
+	if (reducer == NULL || participant >= reducer->n_members)
+		return reducer_bad_participant(__func__, reducer, participant);
+	if (options == NULL)
+		return ADG_FAIL(ADG_EINVAL, "options is NULL");
 	/* The options are the caller's, read and written in place: the
 	 * fields it sets are in every size the check accepts. */
-	if (reducer == NULL || options == NULL ||
-	    participant >= reducer->n_members ||
-	    adg_abi_check(options, sizeof *options,
-			  ADG_ABI_FIRST_BACKWARD_OPTIONS) != 0)
-		return ADG_EINVAL;
+	int rc = adg_abi_check(__func__, "options", options, sizeof *options,
+			       ADG_ABI_FIRST_BACKWARD_OPTIONS);
+	if (rc != 0)
+		return rc;
 	struct member *m = &reducer->members[participant];
 	/* The options' own hook, kept and called first; options already
 	 * hooked to this participant (a loop that hooks every round) keep
@@ -1023,15 +1218,16 @@ int adg_reducer_next_unit(adg_reducer *reducer, size_t participant,
 {
 	if (unit != NULL)
 		*unit = ADG_REDUCER_NO_UNIT;
-	if (reducer == NULL || unit == NULL ||
-	    participant >= reducer->n_members)
-		return ADG_EINVAL;
+	if (reducer == NULL || participant >= reducer->n_members)
+		return reducer_bad_participant(__func__, reducer, participant);
+	if (unit == NULL)
+		return ADG_FAIL(ADG_EINVAL, "unit is NULL");
 	struct adg_reducer *r = reducer;
 	struct member *m = &r->members[participant];
 	/* Relaxed: see reducer_give. */
 	if (!r->dealt || m->unit != NONE ||
 	    atomic_load_explicit(&m->ended, memory_order_relaxed))
-		return ADG_ESTATE;
+		return reducer_unit_refused(__func__, r, m);
 	if (reducer_abandoned(r))
 		return 0; /* no use computing more */
 	/* Relaxed: the counter only hands out distinct units; the unit's
@@ -1041,21 +1237,43 @@ int adg_reducer_next_unit(adg_reducer *reducer, size_t participant,
 	if (u >= r->n_units)
 		return 0;
 	reducer_unit_at(r, reducer_round(r), u)->next = m->units;
+	reducer_unit_at(r, reducer_round(r), u)->owner = m->index;
 	m->units = u;
 	m->unit = u;
 	*unit = r->first_unit + u;
 	return 0;
 }
 
+/* m ended its unit or round with result, from the backward that failed
+ * at step (NULL: not said). */
+static __attribute__((cold, noinline)) void
+reducer_report_result(struct adg_reducer *r, const struct member *m, int result,
+		      const adg_failure *step)
+{
+	adg_reducer_failure f = {
+		.code = adg_callback_result(result),
+		.site = ADG_REDUCER_FAILED_RESULT,
+		.participant = m->index,
+		.unit = r->dealt && m->unit != NONE ? r->first_unit + m->unit
+						    : ADG_REDUCER_NO_UNIT,
+	};
+	if (step != NULL) {
+		f.step = *step;
+		f.step.size = sizeof f.step; /* the caller's may differ */
+	}
+	reducer_report(r, &f);
+}
+
 /* Ends m's unit with result: its missing contributions count as NULL,
- * or result abandons the round. Returns 0 or the first code of a climb. */
+ * or result abandons the round (step: where its backward failed, or
+ * NULL). Returns 0 or the first code of a climb. */
 static int reducer_close_unit(struct adg_reducer *r, struct member *m,
-			      int result)
+			      int result, const adg_failure *step)
 {
 	size_t u = m->unit;
 	int first = 0;
 	if (result != 0) {
-		reducer_report(r, adg_callback_result(result));
+		reducer_report_result(r, m, result, step);
 	} else {
 		for (size_t i = 0; i < r->n_params; i++) {
 			struct slot *s = reducer_slot_of(r, u, i);
@@ -1077,16 +1295,43 @@ static int reducer_close_unit(struct adg_reducer *r, struct member *m,
 	return first;
 }
 
-int adg_reducer_unit_end(adg_reducer *reducer, size_t participant, int result)
+static int reducer_unit_end(const char *func, adg_reducer *reducer,
+			    size_t participant, int result,
+			    const adg_failure *step)
 {
 	if (reducer == NULL || participant >= reducer->n_members)
-		return ADG_EINVAL;
+		return reducer_bad_participant(func, reducer, participant);
 	struct member *m = &reducer->members[participant];
 	/* Relaxed: see reducer_give. */
 	if (!reducer->dealt || m->unit == NONE ||
 	    atomic_load_explicit(&m->ended, memory_order_relaxed))
-		return ADG_ESTATE;
-	return reducer_close_unit(reducer, m, result);
+		return reducer_unit_refused(func, reducer, m);
+	int rc = reducer_close_unit(reducer, m, result, step);
+	return rc == 0 ? 0
+		       : adg_fail(rc, func,
+				  "a fold of unit's NULL contributions "
+				  "returned %s: the round is abandoned",
+				  adg_code_text(rc, (char[32]){0}));
+}
+
+int adg_reducer_unit_end(adg_reducer *reducer, size_t participant, int result)
+{
+	return reducer_unit_end(__func__, reducer, participant, result, NULL);
+}
+
+int adg_reducer_unit_end_with(adg_reducer *reducer, size_t participant,
+			      const adg_failure *failure)
+{
+	adg_failure step;
+	if (failure != NULL) {
+		int rc = ADG_ABI_READ(__func__, "failure", &step, failure,
+				      ADG_ABI_FIRST_FAILURE);
+		if (rc != 0)
+			return rc;
+	}
+	return reducer_unit_end(__func__, reducer, participant,
+				failure != NULL ? step.code : 0,
+				failure != NULL ? &step : NULL);
 }
 
 /* --------------------------------------------------------- the barrier */
@@ -1112,7 +1357,8 @@ static bool reducer_offer_applies(struct adg_reducer *r, uint64_t gen)
 	 * (pending, acquire). */
 	if (atomic_load_explicit(&r->units_done, memory_order_relaxed) !=
 	    r->n_units)
-		reducer_report(r, ADG_ESTATE); /* a unit was not done */
+		reducer_report_at(r, ADG_REDUCER_FAILED_UNITS, ADG_ESTATE,
+				  0); /* a unit was not done */
 	if (r->apply_early || r->applying || reducer_abandoned(r))
 		return true;
 	r->applying = true;
@@ -1136,6 +1382,10 @@ static int reducer_finish_round(struct adg_reducer *r)
 	/* Relaxed, all: the barrier's unlock that moves gen orders these
 	 * before every participant's next round. */
 	int rc = atomic_load_explicit(&r->error, memory_order_relaxed);
+	if (adg_unlikely(rc != 0)) {
+		r->result_fault = r->fault;
+		r->result_fault.round = reducer_round(r);
+	}
 	atomic_store_explicit(&r->next_unit, 0, memory_order_relaxed);
 	atomic_store_explicit(&r->units_done, 0, memory_order_relaxed);
 	atomic_store_explicit(&r->error, 0, memory_order_relaxed);
@@ -1185,8 +1435,8 @@ static void reducer_wait(struct adg_reducer *r, uint64_t gen)
 
 /* Waits for the round's other participants, taking slices and applies
  * meanwhile; the one that sees the round over finishes it. Returns the
- * round's result. */
-static int reducer_barrier(struct adg_reducer *r)
+ * round's result, and fills *fault with its first failure. */
+static int reducer_barrier(struct adg_reducer *r, adg_reducer_failure *fault)
 {
 	/* Relaxed: the barrier cannot move before this participant is in. */
 	uint64_t gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
@@ -1199,6 +1449,8 @@ static int reducer_barrier(struct adg_reducer *r)
 			/* result cannot move before this participant ends
 			 * the next round. */
 			int rc = r->result;
+			if (adg_unlikely(rc != 0))
+				*fault = r->result_fault;
 			pthread_mutex_unlock(&r->lock);
 			return rc;
 		}
@@ -1212,6 +1464,8 @@ static int reducer_barrier(struct adg_reducer *r)
 	r->n_ended = 0;
 	int rc = reducer_finish_round(r);
 	r->result = rc;
+	if (adg_unlikely(rc != 0))
+		*fault = r->result_fault;
 	/* Relaxed: written under lock; readers without it only look. */
 	atomic_store_explicit(&r->gen, gen + 1, memory_order_relaxed);
 	pthread_cond_broadcast(&r->done);
@@ -1245,29 +1499,148 @@ static void reducer_release_own(struct adg_reducer *r, struct member *m,
 	atomic_store_explicit(&m->ended, false, memory_order_relaxed);
 }
 
-int adg_reducer_end(adg_reducer *reducer, size_t participant, int result)
+/* "step 'mul' of node 17", what a backward's failure names, for a
+ * round's reason; "" when it names none. */
+static void reducer_step_text(char *buf, size_t size, const adg_failure *f)
 {
+	char node[256];
+	if (f->name != NULL)
+		snprintf(node, sizeof node, "step '%s' of node %" PRIu64,
+			 f->name, f->node_id);
+	else
+		snprintf(node, sizeof node, "node %" PRIu64, f->node_id);
+	adg_errmsg_clip(node, sizeof node); /* a long name cut */
+	switch (f->site) {
+	case ADG_FAILED_STEP:
+		snprintf(buf, size, " at %s", node);
+		break;
+	case ADG_FAILED_ON_STEP:
+		snprintf(buf, size, " in on_step around %s", node);
+		break;
+	case ADG_FAILED_ON_READY:
+		snprintf(buf, size, " in on_ready for %s", node);
+		break;
+	case ADG_FAILED_ADD:
+		snprintf(buf, size, " in ops->add into %s", node);
+		break;
+	case ADG_FAILED_CHECK:
+		snprintf(buf, size,
+			 " in the value check, on a gradient that %s gave",
+			 node);
+		break;
+	default:
+		buf[0] = '\0';
+	}
+}
+
+/* The reason of a failed round, the same on every participant. */
+static __attribute__((cold, noinline)) int
+reducer_round_failed(const char *func, const adg_reducer_failure *f)
+{
+	char code[32], step[320], unit[48] = "";
+	adg_code_text(f->code, code);
+	switch (f->site) {
+	case ADG_REDUCER_FAILED_RESULT:
+		reducer_step_text(step, sizeof step, &f->step);
+		if (f->unit != ADG_REDUCER_NO_UNIT)
+			snprintf(unit, sizeof unit, " in unit %zu", f->unit);
+		return adg_fail(f->code, func,
+				"round %" PRIu64 " abandoned: participant %zu "
+				"failed with %s%s%s",
+				f->round, f->participant, code, unit, step);
+	case ADG_REDUCER_FAILED_ADD:
+		if (f->participant == SIZE_MAX)
+			return adg_fail(f->code, func,
+					"round %" PRIu64 " abandoned: "
+					"ops.add_slice returned %s folding "
+					"parameter id %" PRIu64,
+					f->round, code, f->param_id);
+		return adg_fail(f->code, func,
+				"round %" PRIu64 " abandoned: ops.add returned "
+				"%s folding participant %zu's contribution to "
+				"parameter id %" PRIu64,
+				f->round, code, f->participant, f->param_id);
+	case ADG_REDUCER_FAILED_APPLY:
+		return adg_fail(f->code, func,
+				"round %" PRIu64 " abandoned: ops.apply "
+				"returned %s for parameter id %" PRIu64,
+				f->round, code, f->param_id);
+	default:
+		return adg_fail(f->code, func,
+				"round %" PRIu64 " abandoned with %s: it ended "
+				"with units not done",
+				f->round, code);
+	}
+}
+
+static int reducer_end(const char *func, adg_reducer *reducer,
+		       size_t participant, int result, const adg_failure *step,
+		       adg_reducer_failure *fault)
+{
+	*fault = (adg_reducer_failure){.size = sizeof *fault,
+				       .participant = SIZE_MAX,
+				       .unit = ADG_REDUCER_NO_UNIT};
 	if (reducer == NULL || participant >= reducer->n_members)
-		return ADG_EINVAL;
+		return reducer_bad_participant(func, reducer, participant);
 	struct adg_reducer *r = reducer;
 	struct member *m = &r->members[participant];
 	/* Relaxed: atomicity alone refuses a second end; see reducer_give. */
 	if (atomic_exchange_explicit(&m->ended, true, memory_order_relaxed))
-		return ADG_ESTATE;
+		return adg_fail(ADG_ESTATE, func,
+				"participant %zu is already ending this round",
+				participant);
 	uint64_t round = reducer_round(r);
+	fault->round = round;
 	if (m->unit != NONE)
-		(void)reducer_close_unit(r, m, result); /* errors reported */
+		(void)reducer_close_unit(r, m, result, step); /* reported */
 	else if (result != 0)
-		reducer_report(r, adg_callback_result(result));
-	int rc = reducer_barrier(r);
+		reducer_report_result(r, m, result, step);
+	int rc = reducer_barrier(r, fault);
 	reducer_release_own(r, m, round);
+	if (adg_unlikely(rc != 0))
+		reducer_round_failed(func, fault);
+	return rc;
+}
+
+int adg_reducer_end(adg_reducer *reducer, size_t participant, int result)
+{
+	adg_reducer_failure fault;
+	return reducer_end(__func__, reducer, participant, result, NULL,
+			   &fault);
+}
+
+int adg_reducer_end_with(adg_reducer *reducer, size_t participant,
+			 const adg_failure *failure, adg_reducer_failure *round)
+{
+	/* Both sized (adg.h, "ABI"), checked before the round is touched:
+	 * a bad size ends nothing. */
+	adg_failure step;
+	if (failure != NULL) {
+		int rc = ADG_ABI_READ(__func__, "failure", &step, failure,
+				      ADG_ABI_FIRST_FAILURE);
+		if (rc != 0)
+			return rc;
+	}
+	if (round != NULL) {
+		int rc = adg_abi_check(__func__, "round", round, sizeof *round,
+				       ADG_ABI_FIRST_REDUCER_FAILURE);
+		if (rc != 0)
+			return rc;
+	}
+	adg_reducer_failure fault;
+	int rc = reducer_end(__func__, reducer, participant,
+			     failure != NULL ? step.code : 0,
+			     failure != NULL ? &step : NULL, &fault);
+	if (round != NULL)
+		adg_abi_write(round, &fault, sizeof fault);
 	return rc;
 }
 
 int adg_reducer_rounds(const adg_reducer *reducer, uint64_t *rounds)
 {
 	if (reducer == NULL || rounds == NULL)
-		return ADG_EINVAL;
+		return ADG_FAIL(ADG_EINVAL, "%s is NULL",
+				reducer == NULL ? "reducer" : "rounds");
 	/* Acquire: pairs with reducer_finish_round's release. */
 	*rounds = atomic_load_explicit(&reducer->rounds, memory_order_acquire);
 	return 0;
@@ -1297,7 +1670,9 @@ int adg_reducer_free(adg_reducer *reducer)
 		return 0;
 	struct adg_reducer *r = reducer;
 	if (reducer_busy(r))
-		return ADG_EBUSY;
+		return ADG_FAIL(ADG_EBUSY,
+				"a round has begun and not ended (nothing "
+				"freed)");
 	pthread_cond_destroy(&r->done);
 	pthread_mutex_destroy(&r->lock);
 	reducer_free_blocks(r);

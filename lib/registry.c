@@ -178,20 +178,24 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 	if (out != NULL)
 		*out = NULL;
 	if (out == NULL)
-		return ADG_EINVAL;
+		return ADG_FAIL(ADG_EINVAL, "out is NULL");
 	adg_allocator allocator = adg_default_allocator;
 	/* A leaf parent's slot holds (id << 1) | 1 (internal.h): no id
 	 * beyond ADG_ID_MAX. */
 	uint64_t max_node_id = ADG_ID_MAX;
 	adg_registry_options opts;
 	if (options != NULL) {
-		if (ADG_ABI_READ(&opts, options,
-				 ADG_ABI_FIRST_REGISTRY_OPTIONS) != 0)
-			return ADG_EINVAL;
+		int rc = ADG_ABI_READ(__func__, "options", &opts, options,
+				      ADG_ABI_FIRST_REGISTRY_OPTIONS);
+		if (rc != 0)
+			return rc;
 		options = &opts;
 		const adg_allocator *a = &options->allocator;
 		if ((a->alloc == NULL) != (a->free == NULL))
-			return ADG_EINVAL;
+			return ADG_FAIL(ADG_EINVAL,
+					"options->allocator has %s without %s",
+					a->alloc ? "alloc" : "free",
+					a->alloc ? "free" : "alloc");
 		if (a->alloc != NULL)
 			allocator = *a;
 		if (options->max_node_id != 0 &&
@@ -199,10 +203,16 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 			max_node_id = options->max_node_id;
 		if (options->checkpointing != ADG_CHECKPOINT_NONE &&
 		    options->checkpointing != ADG_CHECKPOINT_BALANCED)
-			return ADG_EINVAL;
+			return ADG_FAIL(ADG_EINVAL,
+					"options->checkpointing %d is no "
+					"strategy (ADG_CHECKPOINT_NONE or "
+					"ADG_CHECKPOINT_BALANCED)",
+					options->checkpointing);
 		const adg_grad_ops *ops = options->grad_ops;
 		if (ops != NULL && (ops->add == NULL || ops->free == NULL))
-			return ADG_EINVAL;
+			return ADG_FAIL(ADG_EINVAL,
+					"options->grad_ops has no %s",
+					ops->add == NULL ? "add" : "free");
 	}
 	/* The read side's set-up, once in the process: here, not at the
 	 * first read-side section, so that its membarrier registration
@@ -216,7 +226,10 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 	struct adg_registry *r =
 		registry_zalloc_aligned(&allocator, sizeof *r, &base);
 	if (r == NULL)
-		return ADG_ENOMEM;
+		return ADG_FAIL(ADG_ENOMEM,
+				"the allocator gave no memory for the registry "
+				"(%zu bytes)",
+				sizeof *r);
 	r->alloc_base = base;
 	/* Relaxed: a serial need only be unique. */
 	r->serial = atomic_fetch_add_explicit(&registries_made, 1,
@@ -248,7 +261,8 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 int adg_registry_allocator(const adg_registry *registry, adg_allocator *out)
 {
 	if (registry == NULL || out == NULL)
-		return ADG_EINVAL;
+		return ADG_FAIL(ADG_EINVAL, "%s is NULL",
+				registry == NULL ? "registry" : "out");
 	*out = registry->allocator;
 	return 0;
 }
@@ -295,9 +309,13 @@ static void registry_stats(struct adg_registry *r, struct adg_stats *out)
 
 int adg_registry_stats(adg_registry *registry, struct adg_stats *out)
 {
-	if (registry == NULL || out == NULL ||
-	    adg_abi_check(out, sizeof *out, ADG_ABI_FIRST_STATS) != 0)
-		return ADG_EINVAL;
+	if (registry == NULL || out == NULL)
+		return ADG_FAIL(ADG_EINVAL, "%s is NULL",
+				registry == NULL ? "registry" : "out");
+	int rc = adg_abi_check(__func__, "out", out, sizeof *out,
+			       ADG_ABI_FIRST_STATS);
+	if (rc != 0)
+		return rc;
 	struct adg_stats st;
 	registry_stats(registry, &st);
 	adg_abi_write(out, &st, sizeof st);
@@ -312,7 +330,10 @@ int adg_registry_free(adg_registry *registry)
 
 	registry_stats(registry, &stats);
 	if (stats.live_nodes != 0)
-		return ADG_EBUSY;
+		return ADG_FAIL(ADG_EBUSY,
+				"%" PRIu64 " nodes still live (drop every "
+				"handle first)",
+				stats.live_nodes);
 	/* A grace period: no read-side section still touches a graph in a
 	 * shard's pool or limbo, freed below. */
 	adg_rcu_synchronize();

@@ -5,6 +5,7 @@
  */
 #include "run.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #define NO_SLOT UINT32_MAX
@@ -55,11 +56,95 @@ void adg_run_thread_init(struct adg_run_thread *th, struct adg_run *run,
 				    ? NULL
 				    : t->ids + (size_t)slot * t->ids_stride,
 		.outer = adg_run_current,
+		.errmsg_since = adg_errmsg_serial(),
 	};
 	adg_run_current = th;
 }
 
 /* -------------------------------------------------------------- failures */
+
+/* "step 'mul' of node 5", or "node 5" for a node without a step name. */
+static void run_node_text(char *buf, size_t size, const char *name, uint64_t id)
+{
+	if (name != NULL)
+		snprintf(buf, size, "step '%s' of node %" PRIu64, name, id);
+	else
+		snprintf(buf, size, "node %" PRIu64, id);
+	adg_errmsg_clip(buf, size); /* a long name cut */
+}
+
+/* The value check's rejection of the gradient n's step (named node) gave
+ * for slot k; n NULL when unknown. */
+static void run_check_text(char *buf, size_t size, const char *node,
+			   const struct adg_node *n, uint32_t k)
+{
+	if (n == NULL)
+		snprintf(buf, size,
+			 "the value check rejected a gradient that %s gave",
+			 node);
+	else if (k >= n->n_parents)
+		snprintf(buf, size,
+			 "the value check rejected the gradient that %s gave "
+			 "for slot %" PRIu32 ", past its last (%" PRIu32
+			 " parents)",
+			 node, k, n->n_parents);
+	else
+		snprintf(buf, size,
+			 "the value check rejected the gradient that %s gave "
+			 "for parent slot %" PRIu32 " (node %" PRIu64 ")",
+			 node, k, adg_node_parent_id(n, k));
+}
+
+/* Writes what's reason into run->reason, on the thread that failed: the
+ * callback and its code, then the inner reason when the callback passed
+ * on a libadg call's failure. Failure path only. */
+static __attribute__((cold, noinline)) void
+run_fail_reason(struct adg_run *run, const adg_failure *what)
+{
+	const struct adg_run_thread *th = adg_run_current;
+	if (th != NULL && th->run != run)
+		th = NULL;
+	char node[256], where[384], code[32];
+	run_node_text(node, sizeof node, what->name, what->node_id);
+	adg_code_text(what->code, code);
+	switch (what->site) {
+	case ADG_FAILED_STEP:
+		snprintf(where, sizeof where, "%s returned %s", node, code);
+		break;
+	case ADG_FAILED_ON_STEP:
+		snprintf(where, sizeof where, "on_step around %s returned %s",
+			 node, code);
+		break;
+	case ADG_FAILED_ON_READY:
+		snprintf(where, sizeof where,
+			 "on_ready for node %" PRIu64 " returned %s",
+			 what->node_id, code);
+		break;
+	case ADG_FAILED_ADD:
+		snprintf(where, sizeof where,
+			 "ops->add folding a gradient into node %" PRIu64
+			 " returned %s",
+			 what->node_id, code);
+		th = NULL; /* the table's reason says the same */
+		break;
+	case ADG_FAILED_CHECK:
+		run_check_text(where, sizeof where, node,
+			       th != NULL ? th->out.node : NULL,
+			       th != NULL ? th->out.rejected_slot : 0);
+		snprintf(where + strlen(where), sizeof where - strlen(where),
+			 " with %s", code);
+		th = NULL; /* its reason is the give's: said here already */
+		break;
+	default:
+		snprintf(where, sizeof where,
+			 "the allocator gave no memory for the gradients");
+		break;
+	}
+	bool inner =
+		th != NULL && adg_errmsg_fresh(what->code, th->errmsg_since);
+	snprintf(run->reason, ADG_ERRMSG_MAX, "%s%s%s", where,
+		 inner ? ": " : "", inner ? adg_errmsg() : "");
+}
 
 void adg_run_fail(struct adg_run *run, uint64_t key, const adg_failure *what)
 {
@@ -74,6 +159,8 @@ void adg_run_fail(struct adg_run *run, uint64_t key, const adg_failure *what)
 		atomic_store_explicit(&run->first_key, key,
 				      memory_order_relaxed);
 		run->first = *what;
+		if (run->reason != NULL)
+			run_fail_reason(run, what);
 	}
 	if (shared)
 		pthread_mutex_unlock(&run->fail_lock);
@@ -231,6 +318,15 @@ static int step_out_deliver(struct adg_step_out *o, uint32_t k, void *value)
 	return 0;
 }
 
+/* Whether id names a parent of o's node, in any slot. */
+static bool step_out_has_parent(const struct adg_step_out *o, uint64_t id)
+{
+	for (uint32_t k = 0; k < o->node->n_parents; k++)
+		if (adg_node_parent_id(o->node, k) == id)
+			return true;
+	return false;
+}
+
 /* adg_grads_register on call->grads, alone and with workers. */
 static int step_out_accept(struct adg_grads *to, uint64_t id, void *value)
 {
@@ -242,15 +338,52 @@ static int step_out_accept(struct adg_grads *to, uint64_t id, void *value)
 		 * would fold in another order than the sequential backward. */
 		const adg_grad_ops *ops = step_out_run(o)->ops;
 		ops->free(value, ops->ctx);
-		return ADG_EINVAL;
+		bool parent = step_out_has_parent(o, id);
+		return adg_fail(ADG_EINVAL, "adg_grads_register",
+				"id %" PRIu64 " is %s of node %" PRIu64
+				"%s (a step's view takes one gradient per "
+				"parent slot; value freed)",
+				id, parent ? "a parent" : "not a parent",
+				o->node->id,
+				parent ? " whose slots are all taken" : "");
 	}
 	return step_out_deliver(o, k, value);
+}
+
+/* The reason adg_step_give refused slot of o's step: out of range, or
+ * every slot naming its parent already given. */
+static __attribute__((cold, noinline)) int
+step_give_refused(const struct adg_step_out *o, size_t slot)
+{
+	const struct adg_node *n = o->node;
+	if (slot >= n->n_parents)
+		return adg_fail(ADG_EINVAL, "adg_step_give",
+				"slot %zu out of range: node %" PRIu64
+				" has %" PRIu32 " parents (value freed)",
+				slot, n->id, n->n_parents);
+	return adg_fail(ADG_EINVAL, "adg_step_give",
+			"slot %zu given twice: every slot of node %" PRIu64
+			" naming parent %" PRIu64 " is taken (value freed)",
+			slot, n->id, adg_node_parent_id(n, (uint32_t)slot));
+}
+
+/* The reason of a gradient the value check rejected: the step, the slot
+ * and the parent. */
+static __attribute__((cold, noinline)) void
+step_give_rejected(const struct adg_run_thread *th, uint32_t slot, int rc)
+{
+	char node[256], text[384], code[32];
+	const struct adg_node *n = th->out.node;
+	run_node_text(node, sizeof node, n->kind->name, n->id);
+	run_check_text(text, sizeof text, node, n, slot);
+	adg_fail(rc, "adg_step_give", "%s with %s (value freed)", text,
+		 adg_code_text(rc, code));
 }
 
 /* value_check on a value o's step gives: 0, or the code it was
  * rejected with, kept for the step's failure (the first, if several). */
 static int step_out_check(struct adg_step_out *o, const struct adg_run *run,
-			  const void *value)
+			  uint32_t slot, const void *value)
 {
 	struct adg_run_thread *th =
 		caa_container_of(o, struct adg_run_thread, out);
@@ -258,8 +391,12 @@ static int step_out_check(struct adg_step_out *o, const struct adg_run *run,
 	int rc = adg_callback_result(
 		run->value_check(value, run->value_check_ctx));
 	adg_run_site_end(th);
-	if (rc != 0 && o->rejected == 0)
+	if (rc != 0 && o->rejected == 0) {
 		o->rejected = rc;
+		o->rejected_slot = slot;
+	}
+	if (rc != 0)
+		step_give_rejected(th, slot, rc);
 	return rc;
 }
 
@@ -272,9 +409,11 @@ step_out_give_slow(struct adg_run_thread *th, struct adg_step_out *o,
 {
 	const adg_grad_ops *ops = th->run->ops;
 	if (value == NULL)
-		return ADG_EINVAL;
+		return adg_fail(ADG_EINVAL, "adg_step_give", "value is NULL");
 	if (adg_unlikely(th->run->value_check != NULL)) {
-		int rc = step_out_check(o, th->run, value);
+		int rc = step_out_check(
+			o, th->run,
+			slot > UINT32_MAX ? UINT32_MAX : (uint32_t)slot, value);
 		if (rc != 0) {
 			ops->free(value, ops->ctx);
 			return rc;
@@ -292,9 +431,12 @@ step_out_give_slow(struct adg_run_thread *th, struct adg_step_out *o,
 					     value);
 	if (k == NO_SLOT) {
 		ops->free(value, ops->ctx);
-		return ADG_EINVAL;
+		return step_give_refused(o, slot);
 	}
-	return step_out_deliver(o, k, value);
+	int rc = step_out_deliver(o, k, value);
+	return rc == 0 ? 0
+		       : adg_grad_failed(rc, "adg_step_give",
+					 adg_node_parent_id(o->node, k));
 }
 
 /* adg_step_give_all after a failed give: frees the values not given,
@@ -312,8 +454,10 @@ step_give_all_free_from(adg_step_call *call, void *const *values, size_t from)
 
 int adg_step_give(adg_step_call *call, size_t slot, void *value)
 {
-	if (call == NULL || call->context == NULL)
-		return ADG_EINVAL; /* not a step's: no ops to free value */
+	if (call == NULL || call->context == NULL) /* no ops to free value */
+		return adg_fail(ADG_EINVAL, "adg_step_give", "%s",
+				call == NULL ? "call is NULL"
+					     : "call is not a step's");
 	struct adg_run_thread *th =
 		caa_container_of(call->context, struct adg_run_thread, ckpt);
 	struct adg_step_out *o = step_out_now(&th->out);
@@ -324,6 +468,7 @@ int adg_step_give(adg_step_call *call, size_t slot, void *value)
 	if (adg_likely(o->direct && slot == o->filled && !o->marked &&
 		       slot < call->n_parents && value != NULL)) {
 		o->filled = (uint32_t)slot + 1;
+		/* A failure's reason is the table's (grads.c). */
 		return adg_grad_table_insert_fast(
 			th->run->grads, call->parent_ids[slot], value);
 	}
@@ -422,9 +567,15 @@ void adg_run_thread_leave(struct adg_run_thread *th)
 int adg_callback_site(adg_failure *where)
 {
 	const struct adg_run_thread *th = adg_run_current;
-	if (where == NULL || th == NULL ||
-	    adg_abi_check(where, sizeof *where, ADG_ABI_FIRST_FAILURE) != 0)
-		return ADG_EINVAL;
+	if (where == NULL)
+		return ADG_FAIL(ADG_EINVAL, "where is NULL");
+	if (th == NULL)
+		return ADG_FAIL(ADG_EINVAL,
+				"no backward's callback runs on this thread");
+	int rc = adg_abi_check(__func__, "where", where, sizeof *where,
+			       ADG_ABI_FIRST_FAILURE);
+	if (rc != 0)
+		return rc;
 	adg_failure_site site = th->site;
 	const struct adg_node *n = th->site_node;
 	uint64_t id = th->site_id;
@@ -433,7 +584,9 @@ int adg_callback_site(adg_failure *where)
 		 * recompute), whose failure is the step's; else in none. */
 		n = th->ckpt.node;
 		if (n == NULL)
-			return ADG_EINVAL;
+			return ADG_FAIL(ADG_EINVAL,
+					"between a backward's callbacks: no "
+					"failure would name this one");
 		site = ADG_FAILED_STEP;
 		id = n->id;
 	}

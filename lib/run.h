@@ -61,6 +61,11 @@ struct adg_run {
 	 * step, and what it was. */
 	atomic_uint_fast64_t first_key;
 	adg_failure first;
+	/* The first failure's reason (adg_errmsg), ADG_ERRMSG_MAX bytes of
+	 * the caller's frame, written with first on the thread that failed
+	 * (which holds the inner reason of a libadg call inside the callback)
+	 * and made the caller's thread's reason when the backward returns. */
+	char *reason;
 	/* A consuming run: the positions below it were let go of
 	 * (adg_run_let_go). */
 	size_t let_go;
@@ -86,6 +91,8 @@ struct adg_step_out {
 	/* What value_check rejected a gradient of node's with (0: none):
 	 * node's step then fails with it, whatever it returns. */
 	int rejected;
+	/* The slot of the gradient rejected first, for the reason. */
+	uint32_t rejected_slot;
 };
 
 /* One thread's part in a run: what its steps' calls point at. */
@@ -116,6 +123,10 @@ struct adg_run_thread {
 	/* What was current when this thread entered the run
 	 * (adg_run_thread_init), put back when it leaves. */
 	struct adg_run_thread *outer;
+	/* The thread's reason count when it entered the run
+	 * (adg_errmsg_serial): a failing callback's code whose reason was
+	 * written since is a libadg call's, kept in the run's reason. */
+	uint64_t errmsg_since;
 };
 
 /* The run thread whose callbacks the calling thread runs now, for

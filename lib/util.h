@@ -11,6 +11,7 @@
 
 #include <ck_cc.h>
 #include <ck_md.h>
+#include <inttypes.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,6 +55,44 @@ static inline int adg_callback_result(int rc)
 	return rc > 0 ? ADG_ECALLBACK : rc;
 }
 
+/*
+ * Reasons (adg_errmsg, error.c): each failing public call writes the
+ * calling thread's reason as it returns its code, on the error path only:
+ * `return ADG_FAIL(ADG_EINVAL, "slot %zu out of range", slot);` returns
+ * ADG_EINVAL and reads "<function>: slot 5 out of range". A helper that
+ * fails for a public function names that function (adg_fail), so that the
+ * reason names what the caller called. Nothing on a success path writes
+ * or reads them.
+ */
+__attribute__((cold, format(printf, 3, 4))) int
+adg_fail(int code, const char *func, const char *fmt, ...);
+#define ADG_FAIL(code, ...) adg_fail((code), __func__, __VA_ARGS__)
+
+/* adg_fail for a code that a callback passed on: when the thread wrote a
+ * reason with that same code since its count read `since`
+ * (adg_errmsg_serial: a libadg call inside the callback failed, and the
+ * callback returned its code), that reason follows this one after ": ",
+ * so that the inner reason is kept and the outer adds its context. */
+__attribute__((cold, format(printf, 4, 5))) int
+adg_fail_over(int code, const char *func, uint64_t since, const char *fmt, ...);
+
+/* How many reasons the calling thread has written so far: read before a
+ * callback runs, for adg_fail_over after it. One TLS load. */
+uint64_t adg_errmsg_serial(void);
+
+/* Whether the thread wrote a reason for code since its count read since:
+ * the reason adg_errmsg holds is then the inner failure's. */
+int adg_errmsg_fresh(int code, uint64_t since);
+
+/* text, which snprintf wrote into size bytes, without the incomplete
+ * UTF-8 character a cut at its end may have left (a long step name in a
+ * reason): every reason is whole UTF-8 where its names are. */
+void adg_errmsg_clip(char *text, size_t size);
+
+/* code as a reason shows it: "ADG_EVALUE (-12)" for libadg's codes, the
+ * number alone for a callback's own ("-1003"). Into buf, returned. */
+const char *adg_code_text(int code, char buf[static 32]);
+
 /* Fibonacci hashing of a node id: the product with 2^64 / phi, shifted
  * right by shift. Its high bits spread consecutive ids (a thread's batch)
  * evenly: a table of 2^k entries takes the top k (shift 64 - k). */
@@ -73,12 +112,15 @@ extern const adg_allocator adg_default_allocator;
  * When a field is added to a struct, its first size stays what it was.
  *
  * adg_abi_check: ADG_EINVAL unless first <= size and every byte past own
- * is zero. adg_abi_read: checks, then copies the caller's options into
- * local (own bytes), zero past the caller's size. adg_abi_write: fills an
- * output the check passed with local, min(size, own) bytes, its size kept.
+ * is zero, with func's reason naming the argument what ("options").
+ * adg_abi_read: checks, then copies the caller's options into local (own
+ * bytes), zero past the caller's size. adg_abi_write: fills an output the
+ * check passed with local, min(size, own) bytes, its size kept.
  */
-int adg_abi_check(const void *given, size_t own, size_t first);
-int adg_abi_read(void *local, size_t own, size_t first, const void *given);
+int adg_abi_check(const char *func, const char *what, const void *given,
+		  size_t own, size_t first);
+int adg_abi_read(const char *func, const char *what, void *local, size_t own,
+		 size_t first, const void *given);
 void adg_abi_write(void *given, const void *local, size_t own);
 
 /* The first published sizes (libadg.so.1, 0.2.0): today's. */
@@ -90,10 +132,12 @@ void adg_abi_write(void *given, const void *local, size_t own);
 #define ADG_ABI_FIRST_POOL_OPTIONS     sizeof(adg_pool_options)
 #define ADG_ABI_FIRST_STATS	       sizeof(struct adg_stats)
 #define ADG_ABI_FIRST_FAILURE	       sizeof(adg_failure)
+#define ADG_ABI_FIRST_REDUCER_FAILURE  sizeof(adg_reducer_failure)
 
 /* Reads the caller's options *given into the local copy *local, by the
- * size rule; first names the struct's first size (ADG_ABI_FIRST_...). */
-#define ADG_ABI_READ(local, given, first)                                      \
-	adg_abi_read((local), sizeof *(local), (first), (given))
+ * size rule; first names the struct's first size (ADG_ABI_FIRST_...), func
+ * the public function and what the argument, for the reason. */
+#define ADG_ABI_READ(func, what, local, given, first)                          \
+	adg_abi_read((func), (what), (local), sizeof *(local), (first), (given))
 
 #endif /* ADG_UTIL_H */

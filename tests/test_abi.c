@@ -8,9 +8,26 @@
 
 #include "util.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 FIXTURE_SUITE(abi);
+
+/* The helper compiled in (lib/abi.c) writes its reasons here: the
+ * library's adg_fail is its own, hidden, and its adg_errmsg reads the
+ * library's copy, which the public functions' tests below check. */
+static char helper_reason[512];
+
+int adg_fail(int code, const char *func, const char *fmt, ...)
+{
+	int n = snprintf(helper_reason, sizeof helper_reason, "%s: ", func);
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(helper_reason + n, sizeof helper_reason - (size_t)n, fmt, ap);
+	va_end(ap);
+	return code;
+}
 
 /* The sizes each function is tried with: what the caller's struct says,
  * and whether the byte after libadg's struct is set. */
@@ -59,13 +76,26 @@ static bool accepted(enum size_case c)
 		}                                                              \
 	} while (0)
 
+/* What the reason of a refused size says, after the function's name. */
+static const char *const case_reasons[N_CASES] = {
+	[ZERO] = "size is 0: set it to sizeof the struct",
+	[TOO_SMALL] = "below the struct's",
+	[LARGER_DIRTY] = "a field this library does not know",
+};
+
 static void expect(int rc, enum size_case c, const char *fn)
 {
-	if (accepted(c))
+	if (accepted(c)) {
 		cr_assert_eq(rc, 0, "%s, size %s: %d", fn, case_names[c], rc);
-	else
-		cr_assert_eq(rc, ADG_EINVAL, "%s, size %s: %d", fn,
-			     case_names[c], rc);
+		return;
+	}
+	cr_assert_eq(rc, ADG_EINVAL, "%s, size %s: %d", fn, case_names[c], rc);
+	/* The reason names the function (fn's first word) and what was
+	 * wrong with the size. */
+	const char *why = adg_errmsg();
+	cr_assert(strncmp(why, fn, strcspn(fn, "' ")) == 0 &&
+			  strstr(why, case_reasons[c]) != NULL,
+		  "%s, size %s: reason \"%s\"", fn, case_names[c], why);
 }
 
 CHECKED_TEST(abi, registry_options)
@@ -310,6 +340,55 @@ CHECKED_TEST(abi, reducer_options_and_hook)
 	}
 }
 
+/* adg_reducer_end_with's failure (read) and round (filled), and
+ * adg_reducer_unit_end_with's failure: a refused size ends nothing, so
+ * the same participant ends its round with the next case. */
+CHECKED_TEST(abi, reducer_failures)
+{
+	static const uint64_t ids[] = {1};
+	adg_reducer_options o = {
+		.size = sizeof o,
+		.n_participants = 1,
+		.n_units = 1,
+		.param_ids = ids,
+		.n_params = 1,
+		.ops = {.add = r_add, .apply = r_apply, .release = r_release}};
+	adg_reducer *r;
+	cr_assert_eq(adg_reducer_new(&o, &r), 0);
+	size_t unit;
+	for (int c = 0; c < N_CASES; c++) {
+		GROWN(adg_failure) f = {0};
+		SIZE_FOR(f, c);
+		cr_assert_eq(adg_reducer_next_unit(r, 0, &unit), 0);
+		expect(adg_reducer_unit_end_with(r, 0, &f.known), c,
+		       "adg_reducer_unit_end_with");
+		if (!accepted(c))
+			cr_assert_eq(adg_reducer_unit_end(r, 0, 0), 0);
+		expect(adg_reducer_end_with(r, 0, &f.known, NULL), c,
+		       "adg_reducer_end_with's failure");
+		if (!accepted(c))
+			cr_assert_eq(adg_reducer_end(r, 0, 0), 0);
+	}
+	for (int c = 0; c < N_CASES; c++) {
+		GROWN(adg_reducer_failure) round;
+		memset(&round, 0x5a, sizeof round);
+		SIZE_FOR(round, c);
+		cr_assert_eq(adg_reducer_next_unit(r, 0, &unit), 0);
+		cr_assert_eq(adg_reducer_unit_end(r, 0, 0), 0);
+		expect(adg_reducer_end_with(r, 0, NULL, &round.known), c,
+		       "adg_reducer_end_with's round");
+		if (accepted(c)) {
+			cr_assert_eq(round.known.code, 0);
+			for (size_t i = 0; i < sizeof round.newer; i++)
+				cr_assert_eq(round.newer[i], 0, "byte %zu", i);
+		} else {
+			cr_assert_eq(round.known.code, 0x5a5a5a5a, "untouched");
+			cr_assert_eq(adg_reducer_end(r, 0, 0), 0);
+		}
+	}
+	cr_assert_eq(adg_reducer_free(r), 0);
+}
+
 /* ------------------------------------------------- the helper, on its own */
 
 /* A struct as 0.2.0 had it, and as a later version has it, one field
@@ -335,7 +414,9 @@ Test(abi_helper, an_older_callers_struct_reads_as_zero_past_its_size)
 	given.old = (struct old_opts){.size = sizeof given.old, .a = 7};
 	struct new_opts local;
 	memset(&local, 0x77, sizeof local);
-	cr_assert_eq(adg_abi_read(&local, sizeof local, FIRST, &given), 0);
+	cr_assert_eq(adg_abi_read("f", "options", &local, sizeof local, FIRST,
+				  &given),
+		     0);
 	cr_assert_eq(local.a, 7);
 	cr_assert_eq(local.b, 0);
 }
@@ -343,23 +424,30 @@ Test(abi_helper, an_older_callers_struct_reads_as_zero_past_its_size)
 Test(abi_helper, sizes_below_the_first_are_refused)
 {
 	struct new_opts given = {.size = FIRST - 1, .a = 7}, local;
-	cr_assert_eq(adg_abi_read(&local, sizeof local, FIRST, &given),
+	cr_assert_eq(adg_abi_read("f", "options", &local, sizeof local, FIRST,
+				  &given),
 		     ADG_EINVAL);
 	given.size = 0;
-	cr_assert_eq(adg_abi_check(&given, sizeof local, FIRST), ADG_EINVAL);
+	cr_assert_eq(adg_abi_check("f", "options", &given, sizeof local, FIRST),
+		     ADG_EINVAL);
+	cr_assert_str_eq(helper_reason, "f: options->size is 0: set it to "
+					"sizeof the struct (adg.h, \"ABI\")");
 	given.size = FIRST;
-	cr_assert_eq(adg_abi_check(&given, sizeof local, FIRST), 0);
+	cr_assert_eq(adg_abi_check("f", "options", &given, sizeof local, FIRST),
+		     0);
 }
 
 Test(abi_helper, a_newer_callers_fields_must_be_unset)
 {
 	struct new_opts given = {.size = sizeof given, .a = 7};
 	struct old_opts local;
-	cr_assert_eq(adg_abi_read(&local, sizeof local, sizeof local, &given),
+	cr_assert_eq(adg_abi_read("f", "options", &local, sizeof local,
+				  sizeof local, &given),
 		     0);
 	cr_assert_eq(local.a, 7);
 	given.b = 1;
-	cr_assert_eq(adg_abi_read(&local, sizeof local, sizeof local, &given),
+	cr_assert_eq(adg_abi_read("f", "options", &local, sizeof local,
+				  sizeof local, &given),
 		     ADG_EINVAL);
 }
 
@@ -372,7 +460,9 @@ Test(abi_helper, an_output_is_written_up_to_the_callers_size)
 	memset(&given, 0x5a, sizeof given);
 	given.old.size = sizeof given.old;
 	struct new_opts local = {.size = 999, .a = 7, .b = 8};
-	cr_assert_eq(adg_abi_check(&given, sizeof local, sizeof given.old), 0);
+	cr_assert_eq(adg_abi_check("f", "options", &given, sizeof local,
+				   sizeof given.old),
+		     0);
 	adg_abi_write(&given, &local, sizeof local);
 	cr_assert_eq(given.old.size, sizeof given.old, "its size kept");
 	cr_assert_eq(given.old.a, 7);

@@ -1419,9 +1419,11 @@ TEST(errors_say_what_and_where)
 		reg, {x}, [](adg::step_call<double> &c) { c.give(3, 1.0); },
 		"far");
 	EXPECT_THROWS(adg::error, adg::backward(far, 1.0), {
+		/* adg_step_give's reason, which the give captured. */
 		EXPECT(std::string(e.what()).find(
-			       "slot 3 out of range (1 parents)") !=
+			       "adg_step_give: slot 3 out of range: node") !=
 		       std::string::npos);
+		EXPECT(e.reason().find("has 1 parents") != std::string::npos);
 	});
 	/* What no exception explains names the step too. */
 	EXPECT_THROWS(adg::error, adg::backward(far, 1.0),
@@ -1567,6 +1569,11 @@ TEST(the_value_check_names_the_producing_step)
 			EXPECT(std::strcmp(e.failure().name, "sqrt") == 0);
 			EXPECT(std::string(e.what()).find("'sqrt'") !=
 			       std::string::npos);
+			/* The C reason: the slot and the parent too. */
+			EXPECT(std::string(e.what()).find(
+				       "rejected the gradient that step "
+				       "'sqrt' of node 2 gave for parent slot "
+				       "0 (node 1)") != std::string::npos);
 		});
 		o.value_check = [](adg::grad_ref) -> bool { throw boom{3}; };
 		EXPECT_THROWS(boom, adg::backward(root, 1.0, o),
@@ -2494,6 +2501,119 @@ TEST(generic_lambdas_name_their_type)
 			c.give(i, *c.grad() * 3.0);
 	});
 	EXPECT(adg::backward(y, 2.0).get(x) == 12.0);
+}
+
+/* An error from a C call carries its reason (adg_errmsg), read when it
+ * was thrown: what() says it; an error of this layer alone has none. */
+TEST(errors_carry_the_c_calls_reason)
+{
+	std::uint64_t id;
+	EXPECT_THROWS(adg::error,
+		      adg::check(adg_node_id(nullptr, &id), "adg_node_id"), {
+			      EXPECT(e.reason() == "adg_node_id: node is NULL");
+			      EXPECT(std::string(e.what()) == e.reason());
+		      });
+	adg_registry_options o{};
+	o.checkpointing = 7;
+	EXPECT_THROWS(adg::error, adg::registry bad(o), {
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(std::string(e.what()).find(
+			       "adg_registry_new: options->checkpointing 7") ==
+		       0);
+	});
+	/* Read when thrown: a later failure on the thread changes nothing. */
+	adg::error kept(ADG_EINVAL, "context", adg_errmsg());
+	adg::registry reg;
+	EXPECT_THROWS(adg::error, adg::pool none(0u), {});
+	EXPECT(kept.reason().find("options->checkpointing 7") !=
+	       std::string::npos);
+	EXPECT(std::string(kept.what()).find("context: adg_registry_new") == 0);
+	adg::error plain(ADG_EINVAL, "reducer::hook: participant 5 of 2");
+	EXPECT(plain.reason().empty());
+	EXPECT(std::string(plain.what()) ==
+	       "reducer::hook: participant 5 of 2: invalid argument");
+	/* A step's own code, in the backward's reason. */
+	adg::node x = adg::leaf(reg);
+	adg::node y = adg::op(
+		reg, {x},
+		[](adg::step_call<double> &) {
+			throw adg::error(ADG_EUSER - 4, "bad data");
+		},
+		"load");
+	EXPECT_THROWS(adg::error, adg::backward(y, 1.0), {
+		EXPECT(e.code().value() == ADG_EUSER - 4);
+		EXPECT(std::strcmp(e.failure().name, "load") == 0);
+		EXPECT(std::string(e.what()).find("bad data") !=
+		       std::string::npos);
+	});
+}
+
+/* A round that participant 2 fails with an adg::error from its backward:
+ * every participant's end rethrows it, and reducer::failure tells each
+ * one who failed, with what code, at which step (round passed the
+ * error's failure on). */
+TEST(a_failed_round_tells_every_participant_who_and_where)
+{
+	constexpr int t = 3;
+	sync_model m;
+	adg::reducer<double> red(t, m.params,
+				 [&m](const adg::reduction<double> &r) {
+					 if (r.sum != nullptr)
+						 m.w[r.param] -= 0.1 * *r.sum;
+				 });
+	adg::node bad = adg::op(
+		m.reg, {m.params[0]},
+		[](adg::step_call<double> &) {
+			throw adg::error(ADG_EVALUE, "a NaN");
+		},
+		"mul");
+	std::uint64_t bad_id = bad.id();
+	std::array<adg_reducer_failure, t> told{};
+	std::atomic<int> rethrown{0};
+	std::vector<std::thread> threads;
+	for (int p = 0; p < t; p++)
+		threads.emplace_back([&, p] {
+			try {
+				red.round(p, [&] {
+					adg::backward(p == 2 ? bad
+							     : m.loss(p, 0),
+						      1.0, red.hook(p));
+				});
+			} catch (const adg::error &e) {
+				if (e.code().value() == ADG_EVALUE)
+					rethrown++;
+			}
+			told[p] = red.failure(p);
+		});
+	for (std::thread &th : threads)
+		th.join();
+	EXPECT(rethrown == t);
+	for (const adg_reducer_failure &f : told) {
+		EXPECT(f.code == ADG_EVALUE);
+		EXPECT(f.site == ADG_REDUCER_FAILED_RESULT);
+		EXPECT(f.participant == 2);
+		EXPECT(f.step.site == ADG_FAILED_STEP);
+		EXPECT(f.step.node_id == bad_id);
+		EXPECT(std::strcmp(f.step.name, "mul") == 0);
+	}
+	EXPECT_THROWS(adg::error, red.failure(t),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	/* No exception stands for a round ended with a unit not done: the
+	 * round's reason does. */
+	adg::reducer_options<double> o;
+	o.units = 2;
+	adg::reducer<double> units(
+		1, m.params, [](auto &) {}, o);
+	EXPECT(units.next_unit(0) == 0);
+	units.unit_end(0);
+	EXPECT_THROWS(adg::error, units.end(0), {
+		EXPECT(e.code().value() == ADG_ESTATE);
+		EXPECT(std::string(e.what()) ==
+		       "reducer::end: adg_reducer_end_with: round 0 abandoned "
+		       "with ADG_ESTATE (-10): it ended with units not done");
+	});
+	EXPECT(units.failure(0).site == ADG_REDUCER_FAILED_UNITS);
+	EXPECT(units.failure(0).participant == SIZE_MAX);
 }
 
 TEST(errors_name_their_codes)

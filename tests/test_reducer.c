@@ -1924,3 +1924,192 @@ CHECKED_TEST(reducer, ranges_of_units_are_checked)
 	for (int k = 0; k < 5; k++)
 		cr_assert_eq(adg_reducer_new(&o[k], &r), ADG_EINVAL, "%d", k);
 }
+
+/* ------------------------------------------------- a failed round's reason */
+
+/* adg_reducer_end_with on a thread of its own, with what it tells. */
+struct teller {
+	pthread_t thread;
+	adg_reducer *red;
+	size_t participant;
+	const adg_failure *failure;
+	int rc;
+	adg_reducer_failure round;
+	char why[ADG_ERRMSG_MAX];
+};
+
+static void *tell_thread(void *arg)
+{
+	struct teller *t = arg;
+	t->rc = adg_reducer_end_with(t->red, t->participant, t->failure,
+				     &t->round);
+	strcpy(t->why, adg_errmsg());
+	return NULL;
+}
+
+/* Ends every participant of red's round at once, participant p with
+ * failures[p] (NULL: none), into tellers[p]. */
+static void tell_all(adg_reducer *red, size_t t, const adg_failure **failures,
+		     struct teller *tellers)
+{
+	for (size_t p = 0; p < t; p++) {
+		tellers[p] = (struct teller){
+			.red = red,
+			.participant = p,
+			.failure = failures[p],
+			.round = {.size = sizeof tellers[p].round}};
+		cr_assert_eq(pthread_create(&tellers[p].thread, NULL,
+					    tell_thread, &tellers[p]),
+			     0);
+	}
+	for (size_t p = 0; p < t; p++)
+		pthread_join(tellers[p].thread, NULL);
+}
+
+/* Every participant of a round that participant 1 failed is told who
+ * failed, its code and its step, in its adg_reducer_failure and its
+ * thread's reason. */
+CHECKED_TEST(reducer, every_participant_is_told_who_failed_and_where)
+{
+	struct hand h;
+	hand_open(&h, 3, 0);
+	adg_failure at_mul = {.size = sizeof at_mul,
+			      .code = ADG_EVALUE,
+			      .site = ADG_FAILED_STEP,
+			      .node_id = 17,
+			      .name = "mul",
+			      .pass_id = 4};
+	const adg_failure *failures[3] = {NULL, &at_mul, NULL};
+	struct teller tellers[3];
+	tell_all(h.red, 3, failures, tellers);
+	for (size_t p = 0; p < 3; p++) {
+		const struct teller *t = &tellers[p];
+		cr_expect_eq(t->rc, ADG_EVALUE, "participant %zu", p);
+		cr_expect_str_eq(t->why,
+				 "adg_reducer_end_with: round 0 abandoned: "
+				 "participant 1 failed with ADG_EVALUE (-12) "
+				 "at step 'mul' of node 17",
+				 "participant %zu", p);
+		cr_expect_eq(t->round.code, ADG_EVALUE);
+		cr_expect_eq(t->round.site, ADG_REDUCER_FAILED_RESULT);
+		cr_expect_eq(t->round.round, 0);
+		cr_expect_eq(t->round.participant, 1);
+		cr_expect_eq(t->round.unit, ADG_REDUCER_NO_UNIT);
+		cr_expect_eq(t->round.step.node_id, 17);
+		cr_expect_str_eq(t->round.step.name, "mul");
+		cr_expect_eq(t->round.step.site, ADG_FAILED_STEP);
+	}
+	/* A round applied whole tells no failure. */
+	const adg_failure *none[3] = {NULL, NULL, NULL};
+	tell_all(h.red, 3, none, tellers);
+	for (size_t p = 0; p < 3; p++) {
+		cr_expect_eq(tellers[p].rc, 0);
+		cr_expect_eq(tellers[p].round.code, 0);
+		cr_expect_eq(tellers[p].round.site, ADG_REDUCER_FAILED_NOWHERE);
+		cr_expect_eq(tellers[p].round.round, 1);
+		cr_expect_eq(tellers[p].round.participant, SIZE_MAX);
+	}
+	hand_close(&h);
+}
+
+static int mul_fails(adg_step_call *call, void *user)
+{
+	(void)call;
+	(void)user;
+	return ADG_EUSER - 3;
+}
+
+/* With units: a unit's real backward fails at a named step, and
+ * adg_reducer_unit_end_with hands its failure to the reducer. */
+CHECKED_TEST(reducer, a_units_backward_failure_names_its_step)
+{
+	struct hand h;
+	hand_open_units(&h, 2, 2, 0);
+	adg_node *x, *y;
+	cr_assert_eq(adg_leaf(reg, &x), 0);
+	adg_step mul = {.backward = mul_fails, .name = "mul"};
+	cr_assert_eq(adg_op(reg, &x, 1, &mul, &y), 0);
+	size_t unit;
+	cr_assert_eq(adg_reducer_next_unit(h.red, 0, &unit), 0);
+	cr_assert_eq(adg_reducer_unit_end_with(h.red, 0, NULL), 0);
+	cr_assert_eq(adg_reducer_next_unit(h.red, 1, &unit), 0);
+	cr_assert_eq(unit, 1);
+	adg_failure why = {.size = sizeof why};
+	adg_backward_options o = {.size = sizeof o, .failure = &why};
+	cr_assert_eq(adg_reducer_hook(h.red, 1, &o), 0);
+	adg_grads *g;
+	cr_assert_eq(
+		adg_backward_with(reg, y, scalar_box(1), &scalar_ops, &o, &g),
+		ADG_EUSER - 3);
+	cr_assert_eq(adg_reducer_unit_end_with(h.red, 1, &why), 0);
+	const adg_failure *failures[2] = {NULL, NULL};
+	struct teller tellers[2];
+	tell_all(h.red, 2, failures, tellers);
+	char want[200];
+	snprintf(want, sizeof want,
+		 "adg_reducer_end_with: round 0 abandoned: participant 1 "
+		 "failed with -1003 in unit 1 at step 'mul' of node %llu",
+		 (unsigned long long)why.node_id);
+	for (size_t p = 0; p < 2; p++) {
+		cr_expect_eq(tellers[p].rc, ADG_EUSER - 3);
+		cr_expect_str_eq(tellers[p].why, want);
+		cr_expect_eq(tellers[p].round.participant, 1);
+		cr_expect_eq(tellers[p].round.unit, 1);
+		cr_expect_eq(tellers[p].round.step.node_id, why.node_id);
+		cr_expect_eq(tellers[p].round.step.pass_id, why.pass_id);
+	}
+	adg_node_unref(y);
+	adg_node_unref(x);
+	hand_close(&h);
+}
+
+/* An add's and an apply's failure: which parameter, and (an add) whose
+ * contribution. */
+CHECKED_TEST(reducer, a_failed_add_or_apply_names_the_parameter)
+{
+	for (int kind = 0; kind < 2; kind++) {
+		struct hand h;
+		hand_open(&h, 2, 1);
+		if (kind == 1)
+			h.fail_apply = 0;
+		cr_assert_eq(adg_reducer_give(h.red, 0, 11,
+					      scalar_box(kind == 0 ? -1 : 1)),
+			     0);
+		cr_assert_eq(adg_reducer_give(h.red, 1, 11, scalar_box(2)),
+			     kind == 0 ? ADG_EUSER - 1 : ADG_EUSER - 2);
+		cr_expect_str_eq(adg_errmsg(),
+				 kind == 0
+					 ? "adg_reducer_give: folding or "
+					   "applying parameter id 11 returned "
+					   "-1001: the round is abandoned"
+					 : "adg_reducer_give: folding or "
+					   "applying parameter id 11 returned "
+					   "-1002: the round is abandoned");
+		const adg_failure *failures[2] = {NULL, NULL};
+		struct teller tellers[2];
+		tell_all(h.red, 2, failures, tellers);
+		for (size_t p = 0; p < 2; p++) {
+			const adg_reducer_failure *f = &tellers[p].round;
+			cr_expect_eq(f->param_id, 11);
+			if (kind == 0) {
+				cr_expect_eq(f->site, ADG_REDUCER_FAILED_ADD);
+				cr_expect_eq(f->participant, 1);
+				cr_expect_str_eq(
+					tellers[p].why,
+					"adg_reducer_end_with: round 0 "
+					"abandoned: ops.add returned -1001 "
+					"folding participant 1's contribution "
+					"to parameter id 11");
+			} else {
+				cr_expect_eq(f->site, ADG_REDUCER_FAILED_APPLY);
+				cr_expect_eq(f->participant, SIZE_MAX);
+				cr_expect_str_eq(
+					tellers[p].why,
+					"adg_reducer_end_with: round 0 "
+					"abandoned: ops.apply returned -1002 "
+					"for parameter id 11");
+			}
+		}
+		hand_close(&h);
+	}
+}

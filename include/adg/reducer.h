@@ -78,8 +78,10 @@ extern "C" {
  * finishes, and so do the other slices of a parameter in slices), and a
  * parameter is only ever applied with all U contributions, never with
  * part of them. Every participant's adg_reducer_end returns the round's
- * first error; contributions that arrive later are held and released as
- * usual, and the next round starts clean.
+ * first error, and its thread's reason (adg_errmsg) says which participant
+ * failed, with what code, and where (adg_reducer_end_with fills an
+ * adg_reducer_failure with the same); contributions that arrive later are
+ * held and released as usual, and the next round starts clean.
  *
  * Memory: the reducer holds every contribution of a round until the
  * round's end (U per parameter at most), releasing each to the
@@ -281,12 +283,76 @@ ADG_API int adg_reducer_unit_end(adg_reducer *reducer, size_t participant,
  * then sleeping; then releases the contributions this participant gave
  * and returns: 0 when the round was applied whole, else the round's first
  * error (the same code for every participant; ADG_ESTATE when the round
- * ended with units not done). The next round starts clean. Errors:
+ * ended with units not done), with the same reason on every participant's
+ * thread: "adg_reducer_end: round 4 abandoned: participant 2 failed with
+ * ADG_EVALUE (-12)" (adg_reducer_end_with adds the step). The next round
+ * starts clean. Errors:
  * ADG_EINVAL (NULL, participant >= T), ADG_ESTATE (participant is already
  * ending this round: nothing changed), or the round's error. */
 
 ADG_API int adg_reducer_end(adg_reducer *reducer, size_t participant,
 			    int result);
+
+/* What failed a round first (adg_reducer_end_with). */
+typedef enum adg_reducer_failure_site {
+	/* The round was applied whole: no failure. */
+	ADG_REDUCER_FAILED_NOWHERE = 0,
+	/* participant ended its unit or round with an error: its
+	 * backward's, where step says (when it handed its adg_failure
+	 * over: adg_reducer_unit_end_with, adg_reducer_end_with). */
+	ADG_REDUCER_FAILED_RESULT,
+	/* ops.add (or add_slice) folding param_id's sum; participant is
+	 * the one whose contribution completed the tree node (SIZE_MAX for
+	 * a slice folded at the barrier). */
+	ADG_REDUCER_FAILED_ADD,
+	/* ops.apply for param_id (participant SIZE_MAX). */
+	ADG_REDUCER_FAILED_APPLY,
+	/* The round ended with units not done (ADG_ESTATE; participant
+	 * SIZE_MAX). */
+	ADG_REDUCER_FAILED_UNITS,
+} adg_reducer_failure_site;
+
+/* The first failure of a round, the same for every participant: which
+ * participant failed, with what code, and where. */
+typedef struct adg_reducer_failure {
+	size_t size; /* sizeof the caller's struct (adg.h, "ABI") */
+	int code;    /* the round's result: 0, or its first error */
+	adg_reducer_failure_site site;
+	uint64_t round;	    /* rounds completed before this one */
+	size_t participant; /* SIZE_MAX where none is to blame (above) */
+	/* ADD and APPLY: the parameter's leaf id; else 0. */
+	uint64_t param_id;
+	/* RESULT: the unit the participant was ending (job index, as
+	 * adg_reducer_next_unit gives it), or ADG_REDUCER_NO_UNIT; else
+	 * ADG_REDUCER_NO_UNIT. */
+	size_t unit;
+	/* RESULT with a failure handed over: the participant's backward's
+	 * adg_failure (its site, node_id, step name, pass_id; code as
+	 * given); else all zero. name is the step's static string. */
+	adg_failure step;
+} adg_reducer_failure;
+
+/* adg_reducer_unit_end with the unit's backward's adg_failure (its
+ * adg_backward_options.failure) instead of a bare result: failure->code
+ * is the result, and a round that this unit fails first reports the step
+ * (node, step name) to every participant (adg_reducer_failure.step).
+ * NULL is a result of 0. Errors: those of adg_reducer_unit_end. */
+ADG_API int adg_reducer_unit_end_with(adg_reducer *reducer, size_t participant,
+				      const adg_failure *failure);
+
+/* adg_reducer_end with participant's backward's adg_failure instead of
+ * a bare result (failure->code is the result; NULL is 0), and, unless
+ * round is NULL, the round's first failure filled in on return, on every
+ * participant: code 0 and ADG_REDUCER_FAILED_NOWHERE for a round applied
+ * whole (and on ADG_EINVAL or ADG_ESTATE for the call itself, which ends
+ * no round). A failed round's reason (adg_errmsg) says the same on every
+ * participant's thread: "adg_reducer_end_with: round 4 abandoned:
+ * participant 2 failed with ADG_EVALUE (-12) at step 'mul' of node 17".
+ * What the round records costs only on a failure. Errors: those of
+ * adg_reducer_end. */
+ADG_API int adg_reducer_end_with(adg_reducer *reducer, size_t participant,
+				 const adg_failure *failure,
+				 adg_reducer_failure *round);
 
 /* Fills *rounds with the number of rounds completed (applied or
  * abandoned). Errors: ADG_EINVAL. */

@@ -23,7 +23,13 @@
  * Errors: what a participant's round throws (a step's exception, say)
  * fails the round for every participant, and every participant's end
  * rethrows that exception, as thrown; an apply or add that throws does the
- * same. A round that failed applies nothing (but with apply_early).
+ * same. A round that failed applies nothing (but with apply_early). Where
+ * no exception stands for the failure, end throws adg::error with the
+ * round's reason ("adg_reducer_end_with: round 4 abandoned: participant
+ * 2 failed with ADG_EVALUE (-12) at step 'mul' of node 17"); either way
+ * failure(p) says on every participant who failed, with what code, and
+ * where (adg_reducer_failure), round(p, f) handing the reducer the step
+ * of an adg::error that f throws.
  */
 #ifndef ADG_REDUCER_HPP
 #define ADG_REDUCER_HPP
@@ -141,8 +147,16 @@ public:
 	 * every participant when the round failed. */
 	void end(std::size_t participant);
 	/* Ends participant's round as failed with what it threw: every
-	 * participant's end rethrows the round's first exception. */
+	 * participant's end rethrows the round's first exception. An
+	 * adg::error from a backward hands its failure() (the step) to the
+	 * reducer (adg_reducer_end_with). */
 	void end(std::size_t participant, std::exception_ptr failed);
+	/* The first failure of the last round participant ended (code 0,
+	 * site ADG_REDUCER_FAILED_NOWHERE for a round applied whole, or
+	 * before its first round): which participant failed, its code,
+	 * where, and the step. participant's thread's to read, between its
+	 * rounds. Throws adg::error ADG_EINVAL for no such participant. */
+	adg_reducer_failure failure(std::size_t participant) const;
 	/* Runs f, participant's forward and backward, then ends the round;
 	 * what f throws fails the round for all and is rethrown. With units
 	 * f takes the unit's index and runs once per unit dealt to
@@ -167,6 +181,9 @@ template <class G> struct reducer<G>::state {
 	std::size_t n_participants = 0;
 	/* Each participant's next round, written by its own thread only. */
 	std::vector<std::uint64_t> next_round;
+	/* Each participant's last round's first failure, written by its own
+	 * thread only (adg_reducer_end_with). */
+	std::vector<adg_reducer_failure> last_failure;
 	std::mutex mutex; /* guards thrown */
 	/* By round: its first exception, and how many participants have
 	 * still to rethrow it (every one of a failed round does). */
@@ -272,17 +289,27 @@ template <class G> struct reducer<G>::state {
 		detail::packing<G>::drop(value);
 	}
 
-	void finish(std::size_t participant, int result)
+	/* Ends participant's round with result, from the backward that
+	 * failed at step (nullptr: not said). */
+	void finish(std::size_t participant, int result,
+		    const adg_failure *step = nullptr)
 	{
 		std::uint64_t round = next_round[participant]++;
-		int rc = adg_reducer_end(raw, participant, result);
+		auto given = detail::sized<adg_failure>();
+		if (step != nullptr)
+			given = *step;
+		given.size = sizeof given;
+		given.code = result;
+		adg_reducer_failure &last = last_failure[participant];
+		int rc = adg_reducer_end_with(raw, participant, &given, &last);
 		if (rc == 0)
 			return;
+		/* Read before anything else can fail on this thread. */
+		std::string reason = adg_errmsg();
 		std::exception_ptr e = take(round);
 		if (e)
 			std::rethrow_exception(e);
-		throw error(rc, "reducer::end: round " + std::to_string(round) +
-					" failed");
+		throw error(rc, "reducer::end", reason);
 	}
 };
 
@@ -328,6 +355,10 @@ reducer<G>::reducer(std::size_t participants, const std::vector<node> &params,
 	state_->add_slice = std::move(options.add_slice);
 	state_->n_participants = participants;
 	state_->next_round.assign(participants, 0);
+	auto none = detail::sized<adg_reducer_failure>();
+	none.participant = SIZE_MAX;
+	none.unit = ADG_REDUCER_NO_UNIT;
+	state_->last_failure.assign(participants, none);
 	std::vector<std::uint64_t> ids;
 	ids.reserve(params.size());
 	for (const node &p : params)
@@ -401,7 +432,7 @@ template <class G> void reducer<G>::unit_end(std::size_t participant)
 	int rc = adg_reducer_unit_end(state_->raw, participant, 0);
 	/* An add or apply that fails here fails the round: end throws it. */
 	if (rc == ADG_EINVAL || rc == ADG_ESTATE)
-		throw error(rc, "adg_reducer_unit_end");
+		throw_c_error(rc, "adg_reducer_unit_end");
 }
 
 template <class G>
@@ -410,8 +441,9 @@ void reducer<G>::give(std::size_t participant, const node &param, G gradient)
 	void *value = detail::packing<G>::pack(std::move(gradient));
 	int rc = adg_reducer_give(state_->raw, participant, param.id(), value);
 	if (rc == ADG_EINVAL || rc == ADG_ESTATE) {
-		detail::packing<G>::drop(value); /* not taken */
-		throw error(rc, "adg_reducer_give");
+		std::string reason = adg_errmsg(); /* before the drop */
+		detail::packing<G>::drop(value);   /* not taken */
+		throw error(rc, "adg_reducer_give", reason);
 	}
 	/* Taken: an add or apply that failed fails the round, which end
 	 * throws. */
@@ -430,15 +462,28 @@ void reducer<G>::end(std::size_t participant, std::exception_ptr failed)
 	if (participant >= state_->n_participants)
 		throw error(ADG_EINVAL, "reducer::end: no such participant");
 	int code = ADG_ETHREW;
+	auto step = detail::sized<adg_failure>();
 	if (failed) {
 		try {
 			std::rethrow_exception(failed);
+		} catch (const error &e) {
+			step = e.failure(); /* where its backward failed */
+			code = detail::thrown_code();
 		} catch (...) {
 			code = detail::thrown_code();
 		}
 		state_->keep(state_->next_round[participant], failed);
 	}
-	state_->finish(participant, code);
+	state_->finish(participant, code, &step);
+}
+
+template <class G>
+adg_reducer_failure reducer<G>::failure(std::size_t participant) const
+{
+	if (participant >= state_->n_participants)
+		throw error(ADG_EINVAL,
+			    "reducer::failure: no such participant");
+	return state_->last_failure[participant];
 }
 
 template <class G>
