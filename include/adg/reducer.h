@@ -252,13 +252,12 @@ ADG_API int adg_reducer_give(adg_reducer *reducer, size_t participant,
 
 /* Deals participant the round's next unit, the lowest not yet dealt:
  * *unit is its index (among the job's units, with total_units), to which
- participant's gives and hook go until
- * adg_reducer_unit_end, or ADG_REDUCER_NO_UNIT once every unit of the
- * round is dealt (or the round has failed: no use computing more). Any
- * thread deals to any participant; which participant gets which unit
- * changes nothing in the sums. Errors: ADG_EINVAL (NULL argument,
- * participant >= T), ADG_ESTATE (a reducer without units, participant's
- * unit not ended, or participant ending its round: *unit is then
+ * participant's gives and hook go until adg_reducer_unit_end, or
+ * ADG_REDUCER_NO_UNIT once every unit of the round is dealt (or the round has
+ * failed: no use computing more). Any thread deals to any participant; which
+ * participant gets which unit changes nothing in the sums. Errors: ADG_EINVAL
+ * (NULL argument, participant >= T), ADG_ESTATE (a reducer without units,
+ * participant's unit not ended, or participant ending its round: *unit is then
  * ADG_REDUCER_NO_UNIT). */
 ADG_API int adg_reducer_next_unit(adg_reducer *reducer, size_t participant,
 				  size_t *unit);
