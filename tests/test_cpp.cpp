@@ -2252,6 +2252,44 @@ std::array<double, 2> train_units(int t, int rounds)
 }
 
 /* With units, the weights are bitwise the same at every T. */
+TEST(an_empty_reducer_throws_where_it_crashed)
+{
+	adg::reducer<double> none;
+	EXPECT(!none && none.raw() == nullptr);
+	EXPECT_THROWS(adg::error, none.end(0), {
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(std::string(e.what()).find("reducer::end: an empty "
+						  "reducer") !=
+		       std::string::npos);
+	});
+	sync_model m;
+	adg::reducer<double> red(1, m.params,
+				 [](const adg::reduction<double> &) {});
+	EXPECT(bool(red));
+	adg::reducer<double> taken(std::move(red));
+	EXPECT(taken && !red && red.raw() == nullptr);
+	/* Each call on the moved-from one: an error, not a null state. */
+	bool ran = false;
+	EXPECT_THROWS(adg::error, red.round(0, [&] { ran = true; }),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT(!ran);
+	EXPECT_THROWS(adg::error, red.hook(0),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT_THROWS(adg::error, red.next_unit(0),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT_THROWS(adg::error, red.unit_end(0),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT_THROWS(adg::error, red.give(0, m.params[0], 1.0),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT_THROWS(adg::error, red.failure(0),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT_THROWS(adg::error, red.rounds(),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	red = std::move(taken); /* assigned again: usable */
+	red.end(0);
+	EXPECT(red.rounds() == 1);
+}
+
 TEST(a_reducer_with_units_gives_the_same_bits_at_every_t)
 {
 	std::array<double, 2> one = train_units(1, 4);

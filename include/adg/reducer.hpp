@@ -119,6 +119,9 @@ public:
 	template <class Apply>
 	reducer(std::size_t participants, const std::vector<node> &params,
 		Apply apply, reducer_options<G> options);
+	/* An empty reducer, as a moved-from one is: every call on it but
+	 * raw(), assignment and destruction throws adg::error ADG_EINVAL. */
+	reducer() noexcept = default;
 	reducer(reducer &&other) noexcept = default;
 	reducer &operator=(reducer &&other) noexcept;
 	reducer(const reducer &) = delete;
@@ -164,10 +167,18 @@ public:
 	template <class F> void round(std::size_t participant, F &&f);
 	/* Rounds completed (adg_reducer_rounds). */
 	std::uint64_t rounds() const;
+	/* nullptr for an empty reducer. */
 	adg_reducer *raw() const noexcept;
+	/* Whether it holds a reducer: not default-made, not moved from. */
+	explicit operator bool() const noexcept
+	{
+		return state_ != nullptr;
+	}
 
 private:
 	struct state;
+	/* state_, or adg::error ADG_EINVAL naming what when empty. */
+	state &live(const char *what) const;
 	std::unique_ptr<state> state_;
 };
 
@@ -405,9 +416,21 @@ template <class G> reducer<G>::~reducer()
 }
 
 template <class G>
+typename reducer<G>::state &reducer<G>::live(const char *what) const
+{
+	if (state_ == nullptr)
+		throw error(ADG_EINVAL,
+			    std::string(what) +
+				    ": an empty reducer (default-made or "
+				    "moved from)");
+	return *state_;
+}
+
+template <class G>
 backward_options reducer<G>::hook(std::size_t participant,
 				  backward_options o) const
 {
+	live("reducer::hook");
 	if (participant >= state_->n_participants)
 		throw error(ADG_EINVAL,
 			    "reducer::hook: participant " +
@@ -422,14 +445,16 @@ backward_options reducer<G>::hook(std::size_t participant,
 template <class G> std::size_t reducer<G>::next_unit(std::size_t participant)
 {
 	std::size_t unit = ADG_REDUCER_NO_UNIT;
-	check(adg_reducer_next_unit(state_->raw, participant, &unit),
+	check(adg_reducer_next_unit(live("reducer::next_unit").raw, participant,
+				    &unit),
 	      "adg_reducer_next_unit");
 	return unit;
 }
 
 template <class G> void reducer<G>::unit_end(std::size_t participant)
 {
-	int rc = adg_reducer_unit_end(state_->raw, participant, 0);
+	int rc = adg_reducer_unit_end(live("reducer::unit_end").raw,
+				      participant, 0);
 	/* An add or apply that fails here fails the round: end throws it. */
 	if (rc == ADG_EINVAL || rc == ADG_ESTATE)
 		throw_c_error(rc, "adg_reducer_unit_end");
@@ -438,8 +463,9 @@ template <class G> void reducer<G>::unit_end(std::size_t participant)
 template <class G>
 void reducer<G>::give(std::size_t participant, const node &param, G gradient)
 {
+	adg_reducer *raw = live("reducer::give").raw;
 	void *value = detail::packing<G>::pack(std::move(gradient));
-	int rc = adg_reducer_give(state_->raw, participant, param.id(), value);
+	int rc = adg_reducer_give(raw, participant, param.id(), value);
 	if (rc == ADG_EINVAL || rc == ADG_ESTATE) {
 		std::string reason = adg_errmsg(); /* before the drop */
 		detail::packing<G>::drop(value);   /* not taken */
@@ -451,7 +477,7 @@ void reducer<G>::give(std::size_t participant, const node &param, G gradient)
 
 template <class G> void reducer<G>::end(std::size_t participant)
 {
-	if (participant >= state_->n_participants)
+	if (participant >= live("reducer::end").n_participants)
 		throw error(ADG_EINVAL, "reducer::end: no such participant");
 	state_->finish(participant, 0);
 }
@@ -459,7 +485,7 @@ template <class G> void reducer<G>::end(std::size_t participant)
 template <class G>
 void reducer<G>::end(std::size_t participant, std::exception_ptr failed)
 {
-	if (participant >= state_->n_participants)
+	if (participant >= live("reducer::end").n_participants)
 		throw error(ADG_EINVAL, "reducer::end: no such participant");
 	int code = ADG_ETHREW;
 	auto step = detail::sized<adg_failure>();
@@ -480,7 +506,7 @@ void reducer<G>::end(std::size_t participant, std::exception_ptr failed)
 template <class G>
 adg_reducer_failure reducer<G>::failure(std::size_t participant) const
 {
-	if (participant >= state_->n_participants)
+	if (participant >= live("reducer::failure").n_participants)
 		throw error(ADG_EINVAL,
 			    "reducer::failure: no such participant");
 	return state_->last_failure[participant];
@@ -490,6 +516,7 @@ template <class G>
 template <class F>
 void reducer<G>::round(std::size_t participant, F &&f)
 {
+	live("reducer::round"); /* before f runs */
 	std::exception_ptr failed;
 	try {
 		if constexpr (std::is_invocable_v<F &, std::size_t>) {
@@ -515,7 +542,8 @@ void reducer<G>::round(std::size_t participant, F &&f)
 template <class G> std::uint64_t reducer<G>::rounds() const
 {
 	std::uint64_t n = 0;
-	check(adg_reducer_rounds(state_->raw, &n), "adg_reducer_rounds");
+	check(adg_reducer_rounds(live("reducer::rounds").raw, &n),
+	      "adg_reducer_rounds");
 	return n;
 }
 
