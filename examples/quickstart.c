@@ -46,7 +46,8 @@ static int mul_backward(adg_step_call *call, void *user)
 	do {                                                                   \
 		int rc_ = (call);                                              \
 		if (rc_ != 0) {                                                \
-			fprintf(stderr, "%s: %s\n", #call, adg_strerror(rc_)); \
+			fprintf(stderr, "%s: %s (%s)\n", #call,                \
+				adg_strerror(rc_), adg_errmsg());              \
 			return 1;                                              \
 		}                                                              \
 	} while (0)
