@@ -56,7 +56,7 @@ adg=$dir/examples/digits/digits
 torch=$dir/digits_torch
 build_torch bench/compare/digits_torch.cpp "$torch" -O2
 # BLAS on the calling thread, for both: the T threads are the parallelism
-# (digits.c calls openblas_set_num_threads(1) too).
+# (examples/tensor/trainer.c calls openblas_set_num_threads(1) too).
 export OPENBLAS_NUM_THREADS=1
 
 describe_machine

@@ -17,8 +17,9 @@
  *   SGD step: the same weights at any thread count (--unit-rows 0: a
  *   share per thread, summed in thread order, the same weights for a
  *   given T only).
- * Both run on examples/tensor/runner.c, which the Fashion-MNIST trainer
- * shares: this file holds the model's layers, the data and the options.
+ * Both run on examples/tensor/runner.c, and take the options and main of
+ * examples/tensor/trainer.c, which the Fashion-MNIST trainer shares: this
+ * file holds the model's layers, the data, the defaults and the help.
  * Prints a line per epoch; --csv writes the same figures, and
  * scripts/digits.sh draws them. --export writes what bench/compare/ needs
  * to train the same model in PyTorch.
@@ -29,11 +30,10 @@
 #include "runner.h"
 #include "tensor.h"
 #include "train.h"
+#include "trainer.h"
 
 #include <adg.h>
-#include <cblas.h>
 #include <errno.h>
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,7 +42,6 @@
 #define HIDDEN	 64
 #define CLASSES	 10
 #define N_PARAMS 4
-#define MAX_RUNS 16 /* thread counts in one --threads list */
 
 /* Sync's rows per unit, by default. A row here is cheap (about 30,000
  * multiply-adds, under a microsecond), and each unit costs a graph and a
@@ -55,11 +54,6 @@
 
 /* ---------------------------------------------------------------- data */
 
-/* Pixels scaled to 0..1, labels 0..9. */
-struct digits {
-	struct dataset train, test;
-};
-
 static int dataset_alloc(struct dataset *d, int n)
 {
 	d->n = 0;
@@ -69,11 +63,14 @@ static int dataset_alloc(struct dataset *d, int n)
 	return d->x != NULL && d->y != NULL ? 0 : -1;
 }
 
-/* Reads the csv: 64 pixels and a label a line. Row i goes to the test
- * set when i % 5 == 4. Returns 0, or prints what is wrong and returns -1
- * (-2 when the file does not exist). */
-static int load_digits(const char *path, struct digits *out)
+/* Reads the csv o->data, 64 pixels and a label a line, into train and
+ * test, pixels scaled to 0..1 and labels 0..9. Row i goes to the test set
+ * when i % 5 == 4. Returns 0, or prints what is wrong and returns -1 (-2
+ * when the file does not exist). */
+static int load_digits(const struct trainer_options *o, struct dataset *train,
+		       struct dataset *test)
 {
+	const char *path = o->data;
 	FILE *f = fopen(path, "r");
 	if (f == NULL) {
 		int missing = errno == ENOENT; /* before fprintf changes it */
@@ -84,13 +81,13 @@ static int load_digits(const char *path, struct digits *out)
 	enum { MAX_ROWS = 4096 };
 	int rc = 0, row = 0;
 	char line[1024];
-	if (dataset_alloc(&out->train, MAX_ROWS) != 0 ||
-	    dataset_alloc(&out->test, MAX_ROWS) != 0) {
+	if (dataset_alloc(train, MAX_ROWS) != 0 ||
+	    dataset_alloc(test, MAX_ROWS) != 0) {
 		fprintf(stderr, "%s: out of memory\n", path);
 		rc = -1;
 	}
 	while (rc == 0 && fgets(line, sizeof line, f) != NULL) {
-		struct dataset *d = row % 5 == 4 ? &out->test : &out->train;
+		struct dataset *d = row % 5 == 4 ? test : train;
 		if (row == MAX_ROWS) {
 			fprintf(stderr, "%s: more than %d rows\n", path,
 				MAX_ROWS);
@@ -125,7 +122,7 @@ static int load_digits(const char *path, struct digits *out)
 		fprintf(stderr, "%s: %s\n", path, strerror(errno));
 		rc = -1;
 	}
-	if (rc == 0 && out->test.n == 0) {
+	if (rc == 0 && test->n == 0) {
 		fprintf(stderr, "%s: %d rows, too few to split\n", path, row);
 		rc = -1;
 	}
@@ -194,46 +191,7 @@ static int evaluate(const struct model *m, const struct dataset *d,
 	return rc;
 }
 
-/* ----------------------------------------------------------- a run */
-
-struct options {
-	const char *data, *csv, *export_path;
-	int threads[MAX_RUNS], n_runs;
-	int batch, epochs;
-	int unit_rows; /* sync: rows per unit; 0: a share per thread */
-	int profile;   /* sync: where a round's time goes (--profile) */
-	enum train_mode mode;
-	double lr; /* the first epoch's; see learning_rate */
-	uint64_t seed;
-	double min_test_accuracy; /* %, or negative: no check */
-	int skip_if_missing, same_weights;
-};
-
-/* Trains a fresh model (the same initial weights every run) on n_threads
- * threads; returns 0, or 1 on an error (printed). */
-static int run(const struct options *o, struct model *m,
-	       const struct digits *data, int n_threads, FILE *csv,
-	       struct outcome *outcome)
-{
-	static const struct train_ops ops = {.forward = forward,
-					     .evaluate = evaluate};
-	/* Sync sums every parameter whole: the largest, 64 x 64, is small
-	 * work for one thread. */
-	struct runner r = {.ops = &ops,
-			   .model = m,
-			   .train = &data->train,
-			   .test = &data->test,
-			   .mode = o->mode,
-			   .n_threads = n_threads,
-			   .batch = o->batch,
-			   .epochs = o->epochs,
-			   .first_lr = o->lr,
-			   .seed = o->seed,
-			   .unit_rows = o->unit_rows,
-			   .profile = o->profile};
-	model_init(m, o->seed);
-	return runner_run(&r, csv, outcome);
-}
+/* ----------------------------------------------------------- export */
 
 /* Writes what bench/compare/ needs to train the same model the same way:
  * a text file of whitespace-separated words, in this order:
@@ -246,11 +204,11 @@ static int run(const struct options *o, struct model *m,
  *                                   into the training images
  * Floats are printed with 9 significant digits, which reads back to the
  * same float. Returns 0 or -1 (printed). */
-static int write_setup(const struct options *o, struct model *m,
-		       const struct digits *data)
+static int write_setup(const struct trainer_options *o, struct model *m,
+		       const struct dataset *train)
 {
 	FILE *f = fopen(o->export_path, "w");
-	int *order = malloc((size_t)data->train.n * sizeof *order);
+	int *order = malloc((size_t)train->n * sizeof *order);
 	if (f == NULL || order == NULL) {
 		fprintf(stderr, "%s: %s\n", o->export_path,
 			f == NULL ? strerror(errno) : "out of memory");
@@ -262,7 +220,7 @@ static int write_setup(const struct options *o, struct model *m,
 	model_init(m, o->seed);
 	fprintf(f, "digits-setup 1\nsizes %d %d %d\n", PIXELS, HIDDEN, CLASSES);
 	fprintf(f, "epochs %d batch %d train %d\nlr", o->epochs, o->batch,
-		data->train.n);
+		train->n);
 	for (int e = 0; e < o->epochs; e++)
 		fprintf(f, " %.9g", learning_rate(o->lr, o->epochs, e));
 	for (int i = 0; i < N_PARAMS; i++) {
@@ -272,9 +230,9 @@ static int write_setup(const struct options *o, struct model *m,
 			fprintf(f, " %.9g", p->value->data[k]);
 	}
 	for (int e = 0; e < o->epochs; e++) {
-		shuffle(order, data->train.n, o->seed, e);
+		shuffle(order, train->n, o->seed, e);
 		fprintf(f, "\norder");
-		for (int i = 0; i < data->train.n; i++)
+		for (int i = 0; i < train->n; i++)
 			fprintf(f, " %d", order[i]);
 	}
 	fputc('\n', f);
@@ -337,160 +295,35 @@ static void usage(FILE *to)
 		UNIT_ROWS);
 }
 
-static int parse_options(int argc, char **argv, struct options *o)
+/* --lr: any but 0; negative (the default) picks 0.1 for B = 1, 0.5 for
+ * larger batches. */
+static int check_lr(struct trainer_options *o)
 {
-	static const struct option longs[] = {
-		{"threads", required_argument, NULL, 't'},
-		{"batch", required_argument, NULL, 'b'},
-		{"unit-rows", required_argument, NULL, 'u'},
-		{"epochs", required_argument, NULL, 'e'},
-		{"lr", required_argument, NULL, 'l'},
-		{"seed", required_argument, NULL, 's'},
-		{"mode", required_argument, NULL, 'o'},
-		{"csv", required_argument, NULL, 'c'},
-		{"export", required_argument, NULL, 'x'},
-		{"min-test-accuracy", required_argument, NULL, 'm'},
-		{"same-weights", no_argument, NULL, 'w'},
-		{"profile", no_argument, NULL, 'p'},
-		{"skip-if-missing", no_argument, NULL, 'k'},
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0}};
-	*o = (struct options){.threads = {1},
-			      .n_runs = 1,
-			      .batch = 1,
-			      .unit_rows = UNIT_ROWS,
-			      .epochs = 30,
-			      .lr = -1,
-			      .seed = 1,
-			      .mode = MODE_HOGWILD,
-			      .min_test_accuracy = -1};
-	int c;
-	while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
-		char *end = NULL;
-		switch (c) {
-		case 't':
-			o->n_runs = parse_threads(optarg, o->threads, MAX_RUNS);
-			if (o->n_runs < 0)
-				return -1;
-			continue;
-		case 'o':
-			if (parse_mode(optarg, &o->mode) != 0)
-				return -1;
-			continue;
-		case 'b':
-			o->batch = (int)strtol(optarg, &end, 10);
-			break;
-		case 'u':
-			o->unit_rows = (int)strtol(optarg, &end, 10);
-			break;
-		case 'e':
-			o->epochs = (int)strtol(optarg, &end, 10);
-			break;
-		case 'l':
-			o->lr = strtod(optarg, &end);
-			break;
-		case 's':
-			o->seed = strtoull(optarg, &end, 10);
-			break;
-		case 'c':
-			o->csv = optarg;
-			continue;
-		case 'x':
-			o->export_path = optarg;
-			continue;
-		case 'm':
-			o->min_test_accuracy = strtod(optarg, &end);
-			break;
-		case 'w':
-			o->same_weights = 1;
-			continue;
-		case 'p':
-			o->profile = 1;
-			continue;
-		case 'k':
-			o->skip_if_missing = 1;
-			continue;
-		case 'h':
-			usage(stdout);
-			exit(0);
-		default:
-			return -1;
-		}
-		if (end == optarg || *end != '\0')
-			return -1;
-	}
-	if (optind != argc - 1 || o->batch < 1 || o->batch > 4096 ||
-	    o->epochs < 1 || o->epochs > 10000 || o->lr == 0 ||
-	    o->unit_rows < 0 || o->unit_rows > 4096)
+	if (o->lr == 0)
 		return -1;
 	if (o->lr < 0)
 		o->lr = o->batch == 1 ? 0.1 : 0.5;
-	o->data = argv[optind];
 	return 0;
 }
 
+static const struct train_ops ops = {.forward = forward, .evaluate = evaluate};
+
+/* Sync sums every parameter whole: the largest, 64 x 64, is small work
+ * for one thread. */
+static const struct trainer digits = {.ops = &ops,
+				      .shapes = shapes,
+				      .n_params = N_PARAMS,
+				      .mode = MODE_HOGWILD,
+				      .batch = 1,
+				      .epochs = 30,
+				      .unit_rows = UNIT_ROWS,
+				      .lr = -1,
+				      .usage = usage,
+				      .check = check_lr,
+				      .load = load_digits,
+				      .export_setup = write_setup};
+
 int main(int argc, char **argv)
 {
-	struct options o;
-	if (parse_options(argc, argv, &o) != 0) {
-		usage(stderr);
-		return 2;
-	}
-	/* The threads here are the parallelism: each BLAS call multiplies
-	 * small matrices for one thread's batch. OpenBLAS's own pool would
-	 * only hand them between threads (and ThreadSanitizer cannot see
-	 * into its uninstrumented workers), so BLAS runs on the calling
-	 * thread. OPENBLAS_NUM_THREADS=1 keeps the pool from even starting
-	 * when the library loads; this covers a run without it. */
-	openblas_set_num_threads(1);
-
-	struct digits data = {{0}, {0}};
-	int rc = load_digits(o.data, &data);
-	if (rc != 0) {
-		dataset_free(&data.train);
-		dataset_free(&data.test);
-		return rc == -2 && o.skip_if_missing ? 77 : 1;
-	}
-	printf("%s: %d training images, %d test images\n", o.data, data.train.n,
-	       data.test.n);
-
-	struct model m;
-	int failed = 0;
-	rc = model_new(&m, shapes, N_PARAMS);
-	if (rc != 0) {
-		fprintf(stderr, "model: %s\n", adg_strerror(rc));
-		failed = 1;
-	}
-	int export_only = o.export_path != NULL;
-	if (!failed && export_only)
-		failed = write_setup(&o, &m, &data) != 0;
-	FILE *csv = NULL;
-	if (!failed && !export_only && o.csv != NULL)
-		failed = (csv = runner_csv(o.csv)) == NULL;
-	struct outcome outcomes[MAX_RUNS];
-	for (int r = 0; r < o.n_runs && !failed && !export_only; r++) {
-		struct outcome *out = &outcomes[r];
-		failed = run(&o, &m, &data, o.threads[r], csv, out);
-		if (!failed && o.min_test_accuracy >= 0 &&
-		    out->accuracy < o.min_test_accuracy) {
-			fprintf(stderr,
-				"T=%d: test accuracy %.2f%% is below %.2f%%\n",
-				o.threads[r], out->accuracy,
-				o.min_test_accuracy);
-			failed = 1;
-		}
-		if (!failed && o.same_weights)
-			failed = runner_same_weights(o.threads, outcomes, r,
-						     o.mode == MODE_SYNC &&
-							     o.unit_rows > 0);
-	}
-	if (csv != NULL && (ferror(csv) | fclose(csv))) {
-		fprintf(stderr, "%s: write failed\n", o.csv);
-		failed = 1;
-	}
-	if (model_free(&m) != 0)
-		failed = 1;
-	dataset_free(&data.train);
-	dataset_free(&data.test);
-	return failed;
+	return trainer_main(&digits, argc, argv);
 }

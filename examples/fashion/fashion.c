@@ -23,8 +23,9 @@
  * - hogwild: the threads take whole mini-batches in turn, and each updates
  *   the shared parameters without a lock as soon as each one's gradient is
  *   final, as examples/digits does.
- * Both run on examples/tensor/runner.c, which the digits trainer shares:
- * this file holds the model's layers, the data and the options.
+ * Both run on examples/tensor/runner.c, and take the options and main of
+ * examples/tensor/trainer.c, which the digits trainer shares: this file
+ * holds the model's layers, the data, the defaults and the help.
  * Prints a line per epoch; --csv writes the same figures, and
  * scripts/fashion.sh draws them.
  *
@@ -35,11 +36,10 @@
 #include "runner.h"
 #include "tensor.h"
 #include "train.h"
+#include "trainer.h"
 
 #include <adg.h>
-#include <cblas.h>
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,14 +54,8 @@
 #define N_PARAMS 6
 #define N_TRAIN	 60000
 #define N_TEST	 10000
-#define MAX_RUNS 16 /* thread counts in one --threads list */
 
 /* ---------------------------------------------------------------- data */
-
-/* Pixels scaled to 0..1, labels 0..9. */
-struct fashion {
-	struct dataset train, test;
-};
 
 /* Reads dir/name, an IDX file of unsigned bytes with n_dims dimensions:
  * count items of item bytes each (28 x 28 for an image, 1 for a label).
@@ -191,15 +185,18 @@ static int load_half(const char *dir, const char *prefix, int count, int keep,
 	return rc;
 }
 
-/* Reads the data set from dir, the first train_subset training images
- * only when it is positive. Returns as read_idx does. */
-static int load_fashion(const char *dir, int train_subset, struct fashion *out)
+/* Reads the data set from the folder o->data into train and test,
+ * pixels scaled to 0..1 and labels 0..9, the first o->train_subset
+ * training images only when it is positive. Returns as read_idx does. */
+static int load_fashion(const struct trainer_options *o, struct dataset *train,
+			struct dataset *test)
 {
-	int keep = train_subset > 0 && train_subset < N_TRAIN ? train_subset
-							      : N_TRAIN;
-	int rc = load_half(dir, "train", N_TRAIN, keep, &out->train);
+	int keep = o->train_subset > 0 && o->train_subset < N_TRAIN
+			   ? o->train_subset
+			   : N_TRAIN;
+	int rc = load_half(o->data, "train", N_TRAIN, keep, train);
 	if (rc == 0)
-		rc = load_half(dir, "t10k", N_TEST, N_TEST, &out->test);
+		rc = load_half(o->data, "t10k", N_TEST, N_TEST, test);
 	return rc;
 }
 
@@ -289,19 +286,6 @@ static int evaluate(const struct model *m, const struct dataset *d,
 
 /* ----------------------------------------------------------- a run */
 
-struct options {
-	const char *data, *csv, *export_dir;
-	int threads[MAX_RUNS], n_runs;
-	int batch, epochs, train_subset;
-	int unit_rows; /* sync: rows per unit; 0: a share per thread */
-	int profile;   /* sync: where a round's time goes (--profile) */
-	enum train_mode mode;
-	double lr; /* the first epoch's; see learning_rate */
-	uint64_t seed;
-	double min_test_accuracy; /* %, or negative: no check */
-	int skip_if_missing, same_weights;
-};
-
 /* Parameters of at least this many elements are summed and updated in
  * one slice per thread, by all of them: the first layer's weights (85%
  * of the model) would otherwise be summed and updated by one thread
@@ -317,31 +301,7 @@ struct options {
  * one unit, work for one thread. So B = 64 is two units, B = 256 eight. */
 #define UNIT_ROWS 32
 
-/* Trains a fresh model (the same initial weights every run) on n_threads
- * threads; returns 0, or 1 on an error (printed). */
-static int run(const struct options *o, struct model *m,
-	       const struct fashion *data, int n_threads, FILE *csv,
-	       struct outcome *outcome)
-{
-	static const struct train_ops ops = {.forward = forward,
-					     .evaluate = evaluate};
-	struct runner r = {.ops = &ops,
-			   .model = m,
-			   .train = &data->train,
-			   .test = &data->test,
-			   .mode = o->mode,
-			   .n_threads = n_threads,
-			   .batch = o->batch,
-			   .epochs = o->epochs,
-			   .first_lr = o->lr,
-			   .seed = o->seed,
-			   .name_mode = 1,
-			   .slice_from = SLICED_ELEMENTS,
-			   .unit_rows = o->unit_rows,
-			   .profile = o->profile};
-	model_init(m, o->seed);
-	return runner_run(&r, csv, outcome);
-}
+/* ----------------------------------------------------------- export */
 
 /* Writes what bench/compare/ needs to train the same model the same way
  * into the folder dir (made if it does not exist), three files:
@@ -358,25 +318,25 @@ static int run(const struct options *o, struct model *m,
  * - order.i32: E times N 32-bit ints in this machine's byte order, each
  *   epoch's order of the training images (0-based), epoch 1 first.
  * Returns 0 or -1 (printed). */
-static int write_setup(const struct options *o, struct model *m,
-		       const struct fashion *data)
+static int write_setup(const struct trainer_options *o, struct model *m,
+		       const struct dataset *train)
 {
 	static const char *const names[] = {"setup.txt", "weights.f32",
 					    "order.i32"};
 	char path[3][4096];
 	FILE *f[3] = {NULL, NULL, NULL};
-	int n = data->train.n, failed = 0;
+	int n = train->n, failed = 0;
 	int *order = malloc((size_t)n * sizeof *order);
 	if (order == NULL) {
-		fprintf(stderr, "%s: out of memory\n", o->export_dir);
+		fprintf(stderr, "%s: out of memory\n", o->export_path);
 		return -1;
 	}
-	if (mkdir(o->export_dir, 0777) != 0 && errno != EEXIST) {
-		fprintf(stderr, "%s: %s\n", o->export_dir, strerror(errno));
+	if (mkdir(o->export_path, 0777) != 0 && errno != EEXIST) {
+		fprintf(stderr, "%s: %s\n", o->export_path, strerror(errno));
 		failed = 1;
 	}
 	for (int i = 0; i < 3 && !failed; i++) {
-		snprintf(path[i], sizeof path[i], "%s/%s", o->export_dir,
+		snprintf(path[i], sizeof path[i], "%s/%s", o->export_path,
 			 names[i]);
 		f[i] = fopen(path[i], i == 0 ? "w" : "wb");
 		if (f[i] == NULL) {
@@ -480,162 +440,31 @@ static void usage(FILE *to)
 		UNIT_ROWS);
 }
 
-static int parse_options(int argc, char **argv, struct options *o)
+/* --lr: positive. */
+static int check_lr(struct trainer_options *o)
 {
-	static const struct option longs[] = {
-		{"threads", required_argument, NULL, 't'},
-		{"mode", required_argument, NULL, 'o'},
-		{"batch", required_argument, NULL, 'b'},
-		{"unit-rows", required_argument, NULL, 'u'},
-		{"epochs", required_argument, NULL, 'e'},
-		{"lr", required_argument, NULL, 'l'},
-		{"seed", required_argument, NULL, 's'},
-		{"train-subset", required_argument, NULL, 'n'},
-		{"csv", required_argument, NULL, 'c'},
-		{"export", required_argument, NULL, 'x'},
-		{"min-test-accuracy", required_argument, NULL, 'm'},
-		{"same-weights", no_argument, NULL, 'w'},
-		{"profile", no_argument, NULL, 'p'},
-		{"skip-if-missing", no_argument, NULL, 'k'},
-		{"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0}};
-	*o = (struct options){.threads = {1},
-			      .n_runs = 1,
-			      .mode = MODE_SYNC,
-			      .batch = 64,
-			      .unit_rows = UNIT_ROWS,
-			      .epochs = 10,
-			      .lr = 0.1,
-			      .seed = 1,
-			      .min_test_accuracy = -1};
-	int c;
-	while ((c = getopt_long(argc, argv, "", longs, NULL)) != -1) {
-		char *end = NULL;
-		switch (c) {
-		case 't':
-			o->n_runs = parse_threads(optarg, o->threads, MAX_RUNS);
-			if (o->n_runs < 0)
-				return -1;
-			continue;
-		case 'o':
-			if (parse_mode(optarg, &o->mode) != 0)
-				return -1;
-			continue;
-		case 'b':
-			o->batch = (int)strtol(optarg, &end, 10);
-			break;
-		case 'u':
-			o->unit_rows = (int)strtol(optarg, &end, 10);
-			break;
-		case 'e':
-			o->epochs = (int)strtol(optarg, &end, 10);
-			break;
-		case 'l':
-			o->lr = strtod(optarg, &end);
-			break;
-		case 's':
-			o->seed = strtoull(optarg, &end, 10);
-			break;
-		case 'n':
-			o->train_subset = (int)strtol(optarg, &end, 10);
-			break;
-		case 'c':
-			o->csv = optarg;
-			continue;
-		case 'x':
-			o->export_dir = optarg;
-			continue;
-		case 'm':
-			o->min_test_accuracy = strtod(optarg, &end);
-			break;
-		case 'w':
-			o->same_weights = 1;
-			continue;
-		case 'p':
-			o->profile = 1;
-			continue;
-		case 'k':
-			o->skip_if_missing = 1;
-			continue;
-		case 'h':
-			usage(stdout);
-			exit(0);
-		default:
-			return -1;
-		}
-		if (end == optarg || *end != '\0')
-			return -1;
-	}
-	if (optind != argc - 1 || o->batch < 1 || o->batch > 4096 ||
-	    o->epochs < 1 || o->epochs > 10000 || !(o->lr > 0) ||
-	    o->train_subset < 0 || o->unit_rows < 0 || o->unit_rows > 4096)
-		return -1;
-	o->data = argv[optind];
-	return 0;
+	return o->lr > 0 ? 0 : -1;
 }
+
+static const struct train_ops ops = {.forward = forward, .evaluate = evaluate};
+
+static const struct trainer fashion = {.ops = &ops,
+				       .shapes = shapes,
+				       .n_params = N_PARAMS,
+				       .mode = MODE_SYNC,
+				       .batch = 64,
+				       .epochs = 10,
+				       .unit_rows = UNIT_ROWS,
+				       .lr = 0.1,
+				       .takes_train_subset = 1,
+				       .name_mode = 1,
+				       .slice_from = SLICED_ELEMENTS,
+				       .usage = usage,
+				       .check = check_lr,
+				       .load = load_fashion,
+				       .export_setup = write_setup};
 
 int main(int argc, char **argv)
 {
-	struct options o;
-	if (parse_options(argc, argv, &o) != 0) {
-		usage(stderr);
-		return 2;
-	}
-	/* The threads here are the parallelism: each BLAS call multiplies
-	 * the matrices of one thread's share of a batch. OpenBLAS's own pool
-	 * would only hand them between threads (and ThreadSanitizer cannot
-	 * see into its uninstrumented workers), so BLAS runs on the calling
-	 * thread. OPENBLAS_NUM_THREADS=1 keeps the pool from even starting
-	 * when the library loads; this covers a run without it. */
-	openblas_set_num_threads(1);
-
-	struct fashion data = {{0}, {0}};
-	int rc = load_fashion(o.data, o.train_subset, &data);
-	if (rc != 0) {
-		dataset_free(&data.train);
-		dataset_free(&data.test);
-		return rc == -2 && o.skip_if_missing ? 77 : 1;
-	}
-	printf("%s: %d training images, %d test images\n", o.data, data.train.n,
-	       data.test.n);
-
-	struct model m;
-	int failed = 0;
-	rc = model_new(&m, shapes, N_PARAMS);
-	if (rc != 0) {
-		fprintf(stderr, "model: %s\n", adg_strerror(rc));
-		failed = 1;
-	}
-	int export_only = o.export_dir != NULL;
-	if (!failed && export_only)
-		failed = write_setup(&o, &m, &data) != 0;
-	FILE *csv = NULL;
-	if (!failed && !export_only && o.csv != NULL)
-		failed = (csv = runner_csv(o.csv)) == NULL;
-	struct outcome outcomes[MAX_RUNS];
-	for (int r = 0; r < o.n_runs && !failed && !export_only; r++) {
-		struct outcome *out = &outcomes[r];
-		failed = run(&o, &m, &data, o.threads[r], csv, out);
-		if (!failed && o.min_test_accuracy >= 0 &&
-		    out->accuracy < o.min_test_accuracy) {
-			fprintf(stderr,
-				"T=%d: test accuracy %.2f%% is below %.2f%%\n",
-				o.threads[r], out->accuracy,
-				o.min_test_accuracy);
-			failed = 1;
-		}
-		if (!failed && o.same_weights)
-			failed = runner_same_weights(o.threads, outcomes, r,
-						     o.mode == MODE_SYNC &&
-							     o.unit_rows > 0);
-	}
-	if (csv != NULL && (ferror(csv) | fclose(csv))) {
-		fprintf(stderr, "%s: write failed\n", o.csv);
-		failed = 1;
-	}
-	if (model_free(&m) != 0)
-		failed = 1;
-	dataset_free(&data.train);
-	dataset_free(&data.test);
-	return failed;
+	return trainer_main(&fashion, argc, argv);
 }
