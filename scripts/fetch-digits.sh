@@ -8,6 +8,8 @@
 # when a good copy is there already; prints the path. Usage: fetch-digits.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 dir=.cache/digits
 csv=$dir/digits.csv
 rows=1797
@@ -42,27 +44,11 @@ fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-# As root, apt-get hands the download to its unprivileged _apt user, which
-# cannot write into our private temporary folder: download as root instead.
-apt_opts=()
-[ "$(id -u)" -ne 0 ] || apt_opts=(-o APT::Sandbox::User=root)
-download() {
-	(cd "$tmp" && apt-get "${apt_opts[@]}" download -q python3-sklearn) \
-		>"$tmp/apt.log" 2>&1
-}
-if ! download; then
-	# A fresh machine may have no package lists yet.
-	echo "fetch-digits: apt-get download failed; updating package lists" >&2
-	$sudo apt-get update -qq >>"$tmp/apt.log" 2>&1 || true
-	if ! download; then
-		sed 's/^/    /' "$tmp/apt.log" >&2
-		echo "fetch-digits: cannot download Debian's python3-sklearn" \
-			"(no network, or no Debian package source configured)." \
-			"apt-get said the above." >&2
-		exit 1
-	fi
+if ! apt_download "$tmp" fetch-digits python3-sklearn; then
+	echo "fetch-digits: cannot download Debian's python3-sklearn" \
+		"(no network, or no Debian package source configured)." \
+		"apt-get said the above." >&2
+	exit 1
 fi
 deb=$(find "$tmp" -maxdepth 1 -name 'python3-sklearn_*.deb' | head -1)
 if [ -z "$deb" ] || ! dpkg-deb -x "$deb" "$tmp/root" 2>"$tmp/dpkg.log"; then

@@ -10,6 +10,8 @@
 # Usage: fetch-fashion.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 dir=.cache/fashion
 package=dataset-fashion-mnist
 # name, IDX magic number (0x801: unsigned bytes, 1 dimension; 0x803: 3
@@ -80,28 +82,12 @@ fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-# As root, apt-get hands the download to its unprivileged _apt user, which
-# cannot write into our private temporary folder: download as root instead.
-apt_opts=()
-[ "$(id -u)" -ne 0 ] || apt_opts=(-o APT::Sandbox::User=root)
-download() {
-	(cd "$tmp" && apt-get "${apt_opts[@]}" download -q "$package") \
-		>"$tmp/apt.log" 2>&1
-}
-if ! download; then
-	# A fresh machine may have no package lists yet.
-	echo "fetch-fashion: apt-get download failed; updating package lists" >&2
-	$sudo apt-get update -qq >>"$tmp/apt.log" 2>&1 || true
-	if ! download; then
-		sed 's/^/    /' "$tmp/apt.log" >&2
-		echo "fetch-fashion: cannot download Debian's $package" \
-			"(no network, or no Debian package source that has it:" \
-			"it is in bookworm's main)." \
-			"apt-get said the above." >&2
-		exit 1
-	fi
+if ! apt_download "$tmp" fetch-fashion "$package"; then
+	echo "fetch-fashion: cannot download Debian's $package" \
+		"(no network, or no Debian package source that has it:" \
+		"it is in bookworm's main)." \
+		"apt-get said the above." >&2
+	exit 1
 fi
 deb=$(find "$tmp" -maxdepth 1 -name "${package}_*.deb" | head -1)
 if [ -z "$deb" ] || ! dpkg-deb -x "$deb" "$tmp/root" 2>"$tmp/dpkg.log"; then

@@ -32,6 +32,8 @@
 # which point the script at fake packages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 debs=.cache/words/debs
 out=.cache/words
 offline=0
@@ -142,28 +144,10 @@ if [ ${#missing[@]} -gt 0 ] && [ $offline -eq 1 ]; then
 		"downloaded)"
 fi
 if [ ${#missing[@]} -gt 0 ]; then
-	sudo=""
-	[ "$(id -u)" -eq 0 ] || sudo="sudo"
-	# As root, apt-get hands the download to its unprivileged _apt user,
-	# which may not write where we keep the packages: download as root.
-	apt_opts=()
-	[ "$(id -u)" -ne 0 ] || apt_opts=(-o APT::Sandbox::User=root)
-	download() {
-		(cd "$tmp" && apt-get "${apt_opts[@]}" download -q \
-			"${missing[@]}") >"$tmp/apt.log" 2>&1
-	}
-	if ! download; then
-		# A fresh machine may have no package lists yet.
-		echo "fetch-words: apt-get download failed; updating package" \
-			"lists" >&2
-		$sudo apt-get update -qq >>"$tmp/apt.log" 2>&1 || true
-		if ! download; then
-			sed 's/^/    /' "$tmp/apt.log" >&2
-			fail "cannot download ${missing[*]} (no network, or no" \
-				"Debian package source that has them: they are" \
-				"in bookworm's main). apt-get said the above."
-		fi
-	fi
+	apt_download "$tmp" fetch-words "${missing[@]}" ||
+		fail "cannot download ${missing[*]} (no network, or no" \
+			"Debian package source that has them: they are in" \
+			"bookworm's main). apt-get said the above."
 	mv "$tmp"/*.deb "$debs/"
 fi
 

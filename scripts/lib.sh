@@ -1,7 +1,8 @@
 # shellcheck shell=bash
-# What the trainer scripts (digits.sh, fashion.sh, langid.sh) and the
-# comparisons with PyTorch (compare-*.sh) share. Sourced, from the
-# repository's root, where each of them starts.
+# What the trainer scripts (digits.sh, fashion.sh, langid.sh), the
+# comparisons with PyTorch (compare-*.sh) and the data fetchers
+# (fetch-*.sh) share. Sourced, from the repository's root, where each of
+# them starts.
 
 # Sets each "--NAME VALUE" of the arguments into the variable NAME (a dash
 # in NAME becomes an underscore), for the names in $1 only (space
@@ -35,6 +36,33 @@ want_list() {
 		echo "$1 wants a list like 1,2, not '$2'" >&2
 		exit 2
 	fi
+}
+
+# Downloads the Debian packages $3... with apt-get into the folder $1
+# (not installing them), logging to $1/apt.log; $2 names the caller in
+# its messages. When that fails, updates the package lists (a fresh
+# machine may have none yet) and tries once more. Returns 0, or 1 after
+# printing apt-get's words, indented, for the caller to say what it
+# wanted.
+apt_download() {
+	local dir=$1 who=$2 sudo="" try
+	local opts=()
+	shift 2
+	[ "$(id -u)" -eq 0 ] || sudo="sudo"
+	# As root, apt-get hands the download to its unprivileged _apt user,
+	# which may not write into a private folder: download as root.
+	[ "$(id -u)" -ne 0 ] || opts=(-o APT::Sandbox::User=root)
+	for try in 1 2; do
+		if (cd "$dir" && apt-get "${opts[@]}" download -q "$@") \
+			>"$dir/apt.log" 2>&1; then
+			return 0
+		fi
+		[ "$try" -eq 1 ] || break
+		echo "$who: apt-get download failed; updating package lists" >&2
+		$sudo apt-get update -qq >>"$dir/apt.log" 2>&1 || true
+	done
+	sed 's/^/    /' "$dir/apt.log" >&2
+	return 1
 }
 
 # Builds targets $2... in $1, a release build of libadg and its examples
