@@ -33,6 +33,36 @@ static void scalar_free(void *value, void *ctx)
 
 const adg_grad_ops scalar_ops = {scalar_add, scalar_free, NULL};
 
+struct hv *hv_new(uint64_t h)
+{
+	struct hv *v = malloc(sizeof *v);
+	cr_assert_not_null(v);
+	v->h = h;
+	v->freed = NULL;
+	atomic_fetch_add(&scalar_values_live, 1);
+	return v;
+}
+
+void hv_free(void *value, void *ctx)
+{
+	(void)ctx;
+	struct hv *v = value;
+	if (v->freed != NULL)
+		atomic_fetch_add(v->freed, 1);
+	free(v);
+	atomic_fetch_sub(&scalar_values_live, 1);
+}
+
+int hv_add(void **sum, void *value, void *ctx)
+{
+	struct hv *s = *sum;
+	s->h = s->h * 31 + ((struct hv *)value)->h;
+	hv_free(value, ctx);
+	return 0;
+}
+
+const adg_grad_ops hv_ops = {hv_add, hv_free, NULL};
+
 atomic_long scalar_outputs_live, scalar_outputs_made, scalar_outputs_peak;
 
 double *s_output_new(double v)

@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* Gradient values and step closures not yet freed, in this process. */
 extern atomic_long scalar_values_live;
@@ -18,6 +19,20 @@ extern atomic_long scalar_steps_live;
 extern const adg_grad_ops scalar_ops;
 
 double *scalar_box(double v);
+
+/* Hashed gradients (hv_ops), for tests of the order a node's
+ * contributions are folded in: heap objects holding a hash h, folded as
+ * sum = sum * 31 + value, neither commutative nor associative, so that a
+ * change in that order changes the result. Counted in scalar_values_live
+ * as the scalar ones are. */
+struct hv {
+	uint64_t h;
+	atomic_int *freed; /* counts this value's free; NULL: not watched */
+};
+struct hv *hv_new(uint64_t h);
+void hv_free(void *value, void *ctx);
+int hv_add(void **sum, void *value, void *ctx);
+extern const adg_grad_ops hv_ops;
 
 /* Forward outputs for checkpointed ops (adg_output): heap doubles, so that
  * AddressSanitizer sees them, counted alive, made in all, and the most

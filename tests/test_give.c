@@ -3,45 +3,15 @@
  * the order given. And the one test of the deprecated path, registering by
  * id on call->grads, until it goes.
  *
- * Gradients are heap objects holding a hash, folded as sum = sum * 31 +
- * value: not commutative, so that a change in the order a node's
- * contributions are added in changes the result. */
+ * Gradients are hashed (struct hv, tests/scalar.h), folded as sum =
+ * sum * 31 + value: not commutative, so that a change in the order a
+ * node's contributions are added in changes the result. */
 #include "fixture.h"
 
 #include <stdbool.h>
 #include <stdlib.h>
 
 FIXTURE_SUITE(give, .timeout = 120);
-
-struct hv {
-	uint64_t h;
-};
-
-static void *hv_new(uint64_t h)
-{
-	struct hv *v = malloc(sizeof *v);
-	cr_assert_not_null(v);
-	v->h = h;
-	atomic_fetch_add(&scalar_values_live, 1);
-	return v;
-}
-
-static void hv_free(void *value, void *ctx)
-{
-	(void)ctx;
-	free(value);
-	atomic_fetch_sub(&scalar_values_live, 1);
-}
-
-static int hv_add(void **sum, void *value, void *ctx)
-{
-	struct hv *s = *sum;
-	s->h = s->h * 31 + ((struct hv *)value)->h;
-	hv_free(value, ctx);
-	return 0;
-}
-
-static const adg_grad_ops hv_ops = {hv_add, hv_free, NULL};
 
 /* The modes a backward runs in. */
 enum mode { SEQUENTIAL, ALONE, POOL2, N_MODES };
@@ -190,7 +160,7 @@ CHECKED_TEST(give, refuses_a_bad_slot_in_every_mode)
 static int give_outside(adg_step_call *call, void *user)
 {
 	int *rc = user;
-	struct hv untouched = {1}; /* refused before it is taken */
+	struct hv untouched = {.h = 1}; /* refused before it is taken */
 	rc[0] = adg_step_give(NULL, 0, &untouched);
 	rc[1] = adg_step_give(call, 0, NULL);
 	/* A call that is not libadg's has no backward behind it. */

@@ -1,13 +1,14 @@
 /* Parallel backward (issue 12): adg_backward_options.executor, libadg's
  * pool, and executors of the caller's own.
  *
- * Gradients here are heap objects holding a hash, h, and the add folds
- * them as sum = sum * 31 + value: neither commutative nor associative, so
- * that any change in the order a node's contributions are folded in
- * changes the leaves' results. Each step's contribution to its parent slot
- * k is h_in * 1000003 + label * 7 + k, where label is the node's place in
- * its graph (ids differ from one build to the next; labels do not), so
- * that a change anywhere upstream shows in every leaf below it.
+ * Gradients here are hashed (struct hv, tests/scalar.h): heap objects
+ * holding a hash, h, and the add folds them as sum = sum * 31 + value:
+ * neither commutative nor associative, so that any change in the order a
+ * node's contributions are folded in changes the leaves' results. Each
+ * step's contribution to its parent slot k is h_in * 1000003 + label * 7
+ * + k, where label is the node's place in its graph (ids differ from one
+ * build to the next; labels do not), so that a change anywhere upstream
+ * shows in every leaf below it.
  *
  * What steps, hooks and recompute callbacks find wrong on other threads
  * they count in their graph's bad counter, which the test's own thread
@@ -39,40 +40,7 @@ TestSuite(parallel_stress, .init = open_balanced, .timeout = 600);
 
 /* ------------------------------------------------------ hashed gradients */
 
-struct hv {
-	uint64_t h;
-	atomic_int *freed; /* counts this value's free; NULL: not watched */
-};
-
-static struct hv *hv_new(uint64_t h)
-{
-	struct hv *v = malloc(sizeof *v);
-	cr_assert_not_null(v);
-	v->h = h;
-	v->freed = NULL;
-	atomic_fetch_add(&scalar_values_live, 1);
-	return v;
-}
-
-static void hv_free(void *value, void *ctx)
-{
-	(void)ctx;
-	struct hv *v = value;
-	if (v->freed != NULL)
-		atomic_fetch_add(v->freed, 1);
-	free(v);
-	atomic_fetch_sub(&scalar_values_live, 1);
-}
-
-static int hv_add(void **sum, void *value, void *ctx)
-{
-	struct hv *s = *sum;
-	s->h = s->h * 31 + ((struct hv *)value)->h;
-	hv_free(value, ctx);
-	return 0;
-}
-
-static const adg_grad_ops hv_ops = {hv_add, hv_free, NULL};
+/* struct hv, hv_new, hv_free, hv_add and hv_ops: tests/scalar.h. */
 
 /* A value poison_ops' add fails on, whether it is the sum or the value. */
 #define POISON UINT64_C(0xdeadbeefdeadbeef)
