@@ -78,13 +78,15 @@ build_release() {
 }
 
 # Compiles $1, a program on PyTorch's C++ API, into $2 when $2 is missing
-# or older than $1; the rest are more g++ arguments. Debian's libtorch-dev
+# or older than $1 or a header beside it (timing.hpp); the rest are more
+# g++ arguments. Debian's libtorch-dev
 # has no pkg-config file: its C++ API's headers are under
 # /usr/include/torch/csrc/api/include, the rest in default paths.
 build_torch() {
 	local src=$1 out=$2
 	shift 2
-	if [ ! -x "$out" ] || [ "$src" -nt "$out" ]; then
+	if [ ! -x "$out" ] || [ "$src" -nt "$out" ] ||
+		[ -n "$(find "$(dirname "$src")" -name '*.hpp' -newer "$out")" ]; then
 		echo "building $out (libtorch's headers take a minute)" >&2
 		g++ -O3 -std=c++17 -Wall -Wextra -Werror "$@" \
 			-isystem /usr/include/torch/csrc/api/include "$src" \

@@ -7,10 +7,11 @@
 // Usage: digits_torch SETUP DATA.csv THREADS
 // Prints a line per epoch and a "result ..." line, as digits does.
 // Built by scripts/compare-torch.sh; not part of libadg's build.
+#include "timing.hpp"
+
 #include <torch/torch.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -222,10 +223,11 @@ int main(int argc, char **argv)
 		};
 		Params shared{from(setup.w1, {64, 64}), from(setup.b1, {64}),
 			      from(setup.w2, {10, 64}), from(setup.b2, {10})};
-		double seconds = 0, accuracy = 0;
+		timing::epoch_clock timer;
+		double accuracy = 0;
 		for (int e = 0; e < setup.epochs; e++) {
 			std::atomic<int> next_batch{0};
-			auto start = std::chrono::steady_clock::now();
+			timer.start();
 			std::vector<std::thread> threads;
 			for (int t = 0; t < n_threads; t++)
 				threads.emplace_back(
@@ -235,9 +237,7 @@ int main(int argc, char **argv)
 					setup.lr[e], std::ref(next_batch));
 			for (auto &t : threads)
 				t.join();
-			std::chrono::duration<double> took =
-				std::chrono::steady_clock::now() - start;
-			seconds += took.count();
+			double took = timer.stop();
 			double loss, train_accuracy, unused;
 			evaluate(shared, train, loss, train_accuracy);
 			evaluate(shared, test, unused, accuracy);
@@ -245,12 +245,13 @@ int main(int argc, char **argv)
 				    "%6.2f%%  test %6.2f%%  %8.0f samples/s\n",
 				    n_threads, setup.batch, e + 1, loss,
 				    train_accuracy, accuracy,
-				    setup.n_train / took.count());
+				    setup.n_train / took);
 		}
 		std::printf("result threads=%d batch=%d epochs=%d "
 			    "samples_per_s=%.0f test_accuracy=%.2f\n",
 			    n_threads, setup.batch, setup.epochs,
-			    setup.n_train * setup.epochs / seconds, accuracy);
+			    setup.n_train * setup.epochs / timer.wall(),
+			    accuracy);
 	} catch (const std::exception &e) {
 		std::fprintf(stderr, "digits_torch: %s\n", e.what());
 		return 1;

@@ -26,16 +26,16 @@
 // the training (evaluation excluded), about 1.0 on one thread, and the
 // thread counts it ran with. Built by scripts/compare-torch.sh; not part
 // of libadg's build.
+#include "timing.hpp"
+
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -330,26 +330,6 @@ double loss_on(const Params &p, const Split &s)
 		.item<double>();
 }
 
-double cpu_seconds()
-{
-	timespec ts;
-	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-	return static_cast<double>(ts.tv_sec) +
-	       static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
-// The threads this process has now (the kernel's count: ours, OpenMP's,
-// OpenBLAS's pools).
-int os_threads()
-{
-	std::ifstream in("/proc/self/status");
-	std::string line;
-	while (std::getline(in, line))
-		if (line.rfind("Threads:", 0) == 0)
-			return std::atoi(line.c_str() + 8);
-	return -1;
-}
-
 } // namespace
 
 int main(int argc, char **argv)
@@ -400,14 +380,14 @@ int main(int argc, char **argv)
 		if (mode == Mode::intra)
 			for (auto &t : shared.all())
 				t.requires_grad_(true);
-		double seconds = 0, cpu = 0, accuracy = 0;
+		timing::epoch_clock timer;
+		double accuracy = 0;
 		std::atomic<int> wrong_threads{0};
 		for (int e = 0; e < setup.epochs; e++) {
 			std::atomic<int> next_batch{0};
 			const auto &order = setup.order[e];
 			float lr = setup.lr[e];
-			double cpu_start = cpu_seconds();
-			auto start = std::chrono::steady_clock::now();
+			timer.start();
 			if (mode == Mode::intra) {
 				train_autograd(shared, train, order,
 					       setup.batch, lr, next_batch);
@@ -432,32 +412,31 @@ int main(int argc, char **argv)
 				for (auto &t : threads)
 					t.join();
 			}
-			std::chrono::duration<double> took =
-				std::chrono::steady_clock::now() - start;
-			cpu += cpu_seconds() - cpu_start;
-			seconds += took.count();
+			double took = timer.stop();
 			double loss = loss_on(shared, train);
 			accuracy = accuracy_on(shared, test);
 			std::printf("T=%d B=%d %s epoch %2d  loss %.4f  test "
 				    "%6.2f%%  %8.0f samples/s\n",
 				    n_threads, setup.batch, mode_name.c_str(),
 				    e + 1, loss, accuracy,
-				    setup.n_train / took.count());
+				    setup.n_train / took);
 			std::fflush(stdout);
 		}
 		if (wrong_threads.load() != 0)
 			throw std::runtime_error("a Hogwild thread had more "
 						 "than one intra-op thread");
-		std::printf(
-			"result side=torch mode=%s threads=%d batch=%d "
-			"epochs=%d samples_per_s=%.0f test_accuracy=%.2f "
-			"cpu_per_wall=%.2f intra_op=%d inter_op=%d "
-			"openblas=%s os_threads=%d\n",
-			mode_name.c_str(), n_threads, setup.batch, setup.epochs,
-			static_cast<double>(setup.n_train) * setup.epochs /
-				seconds,
-			accuracy, cpu / seconds, torch::get_num_threads(),
-			torch::get_num_interop_threads(), blas, os_threads());
+		std::printf("result side=torch mode=%s threads=%d batch=%d "
+			    "epochs=%d samples_per_s=%.0f test_accuracy=%.2f "
+			    "cpu_per_wall=%.2f intra_op=%d inter_op=%d "
+			    "openblas=%s os_threads=%d\n",
+			    mode_name.c_str(), n_threads, setup.batch,
+			    setup.epochs,
+			    static_cast<double>(setup.n_train) * setup.epochs /
+				    timer.wall(),
+			    accuracy, timer.cpu() / timer.wall(),
+			    torch::get_num_threads(),
+			    torch::get_num_interop_threads(), blas,
+			    timing::os_threads());
 	} catch (const std::exception &e) {
 		std::fprintf(stderr, "fashion_torch: %s\n", e.what());
 		return 1;

@@ -24,17 +24,15 @@
 // does, with cpu_per_wall: the process's CPU time over the wall time of
 // the training (evaluation excluded). Built by scripts/compare-langid.sh;
 // not part of libadg's build.
+#include "timing.hpp"
 #include "words.hpp"
 
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
-#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -169,25 +167,6 @@ std::pair<double, double> evaluate(modules &m, const words::dataset &test)
 		loss / static_cast<double>(test.size())};
 }
 
-double cpu_seconds()
-{
-	timespec ts;
-	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-	return static_cast<double>(ts.tv_sec) +
-	       static_cast<double>(ts.tv_nsec) * 1e-9;
-}
-
-// The threads this process has now (ours, OpenMP's, OpenBLAS's pools).
-int os_threads()
-{
-	std::ifstream in("/proc/self/status");
-	std::string line;
-	while (std::getline(in, line))
-		if (line.rfind("Threads:", 0) == 0)
-			return std::atoi(line.c_str() + 8);
-	return -1;
-}
-
 } // namespace
 
 int main(int argc, char **argv)
@@ -233,7 +212,8 @@ int main(int argc, char **argv)
 		modules main_modules(shared);
 		const int n = static_cast<int>(train.size());
 		const int n_batches = (n + s.batch - 1) / s.batch;
-		double seconds = 0, cpu = 0, accuracy = 0;
+		timing::epoch_clock timer;
+		double accuracy = 0;
 		std::atomic<int> wrong_threads{0};
 		for (int e = 0; e < s.epochs; e++) {
 			const std::vector<int> &order = s.order[e];
@@ -289,8 +269,7 @@ int main(int argc, char **argv)
 					sgd.step();
 				}
 			};
-			double cpu_start = cpu_seconds();
-			auto start = std::chrono::steady_clock::now();
+			timer.start();
 			if (mode == "batched" || n_threads == 1) {
 				train_on(main_modules);
 			} else {
@@ -314,17 +293,14 @@ int main(int argc, char **argv)
 				for (auto &t : threads)
 					t.join();
 			}
-			std::chrono::duration<double> took =
-				std::chrono::steady_clock::now() - start;
-			cpu += cpu_seconds() - cpu_start;
-			seconds += took.count();
+			double took = timer.stop();
 			auto [acc, test_loss] = evaluate(main_modules, test);
 			accuracy = acc;
 			std::printf(
 				"T=%d torch %s epoch %2d  test loss %.4f  test "
 				"%6.2f%%  %9.0f samples/s\n",
 				n_threads, mode.c_str(), e + 1, test_loss,
-				accuracy, n / took.count());
+				accuracy, n / took);
 			std::fflush(stdout);
 		}
 		if (wrong_threads.load() != 0)
@@ -335,10 +311,11 @@ int main(int argc, char **argv)
 			    "cpu_per_wall=%.2f intra_op=%d inter_op=%d "
 			    "openblas=%s os_threads=%d\n",
 			    mode.c_str(), n_threads, s.batch, s.epochs,
-			    static_cast<double>(n) * s.epochs / seconds,
-			    accuracy, cpu / seconds, torch::get_num_threads(),
+			    static_cast<double>(n) * s.epochs / timer.wall(),
+			    accuracy, timer.cpu() / timer.wall(),
+			    torch::get_num_threads(),
 			    torch::get_num_interop_threads(), blas,
-			    os_threads());
+			    timing::os_threads());
 	} catch (const std::exception &e) {
 		std::fprintf(stderr, "langid_torch: %s\n", e.what());
 		return 1;
