@@ -23,7 +23,7 @@
  * frees, since a reader may still be probing it (and finding no new kind
  * there, takes the lock and looks again).
  */
-#include "internal.h"
+#include "kind.h"
 
 _Static_assert((ADG_KIND_TABLE_MIN & (ADG_KIND_TABLE_MIN - 1)) == 0 &&
 		       ADG_KIND_TABLE_MIN >= 2,

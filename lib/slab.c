@@ -16,7 +16,7 @@
  * until a thread adopts it or the registry goes: at most what that thread
  * had made at once.
  */
-#include "internal.h"
+#include "slab.h"
 
 #include <sys/mman.h>
 #if defined(ADG_SLAB_ASAN) && __has_include(<sanitizer/lsan_interface.h>)
