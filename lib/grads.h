@@ -79,6 +79,7 @@ int adg_grad_table_window_insert(struct adg_grad_table *g, void **slot,
 static inline int adg_grad_table_insert_fast(struct adg_grad_table *g,
 					     uint64_t id, void *value)
 {
+	ADG_ASSERT(id != 0 && value != NULL); /* I28 */
 	/* Unsigned: an id below window_lo wraps above window_len. */
 	uint64_t i = id - g->window_lo;
 	if (adg_unlikely(i >= g->window_len))

@@ -69,8 +69,10 @@ static inline const struct adg_step_kind *adg_kind_intern(struct adg_shard *s,
 	if (adg_likely(!s->shared)) {
 		const struct adg_step_kind *k =
 			s->kind_cache[h >> (64 - ADG_KIND_CACHE_BITS)];
-		if (adg_likely(k != NULL && adg_kind_is(k, step)))
+		if (adg_likely(k != NULL && adg_kind_is(k, step))) {
+			ADG_ASSERT(k->registry == s->registry); /* I27 */
 			return k;
+		}
 	}
 	return adg_kind_intern_slow(s, step, h);
 }

@@ -117,8 +117,10 @@ static inline void adg_slab_unpoison(void *p, size_t size)
  * owns shard; NULL when the allocator fails. */
 static inline void *adg_slab_alloc(struct adg_shard *shard, uint32_t cls)
 {
+	ADG_ASSERT(cls < ADG_SLAB_CLASSES); /* I23 */
 	struct adg_slab *s = shard->slab_current[cls];
 	if (adg_likely(s != NULL)) {
+		ADG_ASSERT(s->owner == shard); /* I22 */
 		void *p = s->free_list;
 		if (p != NULL) {
 			s->free_list = s->free_list->next;
@@ -144,6 +146,7 @@ static inline void adg_slab_free(struct adg_shard *shard, void *p)
 		adg_slab_free_remote(s, p);
 		return;
 	}
+	ADG_ASSERT(s->used > 0); /* I24 */
 	struct adg_slab_free *f = p;
 	f->next = s->free_list;
 	s->free_list = f;
