@@ -1,5 +1,5 @@
 /*
- * Node slabs: node memory of libadg's own (see internal.h, "node slabs").
+ * Node slabs: node memory of libadg's own (see slab.h).
  *
  * Why not a block of the allocator's per node: glibc keeps memory order for
  * a rebuilt graph only by coalescing freed neighbours, which it does not do
