@@ -25,7 +25,7 @@
  * held until a consuming backward (whose walk waits for the retained
  * passes to end, I14) or the node's end frees it.
  */
-#include "internal.h"
+#include "checkpoint.h"
 
 #include <errno.h>
 #include <time.h>

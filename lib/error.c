@@ -1,6 +1,6 @@
 /* Error names and messages, the version string, and the threads'
  * reasons (adg_errmsg). */
-#include "internal.h"
+#include "util.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -9,6 +9,7 @@
  * parent slot (lib/run.c). This file knows only that the latter is not a
  * table, by its accept function, and refuses it where a table is needed.
  */
+#include "grads.h"
 #include "internal.h"
 
 #include <string.h>

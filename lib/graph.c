@@ -22,6 +22,7 @@
  *   the retiring thread holds no graph lock.
  */
 #include "internal.h"
+#include "readside.h"
 
 #include <sched.h>
 #include <stdlib.h>

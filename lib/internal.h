@@ -1,5 +1,6 @@
 /*
- * The structs that the files of lib/ share, and the few inline helpers on their
+ * What every core file of lib/ needs: nodes, graphs and their locks, the
+ * per-thread shards and the registry, with the few inline helpers on their
  * hot paths, in sections by subject. A node's life runs through the files in
  * this order: node.c creates it, graph.c places it in a graph, a backward
  * takes and runs its step, node.c frees it. A backward is the runner's
@@ -11,15 +12,38 @@
  * per-thread shards that carry ids and counters, kind.c the step kinds
  * nodes point at; grads.c the gradient table a backward returns. The annexes
  * (pool.c, reducer.c) need none of this: they stand on adg.h and util.h alone.
+ *
+ * Each primitive keeps its own struct and inline fast paths in a header
+ * beside its .c. The headers of lib/ form layers, and a header includes
+ * only headers of the layers below its own (CONTRIBUTING.md draws the
+ * graph):
+ *
+ *   1. util.h          what any file of lib/ may use, annexes included
+ *   2. thread.h        a thread's record; spinlock.h, the spinlock;
+ *      grads.h         the gradient table
+ *   3. readside.h      the read side, on thread.h
+ *   4. internal.h      this header, on spinlock.h and thread.h
+ *   5. slab.h, kind.h, checkpoint.h: primitives whose inline fast paths
+ *      read a thread's shard (its slabs, its kind cache, its deferred
+ *      output), and so stand on internal.h
+ *   6. tape.h          a backward's tape, on internal.h
+ *   7. run.h           the runner, on tape.h, checkpoint.h and grads.h
+ *
+ * A fast path that reads the shard stays in its primitive's header, above
+ * this one, rather than taking the shard's field as an argument: its
+ * callers keep their calls as they are, and the shard's layout, which
+ * keeps the fields each thread writes on lines of their own, stays in one
+ * struct in one place.
  */
 #ifndef ADG_INTERNAL_H
 #define ADG_INTERNAL_H
 
 #include "adg.h"
+#include "spinlock.h"
+#include "thread.h"
 #include "util.h"
 
 #include <ck_pr.h>
-#include <ck_spinlock.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -27,19 +51,10 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/asan_interface.h>
-#define ADG_SLAB_ASAN 1
-#endif
-#if defined(ADG_ASSERTIONS) && __has_include(<valgrind/memcheck.h>)
-#include <valgrind/memcheck.h>
-#define ADG_SLAB_MEMCHECK 1
-#endif
-
 /*
  * liburcu supplies the pointer primitives (rcu_dereference,
  * rcu_assign_pointer) and the list macros; the read side and grace periods
- * are libadg's own (readside.c, the RCU section below). liburcu-bp's read-side
+ * are libadg's own (readside.h). liburcu-bp's read-side
  * calls cost 88 instructions a registration from a shared library, whose
  * global-dynamic TLS takes two __tls_get_addr calls a section end.
  *
@@ -47,35 +62,10 @@
  * primitives are inlined (URCU_INLINE_SMALL_FUNCTIONS, which liburcu offers
  * non-LGPL code) except in ThreadSanitizer builds, where they stay calls
  * into liburcu so that TSan sees neither side of an RCU publish; the
- * annotations below rely on that.
+ * annotations (adg_tsan_acquire, util.h) rely on that.
  */
 #include <urcu-bp.h>
 #include <urcu/list.h>
-
-/*
- * ThreadSanitizer sees neither liburcu's publish and dereference nor its
- * grace periods. In a TSan build these tell it what RCU guarantees: what was
- * written to an object before rcu_assign_pointer happens before what a
- * reader does after rcu_dereference. (libadg's own read side and grace
- * periods, readside.c, are C11 atomics that TSan sees, and need none.)
- * Elsewhere they compile to nothing.
- */
-#if defined(__SANITIZE_THREAD__)
-#define ADG_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define ADG_TSAN 1
-#endif
-#endif
-#ifdef ADG_TSAN
-void __tsan_acquire(void *addr);
-void __tsan_release(void *addr);
-#define adg_tsan_acquire(p) __tsan_acquire((void *)(p))
-#define adg_tsan_release(p) __tsan_release((void *)(p))
-#else
-#define adg_tsan_acquire(p) ((void)(p))
-#define adg_tsan_release(p) ((void)(p))
-#endif
 
 /*
  * Interleaving points. A white-box test compiles lib/ with ADG_TEST_HOOKS
@@ -103,35 +93,9 @@ extern void (*adg_test_point)(enum adg_test_point where);
 
 struct adg_shard;
 struct adg_graph;
-struct adg_kind_table; /* a registry's interned step kinds (kind.c) */
+struct adg_kind_table; /* a registry's interned step kinds (kind.h) */
+struct adg_ckpt;       /* a node's checkpointing record (checkpoint.h) */
 struct adg_tape;       /* a backward's scratch, reused by its thread (tape.h) */
-
-/* -------------------------------------------------------------- spinlocks */
-
-/*
- * Concurrency Kit's fetch-and-store spinlock guards the graphs (graph.c)
- * and the scheduler's ready queues (parallel.c): locks that are nearly
- * always free, where taking one is one exchange and releasing it a plain
- * store, where a mutex pays a second locked instruction to look for
- * sleepers. When one is held, a waiter spins briefly and then yields, so
- * that on a machine with more threads than cores a preempted holder gets
- * to run. ck_pr is inline assembly that ThreadSanitizer cannot see: in
- * TSan builds the annotations tell it what the lock orders.
- */
-void adg_spin_wait(ck_spinlock_fas_t *lock);
-
-static inline void adg_spin_lock(ck_spinlock_fas_t *lock)
-{
-	if (adg_unlikely(!ck_spinlock_fas_trylock(lock)))
-		adg_spin_wait(lock);
-	adg_tsan_acquire(lock);
-}
-
-static inline void adg_spin_unlock(ck_spinlock_fas_t *lock)
-{
-	adg_tsan_release(lock);
-	ck_spinlock_fas_unlock(lock);
-}
 
 /* ------------------------------------------------------------------ nodes */
 
@@ -539,88 +503,6 @@ _Static_assert(_Alignof(struct adg_shard) == ADG_CACHELINE &&
 	       "a shard's owner-written fields and its read-mostly fields "
 	       "start cache lines of their own");
 
-/* How many registries a thread finds its shard of without a lock; past
- * that, one slot's shard (round robin) moves to the thread's overflow
- * list for the next. */
-#define ADG_THREAD_SLOTS 4
-
-/*
- * A thread's record (thread.c): its reader word and its shards, one slot per
- * registry it uses. In memory of libadg's own, never freed, so that grace
- * periods and adg_registry_free may read and clear it whether its thread
- * lives or not; the thread finds it through adg_self. The owner reads the
- * slots lock-free; every write to a slot, by the owner, by
- * adg_registry_free clearing the slots of its registry in every record, or
- * by the thread that finds the owner gone, holds the threads lock, which
- * also orders a shard's hand-over between threads.
- */
-struct adg_thread_slot {
-	/* The slot's registry, NULL when free. Atomic: adg_registry_free
-	 * clears it from another thread while the owner may be comparing it
-	 * with another registry. */
-	struct adg_registry *_Atomic registry;
-	struct adg_shard *shard; /* written under the lock, read by the owner */
-};
-
-struct adg_thread {
-	/* 0 outside a read-side section; inside, the epoch read when it
-	 * began. Written by the owner, read by adg_rcu_synchronize. */
-	_Alignas(ADG_CACHELINE) atomic_uint_fast64_t reader;
-	struct adg_thread_slot slots[ADG_THREAD_SLOTS];
-#ifdef ADG_TEST_HOOKS
-	/* Sections open on the thread. In the library sections never nest;
-	 * an interleaving test's hook runs another thread's work inside
-	 * one. */
-	uint32_t nest;
-#endif
-	/* Under the threads lock. The thread's other shards: a thread keeps
-	 * every shard it took until it is gone (or the registry goes): a
-	 * call up its stack (a backward whose step works on other
-	 * registries) may still be using one that lost its slot. */
-	struct adg_shard *overflow;
-	uint32_t evict_next;
-	bool live;		      /* a thread holds it */
-	struct adg_thread *next_free; /* on the free list, when not live */
-	struct adg_thread *next_all;  /* set before it is listed; constant */
-	/* The owner's thread id (gettid), while live: how others learn that
-	 * it has ended (adg_thread_gone_locked). */
-	pid_t tid;
-};
-
-/* The calling thread's record; NULL until its first call that needs one
- * (or while it cannot have one: no memory). */
-extern __thread struct adg_thread *adg_self
-	__attribute__((tls_model("initial-exec")));
-
-/* Gives the calling thread a record and returns it (adg_self from then
- * on); NULL for want of memory. Takes the threads lock. */
-struct adg_thread *adg_thread_register(void);
-
-void adg_threads_lock(void);
-void adg_threads_unlock(void);
-
-/* Under the threads lock: whether t's thread has ended. If so, t is
- * released: its shards go back for adoption, its slots are cleared, and
- * it may be a new thread's record. The calling thread's own record, and
- * the owner of shards a fork left behind, are never gone. */
-bool adg_thread_gone_locked(struct adg_thread *t);
-
-/* The first of every record there is (linked through next_all), live or
- * not; lock-free. */
-struct adg_thread *adg_threads_first(void);
-
-/* Under the threads lock: the registries that fork must find whole
- * (thread.c locks their kinds locks across it). */
-void adg_threads_add_registry_locked(struct adg_registry *r);
-void adg_threads_remove_registry_locked(struct adg_registry *r);
-
-#ifdef ADG_TEST_HOOKS
-/* How many records have a thread that is still alive; how many records
- * there are. */
-size_t adg_threads_live(void);
-size_t adg_threads_records(void);
-#endif
-
 struct adg_registry {
 	/* Unique in the process, never reused: what a gradient table, which
 	 * may outlive its registry, compares a node's registry with (a new
@@ -749,153 +631,6 @@ static inline void adg_put_id(struct adg_shard *s, uint64_t id)
  * no shared line for it; the fallback shard, shared, takes one at a time. */
 uint64_t adg_next_pass_id(struct adg_shard *s);
 
-/* ------------------------------------------------------------- step kinds */
-
-/* The first size of a registry's kind table (kind.c); a power of two. */
-#define ADG_KIND_TABLE_MIN 16
-
-/* A registry's table of kinds (kind.c): linear probing, at most half full,
- * so that a probe always meets an empty slot; its size a power of two. In
- * this header for the white-box tests (tests/test_kinds.c). */
-struct adg_kind_table {
-	/* The table this one replaced, kept for its readers until the
-	 * registry goes; NULL for the first. */
-	struct adg_kind_table *older;
-	unsigned int shift; /* 64 - log2(size): the top bits of the hash */
-	size_t size;
-	size_t count; /* under the kinds lock */
-	/* Each NULL until a kind is stored there, under the lock, with a
-	 * release store; never changed after. */
-	const struct adg_step_kind *_Atomic slots[];
-};
-
-/* The hash of a kind's triple: a product per pointer, combined, whose top
- * bits (as adg_id_hash's) pick a shard cache entry and a table slot. */
-static inline uint64_t adg_kind_hash(adg_backward_fn backward,
-				     adg_release_fn release, const char *name)
-{
-	uint64_t h =
-		(uint64_t)(uintptr_t)backward * UINT64_C(0x9e3779b97f4a7c15);
-	h ^= (uint64_t)(uintptr_t)release * UINT64_C(0xc2b2ae3d27d4eb4f);
-	h ^= (uint64_t)(uintptr_t)name * UINT64_C(0x165667b19e3779f9);
-	return h;
-}
-
-static inline bool adg_kind_is(const struct adg_step_kind *k,
-			       const adg_step *step)
-{
-	return k->backward == step->backward && k->release == step->release &&
-	       k->name == step->name;
-}
-
-/* adg_kind_intern past the shard's cache: the registry's table, lock-free,
- * then an insert under its lock (kind.c). */
-const struct adg_step_kind *
-adg_kind_intern_slow(struct adg_shard *s, const adg_step *step, uint64_t hash);
-
-/* The kind of step's (backward, release, name) in s's registry, interned
- * on first sight; NULL on allocation failure, when nothing changed. On
- * adg_op's path: a hit in the thread's cache is a hash, a load and three
- * compares. The record is this thread's to read: it was published before
- * it went into the cache (kind.c). */
-static inline const struct adg_step_kind *adg_kind_intern(struct adg_shard *s,
-							  const adg_step *step)
-{
-	uint64_t h = adg_kind_hash(step->backward, step->release, step->name);
-	if (adg_likely(!s->shared)) {
-		const struct adg_step_kind *k =
-			s->kind_cache[h >> (64 - ADG_KIND_CACHE_BITS)];
-		if (adg_likely(k != NULL && adg_kind_is(k, step)))
-			return k;
-	}
-	return adg_kind_intern_slow(s, step, h);
-}
-
-/* Registry setup and teardown: the leaf kind, and freeing every kind and
- * table (after the shards, whose caches point at kinds, are done). */
-void adg_kind_init(struct adg_registry *r);
-void adg_kind_free_all(struct adg_registry *r);
-
-/* ------------------------------------------------------------------- RCU */
-
-/*
- * libadg's own read side (readside.c): a read-side section keeps every graph
- * object the reader may reach from going back to the allocator, as
- * liburcu's would, at the cost of an initial-exec TLS access instead of
- * liburcu-bp's global-dynamic ones. Sections never nest and never run user
- * code. adg_rcu_synchronize waits for every section open when it began.
- */
-extern atomic_uint_fast64_t adg_rcu_epoch;
-extern bool adg_rcu_membarrier;
-extern atomic_uint_fast64_t adg_rcu_unregistered_readers;
-
-/* Sets the read side up, once in the process; before a thread's first
- * section (adg_thread_register runs it), and at adg_registry_new, which
- * normally comes first and takes its cost. */
-void adg_rcu_init(void);
-
-/* Returns once every read-side section open when it was called has ended.
- * Call with no graph lock held, outside a section, and without the threads
- * lock. */
-void adg_rcu_synchronize(void);
-
-static inline void adg_rcu_read_lock(void)
-{
-	struct adg_thread *self = adg_self;
-	if (adg_unlikely(self == NULL) &&
-	    (self = adg_thread_register()) == NULL) {
-		/* seq_cst: the writer's fence and its seq_cst load of the
-		 * count order this against its unlinks. */
-		atomic_fetch_add(&adg_rcu_unregistered_readers, 1);
-		return;
-	}
-#ifdef ADG_TEST_HOOKS
-	if (self->nest++ != 0)
-		return;
-#endif
-	ADG_ASSERT(atomic_load_explicit(&self->reader, memory_order_relaxed) ==
-		   0); /* sections never nest */
-	/* Acquire: pairs with adg_rcu_synchronize's step of the epoch, made
-	 * after its caller's unlinks: a section that reads the new epoch
-	 * sees them. */
-	uint64_t e = atomic_load_explicit(&adg_rcu_epoch, memory_order_acquire);
-#ifdef ADG_TSAN
-	/* TSan rejects fences: a seq_cst exchange, a full barrier on the
-	 * x86 it runs on, orders the store before the section's reads. */
-	atomic_exchange(&self->reader, e);
-#else
-	/* Relaxed store, ordered before the section's reads by what
-	 * follows. With membarrier the writer's sys_membarrier is the other
-	 * half, and a compiler barrier is enough here (as urcu-memb's
-	 * reader); without, a full fence. */
-	atomic_store_explicit(&self->reader, e, memory_order_relaxed);
-	if (adg_likely(adg_rcu_membarrier))
-		atomic_signal_fence(memory_order_seq_cst);
-	else
-		atomic_thread_fence(memory_order_seq_cst);
-#endif
-}
-
-static inline void adg_rcu_read_unlock(void)
-{
-	/* Release, both: what the section read happens before what a
-	 * writer that sees it ended frees (its acquire loads). A thread
-	 * registers in adg_rcu_read_lock or adg_shard_get_slow, neither of
-	 * which runs inside a section, so adg_self is what the section began
-	 * with. */
-	struct adg_thread *self = adg_self;
-	if (adg_likely(self != NULL)) {
-#ifdef ADG_TEST_HOOKS
-		if (--self->nest != 0)
-			return;
-#endif
-		atomic_store_explicit(&self->reader, 0, memory_order_release);
-	} else {
-		atomic_fetch_sub_explicit(&adg_rcu_unregistered_readers, 1,
-					  memory_order_release);
-	}
-}
-
 /* ------------------------------------------------------------- allocation */
 
 static inline void *adg_alloc(struct adg_registry *r, size_t size)
@@ -913,367 +648,11 @@ static inline size_t adg_node_size(size_t n_parents)
 	return sizeof(struct adg_node) + n_parents * sizeof(uint64_t);
 }
 
-/* ------------------------------------------------------------ node slabs */
-
-/*
- * Node memory of libadg's own (slab.c). A slab is one block of the
- * registry's allocator, owned by one shard and holding nodes of one size
- * class, bumped in the order they are made, so that a graph one thread
- * made lies in memory in the order its backward walks it. Each slab page
- * (ADG_SLAB_PAGE) that holds nodes starts with the slab's address, which
- * is how a node finds its slab. The owner reuses freed room (its free
- * list) before bumping; other threads' frees go on a lock-free list the
- * owner takes when it runs out of room. A slab goes back to the allocator
- * once all its nodes are free.
- */
-/* 8 KiB, two of the system's pages: a node never straddles a slab page,
- * so each page loses the slab's address and the room short of a node at
- * its end, 24 bytes in 8 KiB for 96-byte nodes where 4 KiB pages lost 64
- * in 4 KiB (1.6 % of a graph's memory). */
-#define ADG_SLAB_PAGE 8192
-
-/* A free node's first word, linking it into a slab's free list. */
-struct adg_slab_free {
-	struct adg_slab_free *next;
-};
-
-struct adg_slab {
-	/* Other threads' frees: a stack of free nodes, pushed with a compare
-	 * and swap, its low bit set once the slab is on its owner's
-	 * slabs_freed_remotely (the pusher that set it put it there), and
-	 * cleared when the owner takes the stack. */
-	_Atomic uintptr_t freed_remotely;
-	struct adg_slab *next_freed_remotely;
-	/* Set at creation, never changed: any thread may read it. */
-	struct adg_shard *owner;
-	uint32_t cls;
-	uint32_t node_size;
-	size_t bytes; /* asked of the allocator, or mapped */
-	bool mapped;  /* a mapping of libadg's own, for huge pages */
-	char *first_page;
-	char *end; /* of the last whole page */
-
-	/* The owner's, a line away from freed_remotely (a slab is a block
-	 * of the allocator's, aligned as malloc's are, so not _Alignas). */
-	char apart[ADG_CACHELINE];
-	struct adg_slab_free *free_list;
-	char *bump;	/* where the next node is cut */
-	char *page_end; /* of bump's page */
-	uint32_t used;	/* nodes cut or reused, less the frees taken */
-	/* Current, or in the shard's slabs_with_room: a free needs not list
-	 * it for the owner to find its room. */
-	bool findable;
-	struct adg_slab *prev_with_room, *next_with_room;
-	struct adg_slab *prev, *next; /* in the shard's slabs */
-};
-
-/* The slab node p lies in. */
-static inline struct adg_slab *adg_slab_of(const void *p)
-{
-	return *(struct adg_slab *const *)((uintptr_t)p &
-					   ~(uintptr_t)(ADG_SLAB_PAGE - 1));
-}
-
-void *adg_slab_alloc_slow(struct adg_shard *shard, uint32_t cls);
-void adg_slab_free_slow(struct adg_shard *shard, struct adg_slab *slab);
-void adg_slab_free_remote(struct adg_slab *slab, void *p);
-/* A freed node's first word links it into a free list: it stays readable,
- * the rest is poisoned, so that a use after free is caught by ASan (and by
- * memcheck in builds with assertions) as it was with one block a node.
- * Nothing in other builds. */
-static inline void adg_slab_poison(void *p, size_t size)
-{
-	char *rest = (char *)p + sizeof(struct adg_slab_free);
-	size_t len = size - sizeof(struct adg_slab_free);
-	(void)rest;
-	(void)len;
-#ifdef ADG_SLAB_ASAN
-	ASAN_POISON_MEMORY_REGION(rest, len);
-#endif
-#ifdef ADG_SLAB_MEMCHECK
-	VALGRIND_MAKE_MEM_NOACCESS(rest, len);
-#endif
-}
-
-static inline void adg_slab_unpoison(void *p, size_t size)
-{
-	(void)p;
-	(void)size;
-#ifdef ADG_SLAB_ASAN
-	ASAN_UNPOISON_MEMORY_REGION(p, size);
-#endif
-#ifdef ADG_SLAB_MEMCHECK
-	VALGRIND_MAKE_MEM_UNDEFINED(p, size);
-#endif
-}
-
-/* A node of class cls (its parent count) for the calling thread, which
- * owns shard; NULL when the allocator fails. */
-static inline void *adg_slab_alloc(struct adg_shard *shard, uint32_t cls)
-{
-	struct adg_slab *s = shard->slab_current[cls];
-	if (adg_likely(s != NULL)) {
-		void *p = s->free_list;
-		if (p != NULL) {
-			s->free_list = s->free_list->next;
-		} else if (s->bump + s->node_size <= s->page_end) {
-			p = s->bump;
-			s->bump += s->node_size;
-		} else {
-			return adg_slab_alloc_slow(shard, cls);
-		}
-		s->used++;
-		adg_slab_unpoison(p, s->node_size);
-		return p;
-	}
-	return adg_slab_alloc_slow(shard, cls);
-}
-
-/* Frees node memory p of a slab's; shard is the calling thread's (or the
- * registry's fallback shard). */
-static inline void adg_slab_free(struct adg_shard *shard, void *p)
-{
-	struct adg_slab *s = adg_slab_of(p);
-	if (adg_unlikely(s->owner != shard)) {
-		adg_slab_free_remote(s, p);
-		return;
-	}
-	struct adg_slab_free *f = p;
-	f->next = s->free_list;
-	s->free_list = f;
-	adg_slab_poison(p, s->node_size);
-	/* The slab goes back, or gets listed as having room. */
-	if (adg_unlikely(--s->used == 0 || !s->findable))
-		adg_slab_free_slow(shard, s);
-}
-
 /* What a node takes: with a checkpointing slot, 8 bytes more. */
 static inline size_t adg_node_alloc_size(size_t n_parents, bool ckpt_slot)
 {
 	return adg_node_size(n_parents) +
 	       (ckpt_slot ? sizeof(struct adg_ckpt *) : 0);
 }
-
-/* The slot of a node made with options (ADG_NODE_F_CKPT_SLOT). */
-static inline struct adg_ckpt **adg_node_ckpt_slot(const struct adg_node *n)
-{
-	ADG_ASSERT((n->flags & ADG_NODE_F_CKPT_SLOT) != 0);
-	return (struct adg_ckpt **)((uintptr_t)n + adg_node_size(n->n_parents));
-}
-
-/* The node's checkpointing record, or NULL. */
-static inline struct adg_ckpt *adg_node_ckpt(const struct adg_node *n)
-{
-	if ((n->flags & ADG_NODE_F_CKPT_SLOT) == 0)
-		return NULL;
-	return *adg_node_ckpt_slot(n);
-}
-
-/* ---------------------------------------------------------- checkpointing */
-
-/* A node's part in checkpointing: the output it offers, and the outputs its
- * step will ask for. Touched only by whoever owns the node: its creator,
- * the backward that took it, or the thread that frees it. */
-struct adg_ckpt {
-	bool memory_bound;
-	/* The output, while held. Retained passes, which may share the
-	 * record, read it with acquire loads and publish one with a compare
-	 * and swap; the record's owner uses it as it likes. */
-	void *value;
-	void (*free)(void *value, void *ctx);
-	void *free_ctx;
-	adg_recompute_fn recompute;
-	/* During a backward: requests still to serve. 64 bits: one per
-	 * want slot of every tape child, and a slot count is 32 bits. */
-	uint64_t pending;
-	/* During a backward: the take planned to rebuild the output, and it
-	 * has not been rebuilt yet; see ckpt_serve. */
-	bool rebuild_planned;
-	/* With an executor's workers: the run (its output lock's address)
-	 * rebuilding the output now, or NULL; atomic, since retained passes
-	 * share the record. Others of that run that need the output sleep
-	 * until it is there (see checkpoint.c). */
-	const void *builder;
-	/* A value let go of under the run's output lock, to free once it is
-	 * released, and the next such record (struct adg_drops). */
-	void *dropped;
-	struct adg_node *drop_next;
-	struct adg_node *unbuilt_next; /* ckpt_serve's work list */
-	bool want_self;
-	uint32_t n_want_parents;
-	uint32_t want_parents[]; /* parent slots */
-};
-
-/* Outputs let go of while a run's output lock is held, to free once it is
- * released (an output's free is the caller's code): a list through their
- * records. */
-struct adg_drops {
-	struct adg_node *head;
-};
-
-/* Frees every output on drops, with no lock held. */
-void adg_ckpt_free_drops(struct adg_drops *drops);
-
-/* What adg_output_get needs of the backward that runs the step. */
-struct adg_backward_context {
-	struct adg_node *node;	 /* whose step runs */
-	struct adg_node **stack; /* recompute's work list, tape-sized */
-	/* A recompute's parent outputs: room for the most parents a tape
-	 * node has, reserved when the tape was taken, so that adg_output_get
-	 * never allocates. */
-	void **outputs;
-	/* And their ids, the recompute call's parent_ids: as many. */
-	uint64_t *ids;
-	/* With an executor's workers: held around every use of the records
-	 * and of stack, which the backward's workers share, and never across
-	 * a recompute (outputs is the worker's own); rebuilt is signalled
-	 * when a rebuild ends. NULL on one thread. */
-	pthread_mutex_t *serialize;
-	pthread_cond_t *rebuilt;
-	/* A retained backward: no request is counted or served, and an
-	 * output it rebuilds is published for the passes after it (and
-	 * those running beside it: see checkpoint.c). */
-	bool retained;
-};
-
-/* adg_op_with: checks options against the parents and attaches a record
- * to node (not yet placed). Returns 0, ADG_EINVAL or ADG_ENOMEM, with its
- * reason naming func (the public function called); on error nothing was
- * taken. */
-int adg_ckpt_attach(struct adg_node *node, adg_node *const *parents,
-		    const adg_op_options *options, const char *func);
-
-/* Once an op with a record is placed: applies the registry's strategy to
- * its output. An output the strategy drops leaves the record at once but
- * is freed later: it becomes shard's deferred output (shard is the
- * caller's own, and has none: the caller freed it). */
-void adg_ckpt_commit(struct adg_shard *shard, struct adg_node *node);
-
-/* Frees shard's deferred output, if any: when the owner's next op or
- * backward succeeds, and when the registry goes. */
-void adg_ckpt_free_deferred_slow(struct adg_shard *shard);
-
-static inline void adg_ckpt_free_deferred(struct adg_shard *shard)
-{
-	if (adg_unlikely(shard->deferred.value != NULL))
-		adg_ckpt_free_deferred_slow(shard);
-}
-
-/* After a tape is taken: counts its requests and frees what none needs. */
-void adg_ckpt_plan(struct adg_node **tape, size_t len);
-
-/* After the step of a tape node with a record returned: its requests are
- * served. With drops, under the run's output lock: the outputs let go of
- * are freed by adg_ckpt_free_drops after it. */
-void adg_ckpt_served(struct adg_node *node, struct adg_drops *drops);
-
-/* At the end of a backward, or when a node with a record goes: frees the
- * record and what is left of its output. */
-void adg_ckpt_drop(struct adg_node *node);
-
-/* ----------------------------------------------------------------- grads */
-
-/* What adg_grads_register sends a gradient to: a gradient table (below),
- * or a step's output in a backward with an executor (struct adg_step_out,
- * run.h), which routes it to the step's parent slot. Each embeds this;
- * accept takes value whatever it returns. */
-struct adg_grads {
-	int (*accept)(struct adg_grads *to, uint64_t id, void *value);
-};
-
-/* One entry of a gradient table: node id -> the caller's value. */
-struct adg_grad_entry {
-	uint64_t id;
-	void *value;
-};
-
-/* The container a backward returns (grads.c). */
-struct adg_grad_table {
-	struct adg_grads as_grads;
-	adg_grad_ops ops;
-	/* Copies: the table may outlive the registry. The serial is what a
-	 * node's registry is compared with (adg_grads_get_node). */
-	adg_allocator allocator;
-	uint64_t registry_serial;
-	struct adg_grad_entry *entries;
-	size_t cap;	    /* a power of two */
-	unsigned int shift; /* 64 - log2(cap) */
-	size_t count;	    /* held, in entries and window */
-	/* While a backward on one thread runs: the gradients of ids window_lo
-	 * to window_lo + window_len - 1 live here instead, indexed by id, so
-	 * that a tape whose ids are dense (a graph recorded by one thread)
-	 * reads and writes them in memory order, with no hashing. The memory
-	 * is the tape's scratch; NULL: none. */
-	void **window;
-	uint64_t window_lo;
-	size_t window_len;
-};
-
-/* A table sized for about `expected` gradients, allocated with registry's
- * allocator (copied: it may outlive the registry). */
-int adg_grad_table_new(struct adg_registry *registry, const adg_grad_ops *ops,
-		       size_t expected, struct adg_grad_table **out);
-
-/* The table behind grads, or NULL when grads is none (NULL, or a step's
- * output). */
-struct adg_grad_table *adg_grad_table_of(const adg_grads *grads);
-
-/* The reason of adg_grad_table_insert's failure rc (ADG_ENOMEM, or
- * ops->add's code) for id, in func; returns rc. */
-__attribute__((cold)) int adg_grad_failed(int rc, const char *func,
-					  uint64_t id);
-
-/* Adds value to id's gradient (ops->add), or holds it; id non-zero. Takes
- * value whatever it returns: 0, ADG_ENOMEM or add's code. */
-int adg_grad_table_insert(struct adg_grad_table *g, uint64_t id, void *value);
-
-/* Adds value into *slot, one of the window's: held as it is, or folded
- * with ops->add into what the slot holds. */
-int adg_grad_table_window_insert(struct adg_grad_table *g, void **slot,
-				 void *value);
-
-/* adg_grad_table_insert with the window's common case inline, where a
- * step on one thread sends its gradients: id's first gradient is a
- * store, a later one a call to the add. */
-static inline int adg_grad_table_insert_fast(struct adg_grad_table *g,
-					     uint64_t id, void *value)
-{
-	/* Unsigned: an id below window_lo wraps above window_len. */
-	uint64_t i = id - g->window_lo;
-	if (adg_unlikely(i >= g->window_len))
-		return adg_grad_table_insert(g, id, value);
-	void **slot = &g->window[i];
-	if (*slot != NULL)
-		return adg_grad_table_window_insert(g, slot, value);
-	*slot = value;
-	g->count++;
-	return 0;
-}
-
-/* Removes and returns id's value, or NULL when none is held (a held value
- * is never NULL). */
-void *adg_grad_table_take(struct adg_grad_table *g, uint64_t id);
-
-/* Frees every value held (ops->free) and the table; an attached window's
- * values too, leaving its slots NULL. */
-void adg_grad_table_free(struct adg_grad_table *g);
-
-/* Routes ids lo to lo + len - 1 to window (len slots, all NULL) until
- * adg_grad_table_detach_window. */
-void adg_grad_table_attach_window(struct adg_grad_table *g, void **window,
-				  uint64_t lo, size_t len);
-
-/* Moves what the window holds into the table's own entries, leaving the
- * window's slots NULL for its next use. Returns 0, or ADG_ENOMEM when the
- * entries could not grow for them: then what could not move was freed. */
-int adg_grad_table_detach_window(struct adg_grad_table *g);
-
-/* --------------------------------------------------------------- teardown */
-
-/* Releases tape scratch (a shard's, or a nested backward's own). */
-void adg_tape_free(struct adg_registry *registry, struct adg_tape *tape);
-
-/* Registry teardown: gives a shard's node slabs back to the allocator. */
-void adg_slab_free_all(struct adg_shard *shard);
 
 #endif /* ADG_INTERNAL_H */

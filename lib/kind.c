@@ -11,7 +11,7 @@
  * registry, so a node, a shard's cache or a reader that has a kind may use
  * it without counting.
  *
- * The lookup has two levels. adg_kind_intern (internal.h), inline on
+ * The lookup has two levels. adg_kind_intern (kind.h), inline on
  * adg_op's path, looks in the calling thread's shard: a direct-mapped
  * cache that only its thread touches. On a miss, kind_find probes the
  * registry's open-addressing table without a lock: slots go from NULL to
@@ -23,7 +23,7 @@
  * frees, since a reader may still be probing it (and finding no new kind
  * there, takes the lock and looks again).
  */
-#include "internal.h"
+#include "kind.h"
 
 _Static_assert((ADG_KIND_TABLE_MIN & (ADG_KIND_TABLE_MIN - 1)) == 0 &&
 		       ADG_KIND_TABLE_MIN >= 2,

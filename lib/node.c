@@ -9,7 +9,10 @@
  * alone and costs work in proportion to what is freed; nothing sweeps.
  * Leaves have no step to keep, so children do not count them.
  */
+#include "checkpoint.h"
 #include "internal.h"
+#include "kind.h"
+#include "slab.h"
 
 #include <string.h>
 

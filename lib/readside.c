@@ -32,9 +32,10 @@
  * reads through a shared counter instead, which grace periods wait to see
  * at 0.
  */
-#include "internal.h"
+#include "readside.h"
 
 #include <linux/membarrier.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>

@@ -9,7 +9,13 @@
  * A thread's slots, where it finds its shards, are in its record (thread.c),
  * as is the threads lock that guards them.
  */
+#include "checkpoint.h"
+#include "grads.h"
 #include "internal.h"
+#include "kind.h"
+#include "readside.h"
+#include "slab.h"
+#include "tape.h"
 
 #include <string.h>
 

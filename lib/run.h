@@ -9,6 +9,8 @@
 #ifndef ADG_RUN_H
 #define ADG_RUN_H
 
+#include "checkpoint.h"
+#include "grads.h"
 #include "tape.h"
 
 #include <time.h>

@@ -1,5 +1,5 @@
 /*
- * Node slabs: node memory of libadg's own (see internal.h, "node slabs").
+ * Node slabs: node memory of libadg's own (see slab.h).
  *
  * Why not a block of the allocator's per node: glibc keeps memory order for
  * a rebuilt graph only by coalescing freed neighbours, which it does not do
@@ -16,7 +16,7 @@
  * until a thread adopts it or the registry goes: at most what that thread
  * had made at once.
  */
-#include "internal.h"
+#include "slab.h"
 
 #include <sys/mman.h>
 #if defined(ADG_SLAB_ASAN) && __has_include(<sanitizer/lsan_interface.h>)

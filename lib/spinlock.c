@@ -1,8 +1,8 @@
 /*
- * The wait of libadg's spinlocks (internal.h, "spinlocks"): the graph
+ * The wait of libadg's spinlocks (spinlock.h): the graph
  * locks and the scheduler's ready queues.
  */
-#include "internal.h"
+#include "spinlock.h"
 
 #include <sched.h>
 

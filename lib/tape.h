@@ -122,4 +122,7 @@ void adg_tape_release_retained(struct adg_run *run);
 bool adg_par_reserve(struct adg_registry *r, struct adg_tape *t, size_t len,
 		     size_t edges, size_t leaves, uint32_t n_slots);
 
+/* Releases tape scratch (a shard's, or a nested backward's own). */
+void adg_tape_free(struct adg_registry *registry, struct adg_tape *tape);
+
 #endif /* ADG_TAPE_H */

@@ -43,6 +43,7 @@
  * came.
  */
 #include "internal.h"
+#include "readside.h"
 
 #include <errno.h>
 #include <signal.h>

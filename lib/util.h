@@ -140,4 +140,29 @@ void adg_abi_write(void *given, const void *local, size_t own);
 #define ADG_ABI_READ(func, what, local, given, first)                          \
 	adg_abi_read((func), (what), (local), sizeof *(local), (first), (given))
 
+/*
+ * ThreadSanitizer sees neither liburcu's publish and dereference nor its
+ * grace periods. In a TSan build these tell it what RCU guarantees: what was
+ * written to an object before rcu_assign_pointer happens before what a
+ * reader does after rcu_dereference. (libadg's own read side and grace
+ * periods, readside.c, are C11 atomics that TSan sees, and need none.)
+ * Elsewhere they compile to nothing.
+ */
+#if defined(__SANITIZE_THREAD__)
+#define ADG_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define ADG_TSAN 1
+#endif
+#endif
+#ifdef ADG_TSAN
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+#define adg_tsan_acquire(p) __tsan_acquire((void *)(p))
+#define adg_tsan_release(p) __tsan_release((void *)(p))
+#else
+#define adg_tsan_acquire(p) ((void)(p))
+#define adg_tsan_release(p) ((void)(p))
+#endif
+
 #endif /* ADG_UTIL_H */

@@ -7,6 +7,7 @@
  * here every time.
  */
 #include "internal.h"
+#include "readside.h"
 
 #include <criterion/criterion.h>
 #include <fcntl.h>

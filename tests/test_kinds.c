@@ -7,7 +7,7 @@
  * other threads look kinds up (a stress test, run under TSan in the TSan
  * build), and that a failed intern changes nothing.
  */
-#include "internal.h"
+#include "kind.h"
 #include "scalar.h"
 
 #include <criterion/criterion.h>
