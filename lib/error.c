@@ -71,8 +71,9 @@ void adg_errmsg_clip(char *text, size_t size)
 /* Writes "func: <fmt>" and, when inner is not NULL, ": <inner>" after it
  * as the thread's reason. Formatted aside first: the arguments and inner
  * may point into the reason itself. */
-static void errmsg_write(int code, const char *func, const char *inner,
-			 const char *fmt, va_list ap)
+__attribute__((format(printf, 4, 0))) static void
+errmsg_write(int code, const char *func, const char *inner, const char *fmt,
+	     va_list ap)
 {
 	char text[ADG_ERRMSG_MAX];
 	int n = snprintf(text, sizeof text, "%s: ", func);

@@ -323,7 +323,7 @@ static int grad_table_node_id(const char *func, const adg_grads *grads,
 int adg_grads_get_node(const adg_grads *grads, const adg_node *node,
 		       void **value)
 {
-	uint64_t id;
+	uint64_t id = 0; /* set when rc is 0; -O3 cannot see it */
 	int rc = grad_table_node_id(__func__, grads, node, value, &id);
 	if (rc != 0)
 		return rc;
@@ -333,7 +333,7 @@ int adg_grads_get_node(const adg_grads *grads, const adg_node *node,
 
 int adg_grads_take_node(adg_grads *grads, const adg_node *node, void **value)
 {
-	uint64_t id;
+	uint64_t id = 0; /* set when rc is 0; -O3 cannot see it */
 	int rc = grad_table_node_id(__func__, grads, node, value, &id);
 	if (rc != 0)
 		return rc;

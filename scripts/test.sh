@@ -44,11 +44,23 @@ for variant in plain asan tsan; do
 	meson test -C "$dir" --verbose --print-errorlogs || status=1
 done
 
+# A step that fails before it prints its "name: P passed, F failed" (a
+# build error, say) counts as one failure in the summary too.
+verdict() { # name, then the command
+	local name=$1
+	shift
+	if ! "$@" 2>&1 | tee -a "$log"; then
+		status=1
+		grep -q "^$name: [0-9]* passed, [0-9]* failed$" "$log" ||
+			echo "$name: 0 passed, 1 failed" | tee -a "$log"
+	fi
+}
+
 echo "=== valgrind memcheck (plain build)"
-scripts/valgrind.sh build-test-plain 2>&1 | tee -a "$log" || status=1
+verdict valgrind scripts/valgrind.sh build-test-plain
 
 echo "=== consumer"
-scripts/consumer-test.sh 2>&1 | tee -a "$log" || status=1
+verdict consumer scripts/consumer-test.sh
 
 # A short differential fuzzing run against the sequential model (clang,
 # ASan + UBSan); it counts as one check.
