@@ -278,10 +278,6 @@ private:
 	std::string what_; /* with a reason; else system_error's */
 };
 
-/* Throws adg::error(rc, context, adg_errmsg()): what a C call that just
- * failed on this thread with rc raises, with its reason. */
-[[noreturn]] void throw_c_error(int rc, const std::string &context);
-
 /* Throws adg::error(rc) unless rc is 0, with the reason of the C call
  * that just failed on this thread (adg_errmsg): for the C calls this layer
  * does not wrap. */
@@ -751,12 +747,20 @@ struct backward_options {
 	 * the backward fails at that step with ADG_EVALUE (site
 	 * ADG_FAILED_CHECK, naming the step). Empty: no check, no cost. */
 	std::function<bool(grad_ref grad)> value_check;
-	/* Set by reducer<G>::hook (adg/reducer.hpp): the parameters'
-	 * gradients go to that reducer as participant's, after on_ready has
-	 * seen them. */
-	adg_reducer *reducer = nullptr;
-	std::size_t participant = 0;
-	const std::type_info *reducer_type = nullptr;
+	/* The last word on the C options a backward is given, for a layer
+	 * over this one (adg::reducer<G>::hook installs the reducer's ready
+	 * hook with it): f(options, type) runs after this layer has set its
+	 * own hooks, with the backward's gradient type, and may change the
+	 * options (chaining a hook it finds) or throw, which fails the
+	 * backward before it starts. One per options: a second replaces
+	 * the first. */
+	using c_options_fn = std::function<void(adg_backward_options &options,
+						const std::type_info &type)>;
+	backward_options &extend_c_options(c_options_fn f);
+
+private:
+	friend struct detail::access;
+	c_options_fn extend_;
 };
 
 template <class T> class gradients;
@@ -1092,6 +1096,11 @@ struct access {
 		n.raw_ = raw;
 		n.core_ = core;
 		return n;
+	}
+	static const backward_options::c_options_fn &
+	extension(const backward_options &o) noexcept
+	{
+		return o.extend_;
 	}
 	template <class T>
 	static gradients<T> adopt(adg_grads *raw,
@@ -1625,9 +1634,9 @@ struct pass_state {
 		return rc;
 	}
 
-	/* The C options: this pass's hooks, where set, and the reducer's
-	 * after them (adg_reducer_hook keeps a hook it finds, and calls it
-	 * first). */
+	/* The C options: this pass's hooks, where set, then what the
+	 * options' extension makes of them (backward_options::
+	 * extend_c_options). */
 	adg_backward_options c_options(adg_failure *failure)
 	{
 		auto o = detail::sized<adg_backward_options>();
@@ -1647,23 +1656,9 @@ struct pass_state {
 			o.value_check = &check;
 			o.value_check_ctx = this;
 		}
-		if (options.reducer != nullptr) {
-			if (options.reducer_type == nullptr ||
-			    *options.reducer_type != type)
-				throw error(ADG_EINVAL,
-					    "backward: the reducer's gradient "
-					    "type is not the backward's");
-			check_rc(adg_reducer_hook(options.reducer,
-						  options.participant, &o),
-				 "adg_reducer_hook");
-		}
+		if (const auto &extend = access::extension(options))
+			extend(o, type);
 		return o;
-	}
-
-	static void check_rc(int rc, const char *what)
-	{
-		if (rc != 0)
-			throw_c_error(rc, what);
 	}
 };
 
@@ -1753,11 +1748,6 @@ inline const char *error::what() const noexcept
 	return what_.empty() ? std::system_error::what() : what_.c_str();
 }
 
-inline void throw_c_error(int rc, const std::string &context)
-{
-	throw error(rc, context, adg_errmsg());
-}
-
 inline const adg_failure &error::failure() const noexcept
 {
 	return failure_;
@@ -1771,7 +1761,7 @@ inline const std::string &error::context() const noexcept
 inline void check(int rc, const char *context)
 {
 	if (rc != 0)
-		throw_c_error(rc, context ? context : "adg");
+		throw error(rc, context ? context : "adg", adg_errmsg());
 }
 
 /* registry */
@@ -2450,6 +2440,12 @@ private:
 };
 } // namespace detail
 
+inline backward_options &backward_options::extend_c_options(c_options_fn f)
+{
+	extend_ = std::move(f);
+	return *this;
+}
+
 template <class F>
 backward_options &
 backward_options::on_param_ready(const std::vector<node> &params, F f)
@@ -2647,8 +2643,8 @@ const V &step_call<T>::output(std::uint64_t id) const
 			std::exchange(detail::rebuild_thrown, nullptr);
 		if (e)
 			std::rethrow_exception(e);
-		throw_c_error(rc,
-			      "step_call::output: node " + std::to_string(id));
+		check(rc, ("step_call::output: node " + std::to_string(id))
+				  .c_str());
 	}
 	return *static_cast<const V *>(value);
 }
