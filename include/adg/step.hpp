@@ -148,10 +148,13 @@ step_call<T> access::call(adg_step_call *c, registry_core *core) noexcept
 /* Where closures live: a thread's cache of freed blocks by size (16 to
  * 128 bytes), so that recording an op costs no malloc once the cache is
  * warm. A block freed on another thread joins that thread's cache; each
- * class keeps at most `keep` blocks, the rest go back to the heap, and a
- * thread's cache is emptied when the thread exits. */
+ * class keeps at most keep_bytes of blocks (a graph of a few thousand
+ * small steps, dropped, is recorded again from the cache: 2,048 blocks
+ * of 32 bytes, a lambda of two doubles), the rest go back to the heap,
+ * and a thread's cache is emptied when the thread exits. */
 struct block_cache {
-	static constexpr std::size_t grain = 16, classes = 8, keep = 256;
+	static constexpr std::size_t grain = 16, classes = 8,
+				     keep_bytes = 64 * 1024;
 	struct block {
 		block *next;
 	};
@@ -205,7 +208,9 @@ inline void closure_free(void *p, std::size_t n) noexcept
 	block_cache &c = closure_cache;
 	std::size_t k = (n + block_cache::grain - 1) / block_cache::grain;
 	if (k == 0 || k > block_cache::classes || c.drained ||
-	    !closure_cache_armed || c.count[k - 1] >= block_cache::keep) {
+	    !closure_cache_armed ||
+	    c.count[k - 1] * k * block_cache::grain >=
+		    block_cache::keep_bytes) {
 		::operator delete(p);
 		return;
 	}
