@@ -1,6 +1,6 @@
 /*
  * adg.hpp: libadg's C++17 layer, header-only, over the C API of adg.h. It
- * adds no state to libadg: every call below is one or a few C calls.
+ * adds no state to libadg: every call of its parts is one or a few C calls.
  *
  *     adg::registry reg;
  *     adg::node a = adg::leaf(reg), b = adg::leaf(reg);

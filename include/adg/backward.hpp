@@ -111,7 +111,7 @@ template <class T> class gradients;
 
 /* Runs a backward from root with seed as its gradient, folding gradients of
  * type T. Returns the leaves' gradients. Throws the exception that failed
- * it (see the opening comment) or adg::error: ADG_ECONSUMED for a root
+ * it (see adg.hpp's opening comment) or adg::error: ADG_ECONSUMED for a root
  * already run, ADG_EUNAVAILABLE, ADG_EINVAL for an empty root or a T that
  * is not the registry's. Write the seed as a T: backward(y, 1.0) for
  * double, not backward(y, 1). */
