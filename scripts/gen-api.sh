@@ -173,11 +173,34 @@ END {
 }' "$header"
 [ -f "$cpp_header" ] || exit 0
 
-# adg.hpp: what comes before its implementation section is the reference:
-# at namespace scope, each comment, then the declarations after it up to a
+# The C++ header as one text: an annex's (adg/NAME.hpp) as it is; adg.hpp
+# as its introduction, then, in the order it includes them, its parts'
+# (adg/NAME.hpp with no adg/NAME.h beside it: an annex's has a page of its
+# own) declarations, each part's up to its implementation section. A part
+# without one (fwd.hpp) declares nothing of its own.
+cpp_text() {
+	if [ -n "$part" ]; then
+		cat "$1"
+		return
+	fi
+	sed -n '1,/^#ifndef ADG_HPP$/p' "$1"
+	dir=$(dirname "$1")
+	sed -n 's|^#include "adg/\([a-z_]*\)\.hpp"$|\1|p' "$1" |
+		while read -r p; do
+			[ -f "$dir/adg/$p.h" ] && continue
+			grep -q '^/\* -* implementation \*/$' "$dir/adg/$p.hpp" ||
+				continue
+			sed -n '/^namespace adg$/,/^\/\* -* implementation \*\/$/p' \
+				"$dir/adg/$p.hpp" | grep -v '^/\* -* implementation \*/$'
+		done
+	echo '/* ---------------------------------------------------------- implementation */'
+}
+
+# What comes before the implementation section is the reference: at
+# namespace scope, each comment, then the declarations after it up to a
 # blank line, private sections and bodies left out. Classes and functions
 # are declared there and defined below, so nothing else needs parsing.
-awk "$common"'
+cpp_text "$cpp_header" | awk "$common"'
 function name_of(d,   t) {
 	t = d
 	sub(/^template <[^>]*>[ \n]*/, "", t)
@@ -208,6 +231,7 @@ NR == 1, /^#ifndef ADG_[A-Z_]*HPP$/ {
 	next
 }
 !started { if ($0 ~ /^namespace adg$/) started = 1; next }
+/^namespace adg$/ { next } # where the next part begins
 /^\/\* -+ implementation \*\/$/ { emit(); exit }
 skipping { if ($0 ~ /^} \/\/ namespace/) skipping = 0; next }
 decl != "" {
@@ -245,4 +269,4 @@ in_comment {
 { decl = $0; depth = braces($0) }
 END {
 	print_page("# C++ layer: `" cpp_origin "`", "Generated from `" cpp_origin "` by `scripts/gen-api.sh`; do not edit.")
-}' cpp_origin="$cpp_origin" "$cpp_header"
+}' cpp_origin="$cpp_origin"

@@ -2654,6 +2654,38 @@ TEST(a_failed_round_tells_every_participant_who_and_where)
 	EXPECT(units.failure(0).participant == SIZE_MAX);
 }
 
+/* extend_c_options: the extension sees the options this layer built, with
+ * the backward's T, and its changes are the backward's; one that throws
+ * fails the backward before it starts (the root is not consumed). */
+TEST(an_extension_changes_the_c_options)
+{
+	adg::registry reg;
+	leaves l(reg);
+	adg::node y = adg::op(reg, {l.x, l.y}, [](adg::step_call<double> &c) {
+		c.give(0, c.grad_or(0.0));
+	});
+	adg::backward_options o;
+	o.on_step = [](const adg_step_event &) {};
+	bool saw = false;
+	o.extend_c_options(
+		[&saw](adg_backward_options &c, const std::type_info &type) {
+			saw = c.on_step != nullptr && type == typeid(double);
+			c.retain = 1;
+		});
+	adg::backward(y, 1.0, o);
+	EXPECT(saw);
+	adg::backward(y, 1.0, o); /* retained by the extension */
+	o.extend_c_options([](adg_backward_options &, const std::type_info &) {
+		throw adg::error(ADG_EBUSY, "extension");
+	});
+	EXPECT_THROWS(adg::error, adg::backward(y, 1.0, o),
+		      EXPECT(e.code().value() == ADG_EBUSY));
+	o.extend_c_options(nullptr);
+	adg::backward(y, 1.0, o); /* not consumed by the failed one */
+	EXPECT_THROWS(adg::error, adg::backward(y, 1.0, o),
+		      EXPECT(e.code().value() == ADG_ECONSUMED));
+}
+
 TEST(errors_name_their_codes)
 {
 	adg::error err(ADG_ENOMEM, "here");

@@ -38,6 +38,7 @@
 
 #include <functional>
 #include <map>
+#include <typeinfo>
 
 namespace adg
 {
@@ -436,9 +437,18 @@ backward_options reducer<G>::hook(std::size_t participant,
 			    "reducer::hook: participant " +
 				    std::to_string(participant) + " of " +
 				    std::to_string(state_->n_participants));
-	o.reducer = state_->raw;
-	o.participant = participant;
-	o.reducer_type = &typeid(G);
+	/* Runs after the backward's own hooks are set: adg_reducer_hook
+	 * keeps the ready hook it finds, and calls it first. */
+	adg_reducer *raw = state_->raw;
+	o.extend_c_options([raw, participant](adg_backward_options &c,
+					      const std::type_info &type) {
+		if (type != typeid(G))
+			throw error(ADG_EINVAL,
+				    "backward: the reducer's gradient "
+				    "type is not the backward's");
+		check(adg_reducer_hook(raw, participant, &c),
+		      "adg_reducer_hook");
+	});
 	return o;
 }
 
@@ -457,7 +467,7 @@ template <class G> void reducer<G>::unit_end(std::size_t participant)
 				      participant, 0);
 	/* An add or apply that fails here fails the round: end throws it. */
 	if (rc == ADG_EINVAL || rc == ADG_ESTATE)
-		throw_c_error(rc, "adg_reducer_unit_end");
+		check(rc, "adg_reducer_unit_end");
 }
 
 template <class G>
