@@ -122,10 +122,13 @@ struct node_op_call {
 	const char *func; /* the entry point, for reasons */
 };
 
-/* The reasons of node_op_new's bad input: which argument, and why. */
+/* The reasons of node_op_new's bad input: which argument, and why. c by
+ * value: the caller's stays in registers, its address taken nowhere on
+ * adg_op's path. */
 static __attribute__((cold, noinline)) int
-node_op_invalid(const struct node_op_call *c, adg_node **out)
+node_op_invalid(struct node_op_call call, adg_node **out)
 {
+	const struct node_op_call *c = &call;
 	const char *func = c->func;
 	if (c->registry == NULL || c->parents == NULL || c->step == NULL ||
 	    out == NULL)
@@ -234,7 +237,7 @@ node_op_new(const struct node_op_call *c, const adg_op_options *options,
 	    c->n_parents > UINT32_MAX || c->step == NULL ||
 	    c->step->backward == NULL || out == NULL ||
 	    (c->n_parents < 64 && c->moved >> c->n_parents != 0))
-		return node_op_invalid(c, out);
+		return node_op_invalid(*c, out);
 	uint32_t depth;
 	int rc = node_op_parents_check(c, &depth);
 	if (rc != 0)
