@@ -151,7 +151,8 @@ node_op_invalid(struct node_op_call call, adg_node **out)
 	return adg_fail(ADG_EINVAL, func, "bad argument");
 }
 
-/* Whether slot i's reference is the caller's, moved in (adg_op_moving). */
+/* Whether slot i's reference is the caller's, moved in (adg_op_moving,
+ * options->moved). */
 static inline bool node_slot_moved(uint64_t moved, size_t i)
 {
 	return i < 64 && (moved >> i & 1) != 0;
@@ -304,7 +305,7 @@ int adg_op(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 }
 
 /* node_op_new with the caller's options (non-NULL), read by the size
- * rule. */
+ * rule, and the moves they name. */
 static int node_op_with(const struct node_op_call *c,
 			const adg_op_options *options, adg_node **out)
 {
@@ -316,7 +317,9 @@ static int node_op_with(const struct node_op_call *c,
 			*out = NULL;
 		return rc;
 	}
-	return node_op_new(c, &o, out);
+	struct node_op_call moving = *c;
+	moving.moved = o.moved;
+	return node_op_new(&moving, &o, out);
 }
 
 int adg_op_with(adg_registry *registry, adg_node *const *parents,
@@ -335,7 +338,7 @@ int adg_op_with(adg_registry *registry, adg_node *const *parents,
 
 int adg_op_moving(adg_registry *registry, adg_node *const *parents,
 		  size_t n_parents, uint64_t moved, const adg_step *step,
-		  const adg_op_options *options, adg_node **out)
+		  adg_node **out)
 {
 	struct node_op_call c = {.registry = registry,
 				 .parents = parents,
@@ -343,9 +346,7 @@ int adg_op_moving(adg_registry *registry, adg_node *const *parents,
 				 .step = step,
 				 .moved = moved,
 				 .func = __func__};
-	if (options == NULL) /* the common case, without the options' code */
-		return node_op_new(&c, NULL, out);
-	return node_op_with(&c, options, out);
+	return node_op_new(&c, NULL, out);
 }
 
 int adg_node_ref(adg_node *node)
