@@ -90,7 +90,7 @@ static void *a_op_moving(void *reg, void *const *parents, size_t n,
 		.backward = trampoline, .release = NULL, .user = (void *)step};
 	adg_node *out;
 	return adg_op_moving(reg, (adg_node *const *)parents, n, moved, &s,
-			     NULL, &out) == 0
+			     &out) == 0
 		       ? out
 		       : NULL;
 }
@@ -273,7 +273,7 @@ double bench_checkpoint(int strategy, int k, int ms, long *peak)
 		adg_node *p[2] = {a, w}, *prev, *y;
 		adg_output oc = {output_new(ck_a * ck_w), output_free, NULL, 0,
 				 NULL};
-		adg_op_options keep = {sizeof keep, &oc, 0, NULL, 0};
+		adg_op_options keep = {sizeof keep, &oc, 0, NULL, 0, 0};
 		adg_step s0 = {.backward = leaves_backward,
 			       .release = NULL,
 			       .user = NULL};
@@ -283,7 +283,7 @@ double bench_checkpoint(int strategy, int k, int ms, long *peak)
 			v += 1;
 			adg_output om = {output_new(v), output_free,
 					 add_recompute, 1, NULL};
-			adg_op_options mo = {sizeof mo, &om, 0, NULL, 0};
+			adg_op_options mo = {sizeof mo, &om, 0, NULL, 0, 0};
 			adg_step sm = {.backward = add_backward,
 				       .release = NULL,
 				       .user = NULL};
@@ -295,7 +295,7 @@ double bench_checkpoint(int strategy, int k, int ms, long *peak)
 		adg_node *pl[2] = {prev, w2};
 		adg_output ol = {output_new(v * ck_w2), output_free, NULL, 0,
 				 NULL};
-		adg_op_options lo = {sizeof lo, &ol, 0, &want0, 1};
+		adg_op_options lo = {sizeof lo, &ol, 0, &want0, 1, 0};
 		adg_step sl = {.backward = last_backward,
 			       .release = NULL,
 			       .user = NULL};

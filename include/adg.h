@@ -28,7 +28,7 @@
  *   | a step's user (adg_op, adg_op_with)| libadg (3)   | the caller's       |
  *   | an offered output (adg_op_with)    | libadg       | the caller's       |
  *   | a moved parent's handle            | the node's   | the caller's       |
- *   |   (adg_op_moving)                  |              |                    |
+ *   |   (adg_op_moving, options->moved)  |              |                    |
  *   | a hook's *grad (on_ready)          | the hook's if it sets *grad NULL |
  *   | call->grad in a step               | the step's if it sets it NULL    |
  *   | a value from adg_grads_take*       | the caller's | -                  |
@@ -501,6 +501,9 @@ typedef struct adg_op_options {
 	int want_self;
 	const uint32_t *want_parents;
 	size_t n_want_parents;
+	/* The parents whose references the caller moves in, as adg_op_moving
+	 * does: bit i for parents[i] (i < 64); 0: none. */
+	uint64_t moved;
 } adg_op_options;
 
 /* adg_op with checkpointing. Requests are counted per backward: a kept
@@ -524,27 +527,29 @@ typedef struct adg_op_options {
  * or at adg_registry_free; so a forward may go on reading its activation
  * until its next op. One such value per thread and registry at most; a
  * thread that ends leaves its last until the registry is freed.
+ * options->moved moves the caller's references in, as adg_op_moving does.
  * Errors: those of adg_op, and ADG_EINVAL for a malformed options (no
  * free, neither value nor recompute, a want out of range or on a node that
- * offers no output, n_want_parents above UINT32_MAX). */
+ * offers no output, n_want_parents above UINT32_MAX, a bit of moved set at
+ * or past n_parents). */
 ADG_API int adg_op_with(adg_registry *registry, adg_node *const *parents,
 			size_t n_parents, const adg_step *step,
 			const adg_op_options *options, adg_node **out);
 
-/* adg_op (options NULL) or adg_op_with, moving the caller's references in:
- * for each bit i set in moved (i < 64), the caller's reference to
- * parents[i] becomes the new node's, as if the caller dropped it with
- * adg_node_unref after the call, without the two atomic operations that
- * would cost (a chain's x = f(x), a temporary's last use). A parent named
- * in several slots hands over one reference per set bit. On success the
- * caller must not use the moved references again; on error nothing moved
- * and they are still the caller's. moved 0 is adg_op_with.
- * Errors: those of adg_op_with, and ADG_EINVAL for a bit set at or past
+/* adg_op, moving the caller's references in: for each bit i set in moved
+ * (i < 64), the caller's reference to parents[i] becomes the new node's,
+ * as if the caller dropped it with adg_node_unref after the call, without
+ * the two atomic operations that would cost (a chain's x = f(x), a
+ * temporary's last use). A parent named in several slots hands over one
+ * reference per set bit. On success the caller must not use the moved
+ * references again; on error nothing moved and they are still the
+ * caller's. moved 0 is adg_op. With options, adg_op_with moves the same
+ * way the parents of options->moved.
+ * Errors: those of adg_op, and ADG_EINVAL for a bit set at or past
  * n_parents. */
 ADG_API int adg_op_moving(adg_registry *registry, adg_node *const *parents,
 			  size_t n_parents, uint64_t moved,
-			  const adg_step *step, const adg_op_options *options,
-			  adg_node **out);
+			  const adg_step *step, adg_node **out);
 
 /* During a step: borrows the output of the node (id == call->node_id) or of
  * a parent, one the step asked for in adg_op_with; recomputes it first if

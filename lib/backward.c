@@ -251,44 +251,120 @@ backward_failed(const char *func, const struct adg_run *run, uint64_t root_id,
 	}
 }
 
-static int backward_with(const char *func, adg_registry *registry,
-			 adg_node *root, void *seed, const adg_grad_ops *ops,
-			 const adg_backward_options *options, adg_grads **out)
+/* The caller's options, by the size rule, into *copy: a bad size is bad
+ * input, and then neither they nor their failure are read. Returns 0 or the
+ * size rule's code; sets *options to the copy (NULL if none or unread) and
+ * *report to the failure to fill (NULL if none or unread). */
+static int backward_read_options(const char *func,
+				 const adg_backward_options **options,
+				 adg_backward_options *copy,
+				 adg_failure **report)
+{
+	*report = NULL;
+	if (*options == NULL)
+		return 0;
+	int rc = ADG_ABI_READ(func, "options", copy, *options,
+			      ADG_ABI_FIRST_BACKWARD_OPTIONS);
+	*options = rc == 0 ? copy : NULL;
+	if (rc != 0 || copy->failure == NULL)
+		return rc;
+	rc = adg_abi_check(func, "options->failure", copy->failure,
+			   sizeof *copy->failure, ADG_ABI_FIRST_FAILURE);
+	if (rc == 0)
+		*report = copy->failure;
+	return rc;
+}
+
+/* Runs the backward from root, checked, with seed: the run built and its
+ * shard and pass id set. On success *out is the gradients. Takes seed. */
+static int backward_from(const char *func, struct adg_run *run, adg_node *root,
+			 void *seed, adg_grads **out)
+{
+	int rc;
+	bool explained = false; /* a reason written already */
+	if (adg_node_is_leaf(root)) {
+		rc = backward_of_leaf(run, root->id, seed);
+	} else {
+		/* Jobs submitted to the executor may outlive this call: their
+		 * handle is allocated now, so that nothing is taken if it
+		 * cannot be. */
+		if (run->mode == ADG_RUN_PARALLEL)
+			run->ticket = adg_par_ticket_new();
+		if (run->mode == ADG_RUN_PARALLEL && run->ticket == NULL) {
+			run->ops->free(seed, run->ops->ctx);
+			rc = adg_fail(ADG_ENOMEM, func,
+				      "no memory for the executor's ticket");
+			explained = true;
+		} else {
+			rc = backward_run(run, root, seed);
+		}
+		if (run->ticket != NULL)
+			adg_par_ticket_put(run->ticket); /* not handed on */
+	}
+	if (rc == 0) {
+		*out = &run->grads->as_grads;
+		/* The forward's last dropped output (adg_ckpt_commit): its
+		 * backward is done. Only then: a failed call changes
+		 * nothing. */
+		adg_ckpt_free_deferred(run->shard);
+	} else if (run->grads != NULL)
+		adg_grad_table_free(run->grads);
+	if (rc != 0 && !explained) /* after the frees: ops->free may fail */
+		backward_failed(func, run, root->id, rc);
+	return rc;
+}
+
+/* Fills the caller's failure, if any, with the run's first, or with rc
+ * where no step failed. */
+static void backward_report(adg_failure *report, const struct adg_run *run,
+			    int rc)
+{
+	if (report == NULL)
+		return;
+	adg_failure f = run->first;
+	if (rc != 0 && run->first.code == 0)
+		f = (adg_failure){.code = rc}; /* nowhere */
+	f.pass_id = run->pass_id;
+	adg_abi_write(report, &f, sizeof f);
+}
+
+/* What adg_backward and adg_backward_with were called with. */
+struct backward_call {
+	const char *func; /* which of the two, for reasons */
+	adg_registry *registry;
+	adg_node *root;
+	void *seed;
+	const adg_grad_ops *ops;
+	const adg_backward_options *options;
+};
+
+static int backward_with(const struct backward_call *c, adg_grads **out)
 {
 	/* The first failure's reason: the run's, kept until it returns. */
 	char reason[ADG_ERRMSG_MAX];
 	if (out != NULL)
 		*out = NULL;
-	/* The caller's options, by the size rule: a bad size is bad input,
-	 * and then neither they nor their failure are read. */
+	const char *func = c->func;
+	const adg_backward_options *options = c->options;
 	adg_backward_options opts;
-	int sized = options != NULL
-			    ? ADG_ABI_READ(func, "options", &opts, options,
-					   ADG_ABI_FIRST_BACKWARD_OPTIONS)
-			    : 0;
-	if (options != NULL)
-		options = sized == 0 ? &opts : NULL;
-	adg_failure *report = options != NULL ? options->failure : NULL;
-	if (report != NULL && sized == 0)
-		sized = adg_abi_check(func, "options->failure", report,
-				      sizeof *report, ADG_ABI_FIRST_FAILURE);
-	if (sized != 0)
-		report = NULL;
-	if (ops == NULL && registry != NULL && registry->has_grad_ops)
-		ops = &registry->grad_ops; /* the value type's */
+	adg_failure *report;
+	int sized = backward_read_options(func, &options, &opts, &report);
+	const adg_grad_ops *ops = c->ops;
+	if (ops == NULL && c->registry != NULL && c->registry->has_grad_ops)
+		ops = &c->registry->grad_ops; /* the value type's */
 	struct adg_run run;
-	backward_run_init(&run, registry, ops, options);
+	backward_run_init(&run, c->registry, ops, options);
 	run.reason = reason;
 	int rc = ADG_EINVAL;
 	if (ops == NULL || ops->add == NULL || ops->free == NULL) {
 		backward_no_ops(func, ops);
 		goto out; /* no way to free seed */
 	}
-	rc = sized != 0
-		     ? sized
-		     : backward_check(func, registry, root, seed, options, out);
+	rc = sized != 0 ? sized
+			: backward_check(func, c->registry, c->root, c->seed,
+					 options, out);
 	if (rc == 0) {
-		run.shard = adg_shard_get(registry);
+		run.shard = adg_shard_get(c->registry);
 		if (run.shard == NULL)
 			rc = adg_fail(ADG_ENOMEM, func,
 				      "the allocator gave no memory for the "
@@ -297,60 +373,27 @@ static int backward_with(const char *func, adg_registry *registry,
 			run.pass_id = adg_next_pass_id(run.shard);
 	}
 	if (rc != 0) {
-		if (seed != NULL)
-			ops->free(seed, ops->ctx);
+		if (c->seed != NULL)
+			ops->free(c->seed, ops->ctx);
 		goto out;
 	}
-	bool explained = false; /* a reason written already */
-	if (adg_node_is_leaf(root)) {
-		rc = backward_of_leaf(&run, root->id, seed);
-	} else {
-		/* Jobs submitted to the executor may outlive this call: their
-		 * handle is allocated now, so that nothing is taken if it
-		 * cannot be. */
-		if (run.mode == ADG_RUN_PARALLEL)
-			run.ticket = adg_par_ticket_new();
-		if (run.mode == ADG_RUN_PARALLEL && run.ticket == NULL) {
-			ops->free(seed, ops->ctx);
-			rc = adg_fail(ADG_ENOMEM, func,
-				      "no memory for the executor's ticket");
-			explained = true;
-		} else {
-			rc = backward_run(&run, root, seed);
-		}
-		if (run.ticket != NULL)
-			adg_par_ticket_put(run.ticket); /* not handed on */
-	}
-	if (rc == 0) {
-		*out = &run.grads->as_grads;
-		/* The forward's last dropped output (adg_ckpt_commit): its
-		 * backward is done. Only then: a failed call changes
-		 * nothing. */
-		adg_ckpt_free_deferred(run.shard);
-	} else if (run.grads != NULL)
-		adg_grad_table_free(run.grads);
-	if (rc != 0 && !explained) /* after the frees: ops->free may fail */
-		backward_failed(func, &run, root->id, rc);
+	rc = backward_from(func, &run, c->root, c->seed, out);
 out:
-	if (report != NULL) {
-		adg_failure f = run.first;
-		if (rc != 0 && run.first.code == 0)
-			f = (adg_failure){.code = rc}; /* nowhere */
-		f.pass_id = run.pass_id;
-		adg_abi_write(report, &f, sizeof f);
-	}
+	backward_report(report, &run, rc);
 	return rc;
 }
 
 int adg_backward(adg_registry *registry, adg_node *root, void *seed,
 		 const adg_grad_ops *ops, adg_grads **out)
 {
-	return backward_with(__func__, registry, root, seed, ops, NULL, out);
+	struct backward_call c = {__func__, registry, root, seed, ops, NULL};
+	return backward_with(&c, out);
 }
 
 int adg_backward_with(adg_registry *registry, adg_node *root, void *seed,
 		      const adg_grad_ops *ops,
 		      const adg_backward_options *options, adg_grads **out)
 {
-	return backward_with(__func__, registry, root, seed, ops, options, out);
+	struct backward_call c = {__func__, registry, root, seed, ops, options};
+	return backward_with(&c, out);
 }

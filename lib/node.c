@@ -115,103 +115,158 @@ int adg_leaf(adg_registry *registry, adg_node **out)
 	return 0;
 }
 
-/* The reasons of node_op_new's bad input: which argument, and why. */
+/* What an entry point of adg_op's was called with, options aside. */
+struct node_op_call {
+	adg_registry *registry;
+	adg_node *const *parents;
+	size_t n_parents;
+	const adg_step *step;
+	uint64_t moved;	  /* the slots whose references the caller hands over */
+	const char *func; /* the entry point, for reasons */
+};
+
+/* The reasons of node_op_new's bad input: which argument, and why. c by
+ * value: the caller's stays in registers, its address taken nowhere on
+ * adg_op's path. */
 static __attribute__((cold, noinline)) int
-node_op_invalid(const char *func, adg_registry *registry,
-		adg_node *const *parents, size_t n_parents,
-		const adg_step *step, uint64_t moved, adg_node **out)
+node_op_invalid(struct node_op_call call, adg_node **out)
 {
-	if (registry == NULL || parents == NULL || step == NULL || out == NULL)
+	const struct node_op_call *c = &call;
+	const char *func = c->func;
+	if (c->registry == NULL || c->parents == NULL || c->step == NULL ||
+	    out == NULL)
 		return adg_fail(ADG_EINVAL, func, "%s is NULL",
-				registry == NULL  ? "registry"
-				: parents == NULL ? "parents"
-				: step == NULL	  ? "step"
-						  : "out");
-	if (n_parents == 0 || n_parents > UINT32_MAX)
+				c->registry == NULL  ? "registry"
+				: c->parents == NULL ? "parents"
+				: c->step == NULL    ? "step"
+						     : "out");
+	if (c->n_parents == 0 || c->n_parents > UINT32_MAX)
 		return adg_fail(ADG_EINVAL, func,
 				"n_parents is %zu (1 to UINT32_MAX)",
-				n_parents);
-	if (step->backward == NULL)
+				c->n_parents);
+	if (c->step->backward == NULL)
 		return adg_fail(ADG_EINVAL, func, "step->backward is NULL");
-	if (n_parents < 64 && moved >> n_parents != 0)
+	if (c->n_parents < 64 && c->moved >> c->n_parents != 0)
 		return adg_fail(ADG_EINVAL, func,
 				"moved has bit %d set, at or past n_parents "
 				"(%zu)",
-				63 - __builtin_clzll(moved), n_parents);
+				63 - __builtin_clzll(c->moved), c->n_parents);
 	return adg_fail(ADG_EINVAL, func, "bad argument");
 }
 
-/* Whether slot i's reference is the caller's, moved in (adg_op_moving). */
+/* Whether slot i's reference is the caller's, moved in (adg_op_moving,
+ * options->moved). */
 static inline bool node_slot_moved(uint64_t moved, size_t i)
 {
 	return i < 64 && (moved >> i & 1) != 0;
 }
 
-/* Inlined into each entry point, so that adg_op and a call with no options
- * pay for neither options nor moves. */
+/* Checks c's parents: none NULL, all of c's registry. Returns 0 and their
+ * greatest depth in *depth, or the failure's code, with its reason. */
 static inline __attribute__((always_inline)) int
-node_op_new(adg_registry *registry, adg_node *const *parents, size_t n_parents,
-	    const adg_step *step, const adg_op_options *options, uint64_t moved,
-	    adg_node **out, const char *func)
+node_op_parents_check(const struct node_op_call *c, uint32_t *depth)
 {
-	if (out != NULL)
-		*out = NULL;
-	if (registry == NULL || parents == NULL || n_parents == 0 ||
-	    n_parents > UINT32_MAX || step == NULL || step->backward == NULL ||
-	    out == NULL || (n_parents < 64 && moved >> n_parents != 0))
-		return node_op_invalid(func, registry, parents, n_parents, step,
-				       moved, out);
 	/* Depth fits 32 bits: a deeper chain would need 2^32 nodes alive. */
-	uint32_t depth = 0;
-	for (size_t i = 0; i < n_parents; i++) {
-		if (parents[i] == NULL)
-			return adg_fail(ADG_EINVAL, func,
+	*depth = 0;
+	for (size_t i = 0; i < c->n_parents; i++) {
+		const struct adg_node *p = c->parents[i];
+		if (p == NULL)
+			return adg_fail(ADG_EINVAL, c->func,
 					"parents[%zu] is NULL", i);
-		if (adg_node_registry_of(parents[i]) != registry)
-			return adg_fail(ADG_EFOREIGN, func,
+		if (adg_node_registry_of(p) != c->registry)
+			return adg_fail(ADG_EFOREIGN, c->func,
 					"parents[%zu] (node %" PRIu64
 					") belongs to another registry",
-					i, parents[i]->id);
-		if (parents[i]->depth > depth)
-			depth = parents[i]->depth;
+					i, p->id);
+		if (p->depth > *depth)
+			*depth = p->depth;
 	}
-	struct adg_shard *shard = adg_shard_get(registry);
-	if (shard == NULL)
-		return node_no_memory(func, "the thread's slice");
-	/* Before anything is taken: a failed intern changes nothing. */
-	const struct adg_step_kind *kind = adg_kind_intern(shard, step);
-	if (kind == NULL)
-		return node_no_memory(func, "the step's kind");
-	int rc;
-	struct adg_node *n = node_new(shard, kind, (uint32_t)n_parents,
-				      options != NULL, &rc);
-	if (n == NULL)
-		return node_new_failed(func, rc);
-	n->depth = depth + 1;
-	n->state = ADG_NODE_LIVE; /* I1: before it is published */
-	n->user = step->user;
-	if (options != NULL) {
-		rc = adg_ckpt_attach(n, parents, options, func);
-		if (rc != 0)
-			goto out_dealloc;
-	}
-	uint64_t moved_leaves = 0; /* dropped once the node is made */
-	for (size_t i = 0; i < n_parents; i++) {
-		struct adg_node *p = parents[i];
+	return 0;
+}
+
+/* Fills n's parent slots from c's parents and takes a reference on each
+ * op among them that the caller does not move in. Returns the moved
+ * slots that name a leaf: their references are dropped once n is in. */
+static inline __attribute__((always_inline)) uint64_t
+node_op_take_parents(struct adg_node *n, const struct node_op_call *c)
+{
+	uint64_t moved_leaves = 0;
+	for (size_t i = 0; i < c->n_parents; i++) {
+		struct adg_node *p = c->parents[i];
 		n->parents[i] = adg_parent_word(p);
 		if (adg_node_is_leaf(p)) {
-			if (node_slot_moved(moved, i))
+			if (node_slot_moved(c->moved, i))
 				moved_leaves |= (uint64_t)1 << i;
 			continue;
 		}
 		/* A moved slot's reference is the caller's, taken over: no
 		 * add now, and no drop by the caller later. */
-		if (node_slot_moved(moved, i))
+		if (node_slot_moved(c->moved, i))
 			continue;
 		/* Relaxed: the caller holds p, so its count cannot reach
 		 * zero meanwhile, and nothing is published by it. */
 		atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
 	}
+	return moved_leaves;
+}
+
+/* Undoes node_op_take_parents and the checkpoint record of n, which no
+ * one saw: takes back the references added (not the last ones: the
+ * caller holds each parent); moved ones stay the caller's. */
+static void node_op_put_parents(struct adg_node *n, uint64_t moved)
+{
+	for (size_t i = 0; i < n->n_parents; i++) {
+		struct adg_node *p = adg_node_parent(n, (uint32_t)i);
+		if (p != NULL && !node_slot_moved(moved, i))
+			atomic_fetch_sub_explicit(&p->refs, 1,
+						  memory_order_relaxed);
+	}
+	if (adg_node_ckpt(n) != NULL) {
+		/* the caller keeps what it offered */
+		adg_node_ckpt(n)->value = NULL;
+		adg_ckpt_drop(n);
+	}
+}
+
+/* Inlined into each entry point, so that adg_op and a call with no options
+ * pay for neither options nor moves. */
+static inline __attribute__((always_inline)) int
+node_op_new(const struct node_op_call *c, const adg_op_options *options,
+	    adg_node **out)
+{
+	const char *func = c->func;
+	if (out != NULL)
+		*out = NULL;
+	if (c->registry == NULL || c->parents == NULL || c->n_parents == 0 ||
+	    c->n_parents > UINT32_MAX || c->step == NULL ||
+	    c->step->backward == NULL || out == NULL ||
+	    (c->n_parents < 64 && c->moved >> c->n_parents != 0))
+		return node_op_invalid(*c, out);
+	uint32_t depth;
+	int rc = node_op_parents_check(c, &depth);
+	if (rc != 0)
+		return rc;
+	struct adg_shard *shard = adg_shard_get(c->registry);
+	if (shard == NULL)
+		return node_no_memory(func, "the thread's slice");
+	/* Before anything is taken: a failed intern changes nothing. */
+	const struct adg_step_kind *kind = adg_kind_intern(shard, c->step);
+	if (kind == NULL)
+		return node_no_memory(func, "the step's kind");
+	struct adg_node *n = node_new(shard, kind, (uint32_t)c->n_parents,
+				      options != NULL, &rc);
+	if (n == NULL)
+		return node_new_failed(func, rc);
+	n->depth = depth + 1;
+	n->state = ADG_NODE_LIVE; /* I1: before it is published */
+	n->user = c->step->user;
+	if (options != NULL) {
+		rc = adg_ckpt_attach(n, c->parents, options, func);
+		if (rc != 0)
+			goto out_dealloc;
+	}
+	/* Their references are dropped once the node is in. */
+	uint64_t moved_leaves = node_op_take_parents(n, c);
 	rc = adg_graph_place(shard, n);
 	if (rc != 0) {
 		node_no_memory(func, "the node's graph");
@@ -228,26 +283,13 @@ node_op_new(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	/* A moved leaf's reference has no slot to go to (children keep a
 	 * leaf's id only): dropped, as the caller would have. */
 	while (adg_unlikely(moved_leaves != 0)) {
-		adg_node_unref(parents[__builtin_ctzll(moved_leaves)]);
+		adg_node_unref(c->parents[__builtin_ctzll(moved_leaves)]);
 		moved_leaves &= moved_leaves - 1;
 	}
 	return 0;
 
 out_put_parents:
-	/* Nothing saw the node: take back the references added (not the
-	 * last ones: the caller holds each parent); moved ones stay the
-	 * caller's. */
-	for (size_t i = 0; i < n_parents; i++) {
-		struct adg_node *p = adg_node_parent(n, (uint32_t)i);
-		if (p != NULL && !node_slot_moved(moved, i))
-			atomic_fetch_sub_explicit(&p->refs, 1,
-						  memory_order_relaxed);
-	}
-	if (adg_node_ckpt(n) != NULL) {
-		/* the caller keeps what it offered */
-		adg_node_ckpt(n)->value = NULL;
-		adg_ckpt_drop(n);
-	}
+	node_op_put_parents(n, c->moved); /* nothing saw the node */
 out_dealloc:
 	adg_put_id(shard, n->id);
 	node_dealloc(shard, n);
@@ -257,49 +299,57 @@ out_dealloc:
 int adg_op(adg_registry *registry, adg_node *const *parents, size_t n_parents,
 	   const adg_step *step, adg_node **out)
 {
-	return node_op_new(registry, parents, n_parents, step, NULL, 0, out,
-			   __func__);
+	struct node_op_call c = {.registry = registry,
+				 .parents = parents,
+				 .n_parents = n_parents,
+				 .step = step,
+				 .func = __func__};
+	return node_op_new(&c, NULL, out);
 }
 
 /* node_op_new with the caller's options (non-NULL), read by the size
- * rule. */
-static int node_op_with(adg_registry *registry, adg_node *const *parents,
-			size_t n_parents, const adg_step *step,
-			const adg_op_options *options, uint64_t moved,
-			adg_node **out, const char *func)
+ * rule, and the moves they name. */
+static int node_op_with(const struct node_op_call *c,
+			const adg_op_options *options, adg_node **out)
 {
 	adg_op_options o;
-	int rc = ADG_ABI_READ(func, "options", &o, options,
+	int rc = ADG_ABI_READ(c->func, "options", &o, options,
 			      ADG_ABI_FIRST_OP_OPTIONS);
 	if (rc != 0) {
 		if (out != NULL)
 			*out = NULL;
 		return rc;
 	}
-	return node_op_new(registry, parents, n_parents, step, &o, moved, out,
-			   func);
+	struct node_op_call moving = *c;
+	moving.moved = o.moved;
+	return node_op_new(&moving, &o, out);
 }
 
 int adg_op_with(adg_registry *registry, adg_node *const *parents,
 		size_t n_parents, const adg_step *step,
 		const adg_op_options *options, adg_node **out)
 {
+	struct node_op_call c = {.registry = registry,
+				 .parents = parents,
+				 .n_parents = n_parents,
+				 .step = step,
+				 .func = __func__};
 	if (options == NULL)
-		return node_op_new(registry, parents, n_parents, step, NULL, 0,
-				   out, __func__);
-	return node_op_with(registry, parents, n_parents, step, options, 0, out,
-			    __func__);
+		return node_op_new(&c, NULL, out);
+	return node_op_with(&c, options, out);
 }
 
 int adg_op_moving(adg_registry *registry, adg_node *const *parents,
 		  size_t n_parents, uint64_t moved, const adg_step *step,
-		  const adg_op_options *options, adg_node **out)
+		  adg_node **out)
 {
-	if (options == NULL) /* the common case, without the options' code */
-		return node_op_new(registry, parents, n_parents, step, NULL,
-				   moved, out, __func__);
-	return node_op_with(registry, parents, n_parents, step, options, moved,
-			    out, __func__);
+	struct node_op_call c = {.registry = registry,
+				 .parents = parents,
+				 .n_parents = n_parents,
+				 .step = step,
+				 .moved = moved,
+				 .func = __func__};
+	return node_op_new(&c, NULL, out);
 }
 
 int adg_node_ref(adg_node *node)

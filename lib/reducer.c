@@ -446,27 +446,35 @@ static int reducer_options_valid(const adg_reducer_options *o, bool *sliced)
 	return 0;
 }
 
-/* The nodes of the largest subtrees whose units, those below total, are
- * all in [lo, hi), in the order of their units, below node (its first
- * unit first, count of them, a power of two); into nodes unless NULL.
- * Returns how many. */
-static size_t reducer_find_partials(size_t node, size_t first, size_t count,
-				    size_t total, size_t lo, size_t hi,
+/* The units reducer_find_partials looks for: [lo, hi) of the job's total
+ * (a tree's leaves past total hold no unit). */
+struct reducer_range {
+	size_t total;
+	size_t lo;
+	size_t hi;
+};
+
+/* The nodes of the largest subtrees whose units, those below
+ * range->total, are all in [range->lo, range->hi), in the order of their
+ * units, below node (its first unit first, count of them, a power of
+ * two); into nodes unless NULL. Returns how many. */
+static size_t reducer_find_partials(const struct reducer_range *range,
+				    size_t node, size_t first, size_t count,
 				    size_t *nodes)
 {
-	size_t end = first + count < total ? first + count : total;
-	if (first >= end || end <= lo || first >= hi)
+	size_t end =
+		first + count < range->total ? first + count : range->total;
+	if (first >= end || end <= range->lo || first >= range->hi)
 		return 0; /* no unit of the range */
-	if (lo <= first && end <= hi) {
+	if (range->lo <= first && end <= range->hi) {
 		if (nodes != NULL)
 			nodes[0] = node;
 		return 1;
 	}
 	size_t half = count / 2; /* count > 1: a leaf is in or out */
-	size_t n = reducer_find_partials(2 * node, first, half, total, lo, hi,
-					 nodes);
-	return n + reducer_find_partials(2 * node + 1, first + half, half,
-					 total, lo, hi,
+	size_t n = reducer_find_partials(range, 2 * node, first, half, nodes);
+	return n + reducer_find_partials(range, 2 * node + 1, first + half,
+					 half,
 					 nodes != NULL ? nodes + n : NULL);
 }
 
@@ -507,9 +515,9 @@ static bool reducer_layout(size_t t, const adg_reducer_options *o, size_t n,
 	for (l->width = 1; l->width < l->total; l->width *= 2)
 		if (l->width > SIZE_MAX / 2)
 			return false;
-	l->n_partials =
-		reducer_find_partials(1, 0, l->width, l->total, o->first_unit,
-				      o->first_unit + l->units, NULL);
+	struct reducer_range range = {l->total, o->first_unit,
+				      o->first_unit + l->units};
+	l->n_partials = reducer_find_partials(&range, 1, 0, l->width, NULL);
 	if (__builtin_mul_overflow(n, l->n_partials, &l->partials_size) ||
 	    __builtin_mul_overflow(l->partials_size, sizeof(struct partial),
 				   &l->partials_size) ||
@@ -570,9 +578,9 @@ static void reducer_fill_partials(struct adg_reducer *r, char *block)
 	r->partials = (struct partial *)block;
 	r->partial_node = (size_t *)(block + r->n_params * r->n_partials *
 						     sizeof(struct partial));
-	(void)reducer_find_partials(1, 0, r->width, r->total_units,
-				    r->first_unit, r->first_unit + r->n_units,
-				    r->partial_node);
+	struct reducer_range range = {r->total_units, r->first_unit,
+				      r->first_unit + r->n_units};
+	(void)reducer_find_partials(&range, 1, 0, r->width, r->partial_node);
 	for (size_t j = 0; j < r->n_params * r->n_partials; j++)
 		r->partials[j].anchor = NONE;
 }

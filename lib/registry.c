@@ -179,6 +179,31 @@ uint64_t adg_next_pass_id(struct adg_shard *s)
  * once per registry made. */
 static atomic_uint_fast64_t registries_made;
 
+/* The caller's options (options, as read by the size rule), checked: 0 or
+ * ADG_EINVAL, with adg_registry_new's reason. */
+static int registry_options_check(const adg_registry_options *options)
+{
+	const char *func = "adg_registry_new";
+	const adg_allocator *a = &options->allocator;
+	if ((a->alloc == NULL) != (a->free == NULL))
+		return adg_fail(ADG_EINVAL, func,
+				"options->allocator has %s without %s",
+				a->alloc ? "alloc" : "free",
+				a->alloc ? "free" : "alloc");
+	if (options->checkpointing != ADG_CHECKPOINT_NONE &&
+	    options->checkpointing != ADG_CHECKPOINT_BALANCED)
+		return adg_fail(ADG_EINVAL, func,
+				"options->checkpointing %d is no strategy "
+				"(ADG_CHECKPOINT_NONE or "
+				"ADG_CHECKPOINT_BALANCED)",
+				options->checkpointing);
+	const adg_grad_ops *ops = options->grad_ops;
+	if (ops != NULL && (ops->add == NULL || ops->free == NULL))
+		return adg_fail(ADG_EINVAL, func, "options->grad_ops has no %s",
+				ops->add == NULL ? "add" : "free");
+	return 0;
+}
+
 int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 {
 	if (out != NULL)
@@ -193,32 +218,16 @@ int adg_registry_new(const adg_registry_options *options, adg_registry **out)
 	if (options != NULL) {
 		int rc = ADG_ABI_READ(__func__, "options", &opts, options,
 				      ADG_ABI_FIRST_REGISTRY_OPTIONS);
+		if (rc == 0)
+			rc = registry_options_check(&opts);
 		if (rc != 0)
 			return rc;
 		options = &opts;
-		const adg_allocator *a = &options->allocator;
-		if ((a->alloc == NULL) != (a->free == NULL))
-			return ADG_FAIL(ADG_EINVAL,
-					"options->allocator has %s without %s",
-					a->alloc ? "alloc" : "free",
-					a->alloc ? "free" : "alloc");
-		if (a->alloc != NULL)
-			allocator = *a;
+		if (options->allocator.alloc != NULL)
+			allocator = options->allocator;
 		if (options->max_node_id != 0 &&
 		    options->max_node_id < ADG_ID_MAX)
 			max_node_id = options->max_node_id;
-		if (options->checkpointing != ADG_CHECKPOINT_NONE &&
-		    options->checkpointing != ADG_CHECKPOINT_BALANCED)
-			return ADG_FAIL(ADG_EINVAL,
-					"options->checkpointing %d is no "
-					"strategy (ADG_CHECKPOINT_NONE or "
-					"ADG_CHECKPOINT_BALANCED)",
-					options->checkpointing);
-		const adg_grad_ops *ops = options->grad_ops;
-		if (ops != NULL && (ops->add == NULL || ops->free == NULL))
-			return ADG_FAIL(ADG_EINVAL,
-					"options->grad_ops has no %s",
-					ops->add == NULL ? "add" : "free");
 	}
 	/* The read side's set-up, once in the process: here, not at the
 	 * first read-side section, so that its membarrier registration

@@ -275,15 +275,22 @@ static bool tape_reserve_run(struct adg_registry *r, struct adg_tape *t,
 				      needs.workers));
 }
 
+/* Where the walk stands in t: the nodes walked (t->walked) and those
+ * waiting on its stack (t->sorted). */
+struct tape_cursor {
+	size_t n;
+	size_t waiting;
+};
+
 /* The walk meets p, an op (not a leaf) named by a parent slot of a node
- * on the tape: the first time, marks it VISITING and pushes it on the
- * walk's stack (*waiting entries of t->sorted); after that, counts the
- * slot. Returns 0, ADG_EUNAVAILABLE or ADG_ENOMEM. Inline: the walk's
- * loop runs it once per slot. */
+ * on the tape: the first time, marks it VISITING, appends it to
+ * t->walked and pushes it on the walk's stack in t->sorted (at says where
+ * both end); after that, counts the slot. Returns 0, ADG_EUNAVAILABLE or
+ * ADG_ENOMEM. Inline: the walk's loop runs it once per slot. */
 static inline int tape_walk_parent(struct adg_registry *r, struct adg_tape *t,
 				   struct adg_graph *g, struct adg_node *p,
-				   uint32_t refused_runs, size_t *n,
-				   size_t *waiting)
+				   uint32_t refused_runs,
+				   struct tape_cursor *at)
 {
 	/* An unconsumed parent is in its child's graph, g. One that is not
 	 * was consumed by another backward, whose writes to it were made
@@ -298,13 +305,13 @@ static inline int tape_walk_parent(struct adg_registry *r, struct adg_tape *t,
 		p->tape_pending++;
 		return 0;
 	}
-	if (!tape_reserve_nodes(r, t, *n + 1, *n))
+	if (!tape_reserve_nodes(r, t, at->n + 1, at->n))
 		return ADG_ENOMEM;
 	adg_node_set_state(p, ADG_NODE_VISITING);
 	p->tape_links = 1;
 	p->tape_pending = 1;
-	t->walked[(*n)++] = p;
-	t->sorted[(*waiting)++] = p;
+	t->walked[at->n++] = p;
+	t->sorted[at->waiting++] = p;
 	return 0;
 }
 
@@ -321,7 +328,7 @@ static int tape_walk(struct adg_tape *t, struct adg_graph *g,
 		     size_t *len, size_t *leaves)
 {
 	struct adg_registry *r = adg_node_registry_of(root);
-	size_t n = 0;
+	struct tape_cursor at = {0};
 	struct tape_leaf_filter leaf_ids = {0};
 	uint32_t most_parents = 0;
 	/* The tape's ids span, for the gradient window. */
@@ -338,16 +345,15 @@ static int tape_walk(struct adg_tape *t, struct adg_graph *g,
 	adg_node_set_state(root, ADG_NODE_VISITING);
 	root->tape_links = 0;
 	root->tape_pending = 0;
-	t->walked[n++] = root;
+	t->walked[at.n++] = root;
 	/* Depth first, the nodes met waiting in sorted (free until
-	 * tape_order fills it; each is pushed once, so it holds at most n):
+	 * tape_order fills it; each is pushed once, so it holds at most at.n):
 	 * a branch is walked to its end before the next, in memory order
 	 * where a graph made by one thread lies, where breadth first would
 	 * step through k chains joined at a root all at once. */
-	size_t waiting = 0;
-	t->sorted[waiting++] = root;
-	while (waiting > 0 && rc == 0) {
-		struct adg_node *node = t->sorted[--waiting];
+	t->sorted[at.waiting++] = root;
+	while (at.waiting > 0 && rc == 0) {
+		struct adg_node *node = t->sorted[--at.waiting];
 		if (node->n_parents > most_parents)
 			most_parents = node->n_parents;
 		lo = node->id < lo ? node->id : lo;
@@ -360,24 +366,23 @@ static int tape_walk(struct adg_tape *t, struct adg_graph *g,
 				tape_count_leaf(&leaf_ids, adg_parent_id(word));
 				continue;
 			}
-			rc = tape_walk_parent(r, t, g, p, refused_runs, &n,
-					      &waiting);
+			rc = tape_walk_parent(r, t, g, p, refused_runs, &at);
 			if (rc != 0)
 				break;
 		}
 	}
 	if (rc == 0 &&
 	    !tape_reserve_run(r, t, needs,
-			      (struct tape_walked){n, leaf_ids.count,
+			      (struct tape_walked){at.n, leaf_ids.count,
 						   most_parents, lo, hi}))
 		rc = ADG_ENOMEM;
 	if (rc != 0) {
-		for (size_t i = 0; i < n; i++)
+		for (size_t i = 0; i < at.n; i++)
 			adg_node_set_state(t->walked[i], ADG_NODE_LIVE);
 		return rc;
 	}
 	t->outputs_stride = most_parents;
-	*len = n;
+	*len = at.n;
 	*leaves = leaf_ids.count;
 	return 0;
 }

@@ -180,9 +180,9 @@ scalar s_prod_moving(adg_registry *r, const scalar *factors, size_t n,
 			 .release = prod_release,
 			 .user = prod_step_new(factors, n)};
 	/* Nothing moved: adg_op itself, which most tests exercise. */
-	int rc = moved == 0 ? adg_op(r, parents, n, &step, &y.node)
-			    : adg_op_moving(r, parents, n, moved, &step, NULL,
-					    &y.node);
+	int rc = moved == 0
+			 ? adg_op(r, parents, n, &step, &y.node)
+			 : adg_op_moving(r, parents, n, moved, &step, &y.node);
 	cr_assert_eq(rc, 0, "%s: %s", moved == 0 ? "adg_op" : "adg_op_moving",
 		     adg_strerror(rc));
 	cr_assert_eq(adg_node_id(y.node, &y.id), 0);

@@ -125,20 +125,15 @@ CHECKED_TEST(abi, op_options)
 	scalar x = s_leaf(reg, 2.0);
 	adg_step step = {.backward = no_step};
 	for (int c = 0; c < N_CASES; c++) {
-		for (int moving = 0; moving < 2; moving++) {
-			GROWN(adg_op_options) g = {0};
-			SIZE_FOR(g, c);
-			adg_node *n = x.node;
-			int rc = moving ? adg_op_moving(reg, &x.node, 1, 0,
-							&step, &g.known, &n)
-					: adg_op_with(reg, &x.node, 1, &step,
-						      &g.known, &n);
-			expect(rc, c, moving ? "adg_op_moving" : "adg_op_with");
-			if (accepted(c))
-				cr_assert_eq(adg_node_unref(n), 0);
-			else
-				cr_assert_null(n);
-		}
+		GROWN(adg_op_options) g = {0};
+		SIZE_FOR(g, c);
+		adg_node *n = x.node;
+		expect(adg_op_with(reg, &x.node, 1, &step, &g.known, &n), c,
+		       "adg_op_with");
+		if (accepted(c))
+			cr_assert_eq(adg_node_unref(n), 0);
+		else
+			cr_assert_null(n);
 	}
 	s_drop(x);
 }

@@ -95,7 +95,7 @@ static adg_node *make(adg_node **parents, size_t n, adg_backward_fn fn,
 {
 	adg_step st = {
 		.backward = fn, .release = op_release, .user = op_new(o)};
-	adg_op_options opt = {sizeof opt, out, 0, want, (size_t)n_want};
+	adg_op_options opt = {sizeof opt, out, 0, want, (size_t)n_want, 0};
 	adg_node *y;
 	int rc = adg_op_with(reg, parents, n, &st, &opt, &y);
 	cr_assert_eq(rc, 0, "adg_op_with: %s", adg_strerror(rc));
@@ -617,12 +617,12 @@ Test(checkpoint, bad_options_and_calls)
 	const uint32_t want0 = 0, want1 = 1, want5 = 5;
 	const size_t sz = sizeof(adg_op_options);
 	adg_op_options bad_opts[] = {
-		{sz, &no_free, 0, NULL, 0}, /* no free */
-		{sz, &nothing, 0, NULL, 0}, /* neither value nor recompute */
-		{sz, NULL, 1, NULL, 0},	    /* its own output, not offered */
-		{sz, NULL, 0, NULL, 1},	    /* wants without the array */
-		{sz, &fine, 0, &want5, 1},  /* slot out of range */
-		{sz, &fine, 0, &want0, 1},  /* a leaf: offers nothing */
+		{sz, &no_free, 0, NULL, 0, 0}, /* no free */
+		{sz, &nothing, 0, NULL, 0, 0}, /* neither value nor recompute */
+		{sz, NULL, 1, NULL, 0, 0},     /* its own output, not offered */
+		{sz, NULL, 0, NULL, 1, 0},     /* wants without the array */
+		{sz, &fine, 0, &want5, 1, 0},  /* slot out of range */
+		{sz, &fine, 0, &want0, 1, 0},  /* a leaf: offers nothing */
 	};
 	for (size_t i = 0; i < sizeof bad_opts / sizeof *bad_opts; i++) {
 		cr_expect_eq(adg_op_with(reg, p, 2, &st, &bad_opts[i], &y),
@@ -631,9 +631,9 @@ Test(checkpoint, bad_options_and_calls)
 	}
 	/* a parent that offers no output: neither wanted nor rebuilt from */
 	adg_node *q[2] = {none_offered, w};
-	adg_op_options want_none = {sizeof want_none, &fine, 0, &want0, 1};
-	adg_op_options rebuild_none = {sizeof rebuild_none, &rebuild, 0, NULL,
-				       0};
+	adg_op_options want_none = {sizeof want_none, &fine, 0, &want0, 1, 0};
+	adg_op_options rebuild_none = {
+		sizeof rebuild_none, &rebuild, 0, NULL, 0, 0};
 	cr_expect_eq(adg_op_with(reg, q, 2, &st, &want_none, &y), ADG_EINVAL);
 	cr_expect_eq(adg_op_with(reg, q, 2, &st, &rebuild_none, &y),
 		     ADG_EINVAL);
@@ -642,19 +642,20 @@ Test(checkpoint, bad_options_and_calls)
 
 	/* asking for what the step did not ask for */
 	adg_node *c;
-	adg_op_options keep = {sizeof keep, &fine, 0, NULL, 0};
+	adg_op_options keep = {sizeof keep, &fine, 0, NULL, 0, 0};
 	cr_assert_eq(adg_op_with(reg, p, 2, &st, &keep, &c), 0);
 	int seen = 0;
 	adg_node *cw[2] = {c, w};
 	adg_step ask = {
 		.backward = asks_for_a_leaf, .release = NULL, .user = &seen};
-	adg_op_options want_c = {sizeof want_c, NULL, 0, &want0, 1};
+	adg_op_options want_c = {sizeof want_c, NULL, 0, &want0, 1, 0};
 	adg_node *z;
 #if SIZE_MAX > UINT32_MAX
 	/* more wants than the record counts in 32 bits; the check comes
 	 * before any is read */
-	adg_op_options too_many = {sizeof too_many, NULL, 0, &want0,
-				   (size_t)UINT32_MAX + 1};
+	adg_op_options too_many = {.size = sizeof too_many,
+				   .want_parents = &want0,
+				   .n_want_parents = (size_t)UINT32_MAX + 1};
 	cr_expect_eq(adg_op_with(reg, cw, 2, &ask, &too_many, &y), ADG_EINVAL);
 	cr_expect_null(y);
 #endif
@@ -686,7 +687,7 @@ Test(checkpoint, out_of_memory_keeps_the_callers_value)
 		.backward = noop_backward, .release = NULL, .user = NULL};
 	double *v = s_output_new(1);
 	adg_output fine = {v, s_output_free, NULL, 0, NULL};
-	adg_op_options keep = {sizeof keep, &fine, 0, NULL, 0};
+	adg_op_options keep = {sizeof keep, &fine, 0, NULL, 0, 0};
 	int failures = 0;
 	for (int k = 1;; k++) {
 		atomic_store(&fixture_alloc.fail_in, k);
@@ -772,7 +773,7 @@ Test(checkpoint, outputs_follow_nodes_through_a_merge)
 	adg_step st = {.backward = join_backward,
 		       .release = op_release,
 		       .user = op_new((struct op){0})};
-	adg_op_options opt = {sizeof opt, NULL, 0, both, 2};
+	adg_op_options opt = {sizeof opt, NULL, 0, both, 2, 0};
 	adg_node *z;
 	cr_assert_eq(adg_op_with(reg, ends, 2, &st, &opt, &z), 0);
 	struct adg_stats stats = {.size = sizeof stats};

@@ -6,6 +6,7 @@
 
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 
 FIXTURE_SUITE(ownership, .timeout = 60);
 
@@ -386,15 +387,13 @@ CHECKED_TEST(ownership, a_refused_move_leaves_the_handles_the_callers)
 	scalar a = s_leaf(reg, 2), b = s_leaf(reg, 3), p = s_mul(reg, a, b);
 	adg_node *parents[2] = {p.node, a.node}, *out = NULL;
 	adg_step step = {.backward = moved_noop_backward};
-	cr_assert_eq(adg_op_moving(reg, parents, 2, 4, &step, NULL, &out),
+	cr_assert_eq(adg_op_moving(reg, parents, 2, 4, &step, &out),
 		     ADG_EINVAL); /* a bit past the parents */
 	cr_assert_null(out);
-	cr_assert_eq(
-		adg_op_moving(reg, parents, 2, UINT64_MAX, &step, NULL, &out),
-		ADG_EINVAL);
-	adg_node *none[2] = {p.node, NULL};
-	cr_assert_eq(adg_op_moving(reg, none, 2, 1, &step, NULL, &out),
+	cr_assert_eq(adg_op_moving(reg, parents, 2, UINT64_MAX, &step, &out),
 		     ADG_EINVAL);
+	adg_node *none[2] = {p.node, NULL};
+	cr_assert_eq(adg_op_moving(reg, none, 2, 1, &step, &out), ADG_EINVAL);
 	assert_stats(reg, 3, 1, 1);
 	/* A registry out of ids refuses after the parents were looked at. */
 	adg_registry_options o = {.size = sizeof o, .max_node_id = 3};
@@ -406,8 +405,7 @@ CHECKED_TEST(ownership, a_refused_move_leaves_the_handles_the_callers)
 	adg_node *lp[2] = {l1, l2};
 	cr_assert_eq(adg_op(small, lp, 2, &step, &q), 0);
 	adg_node *qp[2] = {q, l1};
-	cr_assert_eq(adg_op_moving(small, qp, 2, 3, &step, NULL, &out),
-		     ADG_ENOIDS);
+	cr_assert_eq(adg_op_moving(small, qp, 2, 3, &step, &out), ADG_ENOIDS);
 	cr_assert_null(out);
 	uint64_t id;
 	cr_assert_eq(adg_node_id(q, &id), 0); /* still the caller's */
@@ -416,6 +414,30 @@ CHECKED_TEST(ownership, a_refused_move_leaves_the_handles_the_callers)
 	cr_assert_eq(adg_node_unref(l2), 0);
 	cr_assert_eq(adg_registry_free(small), 0);
 	s_drop(p);
+	s_drop(a);
+	s_drop(b);
+}
+
+/* adg_op_with moves the parents that options->moved names, as
+ * adg_op_moving does: the op's drop then frees the moved parent, whose
+ * only reference was the caller's. A bit past the parents is refused and
+ * moves nothing. */
+CHECKED_TEST(ownership, options_move_as_adg_op_moving_does)
+{
+	scalar a = s_leaf(reg, 2), b = s_leaf(reg, 3), p = s_mul(reg, a, b);
+	adg_node *parents[2] = {p.node, a.node}, *out = NULL;
+	adg_step step = {.backward = moved_noop_backward};
+	adg_op_options o = {.size = sizeof o, .moved = 4};
+	cr_assert_eq(adg_op_with(reg, parents, 2, &step, &o, &out), ADG_EINVAL);
+	cr_assert_null(out);
+	cr_assert(strstr(adg_errmsg(), "moved has bit 2 set") != NULL, "%s",
+		  adg_errmsg());
+	assert_stats(reg, 3, 1, 1);
+	o.moved = 1; /* p's handle, the only one */
+	cr_assert_eq(adg_op_with(reg, parents, 2, &step, &o, &out), 0);
+	assert_stats(reg, 4, 2, 1);
+	cr_assert_eq(adg_node_unref(out), 0);
+	assert_stats(reg, 2, 0, 0); /* out and p: the leaves are left */
 	s_drop(a);
 	s_drop(b);
 }

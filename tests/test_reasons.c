@@ -159,8 +159,8 @@ Test(reasons, nodes)
 		      ADG_EINVAL, "adg_op", "n_parents is 4294967296");
 	EXPECT_REASON(adg_op_with(r, pair, 2, &noop, NULL, NULL), ADG_EINVAL,
 		      "adg_op_with", "out is NULL");
-	EXPECT_REASON(adg_op_moving(NULL, pair, 2, 0, &noop, NULL, &m),
-		      ADG_EINVAL, "adg_op_moving", "registry is NULL");
+	EXPECT_REASON(adg_op_moving(NULL, pair, 2, 0, &noop, &m), ADG_EINVAL,
+		      "adg_op_moving", "registry is NULL");
 	EXPECT_REASON(adg_op(r, pair, 2, &no_backward, &m), ADG_EINVAL,
 		      "adg_op", "step->backward is NULL");
 	EXPECT_REASON(adg_op(r, with_null, 2, &noop, &m), ADG_EINVAL, "adg_op",
@@ -169,7 +169,7 @@ Test(reasons, nodes)
 		      "parents[1] (node 1) belongs to another registry");
 	EXPECT_REASON(adg_op(r, pair, 2, &noop, &m), ADG_ENOIDS, "adg_op",
 		      "no node id left");
-	EXPECT_REASON(adg_op_moving(r, pair, 2, 4, &noop, NULL, &m), ADG_EINVAL,
+	EXPECT_REASON(adg_op_moving(r, pair, 2, 4, &noop, &m), ADG_EINVAL,
 		      "adg_op_moving", "moved has bit 2 set", "n_parents (2)");
 	adg_node_unref(f);
 	adg_node_unref(n);
@@ -245,8 +245,9 @@ CHECKED_TEST(reasons, op_with, .init = fixture_open_default)
 	EXPECT_REASON(adg_op_with(reg, parents, 3, &noop, &o, &m), ADG_EINVAL,
 		      "adg_op_with",
 		      "parent 1 (node 2) offers no output to recompute from");
-	EXPECT_REASON(adg_op_moving(reg, parents, 3, 0, &noop, &o, &m),
-		      ADG_EINVAL, "adg_op_moving",
+	o.moved = 1; /* moves nothing on error */
+	EXPECT_REASON(adg_op_with(reg, parents, 3, &noop, &o, &m), ADG_EINVAL,
+		      "adg_op_with",
 		      "parent 1 (node 2) offers no output to recompute from");
 	adg_node_unref(offers);
 	adg_node_unref(plain);

@@ -339,7 +339,8 @@ public:
 	{
 		return n_;
 	}
-	/* The slots whose references the op takes over (adg_op_moving). */
+	/* The slots whose references the op takes over (adg_op_moving,
+	 * adg_op_options.moved). */
 	std::uint64_t moved() const noexcept
 	{
 		return moved_;
@@ -414,7 +415,7 @@ node make_typed_op(registry_ref reg, const parent_list &parents, F &&step,
 		s.release = &base::release;
 		s.user = owned.get();
 		check(adg_op_moving(core->raw, parents.data(), parents.size(),
-				    parents.moved(), &s, nullptr, &out),
+				    parents.moved(), &s, &out),
 		      "op");
 		owned.release(); /* libadg's: release() deletes it */
 		parents.let_go_of_moved();
@@ -441,8 +442,9 @@ node make_typed_op(registry_ref reg, const parent_list &parents, F &&step,
 		o.want_self = ckpt->want_self;
 		o.want_parents = ckpt->want_parents.data();
 		o.n_want_parents = ckpt->want_parents.size();
-		check(adg_op_moving(core->raw, parents.data(), parents.size(),
-				    parents.moved(), &s, &o, &out),
+		o.moved = parents.moved();
+		check(adg_op_with(core->raw, parents.data(), parents.size(), &s,
+				  &o, &out),
 		      "op_with");
 		value.release(); /* libadg's: output.free deletes it */
 		owned.release();

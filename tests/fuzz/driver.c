@@ -771,8 +771,7 @@ static void do_op(struct fuzz *f, uint8_t p, const uint8_t *idx)
 	uint64_t id = 0;
 	if (moves)
 		expect_rc(f, "adg_op_moving",
-			  adg_op_moving(f->reg, parents, s->n, 1, &step, NULL,
-					&node),
+			  adg_op_moving(f->reg, parents, s->n, 1, &step, &node),
 			  0);
 	else
 		expect_rc(f, "adg_op",
