@@ -120,16 +120,9 @@ pool_invalid(const char *func, const adg_pool_options *options, adg_pool **out)
 	if (out == NULL || options == NULL)
 		return adg_fail(ADG_EINVAL, func, "%s is NULL",
 				out == NULL ? "out" : "options");
-	if (options->n_threads == 0 ||
-	    options->n_threads > ADG_EXECUTOR_MAX_WORKERS)
-		return adg_fail(ADG_EINVAL, func,
-				"n_threads is %u (1 to "
-				"ADG_EXECUTOR_MAX_WORKERS, %u)",
-				options->n_threads, ADG_EXECUTOR_MAX_WORKERS);
 	return adg_fail(ADG_EINVAL, func,
-			"options->allocator has %s without %s",
-			options->allocator.alloc ? "alloc" : "free",
-			options->allocator.alloc ? "free" : "alloc");
+			"n_threads is %u (1 to ADG_EXECUTOR_MAX_WORKERS, %u)",
+			options->n_threads, ADG_EXECUTOR_MAX_WORKERS);
 }
 
 static int pool_new(const char *func, const adg_pool_options *options,
@@ -146,10 +139,11 @@ static int pool_new(const char *func, const adg_pool_options *options,
 		return rc;
 	options = &o;
 	if (options->n_threads == 0 ||
-	    options->n_threads > ADG_EXECUTOR_MAX_WORKERS ||
-	    (options->allocator.alloc == NULL) !=
-		    (options->allocator.free == NULL))
+	    options->n_threads > ADG_EXECUTOR_MAX_WORKERS)
 		return pool_invalid(func, options, out);
+	rc = adg_allocator_check(func, &options->allocator);
+	if (rc != 0)
+		return rc;
 	adg_allocator a = options->allocator;
 	if (a.alloc == NULL)
 		a = adg_default_allocator;

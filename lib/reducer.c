@@ -390,10 +390,9 @@ static int reducer_counts_valid(const adg_reducer_options *o)
 				      o->ops.add == NULL     ? "add"
 				      : o->ops.apply == NULL ? "apply"
 							     : "release");
-	if ((o->allocator.alloc == NULL) != (o->allocator.free == NULL))
-		return REDUCER_REFUSE("options->allocator has %s without %s",
-				      o->allocator.alloc ? "alloc" : "free",
-				      o->allocator.alloc ? "free" : "alloc");
+	int allocator = adg_allocator_check("adg_reducer_new", &o->allocator);
+	if (allocator != 0)
+		return allocator;
 	if (o->total_units == 0 && o->first_unit != 0)
 		return REDUCER_REFUSE("options->first_unit is %zu without "
 				      "total_units",

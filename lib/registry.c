@@ -184,12 +184,9 @@ static atomic_uint_fast64_t registries_made;
 static int registry_options_check(const adg_registry_options *options)
 {
 	const char *func = "adg_registry_new";
-	const adg_allocator *a = &options->allocator;
-	if ((a->alloc == NULL) != (a->free == NULL))
-		return adg_fail(ADG_EINVAL, func,
-				"options->allocator has %s without %s",
-				a->alloc ? "alloc" : "free",
-				a->alloc ? "free" : "alloc");
+	int rc = adg_allocator_check(func, &options->allocator);
+	if (rc != 0)
+		return rc;
 	if (options->checkpointing != ADG_CHECKPOINT_NONE &&
 	    options->checkpointing != ADG_CHECKPOINT_BALANCED)
 		return adg_fail(ADG_EINVAL, func,

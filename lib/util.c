@@ -28,3 +28,12 @@ static void util_free(void *ptr, size_t size, void *ctx)
 }
 
 const adg_allocator adg_default_allocator = {util_malloc, util_free, NULL};
+
+int adg_allocator_check(const char *func, const adg_allocator *a)
+{
+	if ((a->alloc == NULL) == (a->free == NULL))
+		return 0;
+	return adg_fail(
+		ADG_EINVAL, func, "options->allocator has %s without %s",
+		a->alloc ? "alloc" : "free", a->alloc ? "free" : "alloc");
+}

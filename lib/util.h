@@ -105,6 +105,10 @@ static inline uint64_t adg_id_hash(uint64_t id, unsigned int shift)
  * whose options give none (util.c). */
 extern const adg_allocator adg_default_allocator;
 
+/* The rule every options struct's allocator keeps: both callbacks or
+ * neither. 0, or ADG_EINVAL with func's reason naming the one set. */
+int adg_allocator_check(const char *func, const adg_allocator *a);
+
 /*
  * The size rule (include/adg.h, "ABI") of a struct the caller allocates,
  * whose first member is its size_t size (abi.c). own is libadg's sizeof,
