@@ -829,12 +829,15 @@ static size_t reducer_fold_slice(struct adg_reducer *r, size_t i, size_t k,
 }
 
 /* How many sleepers one wake-up wakes. INT_MAX: all of them, in the
- * waker's one system call; the woken run at once and need no lock to
- * leave (the barrier's state is atomics). A smaller fan-out (2: a wake
- * tree, each woken sleeper waking two more) would take the kernel's loop
- * off the waker's thread but put log2(T) wake-up latencies in a row on
- * the round's critical path; see docs/trainers.md for what measured
- * best. */
+ * waker's one system call; each runs as soon as the kernel's loop reaches
+ * it and leaves with no lock to take (the barrier's state is atomics).
+ * 2 makes a wake tree, each woken sleeper waking two more: the loop
+ * leaves the waker's thread, but log2(T) wake-up latencies (microseconds
+ * each) come one after another on the round's critical path, where the
+ * loop costs well under one per sleeper. On 2 cores (adg-bench's rounds
+ * workload, T = 2 to 8, oversubscribed) the two measured the same within
+ * the noise, so the simpler is kept; build with -DREDUCER_WAKE_FANOUT=2
+ * to compare them on a machine with many cores (docs/trainers.md). */
 #ifndef REDUCER_WAKE_FANOUT
 #define REDUCER_WAKE_FANOUT INT_MAX
 #endif
