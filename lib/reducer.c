@@ -935,7 +935,7 @@ static size_t reducer_claim_slice(struct param *p, uint64_t gen)
 }
 
 /* Takes slices of parameter i in round gen until none is left. Once
- * published, every slice runs, whatever is reported meanwhile: a
+ * offered, every slice runs, whatever is reported meanwhile: a
  * parameter is never left half updated by another participant's failure
  * (I17). Returns whether a slice it did was the round's last task
  * (reducer_task_done). */
