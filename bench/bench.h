@@ -175,6 +175,9 @@ typedef struct bench_workload {
 	/* Not a sweep workload: measured on one thread by a check of its
 	 * own (measure.c), so it has no setup, teardown or thread. */
 	bool check_only;
+	/* Runs libadg only: it measures a part of libadg that the other
+	 * implementations do not have. */
+	bool adg_only;
 } bench_workload;
 
 extern const bench_workload bench_workloads[];
@@ -213,6 +216,14 @@ double bench_overlap_fraction(const bench_params *p, int iterations,
  * asks for the last) for ms milliseconds under a checkpointing strategy.
  * Returns nodes per second; *peak is the most outputs alive at once. */
 double bench_checkpoint(int strategy, int k, int ms, long *peak);
+
+/* The rounds workload (rounds.c): a gradient reducer's rounds of one
+ * double per participant, T participants. */
+void *bench_rounds_setup(const bench_impl *impl, void *reg,
+			 const bench_params *p, int threads);
+void bench_rounds_teardown(void *shared);
+void bench_rounds_thread(void *shared, int index, const atomic_int *stop,
+			 bench_counts *out);
 
 /* The cpp workload, one thread: a chain of n two-parent products recorded,
  * run backward and dropped, for ms milliseconds; ns per op (recording,

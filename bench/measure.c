@@ -181,7 +181,8 @@ static bool run_cell(const struct options *o, struct cell *c)
 }
 
 /* The cells the options ask for, workload by workload, then thread count,
- * then implementation; a workload that needs graphs skips floor. */
+ * then implementation; a workload that needs graphs skips floor, one
+ * that is adg's only the others. */
 static int plan(const struct options *o, struct cell *cells)
 {
 	int n = 0;
@@ -190,6 +191,8 @@ static int plan(const struct options *o, struct cell *cells)
 			for (enum impl_id i = 0; i < N_IMPLS; i++)
 				if (o->workload_on[w] && o->impl_on[i] &&
 				    !bench_workloads[w].check_only &&
+				    (!bench_workloads[w].adg_only ||
+				     i == IMPL_ADG) &&
 				    (!bench_workloads[w].needs_graphs ||
 				     impls[i]->has_graphs))
 					cells[n++] = (struct cell){

@@ -882,42 +882,47 @@ const bench_workload bench_workloads[] = {
 	{"disjoint", "nodes",
 	 "each thread builds chains and fan-in-2 trees of K products on its "
 	 "own leaves, then backward",
-	 disjoint_setup, run_free, disjoint_thread, false, false},
+	 disjoint_setup, run_free, disjoint_thread, false, false, false},
 	{"shared-params", "nodes",
 	 "threads share P parameter leaves; each builds a 4-4-1 MLP-shaped "
 	 "graph on them per iteration, then backward",
-	 shared_setup, run_free, shared_thread, false, false},
+	 shared_setup, run_free, shared_thread, false, false, false},
 	{"merge", "nodes",
 	 "each thread builds four small graphs and joins them pairwise (three "
 	 "merges), then backward",
-	 plain_setup, run_free, merge_thread, false, false},
+	 plain_setup, run_free, merge_thread, false, false, false},
 	{"lookup", "lookups",
 	 "half the threads look up probe nodes' graphs while the others merge "
 	 "probes, consume them and put fresh ones in their place",
-	 lookup_setup, lookup_teardown, lookup_thread, true, false},
+	 lookup_setup, lookup_teardown, lookup_thread, true, false, false},
 	{"trainer", "steps",
 	 "a 2-layer MLP learns a synthetic regression target by Hogwild SGD on "
 	 "shared parameters",
-	 trainer_setup, trainer_teardown, trainer_thread, false, false},
+	 trainer_setup, trainer_teardown, trainer_thread, false, false, false},
+	{"rounds", "rounds",
+	 "adg only: T participants of one gradient reducer run rounds of one "
+	 "double each, so that a round costs the reducer's barrier",
+	 bench_rounds_setup, bench_rounds_teardown, bench_rounds_thread, false,
+	 false, true},
 	{"wide", "steps",
 	 "adg only, 1 thread: the backward alone of B chains of L ~1 us (or "
 	 "empty) steps joined at a root, sequential and on 1, 2, ... workers",
-	 NULL, NULL, NULL, false, true},
+	 NULL, NULL, NULL, false, true, false},
 	{"cpp", "ops",
 	 "adg only, 1 thread: a chain of 1000 two-parent products recorded, "
 	 "run backward and dropped, through the C API and through adg.hpp, "
 	 "side by side: ns per op",
-	 NULL, NULL, NULL, false, true},
+	 NULL, NULL, NULL, false, true, false},
 	{"cpp-shared", "nodes",
 	 "adg only, 2 threads: chains of 1000 ops through adg.hpp, parents "
 	 "gathered at run time, over one shared parameter against one each, "
 	 "side by side: nodes/s",
-	 NULL, NULL, NULL, false, true},
+	 NULL, NULL, NULL, false, true, false},
 	{"big", "nodes",
 	 "adg and floor, 1 thread: one graph of 10^3 ... --big-max nodes (a "
 	 "chain, and 64 chains joined at a root): ns per node and step, RSS "
 	 "per node",
-	 NULL, NULL, NULL, false, true},
+	 NULL, NULL, NULL, false, true, false},
 };
 
 const int bench_n_workloads =

@@ -28,8 +28,9 @@
  *
  * Slices. A large parameter may be cut into slices (reduce-scatter): its
  * tree only tracks arrivals, and the thread that completes its root
- * offers the slices (published); it and every participant waiting at the
- * barrier take them one at a time (next_slice), each folding its slice
+ * offers the slices (the round's tag in the parameter's slice counter);
+ * it and every participant waiting at the barrier of that round claim
+ * them one at a time (a compare and swap), each folding its slice
  * over the whole tree (the same nodes, the same order) and, with
  * apply_early, applying it.
  *
@@ -39,17 +40,27 @@
  * task per parameter, or per slice) are offered as slices are, and the
  * participants at the barrier take them (I18).
  *
- * Rounds. adg_reducer_end is the barrier, once per participant per round:
- * a mutex and a condition variable. A participant there takes slices and
- * applies, looks a few times, yielding, and then sleeps (the cores are
- * the backward passes'); offering work and finishing the last of it wake
- * the sleepers. Every contribution of a participant, and so every fold
- * and apply it triggers, comes before its end; once every participant
- * has arrived and every slice and apply is done, nothing touches the
- * round's state but the one that saw it so: it resets the deal and the
- * round's error, and only then wakes the others, each of which releases
- * the contributions of its own units and clears their slots before
- * returning. Nothing there is O(T) or O(U) on one thread.
+ * Rounds. adg_reducer_end is the barrier, once per participant per round,
+ * with no lock. One count, outstanding, holds what the round waits for:
+ * the participants not yet arrived (n at the round's start) plus the
+ * slices and applies offered and not yet done. Arriving is one acq_rel
+ * count-down, and so is finishing a task; offering slices counts them up
+ * first, which only a participant not yet arrived can do, so the count
+ * cannot touch 0 early. The thread whose count-down reaches 0 (always
+ * one at the barrier) owns the round's state: all or nothing, it offers
+ * the round's applies (counting them in) and helps, and the thread that
+ * does the last apply finishes; else it finishes at once. Finishing
+ * resets the deal, the round's error and the count, records the result,
+ * and only then moves gen (release), which lets the others out (each
+ * leaves on an acquire load of gen, then releases the contributions of
+ * its own units and clears their slots). A participant waiting takes
+ * offered slices and applies, looks a few times, yielding (the cores are
+ * the backward passes'), and then sleeps on a futex, an event count that
+ * every event it waits for bumps (reducer_wake_all says why no wake-up is
+ * lost); one FUTEX_WAKE wakes every sleeper, and none of them takes a
+ * lock after. So nothing at the barrier is O(T) on one thread but the
+ * kernel's loop over the sleepers in that wake-up, and nothing in a
+ * round is O(U) on one thread.
  *
  * Failure. The round's first error is one compare and swap; the check
  * before each apply reads it in the same total order (seq_cst), so no
@@ -61,12 +72,15 @@
 #include "adg.h"
 #include "util.h"
 
-#include <pthread.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define NONE SIZE_MAX /* no unit, participant or parameter */
 
@@ -78,15 +92,13 @@
 struct param {
 	_Alignas(ADG_CACHELINE) uint64_t id; /* the leaf's id; read-only */
 	size_t n_slices;		     /* read-only */
-	/* A parameter in slices: once its root completes, published is set
-	 * to the round's barrier generation plus one and any participant
-	 * of that round takes the next slice (next_slice) to fold (and,
-	 * with apply_early, apply). Both are left as they are at the
-	 * round's end, so that a participant still looking for slices of
-	 * that round finds none; the next reducer_publish resets next_slice
-	 * first. */
-	atomic_uint_fast64_t published;
-	atomic_size_t next_slice;
+	/* A parameter in slices: the round's tag (its barrier generation
+	 * plus one, 32 bits) in the high half, the next slice to take in the
+	 * low. Once its root completes, set to (tag, 0) (release), and any
+	 * participant of that round claims slices with a compare and swap
+	 * that keeps the tag, so that it never takes a slice of a later
+	 * round (I17). Left as it is at the round's end. */
+	_Atomic uint64_t slices;
 };
 
 _Static_assert(sizeof(struct param) == ADG_CACHELINE,
@@ -96,7 +108,7 @@ _Static_assert(sizeof(struct param) == ADG_CACHELINE,
  * range of units, I15), written by the thread that completes its subtree:
  * the unit whose slot holds the sum (NONE: no unit had a gradient), and
  * the round's number plus one. Read by that thread, by the threads that
- * take its slices (after published) and by the round's applies (after
+ * take its slices (after their claims) and by the round's applies (after
  * the barrier). */
 struct partial {
 	size_t anchor;
@@ -165,11 +177,11 @@ struct entry {
 	size_t param;
 };
 
-/* Work offered at the barrier: the slices of one parameter, or the
- * round's applies (all or nothing). */
+/* The round's applies (all or nothing), offered at the barrier. */
 struct offer {
 	/* The round's barrier generation plus one while offered; never
-	 * reset (see struct param). */
+	 * reset, so that a participant still looking for applies of an
+	 * earlier round finds none. */
 	atomic_uint_fast64_t published;
 	atomic_size_t next; /* the next task to take */
 };
@@ -216,41 +228,53 @@ struct adg_reducer {
 	struct block self_block, params_block, trees_block, units_block,
 		members_block, partials_block;
 
-	/* The deal: the next unit to hand out, reset by the last
-	 * participant to end. Its own line: every participant takes from
+	/* The deal: the next unit to hand out, reset by the thread that
+	 * finishes the round. Its own line: every participant takes from
 	 * it. */
 	_Alignas(ADG_CACHELINE) atomic_size_t next_unit;
 	/* Units ended without error this round, reset with the deal. */
 	_Alignas(ADG_CACHELINE) atomic_size_t units_done;
 
 	/* The round's first error, 0 while none: set by one compare and
-	 * swap, read before each apply, reset by the last participant to
-	 * end. */
+	 * swap, read before each apply, reset by the thread that finishes
+	 * the round. */
 	_Alignas(ADG_CACHELINE) atomic_int error;
-	/* Rounds completed; bumped by the last participant to end. */
+	/* Rounds completed; bumped by the thread that finishes the round. */
 	atomic_uint_fast64_t rounds;
 	/* The round's first failure, where error was set: written by the
 	 * thread whose report set it, after its compare and swap, and read
-	 * at the barrier, which every report comes before (see
-	 * reducer_offer_applies). Failure paths only. */
+	 * by the thread that finishes the round, which every report comes
+	 * before (see reducer_settle). Failure paths only. */
 	adg_reducer_failure fault;
-	/* Slices and applies offered and not yet done: the round cannot
-	 * end before. */
-	atomic_size_t pending;
 	struct offer applies; /* all or nothing */
 
-	/* The barrier, under lock. */
-	_Alignas(ADG_CACHELINE) pthread_mutex_t lock;
-	/* gen moved, work was offered, or the last of it is done */
-	pthread_cond_t done;
-	size_t n_ended; /* participants inside adg_reducer_end */
-	bool applying;	/* the round's applies were offered */
-	/* Rounds the barrier has let through: written under lock, read
-	 * without it by participants that look before they sleep. */
+	/* The barrier (see "Rounds" above). What the round waits for: the
+	 * participants not yet inside their end, plus the slices and
+	 * applies offered and not yet done. Counted down once by each
+	 * arrival and each task (acq_rel); the thread that brings it to 0
+	 * owns the round's state until it offers the applies or moves gen.
+	 * Its own line: every participant and every task writes it once. */
+	_Alignas(ADG_CACHELINE) atomic_size_t outstanding;
+	/* The round's applies were offered (all or nothing): read and
+	 * written only by the threads that bring outstanding to 0, one
+	 * after the other, ordered by the count's release sequence. */
+	bool applying;
+	/* Rounds the barrier has let through: moved (release) by the thread
+	 * that finishes a round, after result, result_fault and the next
+	 * round's reset; loaded with acquire by those it lets out, with
+	 * relaxed by those only looking. */
 	atomic_uint_fast64_t gen;
 	int result;			  /* what the round gen - 1 returns */
 	adg_reducer_failure result_fault; /* and its first failure */
-	size_t n_sleeping; /* participants in pthread_cond_wait */
+
+	/* Sleep at the barrier: an event count on a futex. wake_seq is
+	 * bumped after each event a sleeper waits for (gen moved, slices or
+	 * applies offered); sleepers counts the participants between their
+	 * decision to sleep and their return from the kernel, so that a
+	 * wake-up with no one asleep costs no system call. Its own line:
+	 * spinners read gen, not these. */
+	_Alignas(ADG_CACHELINE) _Atomic uint32_t wake_seq;
+	_Atomic uint32_t sleepers;
 };
 
 /* ------------------------------------------------------------- layout */
@@ -276,8 +300,8 @@ static void reducer_free_block(const adg_allocator *a, struct block *b)
 		a->free(b->base, b->bytes, a->ctx);
 }
 
-/* The round under way. Relaxed: bumped only by the last participant to
- * end, before the barrier lets anyone into the next round. */
+/* The round under way. Relaxed: bumped only by the thread that finishes
+ * the round, before the barrier lets anyone into the next round. */
 static uint64_t reducer_round(const struct adg_reducer *r)
 {
 	return atomic_load_explicit(&r->rounds, memory_order_relaxed);
@@ -691,25 +715,15 @@ int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 	r->table_cap = l.table_cap;
 	r->shift = 64 - l.log2;
 	rc = reducer_fill(r, options, &l);
-	if (rc != 0)
-		goto out_free;
-	rc = ADG_ENOMEM;
-	if (pthread_mutex_init(&r->lock, NULL) != 0) {
-		reducer_no_memory("a mutex");
-		goto out_free;
+	if (rc != 0) {
+		reducer_free_blocks(r);
+		return rc;
 	}
-	if (pthread_cond_init(&r->done, NULL) != 0) {
-		reducer_no_memory("a condition variable");
-		goto out_destroy_lock;
-	}
+	/* Relaxed: the reducer reaches other threads through the caller. */
+	atomic_store_explicit(&r->outstanding, r->n_members,
+			      memory_order_relaxed);
 	*out = r;
 	return 0;
-
-out_destroy_lock:
-	pthread_mutex_destroy(&r->lock);
-out_free:
-	reducer_free_blocks(r);
-	return rc;
 }
 
 /* ------------------------------------------------------- contributions */
@@ -814,38 +828,125 @@ static size_t reducer_fold_slice(struct adg_reducer *r, size_t i, size_t k,
 	return left;
 }
 
+/* How many sleepers one wake-up wakes. INT_MAX: all of them, in the
+ * waker's one system call; each runs as soon as the kernel's loop reaches
+ * it and leaves with no lock to take (the barrier's state is atomics).
+ * 2 makes a wake tree, each woken sleeper waking two more: the loop
+ * leaves the waker's thread, but log2(T) wake-up latencies (microseconds
+ * each) come one after another on the round's critical path, where the
+ * loop costs well under one per sleeper. On 2 cores (adg-bench's rounds
+ * workload, T = 2 to 8, oversubscribed) the two measured the same within
+ * the noise, so the simpler is kept; build with -DREDUCER_WAKE_FANOUT=2
+ * to compare them on a machine with many cores (docs/trainers.md). */
+#ifndef REDUCER_WAKE_FANOUT
+#define REDUCER_WAKE_FANOUT INT_MAX
+#endif
+
+static void reducer_futex_wake(struct adg_reducer *r, int n)
+{
+	syscall(SYS_futex, &r->wake_seq, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+}
+
+/* Wakes the participants asleep at the barrier, after an event they wait
+ * for (gen moved, slices or applies offered) was made. No wake-up is
+ * lost. A sleeper (reducer_wait, reducer_sleep) reads wake_seq, looks for
+ * the events, counts itself in sleepers, and asks the kernel to sleep
+ * only if wake_seq still holds what it read (FUTEX_WAIT compares and
+ * queues under the futex's lock, which FUTEX_WAKE takes too). Here the
+ * event comes first, then the bump, then the load of sleepers, all
+ * seq_cst, in one total order with the sleeper's (ThreadSanitizer has no
+ * fences, hence none here):
+ * - the sleeper read wake_seq after the bump: that load acquired the
+ *   event, which its look then sees, and it does not sleep;
+ * - else, its count comes after the load below: then so does it after
+ *   the bump, and the kernel's compare sees wake_seq moved: no sleep;
+ * - else the load below sees its count, and FUTEX_WAKE either finds it
+ *   queued or comes before its compare, which then sees wake_seq moved.
+ * The events themselves are read through their own atomics (gen, the
+ * offers' words), never inferred from a wake-up: ThreadSanitizer does not
+ * model the futex, and a sleeper may wake for nothing. */
 static void reducer_wake_all(struct adg_reducer *r)
 {
-	pthread_mutex_lock(&r->lock);
-	if (r->n_sleeping != 0)
-		pthread_cond_broadcast(&r->done);
-	pthread_mutex_unlock(&r->lock);
+	atomic_fetch_add_explicit(&r->wake_seq, 1, memory_order_seq_cst);
+	if (atomic_load_explicit(&r->sleepers, memory_order_seq_cst) != 0)
+		reducer_futex_wake(r, REDUCER_WAKE_FANOUT);
 }
 
-/* One slice or apply of the round's offered work is done. acq_rel: its
- * writes happen before the end of the round, which waits for the count
- * to reach 0 (acquire in the barrier); the last one wakes the sleepers
- * to see it. */
-static void reducer_task_done(struct adg_reducer *r)
+/* Sleeps in the kernel unless wake_seq has moved from seq, read before
+ * the caller looked for events (see reducer_wake_all). A 32-bit count
+ * wraps only after 2^32 events between the read and the compare. */
+static void reducer_sleep(struct adg_reducer *r, uint32_t seq)
 {
-	if (atomic_fetch_sub_explicit(&r->pending, 1, memory_order_acq_rel) ==
-	    1)
-		reducer_wake_all(r);
+	atomic_fetch_add_explicit(&r->sleepers, 1, memory_order_seq_cst);
+	syscall(SYS_futex, &r->wake_seq, FUTEX_WAIT_PRIVATE, seq, NULL, NULL,
+		0);
+	/* Relaxed: a late decrement costs a waker a needless system call,
+	 * never a sleeper its wake-up. */
+	uint32_t left = atomic_fetch_sub_explicit(&r->sleepers, 1,
+						  memory_order_relaxed);
+	/* A wake tree: pass the wake-up on while others sleep. */
+	if (REDUCER_WAKE_FANOUT != INT_MAX && left > 1)
+		reducer_futex_wake(r, REDUCER_WAKE_FANOUT);
 }
 
-/* Takes slices of parameter i until none is left. Once published, every
- * slice runs, whatever is reported meanwhile: a parameter is never left
- * half updated by another participant's failure (I17). */
-static void reducer_take_slices(struct adg_reducer *r, size_t i)
+/* One slice or apply of the round's offered work is done; returns
+ * whether it was the last thing the round waited for, which makes this
+ * thread the one that settles it (reducer_settle). acq_rel: the release
+ * puts this task's writes (its fold, its apply, a report) before that
+ * thread's acquire, through the count's release sequence. Only a thread
+ * at the barrier can be the last: one whose participant has not arrived
+ * keeps the count above 0. */
+static bool reducer_task_done(struct adg_reducer *r)
+{
+	return atomic_fetch_sub_explicit(&r->outstanding, 1,
+					 memory_order_acq_rel) == 1;
+}
+
+/* A parameter's slices word for round gen, next slice k. */
+static uint64_t reducer_slices_word(uint64_t gen, size_t k)
+{
+	return (uint64_t)(uint32_t)(gen + 1) << 32 | k;
+}
+
+/* Claims the next slice of parameter p in round gen: its number, or NONE
+ * when the round offers none left (or never offered them). The compare
+ * and swap keeps the tag: a participant still in round gen's barrier
+ * once round gen + 1, dealt without it, offered the same parameter's
+ * slices, finds none, where a bare fetch_add on a counter that the new
+ * round reset handed it one of them, folded without the new round's
+ * acquire and (reading the round stale) in the wrong half of the units
+ * (the reducer_rounds stress test caught it under ThreadSanitizer).
+ * Acquire on success: pairs with reducer_publish's release, which heads
+ * the release sequence that the claims continue, so that the slots and
+ * the anchor written before it are seen. A 32-bit tag: no participant
+ * lags more than one round behind one that publishes. */
+static size_t reducer_claim_slice(struct param *p, uint64_t gen)
+{
+	uint64_t want = reducer_slices_word(gen, 0);
+	/* Relaxed: a first look; the compare and swap reads it again. */
+	uint64_t w = atomic_load_explicit(&p->slices, memory_order_relaxed);
+	do {
+		if (w >> 32 != want >> 32 || (uint32_t)w >= p->n_slices)
+			return NONE;
+	} while (!atomic_compare_exchange_weak_explicit(&p->slices, &w, w + 1,
+							memory_order_acquire,
+							memory_order_relaxed));
+	return (uint32_t)w;
+}
+
+/* Takes slices of parameter i in round gen until none is left. Once
+ * offered, every slice runs, whatever is reported meanwhile: a
+ * parameter is never left half updated by another participant's failure
+ * (I17). Returns whether a slice it did was the round's last task
+ * (reducer_task_done). */
+static bool reducer_take_slices(struct adg_reducer *r, size_t i, uint64_t gen)
 {
 	struct param *p = &r->params[i];
+	bool last = false;
 	for (;;) {
-		/* Relaxed: the counter only hands out distinct slices; what
-		 * a slice reads was published before (published, acquire). */
-		size_t k = atomic_fetch_add_explicit(&p->next_slice, 1,
-						     memory_order_relaxed);
-		if (k >= p->n_slices)
-			return;
+		size_t k = reducer_claim_slice(p, gen);
+		if (k == NONE)
+			return last;
 		int rc = 0;
 		(void)reducer_fold_slice(r, i, k, 0, r->width, &rc);
 		adg_reducer_failure_site site = ADG_REDUCER_FAILED_ADD;
@@ -855,21 +956,27 @@ static void reducer_take_slices(struct adg_reducer *r, size_t i)
 		}
 		if (rc != 0)
 			reducer_report_at(r, site, rc, p->id);
-		reducer_task_done(r);
+		last |= reducer_task_done(r);
 	}
 }
 
 /* Takes the round's applies (all or nothing) until none is left; an
- * apply not started once the round is abandoned is skipped (I18). */
-static void reducer_take_applies(struct adg_reducer *r)
+ * apply not started once the round is abandoned is skipped (I18).
+ * Returns whether one it did was the round's last task. */
+static bool reducer_take_applies(struct adg_reducer *r)
 {
 	size_t n_tasks = r->first_task[r->n_params];
+	bool last = false;
 	for (;;) {
-		/* Relaxed: as in reducer_take_slices. */
+		/* Relaxed: the counter only hands out distinct applies; what
+		 * an apply reads was offered before (published, acquire). A
+		 * participant still here once the round is over finds none
+		 * left: the next round's applies cannot be offered (next
+		 * reset) before it arrives there. */
 		size_t t = atomic_fetch_add_explicit(&r->applies.next, 1,
 						     memory_order_relaxed);
 		if (t >= n_tasks)
-			return;
+			return last;
 		size_t lo = 0, hi = r->n_params; /* first_task[lo] <= t */
 		while (hi - lo > 1) {
 			size_t mid = lo + (hi - lo) / 2;
@@ -887,21 +994,20 @@ static void reducer_take_applies(struct adg_reducer *r)
 				reducer_report_at(r, ADG_REDUCER_FAILED_APPLY,
 						  rc, r->params[lo].id);
 		}
-		reducer_task_done(r);
+		last |= reducer_task_done(r);
 	}
 }
 
-/* Whether parameter i has slices of round gen not yet taken. Acquire:
- * pairs with reducer_publish's release, so that the slots, the anchor and
- * the reset of next_slice written before it are seen. Relaxed next_slice:
- * a hint; reducer_take_slices claims for real. */
+/* Whether parameter i has slices of round gen not yet taken. Relaxed:
+ * a hint; reducer_claim_slice claims, with acquire. */
 static bool reducer_offers_slices(const struct param *p, uint64_t gen)
 {
-	return p->n_slices > 1 &&
-	       atomic_load_explicit(&p->published, memory_order_acquire) ==
-		       gen + 1 &&
-	       atomic_load_explicit(&p->next_slice, memory_order_relaxed) <
-		       p->n_slices;
+	uint64_t w;
+	if (p->n_slices <= 1)
+		return false;
+	w = atomic_load_explicit(&p->slices, memory_order_relaxed);
+	return w >> 32 == reducer_slices_word(gen, 0) >> 32 &&
+	       (uint32_t)w < p->n_slices;
 }
 
 /* Whether the round's applies of round gen are offered and not all
@@ -915,23 +1021,19 @@ static bool reducer_offers_applies(struct adg_reducer *r, uint64_t gen)
 }
 
 /* Takes any slice or apply of round gen offered and not yet taken;
- * returns whether it found one. Any participant may, from its end (the
- * barrier), so that a large parameter's sum and update, and the round's
- * applies, are split among the threads that wait. */
+ * returns whether one it did was the round's last task. Any participant
+ * may, from its end (the barrier), so that a large parameter's sum and
+ * update, and the round's applies, are split among the threads that
+ * wait. */
 static bool reducer_help(struct adg_reducer *r, uint64_t gen)
 {
-	bool found = false;
-	for (size_t i = 0; r->sliced && i < r->n_params; i++) {
-		if (reducer_offers_slices(&r->params[i], gen)) {
-			reducer_take_slices(r, i);
-			found = true;
-		}
-	}
-	if (reducer_offers_applies(r, gen)) {
-		reducer_take_applies(r);
-		found = true;
-	}
-	return found;
+	bool last = false;
+	for (size_t i = 0; r->sliced && i < r->n_params; i++)
+		if (reducer_offers_slices(&r->params[i], gen))
+			last |= reducer_take_slices(r, i, gen);
+	if (reducer_offers_applies(r, gen))
+		last |= reducer_take_applies(r);
+	return last;
 }
 
 /* Parameter i's root is complete and its tree in slices: offers its
@@ -939,19 +1041,23 @@ static bool reducer_help(struct adg_reducer *r, uint64_t gen)
 static void reducer_publish(struct adg_reducer *r, size_t i)
 {
 	struct param *p = &r->params[i];
-	/* Relaxed: counted before any slice can be taken (published comes
-	 * after, with release), so the count cannot reach 0 early. */
-	atomic_fetch_add_explicit(&r->pending, p->n_slices,
+	/* Relaxed: counted before any slice can be taken (the offer comes
+	 * after, with release, and a slice's count-down after its claim's
+	 * acquire), and while this contribution's participant, not yet
+	 * arrived, keeps the count above 0: it cannot reach 0 early. */
+	atomic_fetch_add_explicit(&r->outstanding, p->n_slices,
 				  memory_order_relaxed);
-	/* Relaxed, then release: the reset, the slots and the anchor
-	 * before, for reducer_offers_slices' acquire. The barrier cannot
-	 * move during the round: this contribution's participant has not
-	 * ended it. */
-	atomic_store_explicit(&p->next_slice, 0, memory_order_relaxed);
+	/* Relaxed: the barrier cannot move during the round, which this
+	 * contribution's participant has not ended. */
 	uint64_t gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
-	atomic_store_explicit(&p->published, gen + 1, memory_order_release);
+	/* Release: the slots and the anchor before, for the claims'
+	 * acquire. */
+	atomic_store_explicit(&p->slices, reducer_slices_word(gen, 0),
+			      memory_order_release);
 	reducer_wake_all(r); /* participants asleep at the barrier help */
-	reducer_take_slices(r, i);
+	bool last = reducer_take_slices(r, i, gen);
+	ADG_ASSERT(!last); /* this participant has not arrived */
+	(void)last;
 }
 
 /* Parameter i's partial sum j (its sum but for a rank's share) is
@@ -1292,8 +1398,8 @@ static int reducer_close_unit(struct adg_reducer *r, struct member *m,
 			if (first == 0)
 				first = rc;
 		}
-		/* Relaxed: read by the last participant to end, after the
-		 * barrier's lock. */
+		/* Relaxed: read by the thread that settles the round, after
+		 * this participant's arrival (acq_rel) at the barrier. */
 		atomic_fetch_add_explicit(&r->units_done, 1,
 					  memory_order_relaxed);
 	}
@@ -1343,25 +1449,17 @@ int adg_reducer_unit_end_with(adg_reducer *reducer, size_t participant,
 
 /* --------------------------------------------------------- the barrier */
 
-/* Whether every participant is in its end and every slice and apply
- * offered is done. Under lock. */
-static bool reducer_round_over(struct adg_reducer *r)
+/* Every participant is inside its end, past its contributions, and
+ * every slice and apply offered is done: this thread brought outstanding
+ * to 0, and its acquire there made all of that, and every report, seen
+ * here. Until it offers the applies or moves gen, the round's state is
+ * its own. All or nothing: the first time, offers the round's applies
+ * (unless it was abandoned), counting them in outstanding, and returns
+ * false; else the round is over. */
+static bool reducer_settle(struct adg_reducer *r, uint64_t gen)
 {
-	/* Acquire: pairs with reducer_task_done, so that every slice's and
-	 * apply's writes happen before the round's end. */
-	return r->n_ended == r->n_members &&
-	       atomic_load_explicit(&r->pending, memory_order_acquire) == 0;
-}
-
-/* Every participant is at the barrier and nothing offered is left to do,
- * under lock. All or nothing: the first time, offers the round's applies
- * (unless it was abandoned) and returns false; else the round is over.
- * Offering under the lock keeps sleepers from missing it. */
-static bool reducer_offer_applies(struct adg_reducer *r, uint64_t gen)
-{
-	/* Relaxed: every report and unit end came before its participant
-	 * reached the barrier (this lock), or before a task it finished
-	 * (pending, acquire). */
+	/* Relaxed: every unit end came before its participant's arrival,
+	 * which the count's acquire ordered before this. */
 	if (atomic_load_explicit(&r->units_done, memory_order_relaxed) !=
 	    r->n_units)
 		reducer_report_at(r, ADG_REDUCER_FAILED_UNITS, ADG_ESTATE,
@@ -1369,43 +1467,53 @@ static bool reducer_offer_applies(struct adg_reducer *r, uint64_t gen)
 	if (r->apply_early || r->applying || reducer_abandoned(r))
 		return true;
 	r->applying = true;
-	/* Relaxed: counted before any apply can be taken, and next reset
-	 * before the release that offers them (as in reducer_publish). */
-	atomic_store_explicit(&r->pending, r->first_task[r->n_params],
-			      memory_order_relaxed);
+	/* Release: heads the release sequence that the applies' count-downs
+	 * continue, so that the thread whose count-down reaches 0 sees
+	 * applying set. Counted before any apply can be taken (published
+	 * comes after, with release), and next reset before it too. */
+	atomic_store_explicit(&r->outstanding, r->first_task[r->n_params],
+			      memory_order_release);
 	atomic_store_explicit(&r->applies.next, 0, memory_order_relaxed);
 	atomic_store_explicit(&r->applies.published, gen + 1,
 			      memory_order_release);
-	if (r->n_sleeping != 0)
-		pthread_cond_broadcast(&r->done);
+	reducer_wake_all(r); /* the sleepers take applies */
 	return false;
 }
 
-/* On the participant that saw the round over, alone with the round's
- * state: makes the next round start clean (I16). Returns the round's
- * result. */
-static int reducer_finish_round(struct adg_reducer *r)
+/* On the thread that saw the round over, alone with the round's state:
+ * makes the next round start clean (I16), records the round's result,
+ * and lets the participants out. Returns the round's result. */
+static int reducer_finish_round(struct adg_reducer *r, uint64_t gen)
 {
-	/* Relaxed, all: the barrier's unlock that moves gen orders these
-	 * before every participant's next round. */
+	/* Relaxed, all: gen's release below orders these before every
+	 * participant's next round. */
 	int rc = atomic_load_explicit(&r->error, memory_order_relaxed);
 	if (adg_unlikely(rc != 0)) {
 		r->result_fault = r->fault;
 		r->result_fault.round = reducer_round(r);
 	}
+	r->result = rc;
 	atomic_store_explicit(&r->next_unit, 0, memory_order_relaxed);
 	atomic_store_explicit(&r->units_done, 0, memory_order_relaxed);
 	atomic_store_explicit(&r->error, 0, memory_order_relaxed);
+	atomic_store_explicit(&r->outstanding, r->n_members,
+			      memory_order_relaxed);
 	r->applying = false;
 	/* Release: pairs with adg_reducer_rounds' acquire load, so that a
 	 * thread that sees the count sees the round's applies. */
 	atomic_fetch_add_explicit(&r->rounds, 1, memory_order_release);
+	/* Release: pairs with the acquire in reducer_barrier, so that a
+	 * participant let out sees all of the above, and its arrival in the
+	 * next round comes after the reset of outstanding. */
+	atomic_store_explicit(&r->gen, gen + 1, memory_order_release);
+	reducer_wake_all(r);
 	return rc;
 }
 
 /* Whether the barrier let round gen through, or there is work to take.
- * Looked at before sleeping, and in a short spin: a wake-up from the
- * kernel costs more than a small batch's work. */
+ * Looked at in a short spin and before sleeping: a wake-up from the
+ * kernel costs more than a small batch's work. Relaxed gen: a look;
+ * reducer_barrier reads it again with acquire before it leaves. */
 static bool reducer_worth_waking(struct adg_reducer *r, uint64_t gen)
 {
 	if (atomic_load_explicit(&r->gen, memory_order_relaxed) != gen)
@@ -1416,67 +1524,58 @@ static bool reducer_worth_waking(struct adg_reducer *r, uint64_t gen)
 	return reducer_offers_applies(r, gen);
 }
 
-/* Under lock: sleeps until woken, unless work or the round's end showed
- * up while the lock was let go. */
-static void reducer_wait(struct adg_reducer *r, uint64_t gen)
+/* Waits at the barrier of round gen until it moves or work shows up,
+ * and takes the work: a few looks, yielding the core to the threads
+ * still at work (the cores are the backward passes'), then sleep.
+ * Returns whether a task it did was the round's last. */
+static bool reducer_wait(struct adg_reducer *r, uint64_t gen)
 {
-	pthread_mutex_unlock(&r->lock);
-	/* A few looks, yielding the core to the threads still at work,
-	 * before sleeping in the kernel. */
-	bool woken = false;
-	for (int spin = 0; spin < 32 && !woken; spin++) {
+	for (int spin = 0; spin < 32; spin++) {
+		if (reducer_worth_waking(r, gen))
+			return reducer_help(r, gen);
 		sched_yield();
-		woken = reducer_worth_waking(r, gen);
 	}
-	bool helped = reducer_help(r, gen);
-	pthread_mutex_lock(&r->lock);
-	/* Looked at again under the lock: whoever offers work, ends the
-	 * last of it or the round takes the lock to wake sleepers after,
-	 * so either this sees it or that sees the sleeper. */
-	if (helped || reducer_round_over(r) || reducer_worth_waking(r, gen))
-		return;
-	r->n_sleeping++;
-	pthread_cond_wait(&r->done, &r->lock);
-	r->n_sleeping--;
+	/* seq_cst, and before looking: see reducer_wake_all. */
+	uint32_t seq = atomic_load_explicit(&r->wake_seq, memory_order_seq_cst);
+	if (reducer_worth_waking(r, gen))
+		return reducer_help(r, gen);
+	reducer_sleep(r, seq);
+	return false;
 }
 
 /* Waits for the round's other participants, taking slices and applies
- * meanwhile; the one that sees the round over finishes it. Returns the
- * round's result, and fills *fault with its first failure. */
+ * meanwhile; the thread that brings outstanding to 0 with the round's
+ * last task finishes it. Returns the round's result, and fills *fault
+ * with its first failure. Arriving is one atomic count-down, leaving one
+ * acquire load (and, for a sleeper, the wake-up): no lock, nothing
+ * serialized among the participants. */
 static int reducer_barrier(struct adg_reducer *r, adg_reducer_failure *fault)
 {
 	/* Relaxed: the barrier cannot move before this participant is in. */
 	uint64_t gen = atomic_load_explicit(&r->gen, memory_order_relaxed);
-	reducer_help(r, gen);
-	pthread_mutex_lock(&r->lock);
-	r->n_ended++;
+	bool last = reducer_help(r, gen);
+	ADG_ASSERT(!last); /* not arrived: the count is above 0 */
+	/* acq_rel: the release puts this participant's contributions, and
+	 * the folds and reports they made, before the thread that settles
+	 * the round; the acquire makes this thread that one if it is last. */
+	last = atomic_fetch_sub_explicit(&r->outstanding, 1,
+					 memory_order_acq_rel) == 1;
 	for (;;) {
-		if (atomic_load_explicit(&r->gen, memory_order_relaxed) !=
-		    gen) {
-			/* result cannot move before this participant ends
-			 * the next round. */
-			int rc = r->result;
+		if (last && reducer_settle(r, gen)) {
+			int rc = reducer_finish_round(r, gen);
 			if (adg_unlikely(rc != 0))
 				*fault = r->result_fault;
-			pthread_mutex_unlock(&r->lock);
 			return rc;
 		}
-		if (reducer_round_over(r) && reducer_offer_applies(r, gen))
+		/* Acquire: pairs with reducer_finish_round's release. */
+		if (atomic_load_explicit(&r->gen, memory_order_acquire) != gen)
 			break;
-		reducer_wait(r, gen);
+		last = reducer_wait(r, gen);
 	}
-	/* Every participant is inside its end, past its contributions, and
-	 * every slice and apply is done: the round's state is this thread's
-	 * until gen moves. */
-	r->n_ended = 0;
-	int rc = reducer_finish_round(r);
-	r->result = rc;
+	/* result cannot move before this participant ends the next round. */
+	int rc = r->result;
 	if (adg_unlikely(rc != 0))
 		*fault = r->result_fault;
-	/* Relaxed: written under lock; readers without it only look. */
-	atomic_store_explicit(&r->gen, gen + 1, memory_order_relaxed);
-	pthread_cond_broadcast(&r->done);
-	pthread_mutex_unlock(&r->lock);
 	return rc;
 }
 
@@ -1657,7 +1756,8 @@ int adg_reducer_rounds(const adg_reducer *reducer, uint64_t *rounds)
  * call runs beside adg_reducer_free (adg.h): relaxed. */
 static bool reducer_busy(const struct adg_reducer *r)
 {
-	if (r->n_ended != 0)
+	if (atomic_load_explicit(&r->outstanding, memory_order_relaxed) !=
+	    r->n_members)
 		return true;
 	if (r->dealt)
 		return atomic_load_explicit(&r->next_unit,
@@ -1680,8 +1780,6 @@ int adg_reducer_free(adg_reducer *reducer)
 		return ADG_FAIL(ADG_EBUSY,
 				"a round has begun and not ended (nothing "
 				"freed)");
-	pthread_cond_destroy(&r->done);
-	pthread_mutex_destroy(&r->lock);
 	reducer_free_blocks(r);
 	return 0;
 }
