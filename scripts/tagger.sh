@@ -4,11 +4,11 @@
 # set, writes its per-epoch figures to results/tagger.csv, draws loss and
 # test accuracy against training time with gnuplot into
 # docs/images/tagger.png (a line per thread count), and prints a Markdown
-# table of the runs. Then, unless --speed-runs is 0, times --speed-runs
-# runs of one epoch on the first --speed-subset training sentences each of
-# sync at T = 1 and 2, --models 1 and --models 2, side by side in turns,
-# and prints their medians: words/s, sync T = 2 over T = 1, and each of 2
-# models over one model alone (--models 1). Fetches the data and installs
+# table of the runs (none with --epochs 0). Then, unless --speed-runs is
+# 0, times --speed-runs runs of one epoch on the first --speed-subset
+# training sentences each of sync at T = 1 and 2, --models 1 and
+# --models 2, side by side in turns, and prints their medians: words/s,
+# sync T = 2 over T = 1, and each of 2 models over one model alone. Fetches the data and installs
 # OpenBLAS and gnuplot when missing; builds in build-tagger/ (release).
 # BLAS runs on the calling thread (OPENBLAS_NUM_THREADS=1): the T threads
 # are the parallelism.
@@ -33,12 +33,13 @@ parse_options "threads epochs mode graphs chars lr speed-runs speed-subset" \
  [--graphs length|sentence] [--chars on|off] [--lr X] [--speed-runs N]\
  [--speed-subset N]" "$@"
 want_list --threads "$threads"
-want_number --epochs "$epochs"
 want_number --speed-subset "$speed_subset"
-[[ $speed_runs =~ ^[0-9]+$ ]] || {
-	echo "--speed-runs wants a number, not '$speed_runs'" >&2
-	exit 2
-}
+for option in epochs speed_runs; do
+	[[ ${!option} =~ ^[0-9]+$ ]] || {
+		echo "--${option//_/-} wants a number, not '${!option}'" >&2
+		exit 2
+	}
+done
 
 scripts/deps.sh fashion # OpenBLAS and gnuplot
 data=$(scripts/fetch-brown.sh | tail -1)
@@ -52,42 +53,45 @@ out=$(mktemp)
 speed=$(mktemp)
 trap 'rm -f "$out" "$speed"' EXIT
 describe_machine
-OPENBLAS_NUM_THREADS=1 "$bin" --threads "$threads" --epochs "$epochs" \
-	--mode "$mode" --graphs "$graphs" --chars "$chars" --lr "$lr" \
-	--csv "$csv" "$data" | tee "$out"
+train() {
+	OPENBLAS_NUM_THREADS=1 "$bin" --threads "$threads" --epochs "$epochs" \
+		--mode "$mode" --graphs "$graphs" --chars "$chars" --lr "$lr" \
+		--csv "$csv" "$data" | tee "$out"
 
-# One line per thread count, in the order they ran; csv columns: mode,
-# threads, models, graphs, chars, batch, epoch, seconds, train_loss,
-# train_accuracy, test_loss, test_accuracy, words_per_s.
-plot() { # column
-	local sep="" t
-	for t in ${threads//,/ }; do
-		# shellcheck disable=SC2016 # $2 and $8 are gnuplot's columns
-		printf '%s"%s" using ($2 == %s ? $8 : 1/0):%s with linespoints lw 2 title "T = %s"' \
-			"$sep" "$csv" "$t" "$1" "$t"
-		sep=", "
-	done
+	# One line per thread count, in the order they ran; csv columns: mode,
+	# threads, models, graphs, chars, batch, epoch, seconds, train_loss,
+	# train_accuracy, test_loss, test_accuracy, words_per_s.
+	plot() { # column
+		local sep="" t
+		for t in ${threads//,/ }; do
+			# shellcheck disable=SC2016 # $2 and $8 are gnuplot's columns
+			printf '%s"%s" using ($2 == %s ? $8 : 1/0):%s with linespoints lw 2 title "T = %s"' \
+				"$sep" "$csv" "$t" "$1" "$t"
+			sep=", "
+		done
+	}
+	plot_against_time "$png" \
+		"examples/tagger: BiLSTM tagger, chars $chars, Brown corpus, $mode SGD, B = 32, lr $lr, $epochs epochs" \
+		"$(plot 9)" "$(plot 12)"
+
+	echo
+	echo "| mode | graphs | chars | T | epochs | test accuracy | words/s | x T = 1 |"
+	echo "|---|---|---|---:|---:|---:|---:|---:|"
+	awk '/^result / {
+		for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+		if (f["threads"] == 1) one = f["words_per_s"]
+		printf "| %s | %s | %s | %d | %d | %.2f%% | %s | %s |\n", f["mode"],
+			f["graphs"], f["chars"], f["threads"], f["epochs"],
+			f["test_accuracy"], f["words_per_s"],
+			one != "" ? sprintf("%.2f", f["words_per_s"] / one) : "-"
+	}' "$out"
+	echo
+	echo "wrote $csv and $png"
 }
-plot_against_time "$png" \
-	"examples/tagger: BiLSTM tagger, chars $chars, Brown corpus, $mode SGD, B = 32, lr $lr, $epochs epochs" \
-	"$(plot 9)" "$(plot 12)"
-
-echo
-echo "| mode | graphs | chars | T | epochs | test accuracy | words/s | x T = 1 |"
-echo "|---|---|---|---:|---:|---:|---:|---:|"
-awk '/^result / {
-	for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
-	if (f["threads"] == 1) one = f["words_per_s"]
-	printf "| %s | %s | %s | %d | %d | %.2f%% | %s | %s |\n", f["mode"],
-		f["graphs"], f["chars"], f["threads"], f["epochs"],
-		f["test_accuracy"], f["words_per_s"],
-		one != "" ? sprintf("%.2f", f["words_per_s"] / one) : "-"
-}' "$out"
-echo
-echo "wrote $csv and $png"
+[ "$epochs" -eq 0 ] || train
 [ "$speed_runs" -gt 0 ] || exit 0
 
-# Speed: the three cells in turns, so that a shared machine's load falls
+# Speed: the four cells in turns, so that a shared machine's load falls
 # on each alike; one epoch each on the subset, the test set cut to 500
 # sentences (testing is not timed).
 echo
