@@ -1511,7 +1511,6 @@ int main(int argc, char **argv)
 		    static_cast<std::size_t>(o.test_subset) < test_set.size())
 			test_set.resize(
 				static_cast<std::size_t>(o.test_subset));
-		std::fputs(brown::summary(corpus).c_str(), stdout);
 		long train_tokens = 0, test_tokens = 0;
 		for (const sentence &s : train_set)
 			train_tokens += static_cast<long>(s.words.size());
