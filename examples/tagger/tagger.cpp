@@ -18,8 +18,10 @@
  * MLP, the output layer, the loss). --graphs sentence records a graph per
  * sentence; --graphs length (the default) a graph per group of sentences
  * of one length, rows = sentences, so that every product multiplies n
- * rows at once, as DyNet's automatic batching does. The graphs of a batch
- * (or of a work unit) meet only at their summed loss.
+ * rows at once, as DyNet's automatic batching does, and the rare words of
+ * a unit's (a batch's) graphs share their char ops, a group per spelling
+ * length. The graphs of a batch (or of a work unit) meet only at their
+ * summed loss and, by length, at those char ops.
  *
  * Threads train one of three ways, as examples/langid's:
  * - sync (--mode sync, the default): each batch's graphs are dealt, whole,
