@@ -1393,8 +1393,20 @@ void export_setup(const options &o, const brown::corpus &c, std::size_t n_train)
 	s.n_words = static_cast<int>(c.words.size());
 	s.n_chars = static_cast<int>(c.chars.size());
 	s.n_tags = static_cast<int>(c.tags.size());
-	lstm::weights w = lstm::initial_weights(
-		lstm::sizes{s.n_words, s.n_chars, s.n_tags}, o.seed);
+	const lstm::sizes sizes{s.n_words, s.n_chars, s.n_tags};
+	/* lstm.hpp's table and setup.hpp's, which the other sides read,
+	 * must be one table. */
+	auto ours = lstm::shapes(sizes);
+	auto theirs = tagger::shapes(s.n_words, s.n_chars, s.n_tags);
+	for (int p = 0; p < lstm::n_params; p++)
+		if (theirs.size() != ours.size() ||
+		    std::strcmp(ours[p].name, theirs[p].name) != 0 ||
+		    ours[p].rows != theirs[p].rows ||
+		    ours[p].cols != theirs[p].cols)
+			throw std::logic_error(
+				std::string("parameter ") + ours[p].name +
+				": lstm.hpp and setup.hpp disagree");
+	lstm::weights w = lstm::initial_weights(sizes, o.seed);
 	for (const auto &p : w)
 		s.weights.insert(s.weights.end(), p.begin(), p.end());
 	for (int e = 0; e < o.epochs; e++) {
