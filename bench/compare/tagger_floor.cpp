@@ -1,14 +1,14 @@
 // The floor of examples/tagger: its model (examples/tagger/lstm.hpp)
 // trained by the same SGD, from the same setup (tagger --export), with the
 // backward through time written out by hand and no autodiff at all, on one
-// thread. It batches as the trainer's default does: each batch's rare
-// words spelled in groups of one spelling length (every time step of a
-// group one product of n rows), then the batch's sentences in groups of
-// one length through the word LSTMs, and calls the same kernels, so what
-// the trainer takes above it, on one thread, is libadg's (recording, the
-// backward, gradients as values) and the trainer's own. Gradients are
-// dense and summed in place, an embedding's only in the rows the batch
-// touched (those rows alone are cleared and updated).
+// thread. It batches as the trainer's default does (--graphs length): a
+// batch's sentences in groups of one length, each group's rare words
+// spelled in groups of one spelling length, every time step of a group one
+// product of its rows; and it calls the same kernels, so what the trainer
+// takes above it, on one thread, is libadg's (recording, the backward,
+// gradients as values) and the trainer's own. Gradients are dense and
+// summed in place, an embedding's only in the rows the batch touched
+// (those rows alone are cleared and updated).
 //
 // Usage: tagger_floor SETUP_DIR DATA_DIR [TEST_SENTENCES]
 // DATA_DIR is the unpacked corpus (scripts/fetch-brown.sh prints it);
@@ -81,7 +81,8 @@ struct floor_model {
 	std::vector<float> x, feat, m, scores, dscores, dm, dfeat, dhf, dhb, dw,
 		db;
 	direction dir[2];
-	std::vector<spell_group> groups;
+	std::vector<spell_group> groups; // [0, n_groups) in use
+	int n_groups = 0;
 	std::vector<int> touched_words, touched_chars;
 
 	// W's and b's gradients of one sequence_backward, added to g.
@@ -313,31 +314,15 @@ struct floor_model {
 		return loss;
 	}
 
-	// One SGD step on the batch s (its mean loss); returns its summed
-	// loss.
-	double batch_step(std::vector<const brown::sentence *> s, bool chars,
-			  float lr)
+	// Spells the rare words of the sentences s (none when !chars) in
+	// groups of one spelling length, into groups[0 .. n_groups); returns
+	// per sentence and word its (group, index), or (-1, 0).
+	std::vector<std::vector<std::pair<int, int>>>
+	spell_rare(const std::vector<const brown::sentence *> &s, bool chars)
 	{
-		long tokens = 0;
-		for (auto *x0 : s)
-			tokens += static_cast<long>(x0->words.size());
-		const float scale = 1.0f / static_cast<float>(tokens);
-		for (int p = 0; p < lstm::n_params; p++)
-			if (p != lstm::p_word_embed && p != lstm::p_char_embed)
-				std::fill(g[p].begin(), g[p].end(), 0.0f);
-		clear_rows(lstm::p_word_embed, touched_words, word_dim);
-		clear_rows(lstm::p_char_embed, touched_chars, lstm::char_dim);
-		touched_words.clear();
-		touched_chars.clear();
-
-		// The batch's sentences by length, as the trainer groups them.
-		std::stable_sort(s.begin(), s.end(), [](auto *a, auto *b) {
-			return a->words.size() < b->words.size();
-		});
-		// The rare words, in groups of one spelling length.
 		std::vector<std::vector<std::pair<int, int>>> rare(s.size());
 		std::map<std::size_t, int> group_of;
-		int n_groups = 0;
+		n_groups = 0;
 		for (std::size_t b = 0; b < s.size(); b++) {
 			const brown::sentence &x0 = *s[b];
 			rare[b].assign(x0.words.size(), {-1, 0});
@@ -369,6 +354,32 @@ struct floor_model {
 				2;
 			spell_forward(groups[k]);
 		}
+		return rare;
+	}
+
+	// One SGD step on the batch s (its mean loss); returns its summed
+	// loss.
+	double batch_step(std::vector<const brown::sentence *> s, bool chars,
+			  float lr)
+	{
+		long tokens = 0;
+		for (auto *x0 : s)
+			tokens += static_cast<long>(x0->words.size());
+		const float scale = 1.0f / static_cast<float>(tokens);
+		for (int p = 0; p < lstm::n_params; p++)
+			if (p != lstm::p_word_embed && p != lstm::p_char_embed)
+				std::fill(g[p].begin(), g[p].end(), 0.0f);
+		clear_rows(lstm::p_word_embed, touched_words, word_dim);
+		clear_rows(lstm::p_char_embed, touched_chars, lstm::char_dim);
+		touched_words.clear();
+		touched_chars.clear();
+
+		// The batch's sentences by length, a group each, as the
+		// trainer's graphs take them; each group's rare words spelled
+		// in groups of one spelling length, as its graph spells them.
+		std::stable_sort(s.begin(), s.end(), [](auto *a, auto *b) {
+			return a->words.size() < b->words.size();
+		});
 		double loss = 0;
 		for (std::size_t i = 0, j; i < s.size(); i = j) {
 			const std::size_t len = s[i]->words.size();
@@ -378,14 +389,12 @@ struct floor_model {
 			std::vector<const brown::sentence *> part(
 				s.begin() + static_cast<long>(i),
 				s.begin() + static_cast<long>(j));
-			std::vector<std::vector<std::pair<int, int>>> where(
-				rare.begin() + static_cast<long>(i),
-				rare.begin() + static_cast<long>(j));
+			auto rare = spell_rare(part, chars);
 			loss += sentence_group(part, static_cast<int>(len),
-					       where, scale);
+					       rare, scale);
+			for (int k = 0; k < n_groups; k++)
+				spell_backward(groups[k]);
 		}
-		for (int k = 0; k < n_groups; k++)
-			spell_backward(groups[k]);
 
 		// SGD: every dense parameter, the touched rows of the tables.
 		for (int p = 0; p < lstm::n_params; p++)
