@@ -13,13 +13,14 @@
 //   threads (at::set_num_threads(T), OpenBLAS's T threads).
 // - sentence: one graph per sentence, as dynet-benchmark's PyTorch tagger
 //   builds them: the sentence through the bidirectional nn::LSTM as a batch
-//   of one, and each rare word's spelling through the character nn::LSTM
-//   on its own. Each sentence's summed loss over the batch's token count is
-//   backpropagated at once and the gradients add up, so a batch's update is
-//   the gradient of its mean loss, as libadg's batch of B is. T threads of
-//   our own take whole batches in turn (Hogwild), each with one intra-op
-//   thread and modules whose parameters alias the shared storage (as in
-//   langid_torch.cpp).
+//   of one, its rare words' spellings through the character nn::LSTM
+//   together (padded; packed here, so that the backward direction starts
+//   at each word's end). Each sentence's summed loss over the batch's token
+//   count is backpropagated at once and the gradients add up, so a batch's
+//   update is the gradient of its mean loss, as libadg's batch of B is. T
+//   threads of our own take whole batches in turn (Hogwild), each with one
+//   intra-op thread and modules whose parameters alias the shared storage (as
+//   in langid_torch.cpp).
 // An LSTM weight of the export, W = [W_ih W_hh] and b, becomes
 // weight_ih, weight_hh and bias_ih; bias_hh is zero and not trained.
 // Inter-op threads are 1. BLAS threads can only be set from the
@@ -325,8 +326,9 @@ struct modules {
 	}
 
 	// One sentence's summed loss, its graph alone: the sentence as a
-	// batch of one through the word BiLSTM, each rare word spelled by the
-	// character BiLSTM on its own.
+	// batch of one through the word BiLSTM, its rare words spelled
+	// together by the character BiLSTM (padded and packed), as
+	// dynet-benchmark's PyTorch tagger spells a sentence's.
 	torch::Tensor sentence_loss(const brown::sentence &s, bool with_chars)
 	{
 		const long len = static_cast<long>(s.words.size());
@@ -334,22 +336,15 @@ struct modules {
 		auto x = words(torch::tensor(ids));
 		if (with_chars) {
 			std::vector<long> rows;
-			std::vector<torch::Tensor> spelled;
-			for (long t = 0; t < len; t++) {
-				if (s.words[t] != 0)
-					continue;
-				const std::vector<int> &c = s.spellings[t];
-				std::vector<long> cid(c.size() + 2, 0);
-				std::copy(c.begin(), c.end(), cid.begin() + 1);
-				auto e = chars(torch::tensor(cid)).unsqueeze(1);
-				auto h = std::get<0>(
-					std::get<1>(char_lstm->forward(e)));
-				spelled.push_back(torch::cat({h[0], h[1]}, 1));
-				rows.push_back(t);
-			}
+			std::vector<const std::vector<int> *> spellings;
+			for (long t = 0; t < len; t++)
+				if (s.words[t] == 0) {
+					rows.push_back(t);
+					spellings.push_back(&s.spellings[t]);
+				}
 			if (!rows.empty())
 				x = x.index_copy(0, torch::tensor(rows),
-						 torch::cat(spelled, 0));
+						 spell(spellings));
 		}
 		auto h = std::get<0>(word_lstm->forward(x.unsqueeze(1)))
 				 .squeeze(1);
