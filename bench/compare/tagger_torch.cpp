@@ -21,8 +21,11 @@
 //   threads of our own take whole batches in turn (Hogwild), each with one
 //   intra-op thread and modules whose parameters alias the shared storage (as
 //   in langid_torch.cpp).
-// An LSTM weight of the export, W = [W_ih W_hh] and b, becomes
-// weight_ih, weight_hh and bias_ih; bias_hh is zero and not trained.
+// The word embedding's gradient is sparse (the rows of the batch's words,
+// as libadg's trainer keeps it), so that SGD does not sweep the whole
+// table every batch. An LSTM weight of the export, W = [W_ih W_hh] and b,
+// becomes weight_ih, weight_hh and bias_ih; bias_hh is zero and not
+// trained.
 // Inter-op threads are 1. BLAS threads can only be set from the
 // environment before the library loads, so this program checks that
 // OPENBLAS_NUM_THREADS is T in batched mode and 1 in sentence mode.
@@ -193,7 +196,8 @@ struct modules {
 	nn::Linear out;
 
 	modules(const std::vector<torch::Tensor> &p, int n_tags)
-	    : words(p[t_word_embed].size(0), word_dim),
+	    : words(nn::EmbeddingOptions(p[t_word_embed].size(0), word_dim)
+			    .sparse(true)),
 	      chars(p[t_char_embed].size(0), char_dim), out(mlp_dim, n_tags)
 	{
 		words->weight.set_data(p[t_word_embed]);
