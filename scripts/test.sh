@@ -7,18 +7,19 @@
 # with pkg-config (scripts/consumer-test.sh); fuzzes for a minute
 # (scripts/fuzz.sh; ADG_FUZZ_SECONDS changes the time). Installs missing
 # build dependencies and fetches the data of examples/digits,
-# examples/fashion and examples/langid first. Ends with "N passed, N
-# failed", counting test cases over it all.
+# examples/fashion, examples/langid and examples/tagger first. Ends with
+# "N passed, N failed", counting test cases over it all.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
-# examples/digits, examples/fashion and examples/langid train on data
-# fetched, not committed: fetch it before the builds, so that their tests
-# run (without it they are skipped, and a skipped test counts as a failure
-# below).
+# examples/digits, examples/fashion, examples/langid and examples/tagger
+# train on data fetched, not committed: fetch it before the builds, so
+# that their tests run (without it they are skipped, and a skipped test
+# counts as a failure below).
 scripts/fetch-digits.sh >/dev/null
 scripts/fetch-fashion.sh >/dev/null
 scripts/fetch-words.sh >/dev/null
+scripts/fetch-brown.sh >/dev/null
 # CI's builds treat warnings as errors (a developer's need not): these
 # builds, the consumer's and the fuzzer's.
 export ADG_WERROR=1

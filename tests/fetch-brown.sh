@@ -67,6 +67,9 @@ fetch "$tmp/out1"
 check "a good corpus is left alone" [ $? -eq 0 ]
 check "without a word on it" [ ! -s "$tmp/stderr" ]
 check "and still printed" [ "$(cat "$tmp/stdout")" = "$tmp/out1/corpus" ]
+(cd "$tmp" && "$script" --tarball good.tgz --out rel "${counts[@]}" \
+	>"$tmp/stdout" 2>"$tmp/stderr")
+check "paths relative to where it runs" [ -f "$tmp/rel/corpus/cb01" ]
 rm "$tmp/out1/corpus/ca02"
 fetch "$tmp/out1" --tarball "$tmp/good.tgz"
 check "a text lost is unpacked again" [ -f "$tmp/out1/corpus/ca02" ]

@@ -144,9 +144,8 @@ int id_of(const std::vector<std::string> &names, const std::string &name)
 std::vector<int> spelled(const brown::corpus &c, const std::string &word)
 {
 	std::vector<int> ids;
-	for (unsigned char b : word)
-		ids.push_back(
-			id_of(c.chars, std::string(1, static_cast<char>(b))));
+	for (char b : word)
+		ids.push_back(id_of(c.chars, std::string(1, b)));
 	return ids;
 }
 
@@ -270,6 +269,9 @@ TEST(load_refusals)
 		"\"dog/\" is not word/tag");
 	refuses<std::runtime_error>(
 		[](const temp_dir &d) { d.write("t11", "\n \t\n"); }, "t11",
+		"no sentence");
+	refuses<std::runtime_error>(
+		[](const temp_dir &d) { d.write("t08", ""); }, "t08",
 		"no sentence");
 	refuses<std::runtime_error>(
 		[](const temp_dir &d) {

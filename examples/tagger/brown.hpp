@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -78,12 +79,6 @@ inline std::string fold(std::string tag)
 	return tag;
 }
 
-/* One token as read: the word's bytes and its tag, folded. */
-struct token {
-	std::string word, tag;
-};
-using text = std::vector<std::vector<token>>; // a file's sentences
-
 /* The texts' names, from dir/cats.txt, sorted. */
 inline std::vector<std::string> file_names(const std::string &dir)
 {
@@ -117,128 +112,244 @@ inline std::vector<std::string> file_names(const std::string &dir)
 	return names;
 }
 
-/* The sentences of dir/name, tags folded. */
-inline text read_text(const std::string &dir, const std::string &name)
+namespace detail
+{
+
+/* A token as read: where its word is in its text's bytes, and its tag's
+ * id among the folded tags in the order first seen. Offsets rather than
+ * strings: a million tokens, read in every sanitizer build. */
+struct token {
+	std::size_t word;
+	std::uint32_t length;
+	int tag, form; // form: an index into forms::names, set there
+};
+
+struct text {
+	std::string bytes;
+	std::vector<std::vector<token>> sentences;
+};
+
+/* The folded tags, ids in the order first seen, and each raw tag's. */
+struct tag_table {
+	std::unordered_map<std::string, int> raw; // raw tag -> folded id
+	std::map<std::string, int> folded;	  // folded tag -> its id
+	std::string key;			  // reused: no allocation
+	int id(const char *tag, std::size_t length)
+	{
+		key.assign(tag, length);
+		auto found = raw.find(key);
+		if (found != raw.end())
+			return found->second;
+		std::string name = fold(key);
+		int id = -1;
+		if (!name.empty())
+			id = folded.emplace(name,
+					    static_cast<int>(folded.size()))
+				     .first->second;
+		raw.emplace(key, id);
+		return id;
+	}
+};
+
+inline bool blank(char c)
+{
+	return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v';
+}
+
+/* The sentences of dir/name: a line's tokens, for each line with one. */
+inline text read_text(const std::string &dir, const std::string &name,
+		      tag_table &tags)
 {
 	std::string path = dir + "/" + name;
-	std::ifstream in(path, std::ios::binary);
+	std::ifstream in(path, std::ios::binary | std::ios::ate);
 	if (!in)
 		throw missing(path + ": " + std::strerror(errno) +
 			      " (run scripts/fetch-brown.sh again)");
-	text sentences;
-	std::string line;
-	for (int number = 1; std::getline(in, line); number++) {
-		std::vector<token> tokens;
-		std::size_t end = 0;
-		for (;;) {
-			const char *blank = " \t\r\f\v";
-			std::size_t start = line.find_first_not_of(blank, end);
-			if (start == std::string::npos)
-				break;
-			end = std::min(line.find_first_of(blank, start),
-				       line.size());
-			std::string item = line.substr(start, end - start);
-			std::size_t slash = item.rfind('/');
-			std::string tag =
-				slash == std::string::npos
-					? ""
-					: fold(item.substr(slash + 1));
-			if (slash == 0 || tag.empty())
-				throw std::runtime_error(
-					path + ":" + std::to_string(number) +
-					": \"" + item +
-					"\" is not word/tag (run "
-					"scripts/fetch-brown.sh again)");
-			tokens.push_back({item.substr(0, slash), tag});
-		}
-		if (!tokens.empty())
-			sentences.push_back(std::move(tokens));
-	}
-	if (in.bad())
+	text t;
+	t.bytes.resize(static_cast<std::size_t>(in.tellg()));
+	in.seekg(0);
+	in.read(&t.bytes[0], static_cast<std::streamsize>(t.bytes.size()));
+	if (!in)
 		throw std::runtime_error(path + ": cannot read");
-	if (sentences.empty())
+	const std::string &b = t.bytes;
+	std::vector<token> tokens;
+	int number = 1;
+	for (std::size_t at = 0; at <= b.size(); at++) {
+		if (at == b.size() || b[at] == '\n') {
+			if (!tokens.empty())
+				t.sentences.push_back(std::move(tokens));
+			tokens.clear();
+			number++;
+			continue;
+		}
+		if (blank(b[at]))
+			continue;
+		std::size_t end = at, slash = std::string::npos;
+		for (; end < b.size() && b[end] != '\n' && !blank(b[end]);
+		     end++)
+			if (b[end] == '/')
+				slash = end;
+		int tag = slash == std::string::npos || slash == at
+				  ? -1
+				  : tags.id(&b[slash + 1], end - slash - 1);
+		if (tag < 0)
+			throw std::runtime_error(
+				path + ":" + std::to_string(number) + ": \"" +
+				b.substr(at, end - at) +
+				"\" is not word/tag (run "
+				"scripts/fetch-brown.sh "
+				"again)");
+		tokens.push_back(
+			{at, static_cast<std::uint32_t>(slash - at), tag, 0});
+		at = end - 1;
+	}
+	if (t.sentences.empty())
 		throw std::runtime_error(path + ": no sentence in it");
-	return sentences;
+	return t;
 }
 
-/* Ids of the keys of a sorted map, from first on, in byte order. */
-template <typename T>
-std::vector<std::string> assign_ids(std::map<std::string, T> &ids, int first)
+inline bool is_test(std::size_t file)
 {
-	std::vector<std::string> names;
-	for (auto &entry : ids) {
-		entry.second = static_cast<T>(first + names.size());
-		names.push_back(entry.first);
-	}
-	return names;
+	return file % test_every == test_every - 1;
 }
+
+/* The word forms of all the texts, each token's noted (one look-up a
+ * token), and the training texts' counts of them and their bytes. */
+struct forms {
+	std::vector<std::string> names; // as first seen
+	std::vector<int> counts;	// in the training texts
+	bool bytes[256] = {};		// in a training text's word
+	std::unordered_map<std::string, int> ids{1 << 16};
+
+	explicit forms(std::vector<text> &texts)
+	{
+		std::string key;
+		for (std::size_t f = 0; f < texts.size(); f++)
+			for (auto &tokens : texts[f].sentences)
+				for (token &t : tokens) {
+					key.assign(texts[f].bytes, t.word,
+						   t.length);
+					t.form = number(key);
+					if (!is_test(f))
+						count(t.form, key);
+				}
+	}
+	int number(const std::string &key)
+	{
+		auto at = ids.emplace(key, static_cast<int>(names.size()));
+		if (at.second) {
+			names.push_back(key);
+			counts.push_back(0);
+		}
+		return at.first->second;
+	}
+	void count(int form, const std::string &key)
+	{
+		counts[static_cast<std::size_t>(form)]++;
+		for (char b : key)
+			bytes[static_cast<unsigned char>(b)] = true;
+	}
+};
+
+/* The word ids: c.words[0] "<unk>", then the forms seen more than
+ * rare_max times in training, in byte order. Returns each form's id. */
+inline std::vector<int> word_ids(forms &f, corpus &c)
+{
+	c.words = {"<unk>"};
+	for (std::size_t w = 0; w < f.names.size(); w++)
+		if (f.counts[w] > rare_max)
+			c.words.push_back(f.names[w]);
+	std::sort(c.words.begin() + 1, c.words.end());
+	std::vector<int> id(f.names.size(), 0);
+	for (std::size_t w = 1; w < c.words.size(); w++)
+		id[static_cast<std::size_t>(f.ids[c.words[w]])] =
+			static_cast<int>(w);
+	return id;
+}
+
+/* The char ids: c.chars[0] the boundary, [1] a byte unseen, then the
+ * bytes seen, in byte order. Returns each byte's id. */
+inline std::vector<int> char_ids(const forms &f, corpus &c)
+{
+	std::vector<int> id(256, 1);
+	c.chars = {"<boundary>", "<unseen>"};
+	for (int b = 0; b < 256; b++)
+		if (f.bytes[b]) {
+			id[static_cast<std::size_t>(b)] =
+				static_cast<int>(c.chars.size());
+			c.chars.push_back(std::string(1, static_cast<char>(b)));
+		}
+	return id;
+}
+
+/* The tag ids: the folded tags in byte order. Returns each tag's, by its
+ * id as read. */
+inline std::vector<int> tag_ids(const tag_table &tags, corpus &c)
+{
+	std::vector<int> id(tags.folded.size());
+	for (const auto &tag : tags.folded) {
+		id[static_cast<std::size_t>(tag.second)] =
+			static_cast<int>(c.tags.size());
+		c.tags.push_back(tag.first);
+	}
+	return id;
+}
+
+/* A sentence as read, in ids. */
+inline sentence to_ids(const std::vector<token> &tokens,
+		       const std::string &bytes, const std::vector<int> &word,
+		       const std::vector<int> &chars,
+		       const std::vector<int> &tag)
+{
+	sentence s;
+	s.words.reserve(tokens.size());
+	s.tags.reserve(tokens.size());
+	s.spellings.resize(tokens.size());
+	for (std::size_t i = 0; i < tokens.size(); i++) {
+		const token &t = tokens[i];
+		s.words.push_back(word[static_cast<std::size_t>(t.form)]);
+		s.tags.push_back(tag[static_cast<std::size_t>(t.tag)]);
+		if (s.words.back() != 0)
+			continue;
+		s.spellings[i].reserve(t.length);
+		for (std::size_t k = 0; k < t.length; k++)
+			s.spellings[i].push_back(
+				chars[static_cast<unsigned char>(
+					bytes[t.word + k])]);
+	}
+	return s;
+}
+
+} // namespace detail
 
 /* Reads the unpacked package in dir. Throws std::runtime_error naming the
  * file and what is wrong (missing file, bad token, ...); brown::missing
  * for a file that is not there.
  *
  * Ids are deterministic: tags, known words and bytes in byte order. The
- * tags are those of all 500 files (a test file's rare tag has its class
+ * tags are those of all the files (a test file's rare tag has its class
  * too); words and bytes those of the training files. */
 inline corpus load(const std::string &dir)
 {
-	std::vector<std::string> names = file_names(dir);
-	std::vector<text> texts;
-	for (const std::string &name : names)
-		texts.push_back(read_text(dir, name));
-	auto is_test = [](std::size_t file) {
-		return file % test_every == test_every - 1;
-	};
-
-	std::map<std::string, int> tag_ids, word_ids;
-	std::unordered_map<std::string, int> seen; // training word counts
-	bool bytes[256] = {};
-	for (std::size_t f = 0; f < texts.size(); f++)
-		for (const auto &tokens : texts[f])
-			for (const token &t : tokens) {
-				tag_ids[t.tag] = 0;
-				if (is_test(f))
-					continue;
-				seen[t.word]++;
-				for (unsigned char c : t.word)
-					bytes[c] = true;
-			}
+	detail::tag_table tags;
+	std::vector<detail::text> texts;
+	for (const std::string &name : file_names(dir))
+		texts.push_back(detail::read_text(dir, name, tags));
+	detail::forms forms(texts);
 	corpus c;
-	c.tags = assign_ids(tag_ids, 0);
-	for (const auto &entry : seen)
-		if (entry.second > rare_max)
-			word_ids[entry.first] = 0;
-	c.words = assign_ids(word_ids, 1);
-	c.words.insert(c.words.begin(), "<unk>");
-	int char_ids[256] = {};
-	c.chars = {"<boundary>", "<unseen>"};
-	for (int b = 0; b < 256; b++)
-		if (bytes[b]) {
-			char_ids[b] = static_cast<int>(c.chars.size());
-			c.chars.push_back(std::string(1, static_cast<char>(b)));
-		}
-
+	std::vector<int> word = detail::word_ids(forms, c);
+	std::vector<int> chars = detail::char_ids(forms, c);
+	std::vector<int> tag = detail::tag_ids(tags, c);
 	for (std::size_t f = 0; f < texts.size(); f++) {
-		bool test = is_test(f);
+		bool test = detail::is_test(f);
 		(test ? c.test_files : c.train_files)++;
-		for (const auto &tokens : texts[f]) {
-			sentence s;
-			for (const token &t : tokens) {
-				auto known = word_ids.find(t.word);
-				s.words.push_back(known == word_ids.end()
-							  ? 0
-							  : known->second);
-				s.tags.push_back(tag_ids[t.tag]);
-				s.spellings.emplace_back();
-				if (known == word_ids.end())
-					for (unsigned char b : t.word)
-						s.spellings.back().push_back(
-							bytes[b] ? char_ids[b]
-								 : 1);
-			}
+		for (const auto &tokens : texts[f].sentences) {
 			(test ? c.test_tokens : c.train_tokens) +=
 				tokens.size();
-			(test ? c.test : c.train).push_back(std::move(s));
+			(test ? c.test : c.train)
+				.push_back(detail::to_ids(tokens,
+							  texts[f].bytes, word,
+							  chars, tag));
 		}
 	}
 	return c;

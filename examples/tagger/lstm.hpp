@@ -481,6 +481,7 @@ inline double cross_entropy(int n, int classes, const float *scores,
 			    int *guess)
 {
 	double total = 0;
+	std::vector<double> e(static_cast<std::size_t>(classes));
 	for (int b = 0; b < n; b++) {
 		const float *l = scores + static_cast<std::size_t>(b) * classes;
 		int best = 0;
@@ -488,21 +489,20 @@ inline double cross_entropy(int n, int classes, const float *scores,
 			if (l[k] > l[best])
 				best = k;
 		double sum = 0;
-		for (int k = 0; k < classes; k++)
-			sum += std::exp(static_cast<double>(l[k] - l[best]));
+		for (int k = 0; k < classes; k++) {
+			e[k] = std::exp(static_cast<double>(l[k] - l[best]));
+			sum += e[k];
+		}
 		total += std::log(sum) - (l[labels[b]] - l[best]);
 		if (guess != nullptr)
 			guess[b] = best;
 		if (dscores == nullptr)
 			continue;
 		float *d = dscores + static_cast<std::size_t>(b) * classes;
-		for (int k = 0; k < classes; k++) {
-			double p =
-				std::exp(static_cast<double>(l[k] - l[best])) /
-				sum;
+		for (int k = 0; k < classes; k++)
 			d[k] = static_cast<float>(
-				scale * (p - (k == labels[b] ? 1 : 0)));
-		}
+				scale *
+				(e[k] / sum - (k == labels[b] ? 1 : 0)));
 	}
 	return total;
 }

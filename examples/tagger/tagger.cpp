@@ -18,8 +18,10 @@
  * MLP, the output layer, the loss). --graphs sentence records a graph per
  * sentence; --graphs length (the default) a graph per group of sentences
  * of one length, rows = sentences, so that every product multiplies n
- * rows at once, as DyNet's automatic batching does. The graphs of a batch
- * (or of a work unit) meet only at their summed loss.
+ * rows at once, as DyNet's automatic batching does, and the rare words of
+ * a unit's (a batch's) graphs share their char ops, a group per spelling
+ * length. The graphs of a batch (or of a work unit) meet only at their
+ * summed loss and, by length, at those char ops.
  *
  * Threads train one of three ways, as examples/langid's:
  * - sync (--mode sync, the default): each batch's graphs are dealt, whole,
@@ -426,8 +428,13 @@ deal(const std::vector<sentence> &set, std::vector<std::vector<int>> groups,
 class learner
 {
 public:
-	learner(adg::registry &reg, const model &m, bool chars)
-	    : reg_(reg), model_(m), chars_(chars), n_tags_(m.sizes.tags)
+	/* share_spellings: the graphs of one record share their rare
+	 * words' char ops (graphs by length) or have their own (graphs by
+	 * sentence). */
+	learner(adg::registry &reg, const model &m, bool chars,
+		bool share_spellings)
+	    : reg_(reg), model_(m), chars_(chars),
+	      share_spellings_(share_spellings), n_tags_(m.sizes.tags)
 	{
 	}
 
@@ -446,8 +453,25 @@ public:
 			return adg::node();
 		std::vector<adg::node> losses;
 		float scale = 1.0f / static_cast<float>(tokens);
-		for (const std::vector<int> &ids : groups)
-			losses.push_back(record_group(set, ids, scale));
+		/* With graphs by length, the rare words of all of them share
+		 * the char LSTMs' ops, a group per spelling length: more rows
+		 * to each product. A graph per sentence spells its own. */
+		spellings all;
+		if (chars_ && share_spellings_)
+			all = spell(set, groups, 0, groups.size());
+		for (std::size_t g = 0; g < groups.size(); g++) {
+			spellings own;
+			if (chars_ && !share_spellings_)
+				own = spell(set, groups, g, g + 1);
+			const spellings &s = share_spellings_ ? all : own;
+			static const std::vector<rare_word> none;
+			const std::vector<rare_word> &rare =
+				s.per_graph.empty()
+					? none
+					: s.per_graph[share_spellings_ ? g : 0];
+			losses.push_back(record_group(set, groups[g], scale,
+						      s.groups, rare));
+		}
 		return adg::op(
 			reg_, losses,
 			[](adg::step_call<grad> &c) {
@@ -478,7 +502,7 @@ public:
 private:
 	adg::registry &reg_;
 	const model &model_;
-	const bool chars_;
+	const bool chars_, share_spellings_;
 	const int n_tags_;
 	lstm::weights w_;
 	arena mem_;
@@ -563,11 +587,58 @@ private:
 		adg::node fwd, bwd;
 		const float *h_fwd, *h_bwd; /* m x 64 each */
 		int m;
-		const std::size_t *rows; /* the words' rows in the graph */
+	};
+	/* A rare word of a graph: its row there, and where it is spelled:
+	 * row i of spelled group k. */
+	struct rare_word {
+		std::size_t row;
+		int k, i;
+	};
+	/* The spelled groups of some graphs, and each graph's rare words. */
+	struct spellings {
+		std::vector<spelled> groups;
+		std::vector<std::vector<rare_word>> per_graph;
 	};
 
-	spelled record_spelling(const std::vector<const std::vector<int> *> &sp,
-				const std::size_t *rows)
+	/* The rare words of graphs [first, last) of groups, spelled in a
+	 * group per spelling length, shortest first, each group's words in
+	 * the graphs' order, then row order. */
+	spellings spell(const std::vector<sentence> &set,
+			const std::vector<std::vector<int>> &groups,
+			std::size_t first, std::size_t last)
+	{
+		std::map<std::size_t,
+			 std::vector<std::pair<std::size_t, std::size_t>>>
+			by_length; /* (graph, row) */
+		for (std::size_t g = first; g < last; g++) {
+			const std::vector<int> &group = groups[g];
+			const std::size_t n = group.size(),
+					  len = set[group[0]].words.size();
+			for (std::size_t r = 0; r < len * n; r++) {
+				const sentence &s = set[group[r % n]];
+				if (s.words[r / n] == 0)
+					by_length[s.spellings[r / n].size()]
+						.push_back({g, r});
+			}
+		}
+		spellings out;
+		out.per_graph.resize(last - first);
+		std::vector<const std::vector<int> *> sp;
+		for (const auto &[length, words] : by_length) {
+			sp.clear();
+			int k = static_cast<int>(out.groups.size()), i = 0;
+			for (const auto &[g, r] : words) {
+				const std::size_t n = groups[g].size();
+				sp.push_back(&set[groups[g][r % n]]
+						      .spellings[r / n]);
+				out.per_graph[g - first].push_back({r, k, i++});
+			}
+			out.groups.push_back(record_spelling(sp));
+		}
+		return out;
+	}
+
+	spelled record_spelling(const std::vector<const std::vector<int> *> &sp)
 	{
 		const int m = static_cast<int>(sp.size());
 		const int len = static_cast<int>(sp[0]->size()) + 2;
@@ -596,7 +667,6 @@ private:
 			"chars");
 		spelled s;
 		s.m = m;
-		s.rows = rows;
 		s.fwd = record_lstm(lstm::char_cell, len, m, false, x, xs,
 				    lstm::p_char_fwd_w, true, &s.h_fwd);
 		s.bwd = record_lstm(lstm::char_cell, len, m, true, x, xs,
@@ -607,14 +677,15 @@ private:
 	/* One graph: the loss of the sentences ids of set (one length),
 	 * times scale. */
 	adg::node record_group(const std::vector<sentence> &set,
-			       const std::vector<int> &group, float scale)
+			       const std::vector<int> &group, float scale,
+			       const std::vector<spelled> &spelled_groups,
+			       const std::vector<rare_word> &rare)
 	{
 		const int n = static_cast<int>(group.size());
 		const int len = static_cast<int>(set[group[0]].words.size());
 		const std::size_t rows = static_cast<std::size_t>(len) * n;
 		int *word = mem_.make<int>(rows);
 		int *tag = mem_.make<int>(rows);
-		std::map<std::size_t, std::vector<std::size_t>> rare;
 		for (int b = 0; b < n; b++) {
 			const sentence &s = set[group[b]];
 			for (int t = 0; t < len; t++) {
@@ -622,9 +693,6 @@ private:
 					static_cast<std::size_t>(t) * n + b;
 				word[r] = s.words[t];
 				tag[r] = s.tags[t];
-				if (chars_ && s.words[t] == 0)
-					rare[s.spellings[t].size()].push_back(
-						r);
 			}
 		}
 
@@ -634,79 +702,72 @@ private:
 		for (std::size_t r = 0; r < rows; r++)
 			if (!chars_ || word[r] != 0)
 				model_.word_row(word[r], x + r * word_dim);
-		std::vector<spelled> spellings;
-		std::vector<const std::vector<int> *> sp;
-		for (const auto &[length, at] : rare) {
-			std::size_t *kept = mem_.make<std::size_t>(at.size());
-			std::copy(at.begin(), at.end(), kept);
-			sp.clear();
-			for (std::size_t r : at)
-				sp.push_back(
-					&set[group[r % n]].spellings[r / n]);
-			spellings.push_back(record_spelling(sp, kept));
-			const spelled &s = spellings.back();
-			for (int i = 0; i < s.m; i++) {
-				float *to = x + kept[i] * word_dim;
-				std::copy_n(
-					s.h_fwd + static_cast<std::size_t>(i) *
-							  char_hidden,
-					char_hidden, to);
-				std::copy_n(
-					s.h_bwd + static_cast<std::size_t>(i) *
-							  char_hidden,
-					char_hidden, to + char_hidden);
-			}
-		}
+		/* The spelled groups this graph takes words of, as slots of
+		 * the words op: slot[k] is group k's place among them. */
+		std::vector<int> slot(spelled_groups.size(), -1);
 		std::vector<adg::node_ref> parents{leaf(lstm::p_word_embed)};
-		for (const spelled &s : spellings) {
-			parents.push_back(s.fwd);
-			parents.push_back(s.bwd);
+		std::vector<int> used;
+		for (const rare_word &w : rare) {
+			if (slot[w.k] < 0) {
+				slot[w.k] = static_cast<int>(used.size());
+				used.push_back(w.k);
+				parents.push_back(spelled_groups[w.k].fwd);
+				parents.push_back(spelled_groups[w.k].bwd);
+			}
+			const spelled &s = spelled_groups[w.k];
+			std::size_t i = static_cast<std::size_t>(w.i);
+			float *to = x + w.row * word_dim;
+			std::copy_n(s.h_fwd + i * char_hidden, char_hidden, to);
+			std::copy_n(s.h_bwd + i * char_hidden, char_hidden,
+				    to + char_hidden);
 		}
-		/* What the words op's backward needs of the spellings. */
-		struct spelled_rows {
-			int m;
-			const std::size_t *rows;
-		};
-		auto *where = mem_.make<spelled_rows>(spellings.size());
-		for (std::size_t i = 0; i < spellings.size(); i++)
-			where[i] = {spellings[i].m, spellings[i].rows};
-		const std::size_t n_spelled = spellings.size();
+		/* What the words op's backward needs: each used group's
+		 * size, and each rare word's row, slot and row there. */
+		const std::size_t n_used = used.size(), n_rare = rare.size();
+		int *sizes = mem_.make<int>(n_used);
+		for (std::size_t j = 0; j < n_used; j++)
+			sizes[j] = spelled_groups[used[j]].m;
+		rare_word *at = mem_.make<rare_word>(n_rare);
+		for (std::size_t j = 0; j < n_rare; j++)
+			at[j] = {rare[j].row, slot[rare[j].k], rare[j].i};
 		const bool chars = chars_;
 		const int n_words = model_.sizes.words;
 		learner *self = this;
 		adg::node xs = adg::op(
 			reg_, parents,
-			[self, rows, word, chars, where, n_spelled,
-			 n_words](adg::step_call<grad> &c) {
+			[self, rows, word, chars, n_words, sizes, n_used, at,
+			 n_rare](adg::step_call<grad> &c) {
 				const float *dx =
 					self->dense(c.grad(), rows * word_dim);
 				c.give(0, embedding_grad(dx, word, rows, chars,
 							 n_words));
-				for (std::size_t i = 0; i < n_spelled; i++) {
-					grad f = grad::dense(where[i].m,
-							     char_hidden);
-					grad b = grad::dense(where[i].m,
-							     char_hidden);
-					for (int k = 0; k < where[i].m; k++) {
-						const float *from =
-							dx + where[i].rows[k] *
-								     word_dim;
-						std::copy_n(
-							from, char_hidden,
-							f.v.data() +
-								k * char_hidden);
-						std::copy_n(
-							from + char_hidden,
-							char_hidden,
-							b.v.data() +
-								k * char_hidden);
-					}
-					c.give(1 + 2 * i, std::move(f));
-					c.give(2 + 2 * i, std::move(b));
+				std::vector<grad> f, b;
+				for (std::size_t j = 0; j < n_used; j++) {
+					f.push_back(grad::dense(sizes[j],
+								char_hidden));
+					b.push_back(grad::dense(sizes[j],
+								char_hidden));
+				}
+				for (std::size_t j = 0; j < n_rare; j++) {
+					const float *from =
+						dx + at[j].row * word_dim;
+					std::size_t i =
+						static_cast<std::size_t>(
+							at[j].i);
+					std::copy_n(from, char_hidden,
+						    f[at[j].k].v.data() +
+							    i * char_hidden);
+					std::copy_n(from + char_hidden,
+						    char_hidden,
+						    b[at[j].k].v.data() +
+							    i * char_hidden);
+				}
+				for (std::size_t j = 0; j < n_used; j++) {
+					c.give(1 + 2 * j, std::move(f[j]));
+					c.give(2 + 2 * j, std::move(b[j]));
 				}
 			},
 			"words");
-		spellings.clear();
 
 		/* The word LSTM both ways, every step's state. */
 		const float *hf, *hb;
@@ -854,7 +915,7 @@ struct options {
 	int models = 1, batch = 32, epochs = 3, subset = 0, test_subset = 0;
 	int unit_sentences = default_unit_sentences;
 	int top_tags = 12;
-	double lr = 1.0;
+	double lr = 4.0; /* B = 32: 95% after 3 epochs (docs/trainers.md) */
 	std::uint64_t seed = 1;
 	double min_test_accuracy = -1;
 	bool same_weights = false, skip_if_missing = false, check = false;
@@ -956,7 +1017,8 @@ outcome train(const options &o, int n_threads, const brown::corpus &corpus,
 	std::vector<std::unique_ptr<learner>> learners;
 	for (int t = 0; t < n_threads; t++)
 		learners.push_back(std::make_unique<learner>(
-			reg, *models[o.how == mode::models ? t : 0], o.chars));
+			reg, *models[o.how == mode::models ? t : 0], o.chars,
+			o.shape == graphs::length));
 
 	/* Written by this thread between epochs, read by the workers. */
 	float lr = 0;
@@ -1181,7 +1243,7 @@ void usage(std::FILE *to)
 		"  --epochs E       epochs per run (default 3)\n"
 		"  --lr X           first epoch's learning rate, falling "
 		"linearly to X / E\n"
-		"                   at the last (default 1; the loss is the "
+		"                   at the last (default 4; the loss is the "
 		"batch's mean)\n"
 		"  --seed S         initial weights and orders (default 1)\n"
 		"  --subset N       train on the first N training sentences "
@@ -1331,8 +1393,20 @@ void export_setup(const options &o, const brown::corpus &c, std::size_t n_train)
 	s.n_words = static_cast<int>(c.words.size());
 	s.n_chars = static_cast<int>(c.chars.size());
 	s.n_tags = static_cast<int>(c.tags.size());
-	lstm::weights w = lstm::initial_weights(
-		lstm::sizes{s.n_words, s.n_chars, s.n_tags}, o.seed);
+	const lstm::sizes sizes{s.n_words, s.n_chars, s.n_tags};
+	/* lstm.hpp's table and setup.hpp's, which the other sides read,
+	 * must be one table. */
+	auto ours = lstm::shapes(sizes);
+	auto theirs = tagger::shapes(s.n_words, s.n_chars, s.n_tags);
+	for (int p = 0; p < lstm::n_params; p++)
+		if (theirs.size() != ours.size() ||
+		    std::strcmp(ours[p].name, theirs[p].name) != 0 ||
+		    ours[p].rows != theirs[p].rows ||
+		    ours[p].cols != theirs[p].cols)
+			throw std::logic_error(
+				std::string("parameter ") + ours[p].name +
+				": lstm.hpp and setup.hpp disagree");
+	lstm::weights w = lstm::initial_weights(sizes, o.seed);
 	for (const auto &p : w)
 		s.weights.insert(s.weights.end(), p.begin(), p.end());
 	for (int e = 0; e < o.epochs; e++) {
@@ -1391,7 +1465,7 @@ int check_gradients(const options &o, const brown::corpus &corpus)
 	{
 		adg::registry reg;
 		model m(reg, sizes, w);
-		learner l(reg, m, o.chars);
+		learner l(reg, m, o.chars, o.shape == graphs::length);
 		adg::node loss =
 			l.record(set,
 				 split_into_graphs(set, ids.data(),
@@ -1511,7 +1585,6 @@ int main(int argc, char **argv)
 		    static_cast<std::size_t>(o.test_subset) < test_set.size())
 			test_set.resize(
 				static_cast<std::size_t>(o.test_subset));
-		std::fputs(brown::summary(corpus).c_str(), stdout);
 		long train_tokens = 0, test_tokens = 0;
 		for (const sentence &s : train_set)
 			train_tokens += static_cast<long>(s.words.size());
