@@ -2,9 +2,10 @@
 // trained by the same SGD, from the same setup (tagger --export), with the
 // backward through time written out by hand and no autodiff at all, on one
 // thread. It batches as the trainer's default does (--graphs length): a
-// batch's sentences in groups of one length, each group's rare words
-// spelled in groups of one spelling length, every time step of a group one
-// product of its rows; and it calls the same kernels, so what the trainer
+// batch's sentences in groups of one length, the batch's rare words
+// spelled in groups of one spelling length (sync shares them by work unit,
+// half a batch by default), every time step of a group one product of its
+// rows; and it calls the same kernels, so what the trainer
 // takes above it, on one thread, is libadg's (recording, the backward,
 // gradients as values) and the trainer's own. Gradients are dense and
 // summed in place, an embedding's only in the rows the batch touched
@@ -375,11 +376,13 @@ struct floor_model {
 		touched_chars.clear();
 
 		// The batch's sentences by length, a group each, as the
-		// trainer's graphs take them; each group's rare words spelled
-		// in groups of one spelling length, as its graph spells them.
+		// trainer's graphs take them; the batch's rare words spelled
+		// in groups of one spelling length, as those graphs share
+		// their char ops.
 		std::stable_sort(s.begin(), s.end(), [](auto *a, auto *b) {
 			return a->words.size() < b->words.size();
 		});
+		auto rare = spell_rare(s, chars);
 		double loss = 0;
 		for (std::size_t i = 0, j; i < s.size(); i = j) {
 			const std::size_t len = s[i]->words.size();
@@ -389,12 +392,14 @@ struct floor_model {
 			std::vector<const brown::sentence *> part(
 				s.begin() + static_cast<long>(i),
 				s.begin() + static_cast<long>(j));
-			auto rare = spell_rare(part, chars);
+			std::vector<std::vector<std::pair<int, int>>> where(
+				rare.begin() + static_cast<long>(i),
+				rare.begin() + static_cast<long>(j));
 			loss += sentence_group(part, static_cast<int>(len),
-					       rare, scale);
-			for (int k = 0; k < n_groups; k++)
-				spell_backward(groups[k]);
+					       where, scale);
 		}
+		for (int k = 0; k < n_groups; k++)
+			spell_backward(groups[k]);
 
 		// SGD: every dense parameter, the touched rows of the tables.
 		for (int p = 0; p < lstm::n_params; p++)
