@@ -413,6 +413,141 @@ options parse(int argc, char **argv)
 	return o;
 }
 
+// The training sentences the setup orders (the first N of the corpus's),
+// after checking that the setup is of this corpus.
+int check_setup(const tagger::setup &s, const brown::corpus &c)
+{
+	if (s.epochs < 1 || s.batch < 1 || s.order.empty() ||
+	    s.order.size() % static_cast<std::size_t>(s.epochs) != 0)
+		throw std::runtime_error("the setup's order is not "
+					 "epochs x sentences");
+	for (std::int32_t i : s.order)
+		if (i < 0 || static_cast<std::size_t>(i) >= c.train.size())
+			throw std::runtime_error("the setup orders a sentence "
+						 "the corpus has not");
+	if (s.n_words != static_cast<int>(c.words.size()) ||
+	    s.n_chars != static_cast<int>(c.chars.size()) ||
+	    s.n_tags != static_cast<int>(c.tags.size()))
+		throw std::runtime_error("the setup's sizes are not the "
+					 "corpus's");
+	return static_cast<int>(s.order.size() /
+				static_cast<std::size_t>(s.epochs));
+}
+
+// One SGD step on a batch's sentences with modules m: zero_grad, forward,
+// backward (one graph, or one per sentence), step. Returns the batch's
+// summed loss.
+double train_batch(modules &m, torch::optim::SGD &sgd,
+		   const std::vector<const brown::sentence *> &batch,
+		   long tokens, bool chars, bool batched_mode)
+{
+	sgd.zero_grad();
+	double loss_sum = 0;
+	if (batched_mode) {
+		auto [scores, y] = m.batched(batch, chars);
+		auto loss = nn::functional::cross_entropy(scores, y);
+		loss.backward();
+		loss_sum = loss.item<double>() * static_cast<double>(tokens);
+	} else {
+		// Each sentence's share of the batch's mean.
+		auto scale = 1.0 / static_cast<double>(tokens);
+		for (auto *x : batch) {
+			auto loss = m.sentence_loss(*x, chars);
+			(loss * scale).backward();
+			loss_sum += loss.item<double>();
+		}
+	}
+	sgd.step();
+	return loss_sum;
+}
+
+// An epoch's training over the shared parameters: the summed loss and
+// the tokens trained on.
+struct epoch_sums {
+	double loss = 0;
+	double tokens = 0;
+};
+
+// What one epoch needs: the setup, the training sentences, the shared
+// parameters and the modules over them, how to train.
+struct trainer {
+	const tagger::setup &s;
+	const std::vector<brown::sentence> &train;
+	int n; // sentences an epoch
+	std::vector<torch::Tensor> &shared;
+	modules &main_modules;
+	bool batched_mode;
+	int n_threads;
+	std::atomic<int> wrong_threads{0};
+
+	// Epoch e: batched, or on one thread, with main_modules; else T
+	// Hogwild threads, each on modules of its own over the shared
+	// storage, taking batches in turn.
+	epoch_sums epoch(int e)
+	{
+		const std::int32_t *order =
+			&s.order[static_cast<std::size_t>(e) * n];
+		std::atomic<int> next{0};
+		std::vector<epoch_sums> sums(
+			static_cast<std::size_t>(n_threads));
+		auto train_on = [&](modules &m, epoch_sums &sum) {
+			torch::optim::SGD sgd(
+				m.parameters(s.chars),
+				torch::optim::SGDOptions(s.lr[e]));
+			const int n_batches = (n + s.batch - 1) / s.batch;
+			// Relaxed: hands out batch numbers, publishes nothing.
+			for (int k; (k = next.fetch_add(
+					     1, std::memory_order_relaxed)) <
+				    n_batches;) {
+				int first = k * s.batch;
+				int size = std::min(s.batch, n - first);
+				std::vector<const brown::sentence *> batch;
+				long tokens = 0;
+				for (int i = 0; i < size; i++) {
+					const auto &x = train[order[first + i]];
+					if (x.words.empty())
+						continue;
+					batch.push_back(&x);
+					tokens += static_cast<long>(
+						x.words.size());
+				}
+				if (batch.empty())
+					continue;
+				sum.loss += train_batch(m, sgd, batch, tokens,
+							s.chars, batched_mode);
+				sum.tokens += static_cast<double>(tokens);
+			}
+		};
+		if (batched_mode || n_threads == 1) {
+			train_on(main_modules, sums[0]);
+		} else {
+			std::vector<std::thread> threads;
+			for (int t = 0; t < n_threads; t++)
+				threads.emplace_back([&, t] {
+					// Each thread's own setting, from
+					// at::set_num_threads.
+					if (torch::get_num_threads() != 1)
+						wrong_threads++;
+					std::vector<torch::Tensor> view;
+					for (auto &p : shared)
+						view.push_back(torch::from_blob(
+							p.data_ptr<float>(),
+							p.sizes()));
+					modules mine(view, s.n_tags);
+					train_on(mine, sums[t]);
+				});
+			for (auto &t : threads)
+				t.join();
+		}
+		epoch_sums all;
+		for (const epoch_sums &x : sums) {
+			all.loss += x.loss;
+			all.tokens += x.tokens;
+		}
+		return all;
+	}
+};
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -442,23 +577,7 @@ int main(int argc, char **argv)
 	try {
 		tagger::setup s = tagger::read_setup(o.setup_dir);
 		brown::corpus c = brown::load(o.data_dir);
-		if (s.epochs < 1 || s.batch < 1 || s.order.empty() ||
-		    s.order.size() % static_cast<std::size_t>(s.epochs) != 0)
-			throw std::runtime_error("the setup's order is not "
-						 "epochs x sentences");
-		const int n = static_cast<int>(
-			s.order.size() / static_cast<std::size_t>(s.epochs));
-		for (std::int32_t i : s.order)
-			if (i < 0 ||
-			    static_cast<std::size_t>(i) >= c.train.size())
-				throw std::runtime_error(
-					"the setup orders a sentence the "
-					"corpus has not");
-		if (s.n_words != static_cast<int>(c.words.size()) ||
-		    s.n_chars != static_cast<int>(c.chars.size()) ||
-		    s.n_tags != static_cast<int>(c.tags.size()))
-			throw std::runtime_error(
-				"the setup's sizes are not the corpus's");
+		const int n = check_setup(s, c);
 		const std::size_t n_test =
 			o.test_sentences > 0
 				? std::min(c.test.size(),
@@ -467,113 +586,17 @@ int main(int argc, char **argv)
 				: c.test.size();
 		std::vector<torch::Tensor> shared = from_setup(s);
 		modules main_modules(shared, s.n_tags);
-		const int n_batches = (n + s.batch - 1) / s.batch;
+		trainer run{s,	      c.train,	    n,
+			    shared,   main_modules, batched_mode,
+			    n_threads};
 		timing::epoch_clock timer;
 		double accuracy = 0, train_loss = 0, tokens_seen = 0;
-		std::atomic<int> wrong_threads{0};
 		for (int e = 0; e < s.epochs; e++) {
-			const std::int32_t *order =
-				&s.order[static_cast<std::size_t>(e) * n];
-			std::atomic<int> next{0};
-			std::atomic<long> epoch_tokens{0};
-			std::vector<double> losses(
-				static_cast<std::size_t>(n_threads), 0.0);
-			// One thread's epoch, on modules over the shared
-			// parameters: zero_grad, forward, backward, step, per
-			// batch, taking batches in turn from next.
-			auto train_on = [&](modules &m, double &loss_sum) {
-				torch::optim::SGD sgd(
-					m.parameters(s.chars),
-					torch::optim::SGDOptions(s.lr[e]));
-				for (;;) {
-					// Relaxed: hands out batch numbers,
-					// publishes nothing.
-					int k = next.fetch_add(
-						1, std::memory_order_relaxed);
-					if (k >= n_batches)
-						break;
-					int first = k * s.batch;
-					int size = std::min(s.batch, n - first);
-					std::vector<const brown::sentence *>
-						batch;
-					long tokens = 0;
-					for (int i = 0; i < size; i++) {
-						const auto &x =
-							c.train[order[first +
-								      i]];
-						if (x.words.empty())
-							continue;
-						batch.push_back(&x);
-						tokens += static_cast<long>(
-							x.words.size());
-					}
-					if (batch.empty())
-						continue;
-					sgd.zero_grad();
-					if (batched_mode) {
-						auto [scores, y] = m.batched(
-							batch, s.chars);
-						auto loss = nn::functional::
-							cross_entropy(scores,
-								      y);
-						loss.backward();
-						loss_sum +=
-							loss.item<double>() *
-							static_cast<double>(
-								tokens);
-					} else {
-						// Each sentence's share of
-						// the batch's mean.
-						auto scale =
-							1.0 /
-							static_cast<double>(
-								tokens);
-						for (auto *x : batch) {
-							auto loss =
-								m.sentence_loss(
-									*x,
-									s.chars);
-							(loss * scale)
-								.backward();
-							loss_sum += loss.item<
-								double>();
-						}
-					}
-					sgd.step();
-					epoch_tokens += tokens;
-				}
-			};
 			timer.start();
-			if (batched_mode || n_threads == 1) {
-				train_on(main_modules, losses[0]);
-			} else {
-				std::vector<std::thread> threads;
-				for (int t = 0; t < n_threads; t++)
-					threads.emplace_back([&, t] {
-						// Each thread's own setting,
-						// from at::set_num_threads.
-						if (torch::get_num_threads() !=
-						    1)
-							wrong_threads++;
-						std::vector<torch::Tensor> view;
-						for (auto &p : shared)
-							view.push_back(torch::from_blob(
-								p.data_ptr<
-									float>(),
-								p.sizes()));
-						modules mine(view, s.n_tags);
-						train_on(mine, losses[t]);
-					});
-				for (auto &t : threads)
-					t.join();
-			}
+			epoch_sums sum = run.epoch(e);
 			double took = timer.stop();
-			double epoch_loss = 0;
-			for (double l : losses)
-				epoch_loss += l;
-			const double words = static_cast<double>(epoch_tokens);
-			train_loss = epoch_loss / words;
-			tokens_seen += words;
+			train_loss = sum.loss / sum.tokens;
+			tokens_seen += sum.tokens;
 			auto [acc, test_loss] =
 				evaluate(main_modules, c.test, n_test, s.chars);
 			accuracy = acc;
@@ -582,10 +605,10 @@ int main(int argc, char **argv)
 				    "%8.0f words/s\n",
 				    n_threads, o.mode.c_str(), e + 1,
 				    train_loss, test_loss, accuracy, n / took,
-				    words / took);
+				    sum.tokens / took);
 			std::fflush(stdout);
 		}
-		if (wrong_threads.load() != 0)
+		if (run.wrong_threads.load() != 0)
 			throw std::runtime_error("a Hogwild thread had more "
 						 "than one intra-op thread");
 		std::printf("result mode=%s threads=%d models=1 batch=%d "
