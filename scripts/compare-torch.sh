@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Side by side with PyTorch's C++ API (libtorch, Debian's libtorch-dev),
-# on three models: examples/digits (below), examples/fashion
+# on four models: examples/digits (below), examples/fashion
 # (scripts/compare-fashion.sh, which this runs; its header says what it
-# measures) and examples/langid (scripts/compare-langid.sh, likewise).
+# measures), examples/langid (scripts/compare-langid.sh, likewise) and
+# examples/tagger (scripts/compare-tagger.sh, likewise; only when named).
 # With no model named, runs digits and then fashion, each with the options
 # given (--epochs E applies to both; each has its own default), then
 # langid with its defaults.
@@ -23,11 +24,12 @@
 #        compare-torch.sh digits [--epochs E] [--runs N]  (default 30 epochs)
 #        compare-torch.sh fashion [options]   scripts/compare-fashion.sh's
 #        compare-torch.sh langid [options]    scripts/compare-langid.sh's
+#        compare-torch.sh tagger [options]    scripts/compare-tagger.sh's
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=both
 case ${1:-} in
-digits | fashion | langid)
+digits | fashion | langid | tagger)
 	model=$1
 	shift
 	;;
@@ -38,12 +40,15 @@ fi
 if [ "$model" = langid ]; then
 	exec scripts/compare-langid.sh "$@"
 fi
+if [ "$model" = tagger ]; then
+	exec scripts/compare-tagger.sh "$@"
+fi
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 args=("$@")
 epochs=30
 runs=3
-parse_options "epochs runs" "$0 [digits|fashion|langid] [--epochs E]\
+parse_options "epochs runs" "$0 [digits|fashion|langid|tagger] [--epochs E]\
  [--runs N]" "$@"
 want_number --epochs "$epochs"
 want_number --runs "$runs"
