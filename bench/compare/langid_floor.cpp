@@ -91,8 +91,9 @@ double group_step(const gru::weights &w, const words::dataset &d,
 	const float *h_last = m.h.data() + at(len - 1, hidden);
 	gru::classify(n, h_last, w[gru::p_w_out].data(), w[gru::p_b_out].data(),
 		      m.logits.data());
-	double loss = gru::cross_entropy(n, m.logits.data(), m.labels.data(),
-					 scale, m.dlogits.data(), nullptr);
+	double loss =
+		gru::cross_entropy(n, classes, m.logits.data(), m.labels.data(),
+				   scale, m.dlogits.data(), nullptr);
 
 	// Backward through time.
 	gru::product_tn(n, classes, hidden, m.dlogits.data(), h_last,

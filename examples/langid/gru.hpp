@@ -1,7 +1,9 @@
 /* The model of examples/langid, without autodiff: its sizes and
  * parameters, their initialisation, and the kernels of its forward and
  * backward passes over a group of words of one length, on plain float
- * arrays (products through CBLAS). langid.cpp records these kernels as
+ * arrays (products through CBLAS; the generic ones, the generator, the
+ * fingerprint and the loss in ../kernels.hpp, re-exported here as
+ * gru::shuffled and so on). langid.cpp records these kernels as
  * libadg ops; bench/compare/langid_floor.cpp calls them by hand, as the
  * floor libadg is measured against, so both do the same arithmetic.
  *
@@ -21,7 +23,7 @@
 #ifndef EXAMPLES_LANGID_GRU_HPP
 #define EXAMPLES_LANGID_GRU_HPP
 
-#include <cblas.h>
+#include "../kernels.hpp"
 
 #include <algorithm>
 #include <array>
@@ -32,6 +34,18 @@
 
 namespace gru
 {
+
+using kernels::column_sums;
+using kernels::cross_entropy;
+using kernels::fingerprint;
+using kernels::initialise;
+using kernels::learning_rate;
+using kernels::product_nn;
+using kernels::product_nt;
+using kernels::product_tn;
+using kernels::shuffled;
+using kernels::sigmoid;
+using kernels::tanh_of;
 
 constexpr int n_bytes = 256, embed = 32, hidden = 64, gates = 3 * hidden;
 constexpr int classes = 9;
@@ -59,22 +73,6 @@ constexpr std::size_t elements(int p)
 /* A model's values, as plain floats. */
 using weights = std::array<std::vector<float>, n_params>;
 
-/* splitmix64: a tiny, fixed generator, so that the initial weights and
- * each epoch's order depend on the seed alone (up to libm's rounding). */
-inline std::uint64_t next_random(std::uint64_t &state)
-{
-	std::uint64_t z = (state += 0x9e3779b97f4a7c15u);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-	return z ^ (z >> 31);
-}
-
-inline double uniform01(std::uint64_t &state) /* in (0, 1) */
-{
-	return (static_cast<double>(next_random(state) >> 11) + 0.5) /
-	       9007199254740992.0;
-}
-
 /* PyTorch's defaults: the embedding N(0, 1); the GRU's and the linear
  * layer's weights and biases U(-1/sqrt(64), 1/sqrt(64)). */
 inline weights initial_weights(std::uint64_t seed)
@@ -84,112 +82,12 @@ inline weights initial_weights(std::uint64_t seed)
 	const double bound = 1 / std::sqrt(static_cast<double>(hidden));
 	for (int p = 0; p < n_params; p++) {
 		w[p].resize(elements(p));
-		for (float &v : w[p]) {
-			if (p == p_embed) {
-				double u = uniform01(state);
-				double a = uniform01(state);
-				v = static_cast<float>(
-					std::sqrt(-2 * std::log(u)) *
-					std::cos(6.283185307179586 * a));
-			} else {
-				v = static_cast<float>(
-					bound * (2 * uniform01(state) - 1));
-			}
-		}
+		initialise(w[p], p == p_embed ? 0 : bound, state);
 	}
 	return w;
 }
 
-/* Epoch e's order of n examples: a Fisher-Yates shuffle from a generator
- * seeded by the seed and the epoch. */
-inline std::vector<int> shuffled(int n, std::uint64_t seed, int epoch)
-{
-	std::uint64_t state =
-		seed * 1000003u + static_cast<unsigned>(epoch) + 1;
-	std::vector<int> order(static_cast<std::size_t>(n));
-	for (int i = 0; i < n; i++)
-		order[i] = i;
-	for (int i = n - 1; i > 0; i--)
-		std::swap(order[i], order[next_random(state) %
-					  static_cast<unsigned>(i + 1)]);
-	return order;
-}
-
-/* Epoch e's learning rate: lr falling linearly to lr / epochs at the
- * last epoch. */
-inline float learning_rate(double lr, int epochs, int epoch)
-{
-	return static_cast<float>(lr * (epochs - epoch) / epochs);
-}
-
-/* FNV-1a over the bits of every parameter: equal only for bitwise equal
- * weights. */
-inline std::uint64_t fingerprint(const weights &w,
-				 std::uint64_t hash = 0xcbf29ce484222325u)
-{
-	for (const auto &v : w)
-		for (float f : v) {
-			unsigned char b[sizeof f];
-			std::copy_n(reinterpret_cast<const unsigned char *>(&f),
-				    sizeof f, b);
-			for (unsigned char c : b)
-				hash = (hash ^ c) * 0x100000001b3u;
-		}
-	return hash;
-}
-
-/* ---------------------------------------------------------- products */
-
-/* y (n x m) = x (n x k) w^T (w: m x k), + beta y. */
-inline void product_nt(int n, int m, int k, const float *x, const float *w,
-		       float *y, float beta = 0)
-{
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1, x, k,
-		    w, k, beta, y, m);
-}
-
-/* y (n x k) = d (n x m) w (m x k), + beta y. */
-inline void product_nn(int n, int k, int m, const float *d, const float *w,
-		       float *y, float beta = 0)
-{
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, k, m, 1, d, m,
-		    w, k, beta, y, k);
-}
-
-/* g (m x k) = a^T b, + beta g: a is r x m, b is r x k, a weight's
- * gradient summed over r rows. */
-inline void product_tn(int r, int m, int k, const float *a, const float *b,
-		       float *g, float beta = 0)
-{
-	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, k, r, 1, a, m,
-		    b, k, beta, g, k);
-}
-
-/* s (1 x m) = the sum of the rows of d (r x m), + s when accumulating. */
-inline void column_sums(int r, int m, const float *d, float *s,
-			bool accumulate = false)
-{
-	if (!accumulate)
-		std::fill_n(s, m, 0.0f);
-	for (int i = 0; i < r; i++)
-		for (int j = 0; j < m; j++)
-			s[j] += d[static_cast<std::size_t>(i) * m + j];
-}
-
 /* -------------------------------------------------- forward, backward */
-
-/* The gates' nonlinearities, both through expf: glibc's tanhf goes
- * through expm1f, which took a third of a training step's time. */
-inline float sigmoid(float x)
-{
-	return 1 / (1 + std::exp(-x));
-}
-
-inline float tanh_of(float x)
-{
-	float t = std::exp(-2 * std::fabs(x));
-	return std::copysign((1 - t) / (1 + t), x);
-}
 
 /* x (L*n x embed): the embedding of each byte, rows time-major. */
 inline void embed_bytes(const float *table, const unsigned char *bytes,
@@ -307,40 +205,6 @@ inline void classify(int n, const float *h, const float *w_out,
 	product_nt(n, classes, hidden, h, w_out, logits, 1);
 }
 
-/* Softmax cross-entropy of each row of logits against its label: returns
- * the summed loss, counts the rows whose largest logit is their label
- * into *correct (when not null), and writes into dlogits (when not null)
- * the gradient of scale times the summed loss. */
-inline double cross_entropy(int n, const float *logits, const int *labels,
-			    float scale, float *dlogits, int *correct)
-{
-	double total = 0;
-	for (int b = 0; b < n; b++) {
-		const float *l = logits + static_cast<std::size_t>(b) * classes;
-		int best = 0;
-		for (int k = 1; k < classes; k++)
-			if (l[k] > l[best])
-				best = k;
-		double sum = 0;
-		for (int k = 0; k < classes; k++)
-			sum += std::exp(static_cast<double>(l[k] - l[best]));
-		total += std::log(sum) - (l[labels[b]] - l[best]);
-		if (correct != nullptr && best == labels[b])
-			++*correct;
-		if (dlogits == nullptr)
-			continue;
-		float *d = dlogits + static_cast<std::size_t>(b) * classes;
-		for (int k = 0; k < classes; k++) {
-			double p =
-				std::exp(static_cast<double>(l[k] - l[best])) /
-				sum;
-			d[k] = static_cast<float>(
-				scale * (p - (k == labels[b] ? 1 : 0)));
-		}
-	}
-	return total;
-}
-
 /* --------------------------------------------------------- evaluation */
 
 /* What a model makes of a set of words. */
@@ -364,7 +228,7 @@ scores evaluate(const weights &w, const Words &words,
 		by_length[words[i].size()].push_back(static_cast<int>(i));
 	std::vector<unsigned char> bytes;
 	std::vector<float> x, gi, saved, ghn, h[2], logits;
-	std::vector<int> y;
+	std::vector<int> y, guess;
 	double total = 0;
 	int correct = 0;
 	for (int len = 1; len <= max_length; len++) {
@@ -376,6 +240,7 @@ scores evaluate(const weights &w, const Words &words,
 			std::size_t rows = static_cast<std::size_t>(len) * n;
 			bytes.resize(rows);
 			y.resize(n);
+			guess.resize(n);
 			for (int b = 0; b < n; b++) {
 				int i = all[first + b];
 				y[b] = labels[i];
@@ -408,15 +273,12 @@ scores evaluate(const weights &w, const Words &words,
 					h[t % 2].data());
 			classify(n, h[(len - 1) % 2].data(), w[p_w_out].data(),
 				 w[p_b_out].data(), logits.data());
-			total += cross_entropy(n, logits.data(), y.data(), 1,
-					       nullptr, &correct);
+			total += cross_entropy(n, classes, logits.data(),
+					       y.data(), 1, nullptr,
+					       guess.data());
 			for (int b = 0; b < n; b++) {
-				const float *l =
-					logits.data() +
-					static_cast<std::size_t>(b) * classes;
-				int guess = static_cast<int>(
-					std::max_element(l, l + classes) - l);
-				s.confusion[y[b]][guess]++;
+				correct += guess[b] == y[b];
+				s.confusion[y[b]][guess[b]]++;
 			}
 		}
 	}

@@ -655,8 +655,8 @@ private:
 		gru::classify(n, h_last, w_out, w_[gru::p_b_out].data(),
 			      logits);
 		float *dlogits = floats(static_cast<std::size_t>(n) * classes);
-		loss_ += gru::cross_entropy(n, logits, g.labels, scale, dlogits,
-					    nullptr);
+		loss_ += gru::cross_entropy(n, classes, logits, g.labels, scale,
+					    dlogits, nullptr);
 		words_ += n;
 		return adg::op(
 			reg_, {h, leaf(gru::p_w_out), leaf(gru::p_b_out)},

@@ -2,7 +2,9 @@
  * parameters, their initialisation, and the kernels of its forward and
  * backward passes on plain float arrays (products through CBLAS): an LSTM
  * step over a batch of rows and a whole sequence of them, an embedding's
- * gather and scatter-add, the MLP's layer, softmax cross-entropy.
+ * gather and scatter-add, the MLP's layer; the generic kernels (the
+ * generator, products, nonlinearities, softmax cross-entropy) are
+ * ../kernels.hpp's, re-exported here as lstm::shuffled and so on.
  * tagger.cpp records these kernels as libadg ops; the floor in
  * bench/compare calls them by hand, so both do the same arithmetic. No
  * libadg here.
@@ -25,7 +27,7 @@
 #ifndef EXAMPLES_TAGGER_LSTM_HPP
 #define EXAMPLES_TAGGER_LSTM_HPP
 
-#include <cblas.h>
+#include "../kernels.hpp"
 
 #include <algorithm>
 #include <array>
@@ -37,6 +39,20 @@
 
 namespace lstm
 {
+
+using kernels::column_sums;
+using kernels::cross_entropy;
+using kernels::fingerprint;
+using kernels::initialise;
+using kernels::learning_rate;
+using kernels::next_random;
+using kernels::product_nn;
+using kernels::product_nt;
+using kernels::product_tn;
+using kernels::shuffled;
+using kernels::sigmoid;
+using kernels::tanh_of;
+using kernels::uniform01;
 
 constexpr int word_dim = 128, char_dim = 20, char_hidden = 64;
 constexpr int word_hidden = 50, mlp_hidden = 32;
@@ -96,22 +112,6 @@ inline std::array<shape, n_params> shapes(const sizes &s)
 /* A model's values, as plain floats, each parameter row-major. */
 using weights = std::array<std::vector<float>, n_params>;
 
-/* splitmix64: a tiny, fixed generator, so that the initial weights and
- * each epoch's order depend on the seed alone (up to libm's rounding). */
-inline std::uint64_t next_random(std::uint64_t &state)
-{
-	std::uint64_t z = (state += 0x9e3779b97f4a7c15u);
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-	return z ^ (z >> 31);
-}
-
-inline double uniform01(std::uint64_t &state) /* in (0, 1) */
-{
-	return (static_cast<double>(next_random(state) >> 11) + 0.5) /
-	       9007199254740992.0;
-}
-
 /* PyTorch's defaults: embeddings N(0, 1); an LSTM's weights and biases
  * U(-1/sqrt(H), 1/sqrt(H)); a linear layer's U(-1/sqrt(in), 1/sqrt(in)). */
 inline weights initial_weights(const sizes &s, std::uint64_t seed)
@@ -147,118 +147,9 @@ inline weights initial_weights(const sizes &s, std::uint64_t seed)
 		}
 		w[p].resize(static_cast<std::size_t>(table[p].rows) *
 			    table[p].cols);
-		for (float &v : w[p]) {
-			if (bound == 0) {
-				double u = uniform01(state);
-				double a = uniform01(state);
-				v = static_cast<float>(
-					std::sqrt(-2 * std::log(u)) *
-					std::cos(6.283185307179586 * a));
-			} else {
-				v = static_cast<float>(
-					bound * (2 * uniform01(state) - 1));
-			}
-		}
+		initialise(w[p], bound, state);
 	}
 	return w;
-}
-
-/* Epoch e's order of n sentences: a Fisher-Yates shuffle from a generator
- * seeded by the seed and the epoch. */
-inline std::vector<int> shuffled(int n, std::uint64_t seed, int epoch)
-{
-	std::uint64_t state =
-		seed * 1000003u + static_cast<unsigned>(epoch) + 1;
-	std::vector<int> order(static_cast<std::size_t>(n));
-	for (int i = 0; i < n; i++)
-		order[i] = i;
-	for (int i = n - 1; i > 0; i--)
-		std::swap(order[i], order[next_random(state) %
-					  static_cast<unsigned>(i + 1)]);
-	return order;
-}
-
-/* Epoch e's learning rate: lr falling linearly to lr / epochs at the
- * last epoch. */
-inline float learning_rate(double lr, int epochs, int epoch)
-{
-	return static_cast<float>(lr * (epochs - epoch) / epochs);
-}
-
-/* FNV-1a over the bits of every parameter in order: equal only for
- * bitwise equal weights. */
-inline std::uint64_t fingerprint(const weights &w,
-				 std::uint64_t hash = 0xcbf29ce484222325u)
-{
-	for (const auto &v : w)
-		for (float f : v) {
-			unsigned char b[sizeof f];
-			std::copy_n(reinterpret_cast<const unsigned char *>(&f),
-				    sizeof f, b);
-			for (unsigned char c : b)
-				hash = (hash ^ c) * 0x100000001b3u;
-		}
-	return hash;
-}
-
-/* ---------------------------------------------------------- products */
-
-/* y (n x m, leading dimension ldy) = x (n x k, ldx) w^T (w: m x k, ldw),
- * + beta y. */
-inline void product_nt(int n, int m, int k, const float *x, int ldx,
-		       const float *w, int ldw, float *y, int ldy,
-		       float beta = 0)
-{
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, m, k, 1, x, ldx,
-		    w, ldw, beta, y, ldy);
-}
-
-/* y (n x k, ldy) = d (n x m, ldd) w (m x k, ldw), + beta y. */
-inline void product_nn(int n, int k, int m, const float *d, int ldd,
-		       const float *w, int ldw, float *y, int ldy,
-		       float beta = 0)
-{
-	cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, k, m, 1, d,
-		    ldd, w, ldw, beta, y, ldy);
-}
-
-/* g (m x k, ldg) = a^T b, + beta g: a is r x m, b is r x k (ldb), a
- * weight's gradient summed over r rows. */
-inline void product_tn(int r, int m, int k, const float *a, const float *b,
-		       int ldb, float *g, int ldg, float beta = 0)
-{
-	if (r == 0) {
-		if (beta == 0)
-			for (int i = 0; i < m; i++)
-				std::fill_n(g + static_cast<std::size_t>(i) *
-							    ldg,
-					    k, 0.0f);
-		return;
-	}
-	cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, k, r, 1, a, m,
-		    b, ldb, beta, g, ldg);
-}
-
-/* s (m) = the sum of the rows of d (r x m), in row order. */
-inline void column_sums(int r, int m, const float *d, float *s)
-{
-	std::fill_n(s, m, 0.0f);
-	for (int i = 0; i < r; i++)
-		for (int j = 0; j < m; j++)
-			s[j] += d[static_cast<std::size_t>(i) * m + j];
-}
-
-/* The nonlinearities, both through expf: glibc's tanhf goes through
- * expm1f, slower (gru.hpp measured it). */
-inline float sigmoid(float x)
-{
-	return 1 / (1 + std::exp(-x));
-}
-
-inline float tanh_of(float x)
-{
-	float t = std::exp(-2 * std::fabs(x));
-	return std::copysign((1 - t) / (1 + t), x);
 }
 
 /* --------------------------------------------------------- embeddings */
@@ -470,41 +361,6 @@ inline void layer_backward(int n, int in, int out, const float *x,
 	column_sums(n, out, dy, db);
 	if (dx != nullptr)
 		product_nn(n, in, out, dy, out, w, in, dx, in);
-}
-
-/* Softmax cross-entropy of each row of scores (n x classes) against its
- * label: returns the summed loss; writes each row's best guess into guess
- * (when not null) and into dscores (when not null) the gradient of scale
- * times the summed loss. */
-inline double cross_entropy(int n, int classes, const float *scores,
-			    const int *labels, float scale, float *dscores,
-			    int *guess)
-{
-	double total = 0;
-	std::vector<double> e(static_cast<std::size_t>(classes));
-	for (int b = 0; b < n; b++) {
-		const float *l = scores + static_cast<std::size_t>(b) * classes;
-		int best = 0;
-		for (int k = 1; k < classes; k++)
-			if (l[k] > l[best])
-				best = k;
-		double sum = 0;
-		for (int k = 0; k < classes; k++) {
-			e[k] = std::exp(static_cast<double>(l[k] - l[best]));
-			sum += e[k];
-		}
-		total += std::log(sum) - (l[labels[b]] - l[best]);
-		if (guess != nullptr)
-			guess[b] = best;
-		if (dscores == nullptr)
-			continue;
-		float *d = dscores + static_cast<std::size_t>(b) * classes;
-		for (int k = 0; k < classes; k++)
-			d[k] = static_cast<float>(
-				scale *
-				(e[k] / sum - (k == labels[b] ? 1 : 0)));
-	}
-	return total;
 }
 
 /* ------------------------------------------------- the model's forward */
