@@ -41,6 +41,7 @@
  * Exit status 0; 1 on an error or a missed check; 2 on bad usage; 77 when
  * the data is missing and --skip-if-missing is given. */
 #include "../jitter.h"
+#include "../trainer_cli.hpp"
 #include "gru.hpp"
 #include "words.hpp"
 
@@ -729,40 +730,9 @@ struct outcome {
 	gru::scores first; /* the first model's, on the test words */
 };
 
-double seconds_since(std::chrono::steady_clock::time_point start)
-{
-	return std::chrono::duration<double>(std::chrono::steady_clock::now() -
-					     start)
-		.count();
-}
-
-/* Runs f(0) .. f(n - 1) on n threads and rethrows the first exception
- * any of them threw, once all are done. */
-template <class F> void on_threads(int n, F &&f)
-{
-	std::vector<std::exception_ptr> failed(static_cast<std::size_t>(n));
-	std::vector<std::thread> threads;
-	for (int i = 0; i < n; i++)
-		threads.emplace_back([&, i] {
-			try {
-				f(i);
-			} catch (...) {
-				failed[i] = std::current_exception();
-			}
-		});
-	for (auto &t : threads)
-		t.join();
-	for (auto &e : failed)
-		if (e)
-			std::rethrow_exception(e);
-}
-
-/* The rows [first, last) of slice k of n_slices of a matrix of rows. */
-std::pair<int, int> rows_of(int rows, std::size_t k, std::size_t n_slices)
-{
-	return {static_cast<int>(rows * k / n_slices),
-		static_cast<int>(rows * (k + 1) / n_slices)};
-}
+using cli::on_threads;
+using cli::rows_of;
+using cli::seconds_since;
 
 /* Trains from scratch with o's settings on n_threads threads; prints a
  * line per epoch (and writes it to csv unless null), then the confusion
@@ -1069,13 +1039,6 @@ void usage(std::FILE *to)
 /* Parses argv into o; false on bad usage. */
 bool parse(int argc, char **argv, options &o)
 {
-	auto number = [](const char *s, long lo, long hi, long &v) {
-		char *end;
-		errno = 0;
-		v = std::strtol(s, &end, 10);
-		return end != s && *end == '\0' && errno == 0 && v >= lo &&
-		       v <= hi;
-	};
 	for (int i = 1; i < argc; i++) {
 		std::string a = argv[i];
 		bool has_value = i + 1 < argc;
@@ -1103,17 +1066,7 @@ bool parse(int argc, char **argv, options &o)
 			return false;
 		i++;
 		if (a == "--threads") {
-			o.threads.clear();
-			for (const char *p = v; *p != '\0';) {
-				char *end;
-				long t = std::strtol(p, &end, 10);
-				if (end == p || t < 1 || t > 1024 ||
-				    (*end != ',' && *end != '\0'))
-					return false;
-				o.threads.push_back(static_cast<int>(t));
-				p = *end == ',' ? end + 1 : end;
-			}
-			if (o.threads.empty())
+			if (!cli::thread_list(v, o.threads))
 				return false;
 		} else if (a == "--mode") {
 			if (std::strcmp(v, "sync") == 0)
@@ -1125,7 +1078,7 @@ bool parse(int argc, char **argv, options &o)
 			else
 				return false;
 		} else if (a == "--models") {
-			if (!number(v, 1, 1024, n))
+			if (!cli::whole_number(v, 1, 1024, n))
 				return false;
 			o.how = mode::models;
 			o.models = static_cast<int>(n);
@@ -1139,7 +1092,8 @@ bool parse(int argc, char **argv, options &o)
 		} else if (a == "--batch" || a == "--epochs" ||
 			   a == "--subset" || a == "--test-subset" ||
 			   a == "--unit-words") {
-			if (!number(v,
+			if (!cli::whole_number(
+				    v,
 				    a == "--batch" || a == "--epochs" ? 1 : 0,
 				    1000000, n))
 				return false;
@@ -1150,13 +1104,12 @@ bool parse(int argc, char **argv, options &o)
 					       : o.test_subset) =
 				static_cast<int>(n);
 		} else if (a == "--lr" || a == "--min-test-accuracy") {
-			char *end;
-			double x = std::strtod(v, &end);
-			if (end == v || *end != '\0')
+			double x;
+			if (!cli::real_number(v, x))
 				return false;
 			(a == "--lr" ? o.lr : o.min_test_accuracy) = x;
 		} else if (a == "--seed") {
-			if (!number(v, 0, 1L << 40, n))
+			if (!cli::whole_number(v, 0, 1L << 40, n))
 				return false;
 			o.seed = static_cast<std::uint64_t>(n);
 		} else if (a == "--csv") {
@@ -1231,52 +1184,22 @@ int main(int argc, char **argv)
 			export_setup(o, train_set.size());
 			return 0;
 		}
-		std::FILE *csv = nullptr;
-		if (!o.csv.empty()) {
-			csv = std::fopen(o.csv.c_str(), "w");
-			if (csv == nullptr)
-				throw std::runtime_error(o.csv + ": " +
-							 std::strerror(errno));
-			std::fputs("mode,threads,models,graphs,batch,epoch,"
-				   "seconds,train_loss,test_loss,test_accuracy,"
-				   "samples_per_s\n",
-				   csv);
-		}
+		std::FILE *csv = cli::open_csv(
+			o.csv, "mode,threads,models,graphs,batch,epoch,"
+			       "seconds,train_loss,test_loss,test_accuracy,"
+			       "samples_per_s\n");
 		int failed = 0;
 		std::vector<outcome> outcomes;
 		for (std::size_t r = 0; r < o.threads.size(); r++) {
 			outcomes.push_back(train(o, o.threads[r], train_set,
 						 test_set, csv));
-			const outcome &out = outcomes.back();
-			if (o.min_test_accuracy >= 0 &&
-			    out.accuracy < o.min_test_accuracy) {
-				std::fprintf(stderr,
-					     "T=%d: test accuracy %.2f%% is "
-					     "below %.2f%%\n",
-					     o.threads[r], out.accuracy,
-					     o.min_test_accuracy);
-				failed = 1;
-			}
 			/* With units every run ends with the same weights,
 			 * whatever its thread count. */
-			bool any_threads =
-				o.how == mode::sync && o.unit_words > 0;
-			for (std::size_t q = 0; o.same_weights && q < r; q++)
-				if ((any_threads ||
-				     o.threads[q] == o.threads[r]) &&
-				    outcomes[q].hash != out.hash) {
-					std::fprintf(
-						stderr,
-						"T=%d and T=%d: runs %zu and "
-						"%zu end with different "
-						"weights (%016" PRIx64
-						" and %016" PRIx64 ")\n",
-						o.threads[q], o.threads[r],
-						q + 1, r + 1, outcomes[q].hash,
-						out.hash);
-					failed = 1;
-					break;
-				}
+			if (!cli::check_run(o.threads, outcomes, r,
+					    o.min_test_accuracy, o.same_weights,
+					    o.how == mode::sync &&
+						    o.unit_words > 0))
+				failed = 1;
 		}
 		if (o.same_as_plain) {
 			options plain = o;
@@ -1296,11 +1219,8 @@ int main(int argc, char **argv)
 					failed = 1;
 				}
 		}
-		if (csv != nullptr && (std::ferror(csv) | std::fclose(csv))) {
-			std::fprintf(stderr, "%s: write failed\n",
-				     o.csv.c_str());
+		if (!cli::close_csv(csv, o.csv))
 			failed = 1;
-		}
 		return failed;
 	} catch (const std::exception &e) {
 		std::fprintf(stderr, "langid: %s\n", e.what());

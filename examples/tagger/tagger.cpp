@@ -47,6 +47,7 @@
  * options). Exit status 0; 1 on an error or a missed check; 2 on bad
  * usage; 77 when the data is missing and --skip-if-missing is given. */
 #include "../jitter.h"
+#include "../trainer_cli.hpp"
 #include "brown.hpp"
 #include "lstm.hpp"
 #include "setup.hpp"
@@ -928,39 +929,9 @@ struct outcome {
 	lstm::scores first; /* the first model's, on the test files */
 };
 
-double seconds_since(std::chrono::steady_clock::time_point start)
-{
-	return std::chrono::duration<double>(std::chrono::steady_clock::now() -
-					     start)
-		.count();
-}
-
-/* Runs f(0) .. f(n - 1) on n threads and rethrows the first exception
- * any of them threw, once all are done. */
-template <class F> void on_threads(int n, F &&f)
-{
-	std::vector<std::exception_ptr> failed(static_cast<std::size_t>(n));
-	std::vector<std::thread> threads;
-	for (int i = 0; i < n; i++)
-		threads.emplace_back([&, i] {
-			try {
-				f(i);
-			} catch (...) {
-				failed[i] = std::current_exception();
-			}
-		});
-	for (auto &t : threads)
-		t.join();
-	for (auto &e : failed)
-		if (e)
-			std::rethrow_exception(e);
-}
-
-std::pair<int, int> rows_of(int rows, std::size_t k, std::size_t n_slices)
-{
-	return {static_cast<int>(rows * k / n_slices),
-		static_cast<int>(rows * (k + 1) / n_slices)};
-}
+using cli::on_threads;
+using cli::rows_of;
+using cli::seconds_since;
 
 const char *graphs_name(graphs g)
 {
@@ -1272,13 +1243,6 @@ void usage(std::FILE *to)
 
 bool parse(int argc, char **argv, options &o)
 {
-	auto number = [](const char *s, long lo, long hi, long &v) {
-		char *end;
-		errno = 0;
-		v = std::strtol(s, &end, 10);
-		return end != s && *end == '\0' && errno == 0 && v >= lo &&
-		       v <= hi;
-	};
 	for (int i = 1; i < argc; i++) {
 		std::string a = argv[i];
 		bool has_value = i + 1 < argc;
@@ -1306,17 +1270,7 @@ bool parse(int argc, char **argv, options &o)
 			return false;
 		i++;
 		if (a == "--threads") {
-			o.threads.clear();
-			for (const char *p = v; *p != '\0';) {
-				char *end;
-				long t = std::strtol(p, &end, 10);
-				if (end == p || t < 1 || t > 1024 ||
-				    (*end != ',' && *end != '\0'))
-					return false;
-				o.threads.push_back(static_cast<int>(t));
-				p = *end == ',' ? end + 1 : end;
-			}
-			if (o.threads.empty())
+			if (!cli::thread_list(v, o.threads))
 				return false;
 		} else if (a == "--mode") {
 			if (std::strcmp(v, "sync") == 0)
@@ -1326,7 +1280,7 @@ bool parse(int argc, char **argv, options &o)
 			else
 				return false;
 		} else if (a == "--models") {
-			if (!number(v, 1, 1024, n))
+			if (!cli::whole_number(v, 1, 1024, n))
 				return false;
 			o.how = mode::models;
 			o.models = static_cast<int>(n);
@@ -1349,7 +1303,8 @@ bool parse(int argc, char **argv, options &o)
 			   a == "--unit-sentences" || a == "--top-tags") {
 			bool positive = a == "--batch" || a == "--epochs" ||
 					a == "--unit-sentences";
-			if (!number(v, positive ? 1 : 0, 10000000, n))
+			if (!cli::whole_number(v, positive ? 1 : 0, 10000000,
+					       n))
 				return false;
 			(a == "--batch"		   ? o.batch
 			 : a == "--epochs"	   ? o.epochs
@@ -1359,13 +1314,12 @@ bool parse(int argc, char **argv, options &o)
 						   : o.test_subset) =
 				static_cast<int>(n);
 		} else if (a == "--lr" || a == "--min-test-accuracy") {
-			char *end;
-			double x = std::strtod(v, &end);
-			if (end == v || *end != '\0')
+			double x;
+			if (!cli::real_number(v, x))
 				return false;
 			(a == "--lr" ? o.lr : o.min_test_accuracy) = x;
 		} else if (a == "--seed") {
-			if (!number(v, 0, 1L << 40, n))
+			if (!cli::whole_number(v, 0, 1L << 40, n))
 				return false;
 			o.seed = static_cast<std::uint64_t>(n);
 		} else if (a == "--csv") {
@@ -1601,57 +1555,24 @@ int main(int argc, char **argv)
 			export_setup(o, corpus, train_set.size());
 			return 0;
 		}
-		std::FILE *csv = nullptr;
-		if (!o.csv.empty()) {
-			csv = std::fopen(o.csv.c_str(), "w");
-			if (csv == nullptr)
-				throw std::runtime_error(o.csv + ": " +
-							 std::strerror(errno));
-			std::fputs("mode,threads,models,graphs,chars,batch,"
-				   "epoch,seconds,train_loss,train_accuracy,"
-				   "test_loss,test_accuracy,words_per_s\n",
-				   csv);
-		}
+		std::FILE *csv = cli::open_csv(
+			o.csv, "mode,threads,models,graphs,chars,batch,"
+			       "epoch,seconds,train_loss,train_accuracy,"
+			       "test_loss,test_accuracy,words_per_s\n");
 		int failed = 0;
 		std::vector<outcome> outcomes;
 		for (std::size_t r = 0; r < o.threads.size(); r++) {
 			outcomes.push_back(train(o, o.threads[r], corpus,
 						 train_set, test_set, csv));
-			const outcome &out = outcomes.back();
-			if (o.min_test_accuracy >= 0 &&
-			    out.accuracy < o.min_test_accuracy) {
-				std::fprintf(stderr,
-					     "T=%d: test accuracy %.2f%% is "
-					     "below %.2f%%\n",
-					     o.threads[r], out.accuracy,
-					     o.min_test_accuracy);
-				failed = 1;
-			}
 			/* Sync's units: every run the same weights,
 			 * whatever its thread count. */
-			bool any_threads = o.how == mode::sync;
-			for (std::size_t q = 0; o.same_weights && q < r; q++)
-				if ((any_threads ||
-				     o.threads[q] == o.threads[r]) &&
-				    outcomes[q].hash != out.hash) {
-					std::fprintf(
-						stderr,
-						"T=%d and T=%d: runs %zu and "
-						"%zu end with different "
-						"weights (%016" PRIx64
-						" and %016" PRIx64 ")\n",
-						o.threads[q], o.threads[r],
-						q + 1, r + 1, outcomes[q].hash,
-						out.hash);
-					failed = 1;
-					break;
-				}
+			if (!cli::check_run(o.threads, outcomes, r,
+					    o.min_test_accuracy, o.same_weights,
+					    o.how == mode::sync))
+				failed = 1;
 		}
-		if (csv != nullptr && (std::ferror(csv) | std::fclose(csv))) {
-			std::fprintf(stderr, "%s: write failed\n",
-				     o.csv.c_str());
+		if (!cli::close_csv(csv, o.csv))
 			failed = 1;
-		}
 		return failed;
 	} catch (const std::exception &e) {
 		std::fprintf(stderr, "tagger: %s\n", e.what());
