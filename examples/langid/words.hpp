@@ -5,6 +5,7 @@
 #ifndef EXAMPLES_LANGID_WORDS_HPP
 #define EXAMPLES_LANGID_WORDS_HPP
 
+#include "../setup_text.hpp"
 #include "gru.hpp"
 
 #include <cerrno>
@@ -100,10 +101,7 @@ inline dataset read(const std::string &dir, const std::string &name,
  * - order.i32: E times N 32-bit ints in this machine's byte order, each
  *   epoch's order of the N training words (0-based, into the training
  *   words as read with that subset), epoch 1 first. */
-struct setup {
-	int epochs = 0, batch = 0, subset = 0;
-	std::uint64_t seed = 0;
-	std::vector<float> lr;
+struct setup : setup_text::run {
 	gru::weights initial;
 	std::vector<std::vector<int>> order;
 };
@@ -118,11 +116,8 @@ inline void write_setup(const std::string &dir, const setup &s)
 					 std::strerror(errno) + ")");
 	text.precision(9);
 	text << "langid-setup 1\nsizes " << gru::n_bytes << ' ' << gru::embed
-	     << ' ' << gru::hidden << ' ' << gru::classes << "\nepochs "
-	     << s.epochs << " batch " << s.batch << " subset " << s.subset
-	     << " seed " << s.seed << "\nlr";
-	for (float lr : s.lr)
-		text << ' ' << lr;
+	     << ' ' << gru::hidden << ' ' << gru::classes << '\n';
+	setup_text::write_run(text, s);
 	text << "\nparams";
 	for (int p = 0; p < gru::n_params; p++) {
 		text << ' ' << gru::shapes[p].name << ' ' << gru::shapes[p].rows
@@ -148,18 +143,15 @@ inline void write_setup(const std::string &dir, const setup &s)
  * subset). */
 inline setup read_setup(const std::string &dir)
 {
-	std::ifstream text(dir + "/setup.txt");
+	const std::string where = dir + "/setup.txt";
+	std::ifstream text(where);
 	if (!text)
-		throw std::runtime_error(dir +
-					 "/setup.txt: cannot open (run "
-					 "langid --export " +
+		throw std::runtime_error(where +
+					 ": cannot open (run langid "
+					 "--export " +
 					 dir + ")");
 	auto expect = [&](const char *word) {
-		std::string got;
-		if (!(text >> got) || got != word)
-			throw std::runtime_error(
-				dir + "/setup.txt: expected \"" + word +
-				"\", read \"" + got + "\"");
+		setup_text::expect(text, where, word);
 	};
 	setup s;
 	int version, sizes[4];
@@ -171,22 +163,9 @@ inline setup read_setup(const std::string &dir)
 	if (!text || version != 1 || sizes[0] != gru::n_bytes ||
 	    sizes[1] != gru::embed || sizes[2] != gru::hidden ||
 	    sizes[3] != gru::classes)
-		throw std::runtime_error(dir + "/setup.txt: not a 256-32-64-9 "
-					       "setup, version 1");
-	expect("epochs");
-	text >> s.epochs;
-	expect("batch");
-	text >> s.batch;
-	expect("subset");
-	text >> s.subset;
-	expect("seed");
-	text >> s.seed;
-	if (!text || s.epochs < 1 || s.batch < 1 || s.subset < 0)
-		throw std::runtime_error(dir + "/setup.txt: bad sizes");
-	expect("lr");
-	s.lr.resize(static_cast<std::size_t>(s.epochs));
-	for (float &lr : s.lr)
-		text >> lr;
+		throw std::runtime_error(
+			where + ": not a 256-32-64-9 setup, version 1");
+	setup_text::read_run(text, where, s);
 	expect("params");
 	for (int p = 0; p < gru::n_params; p++) {
 		std::string name;
@@ -195,9 +174,8 @@ inline setup read_setup(const std::string &dir)
 		if (!text || name != gru::shapes[p].name ||
 		    rows != gru::shapes[p].rows || cols != gru::shapes[p].cols)
 			throw std::runtime_error(
-				dir + "/setup.txt: parameter " +
-				std::to_string(p + 1) + " is not " +
-				gru::shapes[p].name);
+				where + ": parameter " + std::to_string(p + 1) +
+				" is not " + gru::shapes[p].name);
 	}
 	expect("files");
 	std::string weights_file, order_file;

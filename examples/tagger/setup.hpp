@@ -26,6 +26,8 @@
 #ifndef EXAMPLES_TAGGER_SETUP_HPP
 #define EXAMPLES_TAGGER_SETUP_HPP
 
+#include "../setup_text.hpp"
+
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -91,11 +93,9 @@ inline std::size_t n_weights(int n_words, int n_chars, int n_tags)
 	return n;
 }
 
-struct setup {
-	int epochs = 0, batch = 0, subset = 0;
+struct setup : setup_text::run {
 	bool chars = true;
-	std::uint64_t seed = 0;
-	std::vector<float> lr, weights;	 // E rates; n_weights() floats
+	std::vector<float> weights;	 // n_weights() floats
 	std::vector<std::int32_t> order; // E x N, epoch by epoch
 	int n_words = 0, n_chars = 0, n_tags = 0;
 };
@@ -147,11 +147,8 @@ inline void write_setup(const std::string &dir, const setup &s)
 	text << "tagger-setup 1\nsizes " << s.n_words << ' ' << s.n_chars << ' '
 	     << s.n_tags << ' ' << dims::word_embed << ' ' << dims::char_embed
 	     << ' ' << dims::char_hidden << ' ' << dims::word_hidden << ' '
-	     << dims::mlp << "\nchars " << (s.chars ? "on" : "off")
-	     << "\nepochs " << s.epochs << " batch " << s.batch << " subset "
-	     << s.subset << " seed " << s.seed << "\nlr";
-	for (float lr : s.lr)
-		text << ' ' << lr;
+	     << dims::mlp << "\nchars " << (s.chars ? "on" : "off") << '\n';
+	setup_text::write_run(text, s);
 	text << "\nparams";
 	for (const shape &p : shapes(s.n_words, s.n_chars, s.n_tags))
 		text << ' ' << p.name << ' ' << p.rows << ' ' << p.cols;
@@ -199,11 +196,7 @@ inline setup read_setup(const std::string &dir)
 					 "--export " +
 					 dir + ")");
 	auto expect = [&](const char *word) {
-		std::string got;
-		if (!(text >> got) || got != word)
-			throw std::runtime_error(where + ": expected \"" +
-						 word + "\", read \"" + got +
-						 "\"");
+		setup_text::expect(text, where, word);
 	};
 	setup s;
 	int version = 0, fixed[5] = {};
@@ -228,22 +221,7 @@ inline setup read_setup(const std::string &dir)
 	text >> chars;
 	require(chars == "on" || chars == "off", where, "chars not on|off");
 	s.chars = chars == "on";
-	expect("epochs");
-	text >> s.epochs;
-	expect("batch");
-	text >> s.batch;
-	expect("subset");
-	text >> s.subset;
-	expect("seed");
-	text >> s.seed;
-	require(text && s.epochs >= 1 && s.epochs <= 1 << 20 && s.batch >= 1 &&
-			s.subset >= 0,
-		where, "bad epochs, batch, subset or seed");
-	expect("lr");
-	s.lr.resize(static_cast<std::size_t>(s.epochs));
-	for (float &lr : s.lr)
-		text >> lr;
-	require(static_cast<bool>(text), where, "not E learning rates");
+	setup_text::read_run(text, where, s);
 	expect("params");
 	int p = 0;
 	for (const shape &want : shapes(s.n_words, s.n_chars, s.n_tags)) {
