@@ -173,76 +173,18 @@ if [ $accuracy -eq 1 ]; then
 fi
 
 # "KIND T key=value ..." -> the table and the targets.
-awk -v epochs="$epochs" -v what="${what:-}" "$stats_awk"'
-{
-	kind = $1; t = $2
-	for (i = 3; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
-	if (kind == "adg-models") {
-		models[t] = 1
-	} else if (kind !~ /^accuracy/ && !(t in seen)) {
-		seen[t] = 1; ts[++n] = t
-	}
-	rate[kind, t] = rate[kind, t] " " f["words_per_s"]
-	per_model[kind, t] = per_model[kind, t] " " f["per_model_words_per_s"]
-	acc[kind, t] = acc[kind, t] " " f["test_accuracy"]
-	busy[kind, t] = busy[kind, t] " " f["cpu_over_wall"]
-	if ("weights" in f) {
-		if ((kind, t) in hash && hash[kind, t] != f["weights"])
-			varies[kind, t] = 1
-		hash[kind, t] = f["weights"]
-	}
-	delete f
-}
+awk -v epochs="$epochs" -v what="${what:-}" "$stats_awk$cells_awk"'
+{ read_cell("words_per_s") }
 END {
-	print "| T | libadg sync | libadg sync, a graph per sentence | libadg Hogwild | PyTorch batched | PyTorch a graph per sentence (Hogwild) | libadg / PyTorch'"'"'s better | a graph per sentence: libadg / PyTorch | floor | floor / libadg |"
-	print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-	for (i = 1; i <= n; i++) {
-		t = ts[i]
-		s = median(rate["adg-sync", t]); w = median(rate["adg-sentence", t])
-		h = median(rate["adg-hogwild", t])
-		tb = median(rate["torch-batched", t]); tw = median(rate["torch-sentence", t])
-		best = tb > tw ? tb : tw
-		sync[t] = s; vs_torch[t] = s / best; vs_sentence[t] = w / tw
-		fl = t == 1 ? median(rate["floor", 1]) : 0
-		if (t == 1) vs_floor = fl / s
-		printf "| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %s | %s |\n",
-			t, s, w, h, tb, tw, s / best, w / tw,
-			t == 1 ? sprintf("%.0f", fl) : "-",
-			t == 1 ? sprintf("%.2f", fl / s) : "-"
-	}
+	speed_table("sentence")
 	print ""
 	print "words/s (tokens) of training, evaluation excluded, medians; PyTorch'"'"'s better = the better of its two modes."
 	print ""
-	print "| --models N | total words/s | each model'"'"'s words/s |"
-	print "|---:|---:|---:|"
-	for (m = 1; m <= 1024; m++)
-		if (m in models)
-			printf "| %d | %.0f | %.0f |\n", m,
-				median(rate["adg-models", m]),
-				median(per_model["adg-models", m])
+	models_table("words/s")
 	print ""
-	print "Threads (CPU time / wall time of the whole process, the most of any run):"
-	split("adg-sync adg-sentence adg-hogwild torch-batched torch-sentence floor", kinds, " ")
-	for (i = 1; i <= n; i++) {
-		t = ts[i]; line = ""; ok = 1
-		for (j = 1; j <= 6; j++)
-			if ((kinds[j], t) in busy) {
-				b = max_of(busy[kinds[j], t])
-				line = line sprintf(" %s %.2f", kinds[j], b)
-				if (b > 1.10) ok = 0
-			}
-		if (t == 1)
-			printf "  %s T=1: one core each (at most 1.10):%s\n", verdict(ok), line
-		else
-			printf "  info T=%d:%s\n", t, line
-	}
+	threads_report("adg-sync adg-sentence adg-hogwild torch-batched torch-sentence floor")
 	print ""
-	print "Checks:"
-	for (i = 1; i <= n; i++) {
-		t = ts[i]
-		printf "  %s T=%d: sync gives the same weights in every run (%s)\n",
-			verdict(!varies["adg-sync", t]), t, hash["adg-sync", t]
-	}
+	sync_checks()
 	if ((1 in seen) && (2 in seen))
 		printf "  %s sync gives the same weights at T=1 and T=2\n",
 			verdict(hash["adg-sync", 1] == hash["adg-sync", 2])
@@ -262,7 +204,7 @@ END {
 		printf "  %s T=%d: libadg (sync) >= 2 x PyTorch'"'"'s better mode: %.2f x\n",
 			verdict(vs_torch[t] >= 2), t, vs_torch[t]
 		printf "  %s T=%d: libadg a graph per sentence >= 10 x PyTorch a graph per sentence: %.2f x\n",
-			verdict(vs_sentence[t] >= 10), t, vs_sentence[t]
+			verdict(vs_per[t] >= 10), t, vs_per[t]
 	}
 	if ((1 in seen) && (2 in seen))
 		printf "  %s sync: 2 threads >= 1.8 x 1 thread: %.2f x\n",

@@ -151,6 +151,96 @@ function max_of(list,   v, n, i, m) {
 function verdict(ok) { return ok ? "PASS" : "MISS" }
 '
 
+# awk functions for the comparisons of a trainer with PyTorch by cells
+# (compare-langid.sh, compare-tagger.sh), to put after $stats_awk. Each
+# line of their results is timed_result's "KIND T key=value ...", KIND
+# one of adg-sync, adg-PER (a graph per PER), adg-hogwild, torch-batched,
+# torch-PER, floor (T = 1), adg-models (T: the models) and accuracy-*.
+#   read_cell(speed)   files the line under (kind, t): its speed (the key
+#                      speed, "samples_per_s" say) in rate, per_model,
+#                      acc, busy, hash (varies: more than one); the
+#                      thread counts, in the order seen, in ts[1..n]
+#   speed_table(per)   the table of medians by T (sync, vs_torch, vs_per
+#                      and vs_floor kept for the targets)
+#   models_table(unit) --models N's total and each model's speed
+#   threads_report(kinds)  each kind's CPU / wall time, the most of any
+#                      run; at T = 1 PASS when no kind used over 1.10
+#   sync_checks()      sync's weights: one hash a T
+# shellcheck disable=SC2034,SC2016 # used by the scripts that source this; the $ are awk's
+cells_awk='
+function read_cell(speed,   i, kv, kind, t) {
+	kind = $1; t = $2
+	delete f
+	for (i = 3; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+	if (kind == "adg-models") {
+		models[t] = 1
+	} else if (kind !~ /^accuracy/ && !(t in seen)) {
+		seen[t] = 1; ts[++n] = t
+	}
+	rate[kind, t] = rate[kind, t] " " f[speed]
+	per_model[kind, t] = per_model[kind, t] " " f["per_model_" speed]
+	acc[kind, t] = acc[kind, t] " " f["test_accuracy"]
+	busy[kind, t] = busy[kind, t] " " f["cpu_over_wall"]
+	if ("weights" in f) {
+		if ((kind, t) in hash && hash[kind, t] != f["weights"])
+			varies[kind, t] = 1
+		hash[kind, t] = f["weights"]
+	}
+}
+function speed_table(per,   i, t, s, w, h, tb, tw, best, fl) {
+	print "| T | libadg sync | libadg sync, a graph per " per " | libadg Hogwild | PyTorch batched | PyTorch a graph per " per " (Hogwild) | libadg / PyTorch'"'"'s better | a graph per " per ": libadg / PyTorch | floor | floor / libadg |"
+	print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+	for (i = 1; i <= n; i++) {
+		t = ts[i]
+		s = median(rate["adg-sync", t]); w = median(rate["adg-" per, t])
+		h = median(rate["adg-hogwild", t])
+		tb = median(rate["torch-batched", t]); tw = median(rate["torch-" per, t])
+		best = tb > tw ? tb : tw
+		sync[t] = s; vs_torch[t] = s / best; vs_per[t] = w / tw
+		fl = t == 1 ? median(rate["floor", 1]) : 0
+		if (t == 1) vs_floor = fl / s
+		printf "| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %s | %s |\n",
+			t, s, w, h, tb, tw, s / best, w / tw,
+			t == 1 ? sprintf("%.0f", fl) : "-",
+			t == 1 ? sprintf("%.2f", fl / s) : "-"
+	}
+}
+function models_table(unit,   m) {
+	print "| --models N | total " unit " | each model'"'"'s " unit " |"
+	print "|---:|---:|---:|"
+	for (m = 1; m <= 1024; m++)
+		if (m in models)
+			printf "| %d | %.0f | %.0f |\n", m,
+				median(rate["adg-models", m]),
+				median(per_model["adg-models", m])
+}
+function threads_report(list,   kinds, k, i, j, t, b, line, ok) {
+	print "Threads (CPU time / wall time of the whole process, the most of any run):"
+	k = split(list, kinds, " ")
+	for (i = 1; i <= n; i++) {
+		t = ts[i]; line = ""; ok = 1
+		for (j = 1; j <= k; j++)
+			if ((kinds[j], t) in busy) {
+				b = max_of(busy[kinds[j], t])
+				line = line sprintf(" %s %.2f", kinds[j], b)
+				if (b > 1.10) ok = 0
+			}
+		if (t == 1)
+			printf "  %s T=1: one core each (at most 1.10):%s\n", verdict(ok), line
+		else
+			printf "  info T=%d:%s\n", t, line
+	}
+}
+function sync_checks(   i, t) {
+	print "Checks:"
+	for (i = 1; i <= n; i++) {
+		t = ts[i]
+		printf "  %s T=%d: sync gives the same weights in every run (%s)\n",
+			verdict(!varies["adg-sync", t]), t, hash["adg-sync", t]
+	}
+}
+'
+
 # Draws training loss and test accuracy against training time, side by
 # side, into the PNG $1, titled $2, from gnuplot plot clauses $3 (the
 # loss) and $4 (the accuracy); $5, more gnuplot settings for the accuracy
