@@ -35,17 +35,8 @@
 namespace gru
 {
 
-using kernels::column_sums;
-using kernels::cross_entropy;
-using kernels::fingerprint;
-using kernels::initialise;
-using kernels::learning_rate;
-using kernels::product_nn;
-using kernels::product_nt;
-using kernels::product_tn;
-using kernels::shuffled;
-using kernels::sigmoid;
-using kernels::tanh_of;
+/* The shared kernels, also by this namespace's name (gru::shuffled). */
+using namespace kernels;
 
 constexpr int n_bytes = 256, embed = 32, hidden = 64, gates = 3 * hidden;
 constexpr int classes = 9;

@@ -40,19 +40,8 @@
 namespace lstm
 {
 
-using kernels::column_sums;
-using kernels::cross_entropy;
-using kernels::fingerprint;
-using kernels::initialise;
-using kernels::learning_rate;
-using kernels::next_random;
-using kernels::product_nn;
-using kernels::product_nt;
-using kernels::product_tn;
-using kernels::shuffled;
-using kernels::sigmoid;
-using kernels::tanh_of;
-using kernels::uniform01;
+/* The shared kernels, also by this namespace's name (lstm::shuffled). */
+using namespace kernels;
 
 constexpr int word_dim = 128, char_dim = 20, char_hidden = 64;
 constexpr int word_hidden = 50, mlp_hidden = 32;
