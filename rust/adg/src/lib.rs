@@ -1,0 +1,1 @@
+//! Safe Rust layer over libadg (in progress).
