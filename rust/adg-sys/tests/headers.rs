@@ -21,7 +21,7 @@ use std::process::Command;
 /// Every function bound: naming one that does not exist fails to compile.
 macro_rules! functions {
     ($($f:ident),* $(,)?) => {
-        vec![$((stringify!($f), sys::$f as usize)),*]
+        vec![$((stringify!($f), sys::$f as *const () as usize)),*]
     };
 }
 
