@@ -46,6 +46,7 @@ mod error;
 mod gradients;
 mod node;
 mod panic;
+mod pool;
 mod registry;
 mod step;
 
@@ -54,6 +55,7 @@ pub use dot::write_dot;
 pub use error::{code, Error, Failure, Result, Site};
 pub use gradients::{Grad, Gradients};
 pub use node::Node;
+pub use pool::Pool;
 pub use registry::{Registry, Stats};
 pub use step::StepCall;
 
