@@ -47,6 +47,7 @@ mod gradients;
 mod node;
 mod panic;
 mod pool;
+mod reducer;
 mod registry;
 mod step;
 
@@ -56,6 +57,7 @@ pub use error::{code, Error, Failure, Result, Site};
 pub use gradients::{Grad, Gradients};
 pub use node::Node;
 pub use pool::Pool;
+pub use reducer::{FailureSite, Reducer, ReducerBuilder, Reduction, RoundError};
 pub use registry::{Registry, Stats};
 pub use step::StepCall;
 
