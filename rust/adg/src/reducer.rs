@@ -50,6 +50,33 @@ use crate::{BackwardOptions, Error, Grad, Node, Result};
 ///
 /// The sum is borrowed: apply may read and change it (scale it, clip it),
 /// not keep it; the reducer drops it after the round's barrier.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+///
+/// # fn main() -> adg::Result<()> {
+/// let reg = adg::Registry::<Vec<f64>>::new()?;
+/// let w = reg.leaf()?;
+/// let weights = Arc::new(Mutex::new(vec![0.0; 2]));
+/// let red = {
+///     let weights = Arc::clone(&weights);
+///     adg::Reducer::builder(1, [&w]).units(2).build(move |mut r| {
+///         assert_eq!((r.param(), r.round(), r.units()), (0, 0, 0..2));
+///         let Some(grad) = r.sum_mut() else { return Ok(()) };
+///         for g in grad.iter_mut() {
+///             *g = g.clamp(-1.0, 1.0); // clip the batch's gradient
+///         }
+///         for (w, g) in weights.lock().unwrap().iter_mut().zip(grad.iter()) {
+///             *w -= 0.5 * g;
+///         }
+///         Ok(())
+///     })?
+/// };
+/// red.round(0, |unit| red.give(0, &w, vec![unit as f64 + 0.5, -3.0]))?;
+/// assert_eq!(*weights.lock().unwrap(), [-0.5, 0.5]); // sums 2 and -6, clipped
+/// # Ok(())
+/// # }
+/// ```
 pub struct Reduction<'a, T> {
     param: usize,
     id: u64,
@@ -129,6 +156,27 @@ pub enum FailureSite {
 /// error, who failed, and where (`adg_reducer_failure`).
 ///
 /// It converts into [`Error`] (the round's error) for `?`.
+///
+/// ```
+/// use adg::{code, Error, FailureSite};
+///
+/// # fn main() -> adg::Result<()> {
+/// let reg = adg::Registry::<f64>::new()?;
+/// let w = reg.leaf()?;
+/// let red = adg::Reducer::builder(1, [&w]).units(3).build(|_| Ok(()))?;
+/// let e = red
+///     .round(0, |unit| match unit {
+///         1 => Err(Error::new(code::EUSER - 1, "unit 1 had no samples")),
+///         _ => red.give(0, &w, 1.0),
+///     })
+///     .unwrap_err();
+/// assert_eq!((e.code(), e.site()), (code::EUSER - 1, FailureSite::Participant));
+/// assert_eq!((e.participant(), e.unit(), e.round()), (Some(0), Some(1), 0));
+/// assert_eq!(e.cause().unwrap().reason(), "unit 1 had no samples");
+/// assert_eq!(red.rounds(), 1); // abandoned, and the next round starts clean
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 pub struct RoundError(Box<RoundFacts>);
 
@@ -505,6 +553,29 @@ impl<T: Grad> Reducer<T> {
     ///
     /// `ADG_EINVAL` (participant out of range), `ADG_ESTATE` (a reducer
     /// without units, participant's unit not ended).
+    ///
+    /// A round by hand, which [`round`](Reducer::round) does for you:
+    ///
+    /// ```
+    /// # fn main() -> adg::Result<()> {
+    /// let reg = adg::Registry::<f64>::new()?;
+    /// let w = reg.leaf()?;
+    /// let red = adg::Reducer::builder(1, [&w]).units(4).build(|r| {
+    ///     assert_eq!(r.sum(), Some(&10.0)); // 1 + 2 + 3 + 4
+    ///     Ok(())
+    /// })?;
+    /// let mut result = Ok(());
+    /// while let Some(unit) = red.next_unit(0)? {
+    ///     result = red.give(0, &w, unit as f64 + 1.0);
+    ///     if result.is_err() {
+    ///         break; // end fails the round with it
+    ///     }
+    ///     red.unit_end(0)?;
+    /// }
+    /// red.end(0, result)?;
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// [`give`]: Reducer::give
     /// [`unit_end`]: Reducer::unit_end
@@ -891,21 +962,16 @@ unsafe extern "C" fn apply_c<T: Grad>(r: *const sys::adg_reduction, ctx: *mut c_
     }
 }
 
-/// `ops.release`: drops a contribution (or a sum) after the barrier.
+/// `ops.release`: drops a contribution (or a sum) after the barrier. A
+/// panicking drop aborts, as the core's gradient free does: release has
+/// no way to report it.
 unsafe extern "C" fn release_c<T: Grad>(
     value: *mut c_void,
     _participant: usize,
     _ctx: *mut c_void,
 ) {
     // SAFETY: value is a boxed T the reducer held and now hands back.
-    let dropped = catch_unwind(AssertUnwindSafe(|| {
-        drop(unsafe { Box::from_raw(value.cast::<T>()) })
-    }));
-    // A panicking Drop must not unwind into C; its payload is forgotten
-    // rather than dropped, as dropping it could panic again.
-    if let Err(payload) = dropped {
-        std::mem::forget(payload);
-    }
+    crate::panic::abort_on_panic(|| drop(unsafe { Box::from_raw(value.cast::<T>()) }));
 }
 
 impl RoundError {

@@ -428,6 +428,13 @@ fn misuse_is_refused_and_changes_nothing() {
         adg_sys::ADG_ESTATE
     );
     assert_eq!(red.next_unit(1).unwrap_err().code(), adg_sys::ADG_EINVAL);
+    let y = reg.op(&[&w], |call| call.give(0, 1.0)).unwrap();
+    let e = adg::backward_with(&y, 1.0, &red.hook(1, BackwardOptions::new())).unwrap_err();
+    assert_eq!(
+        e.code(),
+        adg_sys::ADG_EINVAL,
+        "a hook for participant 1 of 1"
+    );
     assert_eq!(red.unit_end(0).unwrap_err().code(), adg_sys::ADG_ESTATE);
     let refused = red.end(1, Ok(())).unwrap_err();
     assert_eq!(
