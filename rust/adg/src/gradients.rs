@@ -235,7 +235,7 @@ impl<T: Grad> Drop for Gradients<T> {
     }
 }
 
-impl<T: Grad + std::fmt::Debug> std::fmt::Debug for Gradients<T> {
+impl<T: Grad> std::fmt::Debug for Gradients<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Gradients")
             .field("len", &self.len())
