@@ -513,3 +513,82 @@ fn a_reducer_is_send_and_sync() {
     shared::<Reducer<f64>>();
     shared::<Reducer<Vec<f32>>>();
 }
+
+/// The sum of units [lo, lo + size) of a job of `total` units from the
+/// ranks' partial sums (first unit, units, sum), in the job's tree.
+fn fold_partials(
+    partials: &[(usize, usize, f64)],
+    lo: usize,
+    size: usize,
+    total: usize,
+) -> Option<f64> {
+    if lo >= total {
+        return None;
+    }
+    let units = size.min(total - lo);
+    if let Some(&(_, _, sum)) = partials.iter().find(|p| (p.0, p.1) == (lo, units)) {
+        return Some(sum);
+    }
+    assert!(size > 1, "no partial sum covers unit {lo}");
+    let left = fold_partials(partials, lo, size / 2, total);
+    let right = fold_partials(partials, lo + size / 2, size / 2, total);
+    match (left, right) {
+        (Some(l), Some(r)) => Some(l + r),
+        (l, r) => l.or(r),
+    }
+}
+
+#[test]
+fn ranks_fold_their_partial_sums_to_one_reducers_bits() {
+    // Order-sensitive: left to right gives another sum than the tree.
+    let grads = [1e16, 1.0, -1e16, 1.0, 3.0, 1e-3];
+    let total = grads.len();
+    let reg = Registry::<f64>::new().unwrap();
+    let w = reg.leaf().unwrap();
+    // One reducer of every unit, on two threads.
+    let whole = Arc::new(RwLock::new(Vec::new()));
+    let red = {
+        let whole = Arc::clone(&whole);
+        give_reducer(2, total, &w, move |r| {
+            whole.write().unwrap().push(r.sum().copied().unwrap());
+            Ok(())
+        })
+    };
+    std::thread::scope(|s| {
+        for p in 0..2 {
+            let (red, w) = (&red, &w);
+            s.spawn(move || red.round(p, |unit| red.give(p, w, grads[unit])).unwrap());
+        }
+    });
+    // Two ranks: units 0..3 and 3..6, their partial sums kept by range.
+    let partials = Arc::new(RwLock::new(Vec::new()));
+    for (first, units) in [(0, 3), (3, 3)] {
+        let partials = Arc::clone(&partials);
+        let rank = Reducer::builder(1, [&w])
+            .units(units)
+            .unit_range(first, total)
+            .build(move |r| {
+                let range = r.units();
+                let sum = r.sum().copied().unwrap();
+                partials
+                    .write()
+                    .unwrap()
+                    .push((range.start, range.len(), sum));
+                Ok(())
+            })
+            .unwrap();
+        rank.round(0, |unit| rank.give(0, &w, grads[unit])).unwrap();
+    }
+    let partials = partials.read().unwrap();
+    assert!(
+        partials.len() > 2,
+        "each rank gives the largest subtrees in its range"
+    );
+    let folded = fold_partials(&partials, 0, total.next_power_of_two(), total).unwrap();
+    assert_eq!(*whole.read().unwrap(), [folded]);
+    assert_ne!(
+        folded,
+        grads.iter().sum::<f64>(),
+        "the data shows the order"
+    );
+}
