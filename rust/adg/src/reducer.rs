@@ -530,6 +530,8 @@ impl<T: Grad> Reducer<T> {
     /// serve every unit and round of the participant.
     ///
     /// A participant out of range fails the backward with `ADG_EINVAL`.
+    /// Options hold one such hook: hooking them again (for another
+    /// participant, or another reducer) replaces it.
     pub fn hook<'a>(
         &'a self,
         participant: usize,
