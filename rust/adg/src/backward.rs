@@ -398,12 +398,26 @@ pub fn backward_with<T: Grad>(
     seed: T,
     options: &BackwardOptions<'_, T>,
 ) -> Result<Gradients<T>> {
+    let mut failure = panic::sized_failure();
+    backward_reporting(root, seed, options, &mut failure)
+}
+
+/// [`backward_with`] that also fills `failure` with libadg's account of
+/// the result (adg_backward_options.failure): what a layer over this one
+/// hands on (the reducer's adg_reducer_unit_end_with). A panic is still
+/// resumed, after `failure` is filled.
+pub(crate) fn backward_reporting<T: Grad>(
+    root: &Node<'_, T>,
+    seed: T,
+    options: &BackwardOptions<'_, T>,
+    failure: &mut sys::adg_failure,
+) -> Result<Gradients<T>> {
     let registry = root.registry();
     let pass = Pass {
         options,
         hooks: Store::default(),
     };
-    let mut failure = panic::sized_failure();
+    *failure = panic::sized_failure();
     let executor = options.executor.map_or(
         sys::adg_executor {
             submit: None,
@@ -412,7 +426,7 @@ pub fn backward_with<T: Grad>(
         },
         |e| e.0,
     );
-    let c = options.c_options(&pass, &mut failure, &executor)?;
+    let c = options.c_options(&pass, failure, &executor)?;
     let mut out = ptr::null_mut();
     // SAFETY: live handles; NULL ops: the registry's, T's. The seed is
     // libadg's from the call on (freed by it on error).
@@ -432,13 +446,13 @@ pub fn backward_with<T: Grad>(
         return Err(panic::rethrow(
             rc,
             reason,
-            &failure,
+            failure,
             steps,
             Some(&pass.hooks),
         ));
     }
     steps.drop_pass(failure.pass_id);
     let out = NonNull::new(out).expect("adg_backward_with returned gradients");
-    // SAFETY: the container of this backward, of boxed T's, now ours.
+    // SAFETY: the container of this backward, of T's, now ours.
     Ok(unsafe { Gradients::from_raw(out) })
 }
