@@ -456,3 +456,111 @@ pub(crate) fn backward_reporting<T: Grad>(
     // SAFETY: the container of this backward, of T's, now ours.
     Ok(unsafe { Gradients::from_raw(out) })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{code, Registry, Site};
+    use std::panic::catch_unwind;
+
+    /// An executor that runs each submitted job on a thread of its own.
+    unsafe extern "C" fn spawn(
+        f: Option<unsafe extern "C" fn(*mut c_void)>,
+        arg: *mut c_void,
+        _ctx: *mut c_void,
+    ) -> c_int {
+        struct Job(unsafe extern "C" fn(*mut c_void), *mut c_void);
+        // SAFETY: libadg's job may run on any thread.
+        unsafe impl Send for Job {}
+        let job = Job(f.expect("a job"), arg);
+        std::thread::spawn(move || {
+            let job = job;
+            // SAFETY: run once, as submit promises.
+            unsafe { (job.0)(job.1) }
+        });
+        0
+    }
+
+    fn threaded<'o>() -> BackwardOptions<'o, f64> {
+        let mut o = BackwardOptions::new();
+        // SAFETY: spawn may be called from any thread; no ctx.
+        unsafe {
+            o.set_executor(sys::adg_executor {
+                submit: Some(spawn),
+                ctx: ptr::null_mut(),
+                n_workers: 3,
+            })
+        };
+        o
+    }
+
+    /// y = sum of `width` branches x * k, each its own op.
+    fn fan<'r>(
+        reg: &'r Registry,
+        x: &Node<'r>,
+        width: usize,
+        bad: Option<usize>,
+    ) -> Result<Node<'r>> {
+        let branches: Vec<Node<'r>> = (0..width)
+            .map(|k| {
+                reg.op(&[x], move |call| {
+                    if Some(k) == bad {
+                        panic!("branch {k} exploded");
+                    }
+                    let g = *call.grad().unwrap_or(&0.0);
+                    call.give(0, g * k as f64)
+                })
+            })
+            .collect::<Result<_>>()?;
+        let parents: Vec<&Node<'r>> = branches.iter().collect();
+        reg.op(&parents, |call| {
+            let g = *call.grad().unwrap_or(&0.0);
+            (0..call.n_parents()).try_for_each(|s| call.give(s, g))
+        })
+    }
+
+    #[test]
+    fn an_executor_runs_the_steps_with_the_same_sums() -> Result<()> {
+        let reg = Registry::<f64>::new()?;
+        let x = reg.leaf()?;
+        let y = fan(&reg, &x, 16, None)?;
+        let grads = backward_with(&y, 1.0, &threaded())?;
+        assert_eq!(grads.get(&x), Some(&120.0)); // 0 + 1 + ... + 15
+        Ok(())
+    }
+
+    #[test]
+    fn a_worker_panic_is_resumed_on_the_caller() -> Result<()> {
+        let reg = Registry::<f64>::new()?;
+        let x = reg.leaf()?;
+        let y = fan(&reg, &x, 16, Some(7))?;
+        let caught = catch_unwind(AssertUnwindSafe(|| backward_with(&y, 1.0, &threaded())));
+        let payload = caught.expect_err("the worker's panic is resumed");
+        let message = payload.downcast_ref::<String>().map(String::as_str);
+        assert_eq!(message, Some("branch 7 exploded"));
+        assert_eq!(
+            reg.shared()
+                .store
+                .count
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+        // The registry goes on, with the executor too.
+        let z = fan(&reg, &x, 4, None)?;
+        assert_eq!(backward_with(&z, 1.0, &threaded())?.get(&x), Some(&6.0));
+        Ok(())
+    }
+
+    #[test]
+    fn the_value_check_names_the_step_with_an_executor() -> Result<()> {
+        let reg = Registry::<f64>::new()?;
+        let x = reg.leaf()?;
+        let y = fan(&reg, &x, 8, None)?;
+        // Branch k gives k: reject 5's.
+        let o = threaded().value_check(|g: &f64| *g != 5.0);
+        let e = backward_with(&y, 1.0, &o).unwrap_err();
+        assert_eq!(e.code(), code::EVALUE);
+        assert_eq!(e.failure().unwrap().site, Site::Check);
+        Ok(())
+    }
+}
