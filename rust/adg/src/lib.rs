@@ -51,7 +51,7 @@ mod registry;
 mod step;
 mod value;
 
-pub use backward::{backward, backward_with, BackwardOptions, Ready};
+pub use backward::{backward, backward_with, BackwardOptions, Ready, StepEvent};
 pub use dot::write_dot;
 pub use error::{code, Error, Failure, Result, Site};
 pub use gradients::{Grad, Gradients};
