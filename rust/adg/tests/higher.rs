@@ -4,7 +4,6 @@
 //! f(x) = x³ at x = 2: f' = 3x² = 12, f'' = 6x = 12, f''' = 6.
 
 use adg::{BackwardOptions, Grad, Node, Registry};
-use std::sync::LazyLock;
 
 /// A value and the node that computes it; no node: a constant.
 #[derive(Clone)]
@@ -12,10 +11,6 @@ struct Dual {
     node: Option<Node<'static, Dual>>,
     value: f64,
 }
-
-/// The registry of the duals' nodes: a gradient type is 'static, and the
-/// nodes it holds borrow their registry, so the registry is one too.
-static REG: LazyLock<Registry<Dual>> = LazyLock::new(|| Registry::new().unwrap());
 
 fn constant(value: f64) -> Dual {
     Dual { node: None, value }
@@ -39,7 +34,9 @@ fn record(
         .iter()
         .map(|&k| operands[k].node.as_ref().unwrap())
         .collect();
-    let node = REG
+    // Ops are recorded on the registry of the operands' nodes.
+    let reg = parents[0].registry();
+    let node = reg
         .op(&parents, move |call| {
             let Some(g) = call.grad().cloned() else {
                 return Ok(());
@@ -84,8 +81,12 @@ fn derivative(root: &Dual, x: &Dual) -> Dual {
 
 #[test]
 fn derivatives_of_x_cubed_are_nodes_of_their_own() {
+    // A gradient type is 'static, and the nodes it holds borrow their
+    // registry, so the registry is 'static too: leaked here, and taken
+    // back at the end, once every node is gone.
+    let reg: &'static Registry<Dual> = Box::leak(Box::new(Registry::new().unwrap()));
     let x = Dual {
-        node: Some(REG.leaf().unwrap()),
+        node: Some(reg.leaf().unwrap()),
         value: 2.0,
     };
     let f = mul(&mul(&x, &x), &x);
@@ -97,6 +98,8 @@ fn derivatives_of_x_cubed_are_nodes_of_their_own() {
     let f3 = derivative(&f2, &x);
     assert_eq!(f3.value, 6.0);
     drop((f, f1, f2, f3, x));
-    let st = REG.stats();
+    let st = reg.stats();
     assert_eq!((st.live_nodes, st.live_steps), (0, 0), "every node freed");
+    // SAFETY: the Box leaked above; no node, so nothing borrows it.
+    drop(unsafe { Box::from_raw(std::ptr::from_ref(reg).cast_mut()) });
 }
