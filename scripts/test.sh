@@ -4,7 +4,9 @@
 # AddressSanitizer + UndefinedBehaviorSanitizer, ThreadSanitizer; runs the
 # plain build's tests again under valgrind memcheck (scripts/valgrind.sh);
 # installs libadg into a temporary prefix and builds an outside consumer
-# with pkg-config (scripts/consumer-test.sh); fuzzes for a minute
+# with pkg-config (scripts/consumer-test.sh); builds and tests the Rust
+# crates against it, with valgrind, both sanitizer sides and Miri
+# (scripts/rust-test.sh); fuzzes for a minute
 # (scripts/fuzz.sh; ADG_FUZZ_SECONDS changes the time). Installs missing
 # build dependencies and fetches the data of examples/digits,
 # examples/fashion, examples/langid and examples/tagger first. Ends with
@@ -63,6 +65,9 @@ verdict valgrind scripts/valgrind.sh build-test-plain
 echo "=== consumer"
 verdict consumer scripts/consumer-test.sh
 
+echo "=== rust"
+verdict rust scripts/rust-test.sh
+
 # A short differential fuzzing run against the sequential model (clang,
 # ASan + UBSan); it counts as one check.
 echo "=== fuzz (${ADG_FUZZ_SECONDS:-60} s)"
@@ -75,7 +80,8 @@ fi
 
 # One count over everything: a Criterion binary counts its test cases
 # ("Synthesis: Tested: T | Passing: P | Failing: F | Crashing: C"), the TSan
-# runner, valgrind.sh, the consumer test and the fuzz step print "name: P
+# runner, valgrind.sh, the consumer test, the Rust crates' tests (each
+# cargo test case) and the fuzz step print "name: P
 # passed, F failed", and any other meson test (examples, doc checks) counts as one, by its result.
 # A Criterion binary registered with a --filter that picks no test (a test
 # renamed, say: tests/meson.build names tests by id) ran nothing: that
@@ -112,7 +118,7 @@ function count(text,   n, i, w, found) {
 }
 END {
 	while ((getline line < consumer) > 0)
-		if (line ~ /^(consumer|valgrind|fuzz): [0-9]+ passed, [0-9]+ failed$/) {
+		if (line ~ /^(consumer|valgrind|rust|fuzz): [0-9]+ passed, [0-9]+ failed$/) {
 			split(line, w, " "); p += w[2]; f += w[4]
 		}
 	printf "%d passed, %d failed\n", p, f
