@@ -5,7 +5,7 @@
 
 use crate::data::{leaf_value, mlp_init, Mat, MlpShape, ScalarShape};
 use adg::{Grad, Node, Registry};
-use ndarray::{Array2, Axis};
+use ndarray::{Array2, Axis, Zip};
 use std::sync::{Arc, LazyLock};
 
 /// A gradient: one ndarray matrix (1 x 1 for the scalar workloads).
@@ -28,7 +28,7 @@ type Arr = Arc<Array2<f32>>;
 /// are constants: no node, no gradient, as burn's tensors without
 /// require_grad.
 struct Var {
-    node: Option<Node<G>>,
+    node: Option<Node<'static, G>>,
     v: Arr,
 }
 
@@ -51,26 +51,24 @@ fn to_array(m: &Mat) -> Array2<f32> {
     Array2::from_shape_vec((m.rows, m.cols), m.data.clone()).expect("a row-major matrix")
 }
 
-/// Records an op over the tracked ones of `inputs`: `backward` gets the
+/// Records an op over the tracked ones of `inputs`: `backward` takes the
 /// output's gradient and returns one gradient per input (None for the
 /// untracked, which it need not compute).
 fn record<F>(inputs: &[&Var], v: Arr, backward: F) -> Var
 where
-    F: Fn(&Array2<f32>, [bool; 2]) -> [Option<Array2<f32>>; 2] + Send + 'static,
+    F: Fn(Array2<f32>, [bool; 2]) -> [Option<Array2<f32>>; 2] + Send + Sync + 'static,
 {
     let tracked = [0, 1].map(|i| inputs.get(i).is_some_and(|x| x.node.is_some()));
-    let parents: Vec<&Node<G>> = inputs.iter().filter_map(|x| x.node.as_ref()).collect();
+    let parents: Vec<&Node<'static, G>> = inputs.iter().filter_map(|x| x.node.as_ref()).collect();
     if parents.is_empty() {
         return Var { node: None, v };
     }
     let node = REGISTRY
         .op(&parents, move |call| {
-            let Some(g) = call.grad() else { return Ok(()) };
-            let grads = backward(&g.0, tracked);
-            let mut slot = 0;
-            for g in grads.into_iter().flatten() {
+            let Some(G(g)) = call.take_grad() else { return Ok(()) };
+            let grads = backward(g, tracked);
+            for (slot, g) in grads.into_iter().flatten().enumerate() {
                 call.give(slot, G(g))?;
-                slot += 1;
             }
             Ok(())
         })
@@ -82,7 +80,7 @@ fn matmul(a: &Var, b: &Var) -> Var {
     let (av, bv) = (a.value(), b.value());
     let v = Arc::new(av.dot(&*bv));
     record(&[a, b], v, move |g, t| {
-        [t[0].then(|| g.dot(&bv.t())), t[1].then(|| av.t().dot(g))]
+        [t[0].then(|| g.dot(&bv.t())), t[1].then(|| av.t().dot(&g))]
     })
 }
 
@@ -90,26 +88,34 @@ fn matmul(a: &Var, b: &Var) -> Var {
 fn add_row(h: &Var, b: &Var) -> Var {
     let v = Arc::new(&*h.v + &*b.v);
     record(&[h, b], v, |g, t| {
-        [t[0].then(|| g.clone()), t[1].then(|| g.sum_axis(Axis(0)).insert_axis(Axis(0)))]
+        let gb = t[1].then(|| g.sum_axis(Axis(0)).insert_axis(Axis(0)));
+        [t[0].then_some(g), gb]
     })
 }
 
 fn tanh(x: &Var) -> Var {
     let y = Arc::new(x.v.mapv(f32::tanh));
     let out = Arc::clone(&y);
-    record(&[x], y, move |g, _| [Some(g * &out.mapv(|y| 1.0 - y * y)), None])
+    record(&[x], y, move |mut g, _| {
+        Zip::from(&mut g).and(&*out).for_each(|g, &y| *g *= 1.0 - y * y);
+        [Some(g), None]
+    })
 }
 
 fn sub(a: &Var, b: &Var) -> Var {
     let v = Arc::new(&*a.v - &*b.v);
-    record(&[a, b], v, |g, t| [t[0].then(|| g.clone()), t[1].then(|| -g)])
+    record(&[a, b], v, |g, t| {
+        let gb = t[1].then(|| -&g);
+        [t[0].then_some(g), gb]
+    })
 }
 
 fn mul(a: &Var, b: &Var) -> Var {
     let (av, bv) = (a.value(), b.value());
     let v = Arc::new(&*av * &*bv);
     record(&[a, b], v, move |g, t| {
-        [t[0].then(|| g * &*bv), t[1].then(|| g * &*av)]
+        let ga = t[0].then(|| &g * &*bv);
+        [ga, t[1].then(|| g * &*av)]
     })
 }
 

@@ -18,6 +18,7 @@ const HELP: &str = "\
 usage: burn-vs-adg [--threads=1,2,8,32] [--workloads=mlp,chain,disjoint]
                    [--reps=5] [--models=32] [--steps=40] [--chains=64]
                    [--chain=1000] [--iterations=2048] [--check-only]
+                   [--seed-csv=FILE]
   --threads=LIST    thread counts, each a run of its own (default 1,2,8,32)
   --workloads=LIST  mlp: each thread trains its share of --models MLPs
                     (32 -> 64 -> 64 -> 10, tanh, MSE, SGD, batch 32) for
@@ -29,6 +30,9 @@ usage: burn-vs-adg [--threads=1,2,8,32] [--workloads=mlp,chain,disjoint]
   --reps=N          runs of each cell, burn and adg alternating (default 5);
                     the table shows medians
   --check-only      only the built-in checks (loss curves, gradients)
+  --seed-csv=FILE   adg-bench's bench.csv of a disjoint run (impls seed and
+                    adg): prints how the seed port's scaling predicted
+                    burn's, beside the disjoint table
 The total work of a cell is the same at every thread count: it is split
 evenly over the threads.";
 
@@ -42,6 +46,7 @@ struct Options {
     chain: usize,
     iterations: usize,
     check_only: bool,
+    seed_csv: Option<String>,
 }
 
 fn parse_list(v: &str) -> Result<Vec<usize>, String> {
@@ -62,6 +67,7 @@ fn parse_args() -> Result<Options, String> {
         chain: 1000,
         iterations: 2048,
         check_only: false,
+        seed_csv: None,
     };
     for arg in std::env::args().skip(1) {
         if arg == "--help" || arg == "-h" {
@@ -85,6 +91,7 @@ fn parse_args() -> Result<Options, String> {
             "--chains" => o.chains = one()?.max(1),
             "--chain" => o.chain = one()?.max(2),
             "--iterations" => o.iterations = one()?.max(1),
+            "--seed-csv" => o.seed_csv = Some(value.to_owned()),
             _ => return Err(format!("{arg}: unknown flag (see --help)")),
         }
     }
@@ -278,6 +285,74 @@ fn print_table(o: &Options, workload: &str, rows: &[Row]) {
             a1 / r.adg_s,
         );
     }
+    println!();
+    for r in rows {
+        let (want, label) = match r.threads {
+            1 => (1.0, "adg >= burn"),
+            8 | 32 => (4.0, "adg >= 4 x burn"),
+            _ => continue,
+        };
+        let ratio = r.burn_s / r.adg_s;
+        let verdict = if ratio >= want { "holds " } else { "MISSED" };
+        println!("  {verdict} {workload}, {} threads: {label}: {ratio:.2} x", r.threads);
+    }
+}
+
+/// adg-bench's median nodes/s per (impl, threads) for the disjoint
+/// workload, from its bench.csv.
+fn read_seed_csv(path: &str) -> Result<Vec<(String, usize, f64)>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().ok_or("empty")?.split(',').collect();
+    let col = |name: &str| {
+        header.iter().position(|h| *h == name).ok_or(format!("no column {name}"))
+    };
+    let (cw, ct, ci, cm) = (col("workload")?, col("threads")?, col("impl")?, col("median")?);
+    let mut out = Vec::new();
+    for line in lines {
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() <= cw.max(ct).max(ci).max(cm) || f[cw] != "disjoint" {
+            continue;
+        }
+        let threads = f[ct].parse().map_err(|e| format!("{line}: {e}"))?;
+        let median = f[cm].parse().map_err(|e| format!("{line}: {e}"))?;
+        out.push((f[ci].to_owned(), threads, median));
+    }
+    Ok(out)
+}
+
+/// How well the seed port (bench/impl_seed.c, burn's GraphMutexClient in
+/// C) predicted burn: each one's throughput at T threads over its own at
+/// 1 thread, on the same iteration; adg's C API and crate beside them.
+fn print_seed_prediction(path: &str, rows: &[Row], ops: f64) -> Result<(), String> {
+    let cells = read_seed_csv(path)?;
+    let rate = |imp: &str, t: usize| {
+        cells.iter().find(|c| c.0 == imp && c.1 == t).map(|c| c.2)
+    };
+    let scale = |imp: &str, t: usize| match (rate(imp, t), rate(imp, 1)) {
+        (Some(r), Some(r1)) => format!("{:.2}", r / r1),
+        _ => "-".into(),
+    };
+    let (b1, a1) = (rows[0].burn_s, rows[0].adg_s);
+    println!();
+    println!("**disjoint: the seed port's prediction** (throughput at T threads over 1 thread; seed and adg C from adg-bench, same iteration)");
+    println!();
+    println!("| threads | seed port (C) | burn 0.21 | adg C API | adg crate | seed ns/node | burn ns/op |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for r in rows {
+        let seed_ns = rate("seed", r.threads).map_or("-".into(), |x| format!("{:.0}", 1e9 / x));
+        println!(
+            "| {} | {} | {:.2} | {} | {:.2} | {} | {:.0} |",
+            r.threads,
+            scale("seed", r.threads),
+            b1 / r.burn_s,
+            scale("adg", r.threads),
+            a1 / r.adg_s,
+            seed_ns,
+            r.burn_s * 1e9 / ops,
+        );
+    }
+    Ok(())
 }
 
 /// The built-in checks: both sides' loss curves agree step by step, and the
@@ -357,6 +432,14 @@ fn main() -> ExitCode {
     for workload in &o.workloads {
         let rows = measure(&o, workload);
         print_table(&o, workload, &rows);
+        if let (true, Some(path)) = (workload == "disjoint", &o.seed_csv) {
+            let w = work(&o, workload);
+            let ops = (w.units * w.ops_per_unit) as f64;
+            if let Err(e) = print_seed_prediction(path, &rows, ops) {
+                eprintln!("burn-vs-adg: {path}: {e}");
+                return ExitCode::from(1);
+            }
+        }
     }
     ExitCode::SUCCESS
 }
