@@ -34,12 +34,18 @@ struct Var {
 
 impl Var {
     fn constant(m: &Mat) -> Var {
-        Var { node: None, v: Arc::new(to_array(m)) }
+        Var {
+            node: None,
+            v: Arc::new(to_array(m)),
+        }
     }
 
     fn leaf(v: Array2<f32>) -> Var {
         let node = REGISTRY.leaf().expect("an adg leaf");
-        Var { node: Some(node), v: Arc::new(v) }
+        Var {
+            node: Some(node),
+            v: Arc::new(v),
+        }
     }
 
     fn value(&self) -> Arr {
@@ -65,7 +71,9 @@ where
     }
     let node = REGISTRY
         .op(&parents, move |call| {
-            let Some(G(g)) = call.take_grad() else { return Ok(()) };
+            let Some(G(g)) = call.take_grad() else {
+                return Ok(());
+            };
             let grads = backward(g, tracked);
             for (slot, g) in grads.into_iter().flatten().enumerate() {
                 call.give(slot, G(g))?;
@@ -73,7 +81,10 @@ where
             Ok(())
         })
         .expect("an adg op");
-    Var { node: Some(node), v }
+    Var {
+        node: Some(node),
+        v,
+    }
 }
 
 fn matmul(a: &Var, b: &Var) -> Var {
@@ -97,7 +108,9 @@ fn tanh(x: &Var) -> Var {
     let y = Arc::new(x.v.mapv(f32::tanh));
     let out = Arc::clone(&y);
     record(&[x], y, move |mut g, _| {
-        Zip::from(&mut g).and(&*out).for_each(|g, &y| *g *= 1.0 - y * y);
+        Zip::from(&mut g)
+            .and(&*out)
+            .for_each(|g, &y| *g *= 1.0 - y * y);
         [Some(g), None]
     })
 }
@@ -123,7 +136,9 @@ fn mean(x: &Var) -> Var {
     let shape = x.v.raw_dim();
     let n = x.v.len() as f32;
     let v = Arc::new(Array2::from_elem((1, 1), x.v.mean().unwrap_or(0.0)));
-    record(&[x], v, move |g, _| [Some(Array2::from_elem(shape, g[[0, 0]] / n)), None])
+    record(&[x], v, move |g, _| {
+        [Some(Array2::from_elem(shape, g[[0, 0]] / n)), None]
+    })
 }
 
 fn backward(root: &Var) -> adg::Gradients<G> {
@@ -180,7 +195,10 @@ pub fn scalar(shape: &ScalarShape, thread: usize, iterations: usize) -> f32 {
                 .map(|i| mul(&leaves[i % n], &leaves[(i + 1) % n]))
                 .collect();
             while level.len() > 1 {
-                level = level.chunks(2).map(|pair| mul(&pair[0], &pair[1])).collect();
+                level = level
+                    .chunks(2)
+                    .map(|pair| mul(&pair[0], &pair[1]))
+                    .collect();
             }
             grad_of_leaf0(&level[0], &leaves[0]);
         }

@@ -16,8 +16,8 @@ use std::time::Instant;
 
 const HELP: &str = "\
 usage: burn-vs-adg [--threads=1,2,8,32] [--workloads=mlp,chain,disjoint]
-                   [--reps=5] [--models=32] [--steps=40] [--chains=64]
-                   [--chain=1000] [--iterations=2048] [--check-only]
+                   [--reps=7] [--models=64] [--steps=40] [--chains=128]
+                   [--chain=1000] [--iterations=4096] [--check-only]
                    [--seed-csv=FILE]
   --threads=LIST    thread counts, each a run of its own (default 1,2,8,32)
   --workloads=LIST  mlp: each thread trains its share of --models MLPs
@@ -27,7 +27,7 @@ usage: burn-vs-adg [--threads=1,2,8,32] [--workloads=mlp,chain,disjoint]
                     leaves; disjoint: adg-bench's disjoint iteration (a
                     chain of 32 products and a 31-node tree over 4 leaves,
                     each with its backward), --iterations in all
-  --reps=N          runs of each cell, burn and adg alternating (default 5);
+  --reps=N          runs of each cell, burn and adg alternating (default 7);
                     the table shows medians
   --check-only      only the built-in checks (loss curves, gradients)
   --seed-csv=FILE   adg-bench's bench.csv of a disjoint run (impls seed and
@@ -60,12 +60,12 @@ fn parse_args() -> Result<Options, String> {
     let mut o = Options {
         threads: vec![1, 2, 8, 32],
         workloads: vec!["mlp".into(), "chain".into(), "disjoint".into()],
-        reps: 5,
-        models: 32,
+        reps: 7,
+        models: 64,
         steps: 40,
-        chains: 64,
+        chains: 128,
         chain: 1000,
-        iterations: 2048,
+        iterations: 4096,
         check_only: false,
         seed_csv: None,
     };
@@ -166,22 +166,32 @@ fn work(o: &Options, workload: &str) -> Work {
 
 fn scalar_shape(o: &Options, workload: &str) -> (ScalarShape, usize) {
     if workload == "chain" {
-        let shape = ScalarShape { chain: o.chain, tree: 0, leaves: 4 };
+        let shape = ScalarShape {
+            chain: o.chain,
+            tree: 0,
+            leaves: 4,
+        };
         (shape, o.chains)
     } else {
-        let shape = ScalarShape { chain: 32, tree: 32, leaves: 4 };
+        let shape = ScalarShape {
+            chain: 32,
+            tree: 32,
+            leaves: 4,
+        };
         (shape, o.iterations)
     }
 }
 
 /// Runs one cell: `threads` threads share `work.units` evenly, released
-/// together by a barrier; returns the wall time from the release to the
-/// last thread's end, in seconds.
+/// together by a barrier; returns the seconds from the first thread's
+/// start to the last one's end, read off the threads' own clocks (the
+/// main thread may wait for a core long after the barrier lets the
+/// workers go, so its clock would start late).
 fn run_cell(work: &Work, side: Side, threads: usize) -> f64 {
-    let barrier = Barrier::new(threads + 1);
+    let barrier = Barrier::new(threads);
     let per = work.units / threads;
     let extra = work.units % threads;
-    std::thread::scope(|s| {
+    let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let first = t * per + t.min(extra);
@@ -189,17 +199,20 @@ fn run_cell(work: &Work, side: Side, threads: usize) -> f64 {
                 let barrier = &barrier;
                 s.spawn(move || {
                     barrier.wait();
+                    let start = Instant::now();
                     (work.run)(side, t, first, share);
+                    (start, Instant::now())
                 })
             })
             .collect();
-        barrier.wait();
-        let start = Instant::now();
-        for h in handles {
-            h.join().expect("a bench thread panicked");
-        }
-        start.elapsed().as_secs_f64()
-    })
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a bench thread panicked"))
+            .collect()
+    });
+    let start = spans.iter().map(|s| s.0).min().expect("a thread");
+    let end = spans.iter().map(|s| s.1).max().expect("a thread");
+    (end - start).as_secs_f64()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -229,7 +242,11 @@ fn measure(o: &Options, workload: &str) -> Vec<Row> {
         for rep in 0..o.reps {
             // Alternate which side goes first, so drift in the machine's
             // load falls on both.
-            let order = if rep % 2 == 0 { [Side::Burn, Side::Adg] } else { [Side::Adg, Side::Burn] };
+            let order = if rep % 2 == 0 {
+                [Side::Burn, Side::Adg]
+            } else {
+                [Side::Adg, Side::Burn]
+            };
             for side in order {
                 let secs = run_cell(&w, side, t);
                 match side {
@@ -238,7 +255,11 @@ fn measure(o: &Options, workload: &str) -> Vec<Row> {
                 }
             }
         }
-        rows.push(Row { threads: t, burn_s: median(burn), adg_s: median(adg) });
+        rows.push(Row {
+            threads: t,
+            burn_s: median(burn),
+            adg_s: median(adg),
+        });
         eprintln!("  {workload} T = {t} done");
     }
     rows
@@ -256,7 +277,11 @@ fn fmt_rate(x: f64) -> String {
 
 fn print_table(o: &Options, workload: &str, rows: &[Row]) {
     let w = work(o, workload);
-    let unit = if workload == "mlp" { "models/s" } else { "backwards/s" };
+    let unit = if workload == "mlp" {
+        "models/s"
+    } else {
+        "backwards/s"
+    };
     let backwards_per_unit = match workload {
         "mlp" => 1.0,
         "chain" => 1.0,
@@ -264,7 +289,10 @@ fn print_table(o: &Options, workload: &str, rows: &[Row]) {
     };
     let ops = (w.units * w.ops_per_unit) as f64;
     println!();
-    println!("**{workload}**: {} units of {} recorded ops each", w.units, w.ops_per_unit);
+    println!(
+        "**{workload}**: {} units of {} recorded ops each",
+        w.units, w.ops_per_unit
+    );
     println!();
     println!(
         "| threads | burn ns/op | adg ns/op | burn {unit} | adg {unit} | adg / burn | burn vs 1 thread | adg vs 1 thread |"
@@ -294,7 +322,10 @@ fn print_table(o: &Options, workload: &str, rows: &[Row]) {
         };
         let ratio = r.burn_s / r.adg_s;
         let verdict = if ratio >= want { "holds " } else { "MISSED" };
-        println!("  {verdict} {workload}, {} threads: {label}: {ratio:.2} x", r.threads);
+        println!(
+            "  {verdict} {workload}, {} threads: {label}: {ratio:.2} x",
+            r.threads
+        );
     }
 }
 
@@ -305,9 +336,17 @@ fn read_seed_csv(path: &str) -> Result<Vec<(String, usize, f64)>, String> {
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().ok_or("empty")?.split(',').collect();
     let col = |name: &str| {
-        header.iter().position(|h| *h == name).ok_or(format!("no column {name}"))
+        header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or(format!("no column {name}"))
     };
-    let (cw, ct, ci, cm) = (col("workload")?, col("threads")?, col("impl")?, col("median")?);
+    let (cw, ct, ci, cm) = (
+        col("workload")?,
+        col("threads")?,
+        col("impl")?,
+        col("median")?,
+    );
     let mut out = Vec::new();
     for line in lines {
         let f: Vec<&str> = line.split(',').collect();
@@ -326,9 +365,7 @@ fn read_seed_csv(path: &str) -> Result<Vec<(String, usize, f64)>, String> {
 /// 1 thread, on the same iteration; adg's C API and crate beside them.
 fn print_seed_prediction(path: &str, rows: &[Row], ops: f64) -> Result<(), String> {
     let cells = read_seed_csv(path)?;
-    let rate = |imp: &str, t: usize| {
-        cells.iter().find(|c| c.0 == imp && c.1 == t).map(|c| c.2)
-    };
+    let rate = |imp: &str, t: usize| cells.iter().find(|c| c.0 == imp && c.1 == t).map(|c| c.2);
     let scale = |imp: &str, t: usize| match (rate(imp, t), rate(imp, 1)) {
         (Some(r), Some(r1)) => format!("{:.2}", r / r1),
         _ => "-".into(),
