@@ -18,10 +18,10 @@ const HELP: &str = "\
 usage: burn-vs-adg [--threads=1,2,8,32] [--workloads=mlp,chain,disjoint]
                    [--reps=7] [--models=64] [--steps=40] [--chains=128]
                    [--chain=1000] [--iterations=4096] [--check-only]
-                   [--seed-csv=FILE]
+                   [--mlp=32,64,10,32] [--seed-csv=FILE]
   --threads=LIST    thread counts, each a run of its own (default 1,2,8,32)
   --workloads=LIST  mlp: each thread trains its share of --models MLPs
-                    (32 -> 64 -> 64 -> 10, tanh, MSE, SGD, batch 32) for
+                    (--mlp; tanh, MSE, SGD, 4 batches cycled) for
                     --steps steps; chain: --chains backwards in all of a
                     chain of --chain products of 1-element tensors over 4
                     leaves; disjoint: adg-bench's disjoint iteration (a
@@ -29,6 +29,8 @@ usage: burn-vs-adg [--threads=1,2,8,32] [--workloads=mlp,chain,disjoint]
                     each with its backward), --iterations in all
   --reps=N          runs of each cell, burn and adg alternating (default 7);
                     the table shows medians
+  --mlp=I,H,O,B     the MLP's sizes: I -> H -> H -> O, batches of B
+                    (default 32,64,10,32)
   --check-only      only the built-in checks (loss curves, gradients)
   --seed-csv=FILE   adg-bench's bench.csv of a disjoint run (impls seed and
                     adg): prints how the seed port's scaling predicted
@@ -47,6 +49,7 @@ struct Options {
     iterations: usize,
     check_only: bool,
     seed_csv: Option<String>,
+    mlp: [usize; 4],
 }
 
 fn parse_list(v: &str) -> Result<Vec<usize>, String> {
@@ -68,6 +71,7 @@ fn parse_args() -> Result<Options, String> {
         iterations: 4096,
         check_only: false,
         seed_csv: None,
+        mlp: [32, 64, 10, 32],
     };
     for arg in std::env::args().skip(1) {
         if arg == "--help" || arg == "-h" {
@@ -92,6 +96,11 @@ fn parse_args() -> Result<Options, String> {
             "--chain" => o.chain = one()?.max(2),
             "--iterations" => o.iterations = one()?.max(1),
             "--seed-csv" => o.seed_csv = Some(value.to_owned()),
+            "--mlp" => {
+                o.mlp = parse_list(value)?
+                    .try_into()
+                    .map_err(|_| format!("{arg}: four sizes, none 0"))?
+            }
             _ => return Err(format!("{arg}: unknown flag (see --help)")),
         }
     }
@@ -104,11 +113,12 @@ fn parse_args() -> Result<Options, String> {
 }
 
 fn mlp_shape(o: &Options) -> MlpShape {
+    let [input, hidden, output, batch] = o.mlp;
     MlpShape {
-        input: 32,
-        hidden: 64,
-        output: 10,
-        batch: 32,
+        input,
+        hidden,
+        output,
+        batch,
         batches: 4,
         steps: o.steps,
         lr: 0.1,
@@ -289,8 +299,25 @@ fn print_table(o: &Options, workload: &str, rows: &[Row]) {
     };
     let ops = (w.units * w.ops_per_unit) as f64;
     println!();
+    let what = if workload == "mlp" {
+        let m = mlp_shape(o);
+        format!(
+            "MLP {} -> {} -> {} -> {}, batch {}, {} SGD steps a model",
+            m.input, m.hidden, m.hidden, m.output, m.batch, m.steps
+        )
+    } else {
+        let (s, _) = scalar_shape(o, workload);
+        let tree = match s.tree {
+            0 => String::new(),
+            t => format!(" and a tree of {}", t - 1),
+        };
+        format!(
+            "a chain of {} products{tree} over {} leaves, 1-element tensors",
+            s.chain, s.leaves
+        )
+    };
     println!(
-        "**{workload}**: {} units of {} recorded ops each",
+        "**{workload}** ({what}): {} units of {} recorded ops each",
         w.units, w.ops_per_unit
     );
     println!();
