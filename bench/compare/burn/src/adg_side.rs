@@ -3,7 +3,7 @@
 //! `Registry::op` and its backward as a closure step that captures the
 //! forward values it needs, as burn's backward steps do.
 
-use crate::data::{leaf_value, mlp_init, Mat, MlpShape, ScalarShape};
+use crate::data::{leaf_value, mlp_init, Act, Mat, MlpShape, ScalarShape};
 use adg::{Grad, Node, Registry};
 use ndarray::{Array2, Axis, Zip};
 use std::sync::{Arc, LazyLock};
@@ -104,13 +104,29 @@ fn add_row(h: &Var, b: &Var) -> Var {
     })
 }
 
+/// tanh as burn-ndarray computes it (through f64), so that both sides'
+/// kernels are the same; the step keeps the output, where burn's
+/// backward computes tanh of the input again.
 fn tanh(x: &Var) -> Var {
-    let y = Arc::new(x.v.mapv(f32::tanh));
+    let y = Arc::new(x.v.mapv(|a| (a as f64).tanh() as f32));
     let out = Arc::clone(&y);
     record(&[x], y, move |mut g, _| {
         Zip::from(&mut g)
             .and(&*out)
             .for_each(|g, &y| *g *= 1.0 - y * y);
+        [Some(g), None]
+    })
+}
+
+fn relu(x: &Var) -> Var {
+    let y = Arc::new(x.v.mapv(|a| a.max(0.0)));
+    let out = Arc::clone(&y);
+    record(&[x], y, move |mut g, _| {
+        Zip::from(&mut g).and(&*out).for_each(|g, &y| {
+            if y <= 0.0 {
+                *g = 0.0;
+            }
+        });
         [Some(g), None]
     })
 }
@@ -160,8 +176,12 @@ pub fn train_mlp(shape: &MlpShape, index: u64) -> Vec<f32> {
     for step in 0..shape.steps {
         let (x, y) = &batches[step % batches.len()];
         let p = &params;
-        let h1 = tanh(&add_row(&matmul(x, &p[0]), &p[1]));
-        let h2 = tanh(&add_row(&matmul(&h1, &p[2]), &p[3]));
+        let act = match shape.act {
+            Act::Tanh => tanh,
+            Act::Relu => relu,
+        };
+        let h1 = act(&add_row(&matmul(x, &p[0]), &p[1]));
+        let h2 = act(&add_row(&matmul(&h1, &p[2]), &p[3]));
         let out = add_row(&matmul(&h2, &p[4]), &p[5]);
         let diff = sub(&out, y);
         let loss = mean(&mul(&diff, &diff));

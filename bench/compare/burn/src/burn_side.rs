@@ -1,8 +1,9 @@
 //! The workloads through burn's own autodiff: `Autodiff<NdArray<f32>>`.
 
-use crate::data::{leaf_value, mlp_init, Mat, MlpShape, ScalarShape};
+use crate::data::{leaf_value, mlp_init, Act, Mat, MlpShape, ScalarShape};
 use burn::backend::ndarray::{NdArray, NdArrayDevice};
 use burn::backend::Autodiff;
+use burn::tensor::activation::relu;
 use burn::tensor::{Tensor, TensorData};
 
 type B = Autodiff<NdArray<f32>>;
@@ -31,8 +32,12 @@ pub fn train_mlp(shape: &MlpShape, index: u64) -> Vec<f32> {
     for step in 0..shape.steps {
         let (x, y) = &batches[step % batches.len()];
         let p = &params;
-        let h1 = x.clone().matmul(p[0].clone()).add(p[1].clone()).tanh();
-        let h2 = h1.matmul(p[2].clone()).add(p[3].clone()).tanh();
+        let act = |h: Tensor<B, 2>| match shape.act {
+            Act::Tanh => h.tanh(),
+            Act::Relu => relu(h),
+        };
+        let h1 = act(x.clone().matmul(p[0].clone()).add(p[1].clone()));
+        let h2 = act(h1.matmul(p[2].clone()).add(p[3].clone()));
         let out = h2.matmul(p[4].clone()).add(p[5].clone());
         let diff = out.sub(y.clone());
         let loss = diff.clone().mul(diff).mean();

@@ -48,10 +48,19 @@ impl Mat {
     }
 }
 
-/// The MLP: input -> hidden -> hidden -> output, tanh after both hidden
-/// layers, mean squared error, plain SGD on fixed batches cycled in order.
+/// The hidden layers' activation.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Act {
+    Tanh,
+    Relu,
+}
+
+/// The MLP: input -> hidden -> hidden -> output, the activation after both
+/// hidden layers, mean squared error, plain SGD on fixed batches cycled in
+/// order.
 #[derive(Clone, Copy)]
 pub struct MlpShape {
+    pub act: Act,
     pub input: usize,
     pub hidden: usize,
     pub output: usize,
@@ -62,7 +71,7 @@ pub struct MlpShape {
 }
 
 /// Ops each training step records (both sides record the same ones):
-/// 3 matmuls, 3 bias adds, 2 tanh, the difference, its square (a product
+/// 3 matmuls, 3 bias adds, 2 activations, the difference, its square (a product
 /// of the difference with itself) and the mean.
 pub const MLP_OPS_PER_STEP: usize = 11;
 
