@@ -12,8 +12,9 @@
 # arguments given (burn-vs-adg --help; default: threads 1,2,8,32, 5 reps,
 # the mlp, chain and disjoint workloads), which checks that both sides
 # agree, prints its tables and, from adg-bench's CSV, how well the seed
-# port predicted burn. The run alone takes about 2 minutes on 2 cores;
-# burn's first build about as long again. Not run by CI.
+# port predicted burn. On 2 cores the whole script takes about 4
+# minutes the first time (burn's first build is about 3 of them, on one
+# job) and 1 to 3 minutes after, more on a busy machine. Not run by CI.
 # Usage: scripts/compare-burn.sh [burn-vs-adg flags]
 set -euo pipefail
 cd "$(dirname "$0")/.."
