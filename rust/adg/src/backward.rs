@@ -14,6 +14,7 @@ use std::ptr::{self, NonNull};
 
 type ReadyHook<'o, T> = dyn Fn(&mut Ready<'_, T>) -> Result<()> + Send + Sync + 'o;
 type ValueCheck<'o, T> = dyn Fn(&T) -> bool + Send + Sync + 'o;
+type StepHook<'o> = dyn Fn(&StepEvent) -> Result<()> + Send + Sync + 'o;
 type ExtendFn<'o> = dyn Fn(&mut sys::adg_backward_options) -> Result<()> + Send + Sync + 'o;
 
 /// An executor's C struct, which libadg copies and calls from any thread.
@@ -27,7 +28,7 @@ unsafe impl Sync for CExecutor {}
 
 /// How a backward runs ([`backward_with`]): retained or consuming, its
 /// hooks, the value check. A builder; `BackwardOptions::new()` is what
-/// [`backward`] runs with.
+/// [`backward()`] runs with.
 ///
 /// ```
 /// use adg::BackwardOptions;
@@ -47,6 +48,7 @@ pub struct BackwardOptions<'o, T: Grad> {
     leaves_only: bool,
     on_ready: Option<Box<ReadyHook<'o, T>>>,
     value_check: Option<Box<ValueCheck<'o, T>>>,
+    on_step: Option<Box<StepHook<'o>>>,
     executor: Option<CExecutor>,
     extend: Option<Box<ExtendFn<'o>>>,
     _borrows: PhantomData<&'o ()>,
@@ -59,6 +61,7 @@ impl<T: Grad> Default for BackwardOptions<'_, T> {
             leaves_only: false,
             on_ready: None,
             value_check: None,
+            on_step: None,
             executor: None,
             extend: None,
             _borrows: PhantomData,
@@ -68,7 +71,7 @@ impl<T: Grad> Default for BackwardOptions<'_, T> {
 
 impl<'o, T: Grad> BackwardOptions<'o, T> {
     /// A consuming backward on the calling thread, with no hook: what
-    /// [`backward`] runs.
+    /// [`backward()`] runs.
     pub fn new() -> Self {
         Self::default()
     }
@@ -153,6 +156,35 @@ impl<'o, T: Grad> BackwardOptions<'o, T> {
         self
     }
 
+    /// Calls `hook` before and after each step (`on_step`), on the thread
+    /// that runs it: a profile, a timeline of a threaded backward. An
+    /// `Err` or a panic stops the backward as a failing step at that
+    /// position would ([`Site::OnStep`](crate::Site::OnStep)).
+    ///
+    /// ```
+    /// use std::sync::Mutex;
+    ///
+    /// let reg = adg::Registry::<f64>::new()?;
+    /// let x = reg.leaf()?;
+    /// let y = reg.op_named(c"relu", &[&x], |call| call.give(0, 1.0))?;
+    /// let seen = Mutex::new(Vec::new());
+    /// let o = adg::BackwardOptions::new().on_step(|e| {
+    ///     seen.lock().unwrap().push((e.name, e.after, e.result));
+    ///     Ok(())
+    /// });
+    /// adg::backward_with(&y, 1.0, &o)?;
+    /// let seen = seen.lock().unwrap();
+    /// assert_eq!(*seen, [(Some("relu"), false, 0), (Some("relu"), true, 0)]);
+    /// # Ok::<(), adg::Error>(())
+    /// ```
+    pub fn on_step<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(&StepEvent) -> Result<()> + Send + Sync + 'o,
+    {
+        self.on_step = Some(Box::new(hook));
+        self
+    }
+
     /// Runs the backward's steps on the calling thread and `executor`'s
     /// workers (`adg_backward_options.executor`, copied).
     ///
@@ -210,6 +242,10 @@ impl<'o, T: Grad> BackwardOptions<'o, T> {
             o.value_check = Some(check::<T>);
             o.value_check_ctx = ctx;
         }
+        if self.on_step.is_some() {
+            o.on_step = Some(step_event::<T>);
+            o.on_step_ctx = ctx;
+        }
         if let Some(extend) = &self.extend {
             extend(&mut o)?;
         }
@@ -224,6 +260,7 @@ impl<T: Grad> std::fmt::Debug for BackwardOptions<'_, T> {
             .field("leaves_only", &self.leaves_only)
             .field("on_ready", &self.on_ready.is_some())
             .field("value_check", &self.value_check.is_some())
+            .field("on_step", &self.on_step.is_some())
             .field("executor", &self.executor.is_some())
             .finish()
     }
@@ -276,6 +313,52 @@ impl<T: Grad> Ready<'_, T> {
         }
         (!g.is_null()).then(|| unsafe { from_c(g) })
     }
+}
+
+/// What the step hook ([`BackwardOptions::on_step`]) is told about one
+/// step (`adg_step_event`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StepEvent {
+    /// The node whose step it is.
+    pub node_id: u64,
+    /// The step's name ([`Registry::op_named`](crate::Registry::op_named)).
+    pub name: Option<&'static str>,
+    /// false: the step is about to run; true: it has returned.
+    pub after: bool,
+    /// After: how long the step ran (the hook's own time not counted);
+    /// zero before.
+    pub duration: std::time::Duration,
+    /// After: what the step returned, 0 or its negative code; 0 before.
+    pub result: i32,
+}
+
+unsafe extern "C" fn step_event<T: Grad>(
+    event: *const sys::adg_step_event,
+    ctx: *mut c_void,
+) -> c_int {
+    // SAFETY: ctx is this call's Pass; event is libadg's, for the call.
+    let pass = unsafe { &*ctx.cast::<Pass<'_, '_, T>>() };
+    let e = unsafe { &*event };
+    let hook = pass.options.on_step.as_ref().expect("set with on_step");
+    let name = (!e.name.is_null())
+        // SAFETY: a step's name is a static C string (adg_step.name).
+        .then(|| unsafe { std::ffi::CStr::from_ptr(e.name) }.to_str().ok())
+        .flatten();
+    let event = StepEvent {
+        node_id: e.node_id,
+        name,
+        after: e.after != 0,
+        duration: std::time::Duration::from_nanos(e.duration_ns),
+        result: e.result,
+    };
+    let at = || {
+        let mut at = panic::sized_failure();
+        at.site = sys::ADG_FAILED_ON_STEP;
+        at.node_id = event.node_id;
+        at
+    };
+    guarded(&pass.hooks, at, || hook(&event))
 }
 
 /// One backward call's hooks and what they left. On the backward's stack:
@@ -388,10 +471,10 @@ pub fn backward<T: Grad>(root: &Node<'_, T>, seed: T) -> Result<Gradients<T>> {
     backward_with(root, seed, &BackwardOptions::new())
 }
 
-/// [`backward`] with options: retained, hooks, the value check, an
+/// [`backward()`] with options: retained, hooks, the value check, an
 /// executor.
 ///
-/// Errors and panics: those of [`backward`], and a hook's or the value
+/// Errors and panics: those of [`backward()`], and a hook's or the value
 /// check's (resumed as a step's are).
 pub fn backward_with<T: Grad>(
     root: &Node<'_, T>,
@@ -455,4 +538,112 @@ pub(crate) fn backward_reporting<T: Grad>(
     let out = NonNull::new(out).expect("adg_backward_with returned gradients");
     // SAFETY: the container of this backward, of T's, now ours.
     Ok(unsafe { Gradients::from_raw(out) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{code, Registry, Site};
+    use std::panic::catch_unwind;
+
+    /// An executor that runs each submitted job on a thread of its own.
+    unsafe extern "C" fn spawn(
+        f: Option<unsafe extern "C" fn(*mut c_void)>,
+        arg: *mut c_void,
+        _ctx: *mut c_void,
+    ) -> c_int {
+        struct Job(unsafe extern "C" fn(*mut c_void), *mut c_void);
+        // SAFETY: libadg's job may run on any thread.
+        unsafe impl Send for Job {}
+        let job = Job(f.expect("a job"), arg);
+        std::thread::spawn(move || {
+            let job = job;
+            // SAFETY: run once, as submit promises.
+            unsafe { (job.0)(job.1) }
+        });
+        0
+    }
+
+    fn threaded<'o>() -> BackwardOptions<'o, f64> {
+        let mut o = BackwardOptions::new();
+        // SAFETY: spawn may be called from any thread; no ctx.
+        unsafe {
+            o.set_executor(sys::adg_executor {
+                submit: Some(spawn),
+                ctx: ptr::null_mut(),
+                n_workers: 3,
+            })
+        };
+        o
+    }
+
+    /// y = sum of `width` branches x * k, each its own op.
+    fn fan<'r>(
+        reg: &'r Registry,
+        x: &Node<'r>,
+        width: usize,
+        bad: Option<usize>,
+    ) -> Result<Node<'r>> {
+        let branches: Vec<Node<'r>> = (0..width)
+            .map(|k| {
+                reg.op(&[x], move |call| {
+                    if Some(k) == bad {
+                        panic!("branch {k} exploded");
+                    }
+                    let g = *call.grad().unwrap_or(&0.0);
+                    call.give(0, g * k as f64)
+                })
+            })
+            .collect::<Result<_>>()?;
+        let parents: Vec<&Node<'r>> = branches.iter().collect();
+        reg.op(&parents, |call| {
+            let g = *call.grad().unwrap_or(&0.0);
+            (0..call.n_parents()).try_for_each(|s| call.give(s, g))
+        })
+    }
+
+    #[test]
+    fn an_executor_runs_the_steps_with_the_same_sums() -> Result<()> {
+        let reg = Registry::<f64>::new()?;
+        let x = reg.leaf()?;
+        let y = fan(&reg, &x, 16, None)?;
+        let grads = backward_with(&y, 1.0, &threaded())?;
+        assert_eq!(grads.get(&x), Some(&120.0)); // 0 + 1 + ... + 15
+        Ok(())
+    }
+
+    #[test]
+    fn a_worker_panic_is_resumed_on_the_caller() -> Result<()> {
+        let reg = Registry::<f64>::new()?;
+        let x = reg.leaf()?;
+        let y = fan(&reg, &x, 16, Some(7))?;
+        let caught = catch_unwind(AssertUnwindSafe(|| backward_with(&y, 1.0, &threaded())));
+        let payload = caught.expect_err("the worker's panic is resumed");
+        let message = payload.downcast_ref::<String>().map(String::as_str);
+        assert_eq!(message, Some("branch 7 exploded"));
+        assert_eq!(
+            reg.shared()
+                .store
+                .count
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+        // The registry goes on, with the executor too.
+        let z = fan(&reg, &x, 4, None)?;
+        assert_eq!(backward_with(&z, 1.0, &threaded())?.get(&x), Some(&6.0));
+        Ok(())
+    }
+
+    #[test]
+    fn the_value_check_names_the_step_with_an_executor() -> Result<()> {
+        let reg = Registry::<f64>::new()?;
+        let x = reg.leaf()?;
+        let y = fan(&reg, &x, 8, None)?;
+        // Branch k gives k: reject 5's.
+        let o = threaded().value_check(|g: &f64| *g != 5.0);
+        let e = backward_with(&y, 1.0, &o).unwrap_err();
+        assert_eq!(e.code(), code::EVALUE);
+        assert_eq!(e.failure().unwrap().site, Site::Check);
+        Ok(())
+    }
 }

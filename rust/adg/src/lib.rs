@@ -5,7 +5,7 @@
 //! The tensor math is the caller's: libadg sees steps (closures) and
 //! gradient values (a [`Grad`] type). A [`Registry`] owns the nodes; a
 //! [`Node`] is a counted handle; [`Registry::op`] records a node with its
-//! backward step; [`backward`] runs the steps and returns the leaves'
+//! backward step; [`backward()`] runs the steps and returns the leaves'
 //! [`Gradients`].
 //!
 //! ```
@@ -33,7 +33,7 @@
 //! the reason the failing call gave. A panic in a step or hook is caught
 //! before it reaches C (it never unwinds through libadg), fails the
 //! backward as an exception does in adg.hpp, and is resumed on the thread
-//! that called [`backward`] once C has returned.
+//! that called [`backward()`] once C has returned.
 //!
 //! The crate links the libadg that pkg-config finds (`adg-sys`).
 
@@ -42,6 +42,7 @@
 
 mod backward;
 mod blocks;
+mod checkpoint;
 mod dot;
 mod error;
 mod gradients;
@@ -51,7 +52,8 @@ mod registry;
 mod step;
 mod value;
 
-pub use backward::{backward, backward_with, BackwardOptions, Ready};
+pub use backward::{backward, backward_with, BackwardOptions, Ready, StepEvent};
+pub use checkpoint::{Checkpoint, Checkpointing, RecomputeCall};
 pub use dot::write_dot;
 pub use error::{code, Error, Failure, Result, Site};
 pub use gradients::{Grad, Gradients};
