@@ -42,13 +42,13 @@
 # Usage: compare-tagger.sh [--runs N] [--subset N] [--test-subset N]
 #                          [--threads LIST] [--models LIST] [--epochs E]
 #                          [--accuracy-subset N] [--no-accuracy]
-#   (defaults: 3; 2000; 300; 1,2; 1,2; 3; 0)
+#   (defaults: 3; 12000; 300; 1,2; 1,2; 3; 0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=scripts/lib.sh
 . scripts/lib.sh
 runs=3
-subset=2000
+subset=12000
 test_subset=300
 threads=1,2
 models=1,2
