@@ -1,0 +1,1023 @@
+//! The gradient reducer (`adg/reducer.h`): synchronous data parallelism
+//! inside one process, with the same bits at any thread count.
+//!
+//! A round's gradient is the sum of the contributions of U *work units*
+//! that the trainer defines (a micro-batch of k samples, a graph, a length
+//! group): U and what each unit holds are fixed by the data and the
+//! trainer's settings, never by the number of threads. T participants
+//! (threads) take the round's units as they come ([`Reducer::next_unit`]:
+//! whichever is free takes the next), run a forward and a backward over
+//! each, and hand each parameter's gradient to the reducer from the
+//! backward's ready hook ([`Reducer::hook`]). The reducer folds each
+//! parameter's U gradients in a fixed binary tree over unit indices (each
+//! node adds its right subtree's sum into its left one's), as they arrive,
+//! while the other units' backward passes go on, and applies the sum once
+//! per round.
+//!
+//! **The promise:** for a given data order, seed, batch, unit definition
+//! and BLAS build, the weights are bitwise the same for every T >= 1. The
+//! sum [`Reduction::sum`] holds depends only on the U contributions, not on
+//! T, on which thread computed which unit, nor on timing. Within a unit the
+//! backward sums in tape order, as always; give each unit its own backward,
+//! as a sum of two units made inside one backward would tie the bits to how
+//! units were packed.
+//!
+//! **All or nothing:** by default nothing is applied until every
+//! participant has ended the round without error; a failed round leaves
+//! every parameter as it was, and every participant's [`Reducer::end`]
+//! returns the same [`RoundError`]. [`ReducerBuilder::apply_early`] trades
+//! that for applies that overlap the backward.
+//!
+//! See [`Reducer`] for a whole round, and `examples/trainer.rs` for a
+//! trainer.
+
+use std::any::Any;
+use std::ffi::{c_int, c_void, CStr};
+use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use adg_sys as sys;
+
+use crate::error::{check, Site};
+use crate::{BackwardOptions, Error, Grad, Node, Result};
+
+/// What the apply closure is told about one parameter in one round.
+///
+/// The sum is borrowed: apply may read and change it (scale it, clip it),
+/// not keep it; the reducer drops it after the round's barrier.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+///
+/// # fn main() -> adg::Result<()> {
+/// let reg = adg::Registry::<Vec<f64>>::new()?;
+/// let w = reg.leaf()?;
+/// let weights = Arc::new(Mutex::new(vec![0.0; 2]));
+/// let red = {
+///     let weights = Arc::clone(&weights);
+///     adg::Reducer::builder(1, [&w]).units(2).build(move |mut r| {
+///         assert_eq!((r.param(), r.round(), r.units()), (0, 0, 0..2));
+///         let Some(grad) = r.sum_mut() else { return Ok(()) };
+///         for g in grad.iter_mut() {
+///             *g = g.clamp(-1.0, 1.0); // clip the batch's gradient
+///         }
+///         for (w, g) in weights.lock().unwrap().iter_mut().zip(grad.iter()) {
+///             *w -= 0.5 * g;
+///         }
+///         Ok(())
+///     })?
+/// };
+/// red.round(0, |unit| red.give(0, &w, vec![unit as f64 + 0.5, -3.0]))?;
+/// assert_eq!(*weights.lock().unwrap(), [-0.5, 0.5]); // sums 2 and -6, clipped
+/// # Ok(())
+/// # }
+/// ```
+pub struct Reduction<'a, T> {
+    param: usize,
+    id: u64,
+    round: u64,
+    sum: Option<&'a mut T>,
+    units: Range<usize>,
+}
+
+impl<'a, T> Reduction<'a, T> {
+    /// The parameter's index in the list given to [`Reducer::builder`].
+    pub fn param(&self) -> usize {
+        self.param
+    }
+
+    /// The parameter's leaf id ([`Node::id`]).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The rounds completed before this one (0 in the first round).
+    pub fn round(&self) -> u64 {
+        self.round
+    }
+
+    /// The units' gradients folded in the unit tree; `None` when no unit
+    /// of the round had a gradient for this parameter.
+    pub fn sum(&self) -> Option<&T> {
+        self.sum.as_deref()
+    }
+
+    /// The sum, to change in place before using it.
+    pub fn sum_mut(&mut self) -> Option<&mut T> {
+        self.sum.as_deref_mut()
+    }
+
+    /// The units the sum covers: all of the round's (`0..U`), or, for a
+    /// reducer that holds a range of a job's units
+    /// ([`ReducerBuilder::unit_range`]), one of its partial sums.
+    pub fn units(&self) -> Range<usize> {
+        self.units.clone()
+    }
+}
+
+impl<T> fmt::Debug for Reduction<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reduction")
+            .field("param", &self.param)
+            .field("id", &self.id)
+            .field("round", &self.round)
+            .field("has_sum", &self.sum.is_some())
+            .field("units", &self.units)
+            .finish()
+    }
+}
+
+/// What failed a round first ([`RoundError::site`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FailureSite {
+    /// A participant ended its unit or its round with an error, or with a
+    /// panic caught by [`Reducer::round`] ([`RoundError::participant`]
+    /// says which, [`RoundError::unit`] which unit).
+    Participant,
+    /// Folding a parameter's sum panicked ([`RoundError::param_id`]).
+    Add,
+    /// The apply closure returned an error or panicked, for
+    /// [`RoundError::param_id`].
+    Apply,
+    /// The round ended with units not done (`ADG_ESTATE`).
+    Units,
+    /// The call itself was refused (a participant out of range, a second
+    /// end of one round): it ended no round, and nothing changed.
+    Call,
+}
+
+/// A failed round, the same on every participant: the round's first
+/// error, who failed, and where (`adg_reducer_failure`).
+///
+/// It converts into [`Error`] (the round's error) for `?`.
+///
+/// ```
+/// use adg::{code, Error, FailureSite};
+///
+/// # fn main() -> adg::Result<()> {
+/// let reg = adg::Registry::<f64>::new()?;
+/// let w = reg.leaf()?;
+/// let red = adg::Reducer::builder(1, [&w]).units(3).build(|_| Ok(()))?;
+/// let e = red
+///     .round(0, |unit| match unit {
+///         1 => Err(Error::new(code::EUSER - 1, "unit 1 had no samples")),
+///         _ => red.give(0, &w, 1.0),
+///     })
+///     .unwrap_err();
+/// assert_eq!((e.code(), e.site()), (code::EUSER - 1, FailureSite::Participant));
+/// assert_eq!((e.participant(), e.unit(), e.round()), (Some(0), Some(1), 0));
+/// assert_eq!(e.cause().unwrap().reason(), "unit 1 had no samples");
+/// assert_eq!(red.rounds(), 1); // abandoned, and the next round starts clean
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RoundError(Box<RoundFacts>);
+
+/// RoundError's facts, boxed so that a `Result` of one stays small.
+#[derive(Debug, Clone)]
+struct RoundFacts {
+    error: Error,
+    cause: Option<Error>,
+    site: FailureSite,
+    round: u64,
+    participant: Option<usize>,
+    param_id: Option<u64>,
+    unit: Option<usize>,
+    step_node: Option<u64>,
+    step_name: Option<String>,
+}
+
+impl RoundError {
+    /// The round's first error: its code, and the reason libadg gave on
+    /// this thread ("adg_reducer_end_with: round 4 abandoned: participant
+    /// 2 failed with ADG_EVALUE (-12) at step 'mul' of node 17").
+    pub fn error(&self) -> &Error {
+        &self.0.error
+    }
+
+    /// The round's code, negative (`ADG_ETHREW` for a panic).
+    pub fn code(&self) -> i32 {
+        self.0.error.code()
+    }
+
+    /// The error that failed the round as it was first made, where it was
+    /// made in this process: what a participant's unit returned (with its
+    /// own reason), or what apply returned. `None` for failures that only
+    /// libadg saw (units not done) and for panics.
+    pub fn cause(&self) -> Option<&Error> {
+        self.0.cause.as_ref()
+    }
+
+    /// Where the round failed first.
+    pub fn site(&self) -> FailureSite {
+        self.0.site
+    }
+
+    /// The rounds completed before the failed one.
+    pub fn round(&self) -> u64 {
+        self.0.round
+    }
+
+    /// The participant to blame ([`FailureSite::Participant`]), or the one
+    /// whose gradient completed a failed fold ([`FailureSite::Add`]).
+    pub fn participant(&self) -> Option<usize> {
+        self.0.participant
+    }
+
+    /// The parameter's leaf id, for [`FailureSite::Add`] and
+    /// [`FailureSite::Apply`].
+    pub fn param_id(&self) -> Option<u64> {
+        self.0.param_id
+    }
+
+    /// The unit the participant was ending, for
+    /// [`FailureSite::Participant`] when it held one.
+    pub fn unit(&self) -> Option<usize> {
+        self.0.unit
+    }
+
+    /// The node whose step failed the participant's backward, where the
+    /// failure was handed over with its step.
+    pub fn step_node(&self) -> Option<u64> {
+        self.0.step_node
+    }
+
+    /// The name of that node's step.
+    pub fn step_name(&self) -> Option<&str> {
+        self.0.step_name.as_deref()
+    }
+}
+
+impl fmt::Display for RoundError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0.error, f)
+    }
+}
+
+impl std::error::Error for RoundError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0
+            .cause
+            .as_ref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<RoundError> for Error {
+    fn from(e: RoundError) -> Error {
+        e.0.error
+    }
+}
+
+/// Builds a [`Reducer`]: its units, where its applies run, and its apply
+/// closure ([`Reducer::builder`]).
+#[must_use = "a builder does nothing until build is called"]
+pub struct ReducerBuilder<T> {
+    participants: usize,
+    ids: Vec<u64>,
+    units: usize,
+    first_unit: usize,
+    total_units: usize,
+    apply_early: bool,
+    _grad: PhantomData<fn() -> T>,
+}
+
+impl<T> fmt::Debug for ReducerBuilder<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReducerBuilder")
+            .field("participants", &self.participants)
+            .field("params", &self.ids)
+            .field("units", &self.units)
+            .field("first_unit", &self.first_unit)
+            .field("total_units", &self.total_units)
+            .field("apply_early", &self.apply_early)
+            .finish()
+    }
+}
+
+impl<T: Grad> ReducerBuilder<T> {
+    /// U, the work units of every round (1 to 2^20), dealt by
+    /// [`Reducer::next_unit`] and [`Reducer::round`]: the setting that
+    /// makes the bits independent of T. Left at 0 (the default), each
+    /// participant is one unit, its share of the batch: the same tree over
+    /// T shares, so the bits depend on T.
+    pub fn units(mut self, units: usize) -> Self {
+        self.units = units;
+        self
+    }
+
+    /// A rank's share of a job of `total_units` units: this reducer's
+    /// units are `first_unit..first_unit + U` (U from [`units`]), dealt as
+    /// job indices, and apply sees the partial sums of the largest
+    /// subtrees of the job's tree that lie in the range
+    /// ([`Reduction::units`]). Folding the ranks' partial sums over the
+    /// rest of the job's tree gives the bits of one reducer of all units.
+    ///
+    /// [`units`]: ReducerBuilder::units
+    pub fn unit_range(mut self, first_unit: usize, total_units: usize) -> Self {
+        self.first_unit = first_unit;
+        self.total_units = total_units;
+        self
+    }
+
+    /// Applies each parameter as soon as its sum is complete, on the thread
+    /// that completed it, overlapping the backward of earlier layers. A
+    /// failed round may then have applied some parameters and not others.
+    /// By default (`false`) a round is all or nothing.
+    pub fn apply_early(mut self, early: bool) -> Self {
+        self.apply_early = early;
+        self
+    }
+
+    /// Creates the reducer with `apply`, the update: called once per
+    /// parameter and round that is not abandoned, with the sum of the
+    /// round's unit gradients (an SGD step, say). Applies for different
+    /// parameters may run at once, on any thread of the round, so `apply`
+    /// writes each parameter through its own lock or cell. No forward of
+    /// the round still reads the parameter then (its sum is complete only
+    /// once every unit's backward has run over it), and [`Reducer::end`]
+    /// returns only after every apply, so the next round reads the update.
+    ///
+    /// An error `apply` returns fails the round (with its code; it becomes
+    /// [`RoundError::cause`]); a panic fails it with `ADG_ETHREW` and is
+    /// resumed on participant 0's thread once the round has ended there.
+    ///
+    /// # Errors
+    ///
+    /// `ADG_EINVAL`: no participant or no parameter, U above 2^20, a unit
+    /// range that does not fit, a parameter given twice. `ADG_ENOMEM`.
+    pub fn build<F>(self, apply: F) -> Result<Reducer<T>>
+    where
+        F: Fn(Reduction<'_, T>) -> Result<()> + Send + Sync + 'static,
+    {
+        let shared = Box::into_raw(Box::new(Shared::<T> {
+            apply: Box::new(apply),
+            raw: AtomicPtr::new(std::ptr::null_mut()),
+            participants: self.participants,
+            notes: Mutex::new(Vec::new()),
+            next_round: (0..self.participants).map(|_| AtomicU64::new(0)).collect(),
+        }));
+        // SAFETY: all-zero is a valid adg_reducer_options (no allocator,
+        // no slices); the pointers set below outlive the call (ids are
+        // copied by adg_reducer_new).
+        let mut o: sys::adg_reducer_options = unsafe { std::mem::zeroed() };
+        o.size = std::mem::size_of::<sys::adg_reducer_options>();
+        o.n_participants = self.participants;
+        o.n_units = self.units;
+        o.param_ids = self.ids.as_ptr();
+        o.n_params = self.ids.len();
+        o.ops.add = Some(add_c::<T>);
+        o.ops.apply = Some(apply_c::<T>);
+        o.ops.release = Some(release_c::<T>);
+        o.ops.ctx = shared.cast();
+        o.first_unit = self.first_unit;
+        o.total_units = self.total_units;
+        o.apply_early = c_int::from(self.apply_early);
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: o is valid for the call, out is writable.
+        let rc = unsafe { sys::adg_reducer_new(&o, &mut raw) };
+        if rc != 0 {
+            let error = Error::last(rc);
+            // SAFETY: not shared with C: adg_reducer_new failed.
+            drop(unsafe { Box::from_raw(shared) });
+            return Err(error);
+        }
+        // SAFETY: shared is live until Reducer's drop; Release pairs with
+        // the Acquire of the callbacks (which another thread may run).
+        unsafe { (*shared).raw.store(raw, Ordering::Release) };
+        Ok(Reducer {
+            raw: NonNull::new(raw).expect("adg_reducer_new returned 0 and no reducer"),
+            shared: NonNull::new(shared).expect("a Box is never null"),
+            participants: self.participants,
+            units: self.units,
+        })
+    }
+}
+
+/// A gradient reducer (`adg_reducer`) over gradients of type `T`, shared by
+/// T participants (threads) by reference: it is `Send` and `Sync`.
+///
+/// A round, on participant `p`'s thread: with units, take units with
+/// [`next_unit`](Reducer::next_unit) until none is left, running a forward
+/// and a backward over each with [`hook`](Reducer::hook)'s options (or
+/// handing gradients over with [`give`](Reducer::give)) and ending each
+/// with [`unit_end`](Reducer::unit_end); then [`end`](Reducer::end), the
+/// barrier. [`round`](Reducer::round) does all of that around a closure,
+/// and is the one to use: it ends the round even when the closure fails or
+/// panics, so that no other participant waits forever.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+///
+/// # fn main() -> adg::Result<()> {
+/// let reg = adg::Registry::<f64>::new()?;
+/// let w = reg.leaf()?;
+/// let weight = Arc::new(Mutex::new(1.0_f64));
+/// // 5 units; unit u's loss is (u + 1) * w, so its gradient is u + 1.
+/// let red = {
+///     let weight = Arc::clone(&weight);
+///     adg::Reducer::builder(2, [&w]).units(5).build(move |r| {
+///         if let Some(g) = r.sum() {
+///             *weight.lock().unwrap() -= 0.1 * g; // SGD
+///         }
+///         Ok(())
+///     })?
+/// };
+/// std::thread::scope(|s| {
+///     for p in 0..2 {
+///         let (reg, red, w) = (&reg, &red, &w);
+///         s.spawn(move || {
+///             red.round(p, |unit| {
+///                 let c = (unit + 1) as f64;
+///                 let loss = reg.op(&[w], move |call| {
+///                     let g = *call.grad().unwrap_or(&0.0);
+///                     call.give(0, g * c)
+///                 })?;
+///                 adg::backward_with(&loss, 1.0, &red.hook(p, adg::BackwardOptions::new()))?;
+///                 Ok(())
+///             })
+///         });
+///     }
+/// });
+/// // The sum of the units' gradients, 1 + 2 + 3 + 4 + 5, applied once.
+/// assert_eq!(*weight.lock().unwrap(), 1.0 - 0.1 * 15.0);
+/// assert_eq!(red.rounds(), 1);
+/// # Ok(())
+/// # }
+/// ```
+pub struct Reducer<T: Grad> {
+    raw: NonNull<sys::adg_reducer>,
+    /// The callbacks' context (`ops.ctx`): boxed so that its address stays
+    /// put, freed only once the C reducer is.
+    shared: NonNull<Shared<T>>,
+    participants: usize,
+    units: usize,
+}
+
+// SAFETY: every adg_reducer function may be called from any thread, the
+// calls of different participants at once (the C contract); the callbacks'
+// context (Shared) is Send + Sync since T: Grad (Send + Sync) and its
+// closure is Send + Sync; gradients cross threads as boxed T (Send).
+unsafe impl<T: Grad> Send for Reducer<T> {}
+// SAFETY: as above: `&Reducer` reaches only thread-safe C calls and
+// Shared's Mutex and atomics.
+unsafe impl<T: Grad> Sync for Reducer<T> {}
+
+impl<T: Grad> fmt::Debug for Reducer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reducer")
+            .field("participants", &self.participants)
+            .field("units", &self.units)
+            .field("rounds", &self.rounds())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Grad> Reducer<T> {
+    /// A builder of a reducer for `participants` threads (T >= 1) over
+    /// `params`, the parameters' leaves, whose order is
+    /// [`Reduction::param`]'s. Only their ids are kept.
+    ///
+    /// ```
+    /// # fn main() -> adg::Result<()> {
+    /// let reg = adg::Registry::<Vec<f64>>::new()?;
+    /// let params = vec![reg.leaf()?, reg.leaf()?];
+    /// let red = adg::Reducer::builder(4, &params)
+    ///     .units(16)
+    ///     .build(|_r| Ok(()))?;
+    /// assert_eq!((red.participants(), red.units()), (4, Some(16)));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder<'p, 'r: 'p, I>(participants: usize, params: I) -> ReducerBuilder<T>
+    where
+        I: IntoIterator<Item = &'p Node<'r, T>>,
+    {
+        ReducerBuilder {
+            participants,
+            ids: params.into_iter().map(Node::id).collect(),
+            units: 0,
+            first_unit: 0,
+            total_units: 0,
+            apply_early: false,
+            _grad: PhantomData,
+        }
+    }
+
+    /// The number of participants, T.
+    pub fn participants(&self) -> usize {
+        self.participants
+    }
+
+    /// U, the units of every round; `None` for one unit per participant.
+    pub fn units(&self) -> Option<usize> {
+        (self.units != 0).then_some(self.units)
+    }
+
+    /// `options` with participant's parameter gradients going to the
+    /// reducer (`adg_reducer_hook`): run participant's backward with them,
+    /// once per unit. The gradients of leaves that are not parameters
+    /// (inputs) stay in the backward's [`Gradients`](crate::Gradients). A
+    /// ready hook of `options`' own still runs, first, and sees each
+    /// parameter's gradient before the reducer takes it. The options may
+    /// serve every unit and round of the participant.
+    ///
+    /// A participant out of range fails the backward with `ADG_EINVAL`.
+    /// Options hold one such hook: hooking them again (for another
+    /// participant, or another reducer) replaces it.
+    pub fn hook<'a>(
+        &'a self,
+        participant: usize,
+        mut options: BackwardOptions<'a, T>,
+    ) -> BackwardOptions<'a, T> {
+        options.extend_c_options(move |c: &mut sys::adg_backward_options| {
+            // SAFETY: the reducer outlives 'a, and so the backward; c is
+            // the backward's C options, about to be used.
+            check(unsafe { sys::adg_reducer_hook(self.as_ptr(), participant, c) })
+        });
+        options
+    }
+
+    /// Deals participant the round's next unit, the lowest not yet dealt:
+    /// `Some(index)`, to which its hooked backward and [`give`] go until
+    /// [`unit_end`], or `None` once every unit of the round is dealt (or
+    /// the round has failed). Which participant gets which unit changes
+    /// nothing in the sums.
+    ///
+    /// # Errors
+    ///
+    /// `ADG_EINVAL` (participant out of range), `ADG_ESTATE` (a reducer
+    /// without units, participant's unit not ended).
+    ///
+    /// A round by hand, which [`round`](Reducer::round) does for you:
+    ///
+    /// ```
+    /// # fn main() -> adg::Result<()> {
+    /// let reg = adg::Registry::<f64>::new()?;
+    /// let w = reg.leaf()?;
+    /// let red = adg::Reducer::builder(1, [&w]).units(4).build(|r| {
+    ///     assert_eq!(r.sum(), Some(&10.0)); // 1 + 2 + 3 + 4
+    ///     Ok(())
+    /// })?;
+    /// let mut result = Ok(());
+    /// while let Some(unit) = red.next_unit(0)? {
+    ///     result = red.give(0, &w, unit as f64 + 1.0);
+    ///     if result.is_err() {
+    ///         break; // end fails the round with it
+    ///     }
+    ///     red.unit_end(0)?;
+    /// }
+    /// red.end(0, result)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// [`give`]: Reducer::give
+    /// [`unit_end`]: Reducer::unit_end
+    pub fn next_unit(&self, participant: usize) -> Result<Option<usize>> {
+        let mut unit = sys::ADG_REDUCER_NO_UNIT;
+        // SAFETY: raw is live; unit is writable.
+        check(unsafe { sys::adg_reducer_next_unit(self.raw.as_ptr(), participant, &mut unit) })?;
+        Ok((unit != sys::ADG_REDUCER_NO_UNIT).then_some(unit))
+    }
+
+    /// Ends participant's unit, whose backward succeeded: the parameters it
+    /// gave nothing for count as none. A fold that fails here fails the
+    /// round, which [`end`](Reducer::end) reports. To end a unit that
+    /// failed, pass its error to `end` instead.
+    ///
+    /// # Errors
+    ///
+    /// `ADG_EINVAL` (participant out of range), `ADG_ESTATE` (a reducer
+    /// without units, or participant holds no unit).
+    pub fn unit_end(&self, participant: usize) -> Result<()> {
+        // SAFETY: raw is live.
+        let rc = unsafe { sys::adg_reducer_unit_end(self.raw.as_ptr(), participant, 0) };
+        match rc {
+            sys::ADG_EINVAL | sys::ADG_ESTATE => Err(Error::last(rc)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Hands participant's unit's `gradient` for `param` to the reducer, as
+    /// the hook does: for a gradient made otherwise than by a hooked
+    /// backward. One per parameter and unit.
+    ///
+    /// # Errors
+    ///
+    /// `ADG_EINVAL` (participant out of range, `param` not one of the
+    /// reducer's), `ADG_ESTATE` (the unit already has `param`'s gradient,
+    /// or participant holds no unit, with units); `gradient` is dropped.
+    /// A fold that fails fails the round, which [`end`](Reducer::end)
+    /// reports.
+    pub fn give(&self, participant: usize, param: &Node<'_, T>, gradient: T) -> Result<()> {
+        let value = Box::into_raw(Box::new(gradient));
+        // SAFETY: raw is live; value is a boxed T, as the callbacks expect.
+        let rc = unsafe {
+            sys::adg_reducer_give(self.raw.as_ptr(), participant, param.id(), value.cast())
+        };
+        if rc == sys::ADG_EINVAL || rc == sys::ADG_ESTATE {
+            let error = Error::last(rc); // before the drop can fail anything
+                                         // SAFETY: not taken (the C contract for these codes).
+            drop(unsafe { Box::from_raw(value) });
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    /// Ends participant's round with `result`, its units' or its
+    /// backward's (an error fails the round for every participant, ending
+    /// participant's open unit with it): the round's barrier. Waits until
+    /// every participant has ended the round and every parameter is
+    /// applied, taking a share of the applies meanwhile; so the next
+    /// forward reads updated parameters.
+    ///
+    /// # Errors
+    ///
+    /// The round's first failure, the same on every participant, with
+    /// who failed and where; nothing was applied (but with
+    /// [`apply_early`](ReducerBuilder::apply_early)). A panic caught in
+    /// apply is resumed here, on participant 0's thread. [`FailureSite::Call`]
+    /// for a refused call (participant out of range), which ends no round.
+    pub fn end(
+        &self,
+        participant: usize,
+        result: Result<()>,
+    ) -> std::result::Result<(), RoundError> {
+        self.finish(participant, result)
+    }
+
+    /// Runs participant's round around `f`, which runs a forward and a
+    /// backward for one unit: with units, `f(unit)` for each unit dealt
+    /// to participant, until none is left; without, `f(participant)` once.
+    /// Then ends the round ([`end`](Reducer::end)), also when `f` fails or
+    /// panics: its error fails the round for every participant, and a
+    /// panic in `f` (a step's, resumed by the backward) fails it with
+    /// `ADG_ETHREW` and is resumed on this thread after the barrier.
+    ///
+    /// # Errors
+    ///
+    /// Those of [`end`](Reducer::end).
+    pub fn round<F>(&self, participant: usize, mut f: F) -> std::result::Result<(), RoundError>
+    where
+        F: FnMut(usize) -> Result<()>,
+    {
+        let mut panic: Option<Box<dyn Any + Send>> = None;
+        let mut run = |unit: usize| match catch_unwind(AssertUnwindSafe(|| f(unit))) {
+            Ok(result) => result,
+            Err(payload) => {
+                panic = Some(payload);
+                Err(Error::new(
+                    sys::ADG_ETHREW,
+                    "a panic in the round's closure",
+                ))
+            }
+        };
+        let result = if self.units == 0 {
+            run(participant)
+        } else {
+            loop {
+                match self.next_unit(participant) {
+                    Ok(Some(unit)) => {
+                        if let Err(e) = run(unit).and_then(|()| self.unit_end(participant)) {
+                            break Err(e);
+                        }
+                    }
+                    Ok(None) => break Ok(()),
+                    Err(e) => break Err(e),
+                }
+            }
+        };
+        let ended = self.finish(participant, result);
+        if let Some(payload) = panic {
+            resume_unwind(payload);
+        }
+        ended
+    }
+
+    /// The rounds completed, applied or abandoned.
+    pub fn rounds(&self) -> u64 {
+        let mut rounds = 0;
+        // SAFETY: raw is live; it fails only for NULL arguments.
+        unsafe { sys::adg_reducer_rounds(self.raw.as_ptr(), &mut rounds) };
+        rounds
+    }
+
+    /// The C handle, for calls this crate does not wrap; owned by `self`.
+    pub fn as_ptr(&self) -> *mut sys::adg_reducer {
+        self.raw.as_ptr()
+    }
+
+    fn shared(&self) -> &Shared<T> {
+        // SAFETY: live until drop.
+        unsafe { self.shared.as_ref() }
+    }
+
+    /// end's work.
+    fn finish(
+        &self,
+        participant: usize,
+        result: Result<()>,
+    ) -> std::result::Result<(), RoundError> {
+        let shared = self.shared();
+        let Some(next_round) = shared.next_round.get(participant) else {
+            let error = Error::new(
+                sys::ADG_EINVAL,
+                format!(
+                    "Reducer::end: participant {participant} of {}",
+                    self.participants
+                ),
+            );
+            return Err(RoundError::refused(error, 0));
+        };
+        // Only participant's own thread ends its rounds: Relaxed suffices.
+        let round = next_round.load(Ordering::Relaxed);
+        // SAFETY: all zero is a valid adg_failure (no name).
+        let mut given: sys::adg_failure = unsafe { std::mem::zeroed() };
+        given.size = std::mem::size_of::<sys::adg_failure>();
+        if let Err(e) = result {
+            given.code = e.c_code();
+            // Where a backward failed, for every participant's RoundError;
+            // the step's name stays with the error (cause), as C would
+            // keep the pointer past this call.
+            if let Some(f) = e.failure() {
+                given.node_id = f.node_id;
+                given.pass_id = f.pass_id;
+                given.site = c_site(f.site);
+            }
+            shared.note_error(round, Culprit::Participant(participant), e);
+        }
+        // SAFETY: as above.
+        let mut failure: sys::adg_reducer_failure = unsafe { std::mem::zeroed() };
+        failure.size = std::mem::size_of::<sys::adg_reducer_failure>();
+        // SAFETY: raw is live; given and failure are valid for the call.
+        let rc = unsafe {
+            sys::adg_reducer_end_with(self.raw.as_ptr(), participant, &given, &mut failure)
+        };
+        if rc == 0 {
+            next_round.store(round + 1, Ordering::Relaxed);
+            return Ok(());
+        }
+        let error = Error::last(rc); // the round's reason, read at once
+        if failure.code == 0 {
+            return Err(RoundError::refused(error, round)); // no round ended
+        }
+        next_round.store(round + 1, Ordering::Relaxed);
+        let (cause, panic) = shared.take_notes(&failure, participant);
+        if let Some(payload) = panic {
+            resume_unwind(payload);
+        }
+        Err(RoundError::new(error, cause, &failure))
+    }
+}
+
+impl<T: Grad> Drop for Reducer<T> {
+    fn drop(&mut self) {
+        // SAFETY: raw is live and nobody borrows self. EBUSY (a round begun
+        // and not ended, which only a participant that stopped before its
+        // end can leave) frees nothing: the C reducer still points at
+        // shared and holds boxed gradients, so both are leaked, which is
+        // safe.
+        if unsafe { sys::adg_reducer_free(self.raw.as_ptr()) } == 0 {
+            // SAFETY: the C reducer is gone, and with it every pointer to
+            // shared.
+            drop(unsafe { Box::from_raw(self.shared.as_ptr()) });
+        }
+    }
+}
+
+/// Who a round's error came from: matched against its first failure.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Culprit {
+    Participant(usize),
+    Apply(u64),
+}
+
+/// What a failed round left for its participants' ends: the errors and
+/// the panic of the Rust side, which libadg sees as codes.
+struct RoundNotes {
+    round: u64,
+    /// Participants still to read them; the last one drops them.
+    readers: usize,
+    errors: Vec<(Culprit, Error)>,
+    /// The first panic caught in add or apply, for participant 0.
+    panic: Option<Box<dyn Any + Send>>,
+}
+
+/// The user's update.
+type Apply<T> = dyn Fn(Reduction<'_, T>) -> Result<()> + Send + Sync;
+
+/// The callbacks' context.
+struct Shared<T> {
+    apply: Box<Apply<T>>,
+    /// The C reducer, for the round an add runs in.
+    raw: AtomicPtr<sys::adg_reducer>,
+    participants: usize,
+    /// Notes of failed rounds not yet read by every participant: one
+    /// round's, or two while a participant has not read the last one.
+    notes: Mutex<Vec<RoundNotes>>,
+    /// Each participant's rounds ended, written by its own thread only.
+    next_round: Vec<AtomicU64>,
+}
+
+impl<T> Shared<T> {
+    /// Runs f on round `round`'s notes, made if need be, under the lock.
+    fn with_notes(&self, round: u64, f: impl FnOnce(&mut RoundNotes)) {
+        let mut rounds = self.notes.lock().unwrap_or_else(|e| e.into_inner());
+        let index = match rounds.iter().position(|r| r.round == round) {
+            Some(i) => i,
+            None => {
+                rounds.push(RoundNotes {
+                    round,
+                    readers: self.participants,
+                    errors: Vec::new(),
+                    panic: None,
+                });
+                rounds.len() - 1
+            }
+        };
+        f(&mut rounds[index]);
+    }
+
+    /// Keeps the error of a culprit of round `round`, which fails.
+    fn note_error(&self, round: u64, culprit: Culprit, error: Error) {
+        self.with_notes(round, |n| n.errors.push((culprit, error)));
+    }
+
+    /// Keeps a panic caught in add or apply in round `round` (the first;
+    /// later ones are dropped).
+    fn note_panic(&self, round: u64, payload: Box<dyn Any + Send>) {
+        self.with_notes(round, |n| {
+            n.panic.get_or_insert(payload);
+        });
+    }
+
+    /// What a participant's end learns of a failed round: the error of the
+    /// first failure's culprit, and, for participant 0, the panic.
+    fn take_notes(
+        &self,
+        failure: &sys::adg_reducer_failure,
+        participant: usize,
+    ) -> (Option<Error>, Option<Box<dyn Any + Send>>) {
+        let culprit = match failure.site {
+            sys::ADG_REDUCER_FAILED_RESULT => Some(Culprit::Participant(failure.participant)),
+            sys::ADG_REDUCER_FAILED_APPLY => Some(Culprit::Apply(failure.param_id)),
+            _ => None,
+        };
+        let mut rounds = self.notes.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(index) = rounds.iter().position(|r| r.round == failure.round) else {
+            return (None, None);
+        };
+        let entry = &mut rounds[index];
+        let cause = entry
+            .errors
+            .iter()
+            .find(|(c, _)| Some(*c) == culprit)
+            .map(|(_, e)| e.clone());
+        let panic = if participant == 0 {
+            entry.panic.take()
+        } else {
+            None
+        };
+        entry.readers -= 1;
+        if entry.readers == 0 {
+            rounds.swap_remove(index);
+        }
+        (cause, panic)
+    }
+
+    /// The round a callback runs in: the rounds completed, as no round
+    /// completes while one of its callbacks runs.
+    fn current_round(&self) -> u64 {
+        let mut rounds = 0;
+        // SAFETY: set before any callback can run (Acquire pairs with the
+        // builder's Release), and live while callbacks run.
+        unsafe { sys::adg_reducer_rounds(self.raw.load(Ordering::Acquire), &mut rounds) };
+        rounds
+    }
+}
+
+/// A backward's failure site, back in C's terms.
+fn c_site(site: Site) -> sys::adg_failure_site {
+    match site {
+        Site::Step => sys::ADG_FAILED_STEP,
+        Site::OnStep => sys::ADG_FAILED_ON_STEP,
+        Site::OnReady => sys::ADG_FAILED_ON_READY,
+        Site::Add => sys::ADG_FAILED_ADD,
+        Site::Check => sys::ADG_FAILED_CHECK,
+        _ => sys::ADG_FAILED_NOWHERE,
+    }
+}
+
+/// `ops.add`: folds the right subtree's sum into the left one's.
+unsafe extern "C" fn add_c<T: Grad>(
+    sum: *mut *mut c_void,
+    value: *const c_void,
+    ctx: *mut c_void,
+) -> c_int {
+    // SAFETY: ctx is the reducer's Shared<T>; sum and value are boxed T
+    // (from the backward's container or give), distinct, and no other
+    // thread touches them during this fold (the C contract).
+    let shared = unsafe { &*ctx.cast::<Shared<T>>() };
+    let folded = catch_unwind(AssertUnwindSafe(|| unsafe {
+        (*(*sum).cast::<T>()).add(&*value.cast::<T>());
+    }));
+    match folded {
+        Ok(()) => 0,
+        Err(payload) => {
+            shared.note_panic(shared.current_round(), payload);
+            sys::ADG_ETHREW
+        }
+    }
+}
+
+/// `ops.apply`: the user's apply closure, with panics kept.
+unsafe extern "C" fn apply_c<T: Grad>(r: *const sys::adg_reduction, ctx: *mut c_void) -> c_int {
+    // SAFETY: ctx is the reducer's Shared<T>; r is valid for the call; its
+    // sum, when set, is a boxed T that only this apply touches now.
+    let (shared, r) = unsafe { (&*ctx.cast::<Shared<T>>(), &*r) };
+    let reduction = Reduction {
+        param: r.param,
+        id: r.id,
+        round: r.round,
+        sum: unsafe { r.sum.cast::<T>().as_mut() },
+        units: r.first_unit..r.first_unit + r.n_units,
+    };
+    match catch_unwind(AssertUnwindSafe(|| (shared.apply)(reduction))) {
+        Ok(Ok(())) => 0,
+        Ok(Err(e)) => {
+            let code = e.c_code();
+            shared.note_error(r.round, Culprit::Apply(r.id), e);
+            code
+        }
+        Err(payload) => {
+            shared.note_panic(r.round, payload);
+            sys::ADG_ETHREW
+        }
+    }
+}
+
+/// `ops.release`: drops a contribution (or a sum) after the barrier. A
+/// panicking drop aborts, as the core's gradient free does: release has
+/// no way to report it.
+unsafe extern "C" fn release_c<T: Grad>(
+    value: *mut c_void,
+    _participant: usize,
+    _ctx: *mut c_void,
+) {
+    // SAFETY: value is a boxed T the reducer held and now hands back.
+    crate::panic::abort_on_panic(|| drop(unsafe { Box::from_raw(value.cast::<T>()) }));
+}
+
+impl RoundError {
+    fn new(error: Error, cause: Option<Error>, f: &sys::adg_reducer_failure) -> RoundError {
+        let site = match f.site {
+            sys::ADG_REDUCER_FAILED_RESULT => FailureSite::Participant,
+            sys::ADG_REDUCER_FAILED_ADD => FailureSite::Add,
+            sys::ADG_REDUCER_FAILED_APPLY => FailureSite::Apply,
+            _ => FailureSite::Units,
+        };
+        let step_name = match (f.step.name.is_null(), &cause) {
+            // SAFETY: a step's static, NUL-terminated name.
+            (false, _) => Some(
+                unsafe { CStr::from_ptr(f.step.name) }
+                    .to_string_lossy()
+                    .into_owned(),
+            ),
+            (true, Some(cause)) => cause.failure().and_then(|f| f.name.clone()),
+            (true, None) => None,
+        };
+        RoundError(Box::new(RoundFacts {
+            error,
+            cause,
+            site,
+            round: f.round,
+            participant: (f.participant != usize::MAX).then_some(f.participant),
+            param_id: (f.param_id != 0).then_some(f.param_id),
+            unit: (f.unit != sys::ADG_REDUCER_NO_UNIT).then_some(f.unit),
+            step_node: (f.step.node_id != 0).then_some(f.step.node_id),
+            step_name,
+        }))
+    }
+
+    fn refused(error: Error, round: u64) -> RoundError {
+        RoundError(Box::new(RoundFacts {
+            error,
+            cause: None,
+            site: FailureSite::Call,
+            round,
+            participant: None,
+            param_id: None,
+            unit: None,
+            step_node: None,
+            step_name: None,
+        }))
+    }
+}

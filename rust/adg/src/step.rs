@@ -1,0 +1,208 @@
+//! Steps: closures registered with an op, and what they are given.
+
+use crate::error::{check, Error, Result};
+use crate::gradients::{from_c, into_c, Grad};
+use crate::node::Node;
+use crate::panic::{self, Thrown};
+use crate::registry::{Registry, Shared};
+use adg_sys as sys;
+use std::ffi::{c_int, c_void, CStr};
+use std::marker::PhantomData;
+use std::panic::AssertUnwindSafe;
+use std::ptr;
+
+/// What a step is given when a backward runs it: the node's gradient, and
+/// where to give its parents' ([`StepCall::give`]). Valid during the call.
+///
+/// ```
+/// let reg = adg::Registry::<f64>::new()?;
+/// let (a, b) = (reg.leaf()?, reg.leaf()?);
+/// let (ia, ib) = (a.id(), b.id());
+/// let y = reg.op(&[&a, &b], move |call| {
+///     assert_eq!(call.n_parents(), 2);
+///     assert_eq!(call.parent_ids(), [ia, ib]);
+///     assert!(!call.retained());
+///     let g = call.take_grad().unwrap_or(0.0);
+///     call.give(0, g)?;
+///     call.give(1, -g) // y = a - b
+/// })?;
+/// let grads = adg::backward(&y, 1.0)?;
+/// assert_eq!(grads.get(&b), Some(&-1.0));
+/// # Ok::<(), adg::Error>(())
+/// ```
+pub struct StepCall<'c, T: Grad> {
+    raw: *mut sys::adg_step_call,
+    _call: PhantomData<&'c mut sys::adg_step_call>,
+    _values: PhantomData<fn(T) -> T>,
+}
+
+impl<T: Grad> StepCall<'_, T> {
+    fn call(&self) -> &sys::adg_step_call {
+        // SAFETY: libadg's call, valid while the step runs.
+        unsafe { &*self.raw }
+    }
+
+    /// The node's gradient, summed over its children; `None` when no child
+    /// gave one.
+    pub fn grad(&self) -> Option<&T> {
+        let g = self.call().grad;
+        // SAFETY: a boxed T of the backward, the step's while it runs.
+        (!g.is_null()).then(|| unsafe { &*g.cast::<T>() })
+    }
+
+    /// Takes the node's gradient: the step owns it (to give it on to a
+    /// parent without a copy, say).
+    pub fn take_grad(&mut self) -> Option<T> {
+        // SAFETY: setting call->grad to NULL takes it (adg_step_call).
+        let g = std::mem::replace(unsafe { &mut (*self.raw).grad }, ptr::null_mut());
+        (!g.is_null()).then(|| unsafe { from_c(g) })
+    }
+
+    /// Gives `value`, the gradient for the parent at `slot` (the order of
+    /// the op's parents), to the backward (`adg_step_give`). A parent named
+    /// in several slots (`x * x`) takes one per slot.
+    ///
+    /// Errors: [`EINVAL`](crate::code::EINVAL) (a slot out of range or
+    /// given twice), the value check's rejection
+    /// ([`EVALUE`](crate::code::EVALUE)), [`ENOMEM`](crate::code::ENOMEM).
+    /// The value is gone either way. Return the error (`?`): the backward
+    /// fails at this step.
+    pub fn give(&mut self, slot: usize, value: T) -> Result<()> {
+        // SAFETY: a step's call; the value is libadg's from here on.
+        check(unsafe { sys::adg_step_give(self.raw, slot, into_c(value)) })
+    }
+
+    /// The number of parent slots.
+    pub fn n_parents(&self) -> usize {
+        self.call().n_parents
+    }
+
+    /// The parents' ids, one per slot, repeats kept.
+    pub fn parent_ids(&self) -> &[u64] {
+        let c = self.call();
+        // SAFETY: n_parents ids, valid during the call.
+        unsafe { std::slice::from_raw_parts(c.parent_ids, c.n_parents) }
+    }
+
+    /// The id of the node whose step this is.
+    pub fn node_id(&self) -> u64 {
+        self.call().node_id
+    }
+
+    /// Whether the backward is retained: the step stays registered and
+    /// may run again, so it keeps what it captured.
+    pub fn retained(&self) -> bool {
+        self.call().retained != 0
+    }
+
+    /// The backward pass running the step: unique in the registry.
+    pub fn pass_id(&self) -> u64 {
+        self.call().pass_id
+    }
+}
+
+/// A step's closure, as libadg holds it (adg_step.user).
+struct Closure<F> {
+    step: F,
+    /// Where a failure is kept for the backward; the registry's, which
+    /// outlives every step.
+    shared: *const Shared,
+}
+
+/// adg_step.backward: runs the closure, catching a panic before it can
+/// unwind into C, and keeps the panic (or the step's error) for the
+/// backward, by pass and node, as adg.hpp keeps what a step threw.
+unsafe extern "C" fn run<T: Grad, F>(call: *mut sys::adg_step_call, user: *mut c_void) -> c_int
+where
+    F: Fn(&mut StepCall<'_, T>) -> Result<()>,
+{
+    // SAFETY: user is the Closure<F> registered with this step.
+    let closure = unsafe { &*user.cast::<Closure<F>>() };
+    let mut sc = StepCall {
+        raw: call,
+        _call: PhantomData,
+        _values: PhantomData,
+    };
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| (closure.step)(&mut sc)));
+    let (code, thrown) = match result {
+        Ok(Ok(())) => return 0,
+        Ok(Err(e)) => (e.c_code(), Thrown::Error(e)),
+        Err(payload) => (sys::ADG_ETHREW, Thrown::Panic(payload)),
+    };
+    // SAFETY: libadg's call, valid during the step.
+    let (node_id, pass_id) = unsafe { ((*call).node_id, (*call).pass_id) };
+    let mut at = panic::sized_failure();
+    at.site = sys::ADG_FAILED_STEP;
+    at.node_id = node_id;
+    at.pass_id = pass_id;
+    // SAFETY: the registry's Shared outlives its steps.
+    unsafe { &*closure.shared }.store.keep(&at, thrown);
+    code
+}
+
+/// adg_step.release: drops the closure, exactly once. A panic in a
+/// captured value's drop aborts: there is no caller to hand it to.
+unsafe extern "C" fn release<F>(user: *mut c_void) {
+    // SAFETY: the Box<Closure<F>> register made.
+    panic::abort_on_panic(|| drop(unsafe { Box::from_raw(user.cast::<Closure<F>>()) }));
+}
+
+/// The parents' C handles: on the stack for up to 8, the common case.
+fn with_raw_parents<T: Grad, R>(
+    parents: &[&Node<'_, T>],
+    f: impl FnOnce(&[*mut sys::adg_node]) -> R,
+) -> R {
+    const INLINE: usize = 8;
+    if parents.len() <= INLINE {
+        let mut raw = [ptr::null_mut(); INLINE];
+        for (r, p) in raw.iter_mut().zip(parents) {
+            *r = p.as_ptr();
+        }
+        f(&raw[..parents.len()])
+    } else {
+        let raw: Vec<_> = parents.iter().map(|p| p.as_ptr()).collect();
+        f(&raw)
+    }
+}
+
+pub(crate) fn register<'r, T, F>(
+    registry: &'r Registry<T>,
+    parents: &[&Node<'r, T>],
+    step: F,
+    name: Option<&'static CStr>,
+) -> Result<Node<'r, T>>
+where
+    T: Grad,
+    F: Fn(&mut StepCall<'_, T>) -> Result<()> + Send + Sync + 'r,
+{
+    let user = Box::into_raw(Box::new(Closure {
+        step,
+        shared: registry.shared(),
+    }));
+    let c_step = sys::adg_step {
+        backward: Some(run::<T, F>),
+        release: Some(release::<F>),
+        user: user.cast(),
+        name: name.map_or(ptr::null(), CStr::as_ptr),
+    };
+    let mut out = ptr::null_mut();
+    // SAFETY: the parents are live handles (borrowed for the call); on
+    // success libadg owns user, on error nothing was called and it is ours.
+    let rc = with_raw_parents(parents, |raw| unsafe {
+        sys::adg_op(
+            registry.as_ptr(),
+            raw.as_ptr(),
+            raw.len(),
+            &c_step,
+            &mut out,
+        )
+    });
+    if rc != 0 {
+        let e = Error::last(rc);
+        // SAFETY: not taken by libadg: ours to free.
+        drop(unsafe { Box::from_raw(user) });
+        return Err(e);
+    }
+    // SAFETY: the one reference adg_op hands the caller.
+    Ok(unsafe { Node::adopt(registry, out) })
+}

@@ -1,0 +1,227 @@
+//! Gradients against hand values, retained passes, threads, handles.
+
+use adg::{code, BackwardOptions, Node, Registry, StepCall};
+
+/// y = a * b, the values captured.
+fn mul<'r>(
+    reg: &'r Registry,
+    a: &Node<'r>,
+    b: &Node<'r>,
+    va: f64,
+    vb: f64,
+) -> adg::Result<Node<'r>> {
+    reg.op_named(c"mul", &[a, b], move |call: &mut StepCall<'_, f64>| {
+        let g = *call.grad().unwrap_or(&0.0);
+        call.give(0, g * vb)?;
+        call.give(1, g * va)
+    })
+}
+
+/// y = a + b.
+fn add<'r>(reg: &'r Registry, a: &Node<'r>, b: &Node<'r>) -> adg::Result<Node<'r>> {
+    reg.op_named(c"add", &[a, b], |call: &mut StepCall<'_, f64>| {
+        let g = *call.grad().unwrap_or(&0.0);
+        call.give(0, g)?;
+        call.give(1, g)
+    })
+}
+
+#[test]
+fn gradients_of_a_small_graph_equal_hand_values() -> adg::Result<()> {
+    // f = (a * b + a) * c at a = 2, b = 3, c = 5:
+    // df/da = (b + 1) c = 20, df/db = a c = 10, df/dc = a b + a = 8.
+    let reg = Registry::new()?;
+    let (a, b, c) = (reg.leaf()?, reg.leaf()?, reg.leaf()?);
+    let (va, vb, vc) = (2.0, 3.0, 5.0);
+    let ab = mul(&reg, &a, &b, va, vb)?;
+    let s = add(&reg, &ab, &a)?;
+    let f = mul(&reg, &s, &c, va * vb + va, vc)?;
+    let mut grads = adg::backward(&f, 1.0)?;
+    assert_eq!(grads.len(), 3);
+    assert_eq!(grads.get(&a), Some(&20.0));
+    assert_eq!(grads.get(&b), Some(&10.0));
+    assert_eq!(grads.get_id(c.id()), Some(&8.0));
+    assert_eq!(grads.take(&c), Some(8.0));
+    assert_eq!(grads.get(&c), None);
+    assert_eq!(grads.take_id(b.id()), Some(10.0));
+    assert_eq!(grads.len(), 1);
+    // The ops' steps are consumed; their nodes are in no graph.
+    assert_eq!(f.graph_id(), 0);
+    drop((ab, s, f));
+    let st = reg.stats();
+    assert_eq!((st.live_nodes, st.live_steps), (3, 0));
+    Ok(())
+}
+
+#[test]
+fn a_parent_named_twice_takes_a_gradient_per_slot() -> adg::Result<()> {
+    // y = x * x at x = 3: dy/dx = 2 x = 6, summed from two slots.
+    let reg = Registry::new()?;
+    let x = reg.leaf()?;
+    let y = mul(&reg, &x, &x, 3.0, 3.0)?;
+    assert_eq!(adg::backward(&y, 1.0)?.get(&x), Some(&6.0));
+    Ok(())
+}
+
+#[test]
+fn vector_gradients_sum_element_by_element() -> adg::Result<()> {
+    let reg = Registry::<Vec<f32>>::new()?;
+    let x = reg.leaf()?;
+    let y = reg.op(&[&x, &x], |call| {
+        call.give(0, vec![1.0, 2.0])?;
+        call.give(1, vec![10.0, 20.0])
+    })?;
+    let grads = adg::backward(&y, vec![1.0, 1.0])?;
+    assert_eq!(grads.get(&x), Some(&vec![11.0, 22.0]));
+    Ok(())
+}
+
+#[test]
+fn a_leaf_root_gets_its_seed() -> adg::Result<()> {
+    let reg = Registry::<f32>::new()?;
+    let x = reg.leaf()?;
+    let grads = adg::backward(&x, 7.0)?;
+    assert_eq!(grads.get(&x), Some(&7.0));
+    Ok(())
+}
+
+#[test]
+fn retained_passes_run_again_until_a_consuming_one() -> adg::Result<()> {
+    let reg = Registry::new()?;
+    let (a, b) = (reg.leaf()?, reg.leaf()?);
+    let y = mul(&reg, &a, &b, 2.0, 3.0)?;
+    let retained = BackwardOptions::new().retain(true);
+    for seed in [1.0, 2.0] {
+        let grads = adg::backward_with(&y, seed, &retained)?;
+        assert_eq!(grads.get(&a), Some(&(3.0 * seed)));
+        assert_eq!(grads.get(&b), Some(&(2.0 * seed)));
+        assert_ne!(y.graph_id(), 0, "a retained pass leaves the graph");
+    }
+    let grads = adg::backward(&y, 1.0)?;
+    assert_eq!(grads.get(&a), Some(&3.0));
+    let gone = adg::backward_with(&y, 1.0, &retained).unwrap_err();
+    assert_eq!(gone.code(), code::ECONSUMED);
+    Ok(())
+}
+
+#[test]
+fn a_step_sees_whether_it_is_retained() -> adg::Result<()> {
+    use std::sync::Mutex;
+    let reg = Registry::new()?;
+    let x = reg.leaf()?;
+    let seen = Mutex::new(Vec::new());
+    let y = reg.op(&[&x], |call| {
+        seen.lock().unwrap().push(call.retained());
+        call.give(0, 1.0)
+    })?;
+    adg::backward_with(&y, 1.0, &BackwardOptions::new().retain(true))?;
+    adg::backward(&y, 1.0)?;
+    drop(y);
+    assert_eq!(*seen.lock().unwrap(), [true, false]);
+    Ok(())
+}
+
+#[test]
+fn threads_record_over_one_shared_parameter() -> adg::Result<()> {
+    // Each thread: y = w * x_t, chained n times; dy/dw summed per thread.
+    let reg = Registry::new()?;
+    let w = reg.leaf()?;
+    let wv = 0.5;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|t| {
+                let (reg, w) = (&reg, &w);
+                s.spawn(move || -> adg::Result<f64> {
+                    let x = reg.leaf()?;
+                    let xv = f64::from(t) + 1.0;
+                    // y_1 = w x, y_k = y_{k-1} + w x: dy_n/dw = n x.
+                    let mut y = mul(reg, w, &x, wv, xv)?;
+                    for _ in 1..100 {
+                        let wx = mul(reg, w, &x, wv, xv)?;
+                        y = add(reg, &y, &wx)?;
+                    }
+                    let grads = adg::backward(&y, 1.0)?;
+                    Ok(*grads.get(w).unwrap())
+                })
+            })
+            .collect();
+        for (t, h) in handles.into_iter().enumerate() {
+            let dw = h.join().unwrap().unwrap();
+            assert_eq!(dw, 100.0 * (t as f64 + 1.0));
+        }
+    });
+    let st = reg.stats();
+    assert_eq!((st.live_nodes, st.live_steps), (1, 0));
+    Ok(())
+}
+
+#[test]
+fn handles_are_counted_and_borrowed() -> adg::Result<()> {
+    let reg = Registry::new()?;
+    let x = reg.leaf()?;
+    let y = reg.op(&[&x], |call| call.give(0, 1.0))?;
+    let y2 = y.clone();
+    assert_eq!(y2.id(), y.id());
+    assert!(std::ptr::eq(y2.registry(), &reg));
+    assert_eq!(reg.stats().live_nodes, 2);
+    drop(y);
+    assert_eq!(reg.stats().live_nodes, 2, "y2 holds it");
+    let grads = adg::backward(&y2, 1.0)?;
+    assert_eq!(grads.get(&x), Some(&1.0));
+    drop(y2);
+    assert_eq!(reg.stats().live_nodes, 1);
+    Ok(())
+}
+
+#[test]
+fn handles_and_registries_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Registry<f64>>();
+    send_sync::<Registry<Vec<f32>>>();
+    send_sync::<Node<'static, f64>>();
+    send_sync::<adg::Error>();
+    send_sync::<BackwardOptions<'static, f64>>();
+    send::<adg::Gradients<f64>>();
+}
+
+#[test]
+fn write_dot_draws_the_graph() -> adg::Result<()> {
+    let reg = Registry::new()?;
+    let (a, b) = (reg.leaf()?, reg.leaf()?);
+    let ab = mul(&reg, &a, &b, 1.0, 1.0)?;
+    let y = add(&reg, &ab, &a)?;
+    let mut out = Vec::new();
+    adg::write_dot(&y, &mut out)?;
+    let text = String::from_utf8(out).unwrap();
+    assert!(text.starts_with("digraph"), "{text}");
+    assert!(text.contains("mul") && text.contains("add"), "{text}");
+    for node in [&a, &b, &ab, &y] {
+        assert!(text.contains(&node.id().to_string()), "{text}");
+    }
+    assert!(text.contains("ellipse"), "leaves as ellipses: {text}");
+    assert!(text.trim_end().ends_with('}'), "{text}");
+    Ok(())
+}
+
+#[test]
+fn write_dot_reports_a_writer_error_and_a_leaf() -> adg::Result<()> {
+    struct Broken;
+    impl std::io::Write for Broken {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::other("disk full"))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let reg = Registry::<f64>::new()?;
+    let x = reg.leaf()?;
+    let y = reg.op(&[&x], |_| Ok(()))?;
+    let e = adg::write_dot(&y, &mut Broken).unwrap_err();
+    assert_eq!(e.code(), code::ECALLBACK);
+    assert!(e.reason().contains("disk full"), "{e}");
+    let e = adg::write_dot(&x, &mut Vec::new()).unwrap_err();
+    assert_eq!(e.code(), code::EINVAL);
+    Ok(())
+}
