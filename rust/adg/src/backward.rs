@@ -2,9 +2,10 @@
 //! back to the caller.
 
 use crate::error::{Error, Result};
-use crate::gradients::{into_c, Grad, Gradients};
+use crate::gradients::{Grad, Gradients};
 use crate::node::Node;
 use crate::panic::{self, Store, Thrown};
+use crate::value::{from_c, into_c, is_inline, peek_c};
 use adg_sys as sys;
 use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
@@ -233,6 +234,9 @@ impl<T: Grad> std::fmt::Debug for BackwardOptions<'_, T> {
 pub struct Ready<'h, T: Grad> {
     id: u64,
     slot: *mut *mut c_void,
+    /// An inline gradient (f64, f32), unpacked for the hook and packed
+    /// back into the slot after it.
+    unpacked: Option<T>,
     _grad: PhantomData<&'h mut T>,
 }
 
@@ -244,6 +248,9 @@ impl<T: Grad> Ready<'_, T> {
 
     /// The gradient; `None` when none arrived (or it was taken).
     pub fn grad(&self) -> Option<&T> {
+        if is_inline::<T>() {
+            return self.unpacked.as_ref();
+        }
         // SAFETY: on_ready's *grad: a boxed T or NULL, the hook's to use.
         let g = unsafe { *self.slot };
         (!g.is_null()).then(|| unsafe { &*g.cast::<T>() })
@@ -251,6 +258,9 @@ impl<T: Grad> Ready<'_, T> {
 
     /// The gradient, to change in place.
     pub fn grad_mut(&mut self) -> Option<&mut T> {
+        if is_inline::<T>() {
+            return self.unpacked.as_mut();
+        }
         // SAFETY: as grad; &mut self is the one borrow.
         let g = unsafe { *self.slot };
         (!g.is_null()).then(|| unsafe { &mut *g.cast::<T>() })
@@ -261,7 +271,10 @@ impl<T: Grad> Ready<'_, T> {
     pub fn take(&mut self) -> Option<T> {
         // SAFETY: setting *grad to NULL hands it to the hook (adg_ready_fn).
         let g = std::mem::replace(unsafe { &mut *self.slot }, ptr::null_mut());
-        (!g.is_null()).then(|| unsafe { crate::gradients::from_c(g) })
+        if is_inline::<T>() {
+            return self.unpacked.take();
+        }
+        (!g.is_null()).then(|| unsafe { from_c(g) })
     }
 }
 
@@ -305,12 +318,21 @@ unsafe extern "C" fn ready<T: Grad>(id: u64, grad: *mut *mut c_void, ctx: *mut c
         at
     };
     guarded(&pass.hooks, at, || {
+        // SAFETY: *grad is NULL or a T of the backward, the hook's.
+        let g = unsafe { *grad };
+        let unpacked = (is_inline::<T>() && !g.is_null()).then(|| unsafe { from_c(g) });
         let mut r = Ready {
             id,
             slot: grad,
+            unpacked,
             _grad: PhantomData,
         };
-        hook(&mut r)
+        let result = hook(&mut r);
+        if let Some(v) = r.unpacked.take() {
+            // SAFETY: an inline value, packed back where it was.
+            unsafe { *grad = into_c(v) };
+        }
+        result
     })
 }
 
@@ -319,15 +341,15 @@ unsafe extern "C" fn ready<T: Grad>(id: u64, grad: *mut *mut c_void, ctx: *mut c
 /// that a later check's panic does not stand for the step's first
 /// rejection, whose code is the backward's.
 unsafe extern "C" fn check<T: Grad>(value: *const c_void, ctx: *mut c_void) -> c_int {
-    // SAFETY: ctx is this call's Pass; value a boxed T being given.
+    // SAFETY: ctx is this call's Pass; value a T being given.
     let pass = unsafe { &*ctx.cast::<Pass<'_, '_, T>>() };
-    let value = unsafe { &*value.cast::<T>() };
+    let value = unsafe { peek_c::<T>(value) };
     let f = pass
         .options
         .value_check
         .as_ref()
         .expect("set with value_check");
-    match std::panic::catch_unwind(AssertUnwindSafe(|| f(value))) {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| f(&value))) {
         Ok(true) => 0,
         Ok(false) => {
             panic::keep_at_site(&pass.hooks, Thrown::Rejected);
@@ -376,12 +398,26 @@ pub fn backward_with<T: Grad>(
     seed: T,
     options: &BackwardOptions<'_, T>,
 ) -> Result<Gradients<T>> {
+    let mut failure = panic::sized_failure();
+    backward_reporting(root, seed, options, &mut failure)
+}
+
+/// [`backward_with`] that also fills `failure` with libadg's account of
+/// the result (adg_backward_options.failure): what a layer over this one
+/// hands on (the reducer's adg_reducer_unit_end_with). A panic is still
+/// resumed, after `failure` is filled.
+pub(crate) fn backward_reporting<T: Grad>(
+    root: &Node<'_, T>,
+    seed: T,
+    options: &BackwardOptions<'_, T>,
+    failure: &mut sys::adg_failure,
+) -> Result<Gradients<T>> {
     let registry = root.registry();
     let pass = Pass {
         options,
         hooks: Store::default(),
     };
-    let mut failure = panic::sized_failure();
+    *failure = panic::sized_failure();
     let executor = options.executor.map_or(
         sys::adg_executor {
             submit: None,
@@ -390,7 +426,7 @@ pub fn backward_with<T: Grad>(
         },
         |e| e.0,
     );
-    let c = options.c_options(&pass, &mut failure, &executor)?;
+    let c = options.c_options(&pass, failure, &executor)?;
     let mut out = ptr::null_mut();
     // SAFETY: live handles; NULL ops: the registry's, T's. The seed is
     // libadg's from the call on (freed by it on error).
@@ -410,13 +446,121 @@ pub fn backward_with<T: Grad>(
         return Err(panic::rethrow(
             rc,
             reason,
-            &failure,
+            failure,
             steps,
             Some(&pass.hooks),
         ));
     }
     steps.drop_pass(failure.pass_id);
     let out = NonNull::new(out).expect("adg_backward_with returned gradients");
-    // SAFETY: the container of this backward, of boxed T's, now ours.
+    // SAFETY: the container of this backward, of T's, now ours.
     Ok(unsafe { Gradients::from_raw(out) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{code, Registry, Site};
+    use std::panic::catch_unwind;
+
+    /// An executor that runs each submitted job on a thread of its own.
+    unsafe extern "C" fn spawn(
+        f: Option<unsafe extern "C" fn(*mut c_void)>,
+        arg: *mut c_void,
+        _ctx: *mut c_void,
+    ) -> c_int {
+        struct Job(unsafe extern "C" fn(*mut c_void), *mut c_void);
+        // SAFETY: libadg's job may run on any thread.
+        unsafe impl Send for Job {}
+        let job = Job(f.expect("a job"), arg);
+        std::thread::spawn(move || {
+            let job = job;
+            // SAFETY: run once, as submit promises.
+            unsafe { (job.0)(job.1) }
+        });
+        0
+    }
+
+    fn threaded<'o>() -> BackwardOptions<'o, f64> {
+        let mut o = BackwardOptions::new();
+        // SAFETY: spawn may be called from any thread; no ctx.
+        unsafe {
+            o.set_executor(sys::adg_executor {
+                submit: Some(spawn),
+                ctx: ptr::null_mut(),
+                n_workers: 3,
+            })
+        };
+        o
+    }
+
+    /// y = sum of `width` branches x * k, each its own op.
+    fn fan<'r>(
+        reg: &'r Registry,
+        x: &Node<'r>,
+        width: usize,
+        bad: Option<usize>,
+    ) -> Result<Node<'r>> {
+        let branches: Vec<Node<'r>> = (0..width)
+            .map(|k| {
+                reg.op(&[x], move |call| {
+                    if Some(k) == bad {
+                        panic!("branch {k} exploded");
+                    }
+                    let g = *call.grad().unwrap_or(&0.0);
+                    call.give(0, g * k as f64)
+                })
+            })
+            .collect::<Result<_>>()?;
+        let parents: Vec<&Node<'r>> = branches.iter().collect();
+        reg.op(&parents, |call| {
+            let g = *call.grad().unwrap_or(&0.0);
+            (0..call.n_parents()).try_for_each(|s| call.give(s, g))
+        })
+    }
+
+    #[test]
+    fn an_executor_runs_the_steps_with_the_same_sums() -> Result<()> {
+        let reg = Registry::<f64>::new()?;
+        let x = reg.leaf()?;
+        let y = fan(&reg, &x, 16, None)?;
+        let grads = backward_with(&y, 1.0, &threaded())?;
+        assert_eq!(grads.get(&x), Some(&120.0)); // 0 + 1 + ... + 15
+        Ok(())
+    }
+
+    #[test]
+    fn a_worker_panic_is_resumed_on_the_caller() -> Result<()> {
+        let reg = Registry::<f64>::new()?;
+        let x = reg.leaf()?;
+        let y = fan(&reg, &x, 16, Some(7))?;
+        let caught = catch_unwind(AssertUnwindSafe(|| backward_with(&y, 1.0, &threaded())));
+        let payload = caught.expect_err("the worker's panic is resumed");
+        let message = payload.downcast_ref::<String>().map(String::as_str);
+        assert_eq!(message, Some("branch 7 exploded"));
+        assert_eq!(
+            reg.shared()
+                .store
+                .count
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0
+        );
+        // The registry goes on, with the executor too.
+        let z = fan(&reg, &x, 4, None)?;
+        assert_eq!(backward_with(&z, 1.0, &threaded())?.get(&x), Some(&6.0));
+        Ok(())
+    }
+
+    #[test]
+    fn the_value_check_names_the_step_with_an_executor() -> Result<()> {
+        let reg = Registry::<f64>::new()?;
+        let x = reg.leaf()?;
+        let y = fan(&reg, &x, 8, None)?;
+        // Branch k gives k: reject 5's.
+        let o = threaded().value_check(|g: &f64| *g != 5.0);
+        let e = backward_with(&y, 1.0, &o).unwrap_err();
+        assert_eq!(e.code(), code::EVALUE);
+        assert_eq!(e.failure().unwrap().site, Site::Check);
+        Ok(())
+    }
 }

@@ -160,6 +160,7 @@ impl Error {
 
     /// The error of the libadg call that just returned `code` on this
     /// thread: its reason is this thread's `adg_errmsg`.
+    #[cold]
     pub(crate) fn last(code: i32) -> Error {
         // SAFETY: adg_errmsg returns the thread's own NUL-terminated string.
         let reason = unsafe { CStr::from_ptr(sys::adg_errmsg()) };
@@ -226,6 +227,7 @@ impl std::error::Error for Error {}
 
 /// `Ok(())` for 0, else the error of the call that returned `rc` on this
 /// thread.
+#[inline]
 pub(crate) fn check(rc: i32) -> Result<()> {
     if rc == 0 {
         Ok(())

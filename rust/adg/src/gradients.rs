@@ -4,8 +4,9 @@
 use crate::node::Node;
 use crate::panic::{self, Thrown};
 use crate::registry::Shared;
+use crate::value::{from_c, peek_c, with_c_mut, CRef};
 use adg_sys as sys;
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
@@ -13,7 +14,8 @@ use std::ptr::{self, NonNull};
 
 /// A gradient value type: what steps give and backward passes sum.
 ///
-/// Values cross the C API as `Box<T>` raw pointers; libadg folds the
+/// Values cross the C API as `Box<T>` raw pointers, but `f64` and `f32`,
+/// which travel inline, as their bits, allocating nothing; libadg folds the
 /// gradients a node receives with [`Grad::add`], in a fixed order (tape
 /// order, then parent slot), so that sums are bitwise the same on every run
 /// and at any number of executor workers. Implemented for `f32`, `f64`,
@@ -87,20 +89,6 @@ fn add_slices<E: Copy + std::ops::AddAssign>(sum: &mut [E], other: &[E]) {
     }
 }
 
-/// A value handed to libadg, which owns it from then on.
-pub(crate) fn into_c<T: Grad>(value: T) -> *mut c_void {
-    Box::into_raw(Box::new(value)).cast()
-}
-
-/// Takes back a value libadg handed over.
-///
-/// # Safety
-/// `value` is non-NULL, came from [`into_c::<T>`] and is owned by the
-/// caller.
-pub(crate) unsafe fn from_c<T: Grad>(value: *mut c_void) -> T {
-    *unsafe { Box::from_raw(value.cast::<T>()) }
-}
-
 /// `adg_grad_ops.add` over T: folds value into *sum and frees value. A
 /// panic is caught here (it never unwinds into C) and kept for the
 /// backward, keyed by the call libadg says runs (adg_callback_site).
@@ -110,11 +98,10 @@ pub(crate) unsafe extern "C" fn grad_add<T: Grad>(
     ctx: *mut c_void,
 ) -> c_int {
     let caught = std::panic::catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: libadg passes two of the backward's values, both boxed
-        // T's; value is ours from the call on, freed when `other` drops.
-        let other: Box<T> = unsafe { Box::from_raw(value.cast::<T>()) };
-        let sum: &mut T = unsafe { &mut *(*sum).cast::<T>() };
-        sum.add(&other);
+        // SAFETY: libadg passes two of the backward's values, both T's;
+        // value is ours from the call on, dropped with `other`.
+        let other: T = unsafe { from_c(value) };
+        unsafe { with_c_mut(sum, |sum: &mut T| sum.add(&other)) };
     }));
     match caught {
         Ok(()) => 0,
@@ -130,8 +117,8 @@ pub(crate) unsafe extern "C" fn grad_add<T: Grad>(
 /// `adg_grad_ops.free` over T. It ignores ctx, so that a container may
 /// outlive its registry.
 pub(crate) unsafe extern "C" fn grad_free<T: Grad>(value: *mut c_void, _ctx: *mut c_void) {
-    // SAFETY: a boxed T libadg hands back to be freed.
-    panic::abort_on_panic(|| drop(unsafe { Box::from_raw(value.cast::<T>()) }));
+    // SAFETY: a T libadg hands back to be freed.
+    panic::abort_on_panic(|| drop(unsafe { from_c::<T>(value) }));
 }
 
 /// The gradients a backward returns: the leaves' it reached (the root's
@@ -153,12 +140,15 @@ pub(crate) unsafe extern "C" fn grad_free<T: Grad>(value: *mut c_void, _ctx: *mu
 /// ```
 pub struct Gradients<T: Grad> {
     raw: NonNull<sys::adg_grads>,
+    /// Copies of inline values (f64, f32) that get lent out: such a value
+    /// has no address in the container. Freed with the container.
+    copies: RefCell<Vec<*mut T>>,
     _values: PhantomData<T>,
-    _not_sync: PhantomData<Cell<()>>,
 }
 
-// SAFETY: the container holds boxed T's (T: Send) and libadg lets it move
-// between threads; !Sync stays, as it must not be used from two at once.
+// SAFETY: the container holds T's (T: Send) and libadg lets it move
+// between threads; !Sync stays (RefCell), as it must not be used from two
+// at once.
 unsafe impl<T: Grad> Send for Gradients<T> {}
 
 impl<T: Grad> Gradients<T> {
@@ -167,8 +157,25 @@ impl<T: Grad> Gradients<T> {
     pub(crate) unsafe fn from_raw(raw: NonNull<sys::adg_grads>) -> Gradients<T> {
         Gradients {
             raw,
+            copies: RefCell::new(Vec::new()),
             _values: PhantomData,
-            _not_sync: PhantomData,
+        }
+    }
+
+    /// Lends the value libadg returned, which lives until `&mut self`.
+    ///
+    /// # Safety
+    /// `value` is a live value of the container.
+    unsafe fn lend(&self, value: *mut c_void) -> &T {
+        // SAFETY: the caller's contract.
+        match unsafe { peek_c::<T>(value) } {
+            CRef::Boxed(r) => r,
+            CRef::Inline(v) => {
+                let copy = Box::into_raw(Box::new(v));
+                self.copies.borrow_mut().push(copy);
+                // SAFETY: freed only by Drop, after every borrow of self.
+                unsafe { &*copy }
+            }
         }
     }
 
@@ -182,10 +189,10 @@ impl<T: Grad> Gradients<T> {
     /// these; `None` when there is none (or `node` is another registry's).
     pub fn get(&self, node: &Node<'_, T>) -> Option<&T> {
         let mut value = ptr::null_mut();
-        // SAFETY: both handles are live; value is a boxed T we borrow for
-        // as long as &self, as no &mut self call can run meanwhile.
+        // SAFETY: both handles are live; the value stays in the container
+        // for as long as &self, as no &mut self call can run meanwhile.
         let rc = unsafe { sys::adg_grads_get_node(self.raw.as_ptr(), node.as_ptr(), &mut value) };
-        (rc == 0).then(|| unsafe { &*value.cast::<T>() })
+        (rc == 0).then(|| unsafe { self.lend(value) })
     }
 
     /// The gradient held for node id `id`; `None` when there is none.
@@ -193,14 +200,14 @@ impl<T: Grad> Gradients<T> {
         let mut value = ptr::null_mut();
         // SAFETY: as get.
         let rc = unsafe { sys::adg_grads_get(self.raw.as_ptr(), id, &mut value) };
-        (rc == 0).then(|| unsafe { &*value.cast::<T>() })
+        (rc == 0).then(|| unsafe { self.lend(value) })
     }
 
     /// Takes the gradient of `node` out; `None` when there is none (or
     /// `node` is another registry's).
     pub fn take(&mut self, node: &Node<'_, T>) -> Option<T> {
         let mut value = ptr::null_mut();
-        // SAFETY: a taken value is the caller's, a boxed T.
+        // SAFETY: a taken value is the caller's.
         let rc = unsafe { sys::adg_grads_take_node(self.raw.as_ptr(), node.as_ptr(), &mut value) };
         (rc == 0).then(|| unsafe { from_c(value) })
     }
@@ -232,6 +239,10 @@ impl<T: Grad> Drop for Gradients<T> {
     fn drop(&mut self) {
         // SAFETY: ours; frees the values with grad_free::<T>.
         unsafe { sys::adg_grads_free(self.raw.as_ptr()) };
+        for copy in self.copies.get_mut().drain(..) {
+            // SAFETY: made by lend, no longer borrowed.
+            drop(unsafe { Box::from_raw(copy) });
+        }
     }
 }
 

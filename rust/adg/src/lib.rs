@@ -41,6 +41,7 @@
 #![warn(unsafe_op_in_unsafe_fn)]
 
 mod backward;
+mod blocks;
 mod dot;
 mod error;
 mod gradients;
@@ -50,6 +51,7 @@ mod pool;
 mod reducer;
 mod registry;
 mod step;
+mod value;
 
 pub use backward::{backward, backward_with, BackwardOptions, Ready};
 pub use dot::write_dot;

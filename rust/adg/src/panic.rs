@@ -33,7 +33,7 @@ struct Kept {
 #[derive(Default)]
 pub(crate) struct Store {
     kept: Mutex<Vec<Kept>>,
-    count: AtomicUsize,
+    pub(crate) count: AtomicUsize,
 }
 
 impl Store {

@@ -1,11 +1,15 @@
 //! Steps: closures registered with an op, and what they are given.
 
+use crate::blocks;
 use crate::error::{check, Error, Result};
-use crate::gradients::{from_c, into_c, Grad};
+use crate::gradients::Grad;
 use crate::node::Node;
 use crate::panic::{self, Thrown};
 use crate::registry::{Registry, Shared};
+use crate::value::{from_c, into_c, peek_c, CRef};
 use adg_sys as sys;
+use std::alloc::Layout;
+use std::cell::OnceCell;
 use std::ffi::{c_int, c_void, CStr};
 use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
@@ -32,8 +36,10 @@ use std::ptr;
 /// ```
 pub struct StepCall<'c, T: Grad> {
     raw: *mut sys::adg_step_call,
+    /// grad()'s copy of an inline gradient (f64, f32), which has no
+    /// address of its own.
+    unpacked: OnceCell<T>,
     _call: PhantomData<&'c mut sys::adg_step_call>,
-    _values: PhantomData<fn(T) -> T>,
 }
 
 impl<T: Grad> StepCall<'_, T> {
@@ -46,8 +52,15 @@ impl<T: Grad> StepCall<'_, T> {
     /// gave one.
     pub fn grad(&self) -> Option<&T> {
         let g = self.call().grad;
-        // SAFETY: a boxed T of the backward, the step's while it runs.
-        (!g.is_null()).then(|| unsafe { &*g.cast::<T>() })
+        if g.is_null() {
+            return None;
+        }
+        // SAFETY: a T of the backward, the step's while it runs, changed
+        // only by take_grad (&mut self).
+        match unsafe { peek_c::<T>(g) } {
+            CRef::Boxed(r) => Some(r),
+            CRef::Inline(v) => Some(self.unpacked.get_or_init(|| v)),
+        }
     }
 
     /// Takes the node's gradient: the step owns it (to give it on to a
@@ -55,6 +68,7 @@ impl<T: Grad> StepCall<'_, T> {
     pub fn take_grad(&mut self) -> Option<T> {
         // SAFETY: setting call->grad to NULL takes it (adg_step_call).
         let g = std::mem::replace(unsafe { &mut (*self.raw).grad }, ptr::null_mut());
+        self.unpacked.take();
         (!g.is_null()).then(|| unsafe { from_c(g) })
     }
 
@@ -109,21 +123,50 @@ struct Closure<F> {
     shared: *const Shared,
 }
 
-/// adg_step.backward: runs the closure, catching a panic before it can
-/// unwind into C, and keeps the panic (or the step's error) for the
-/// backward, by pass and node, as adg.hpp keeps what a step threw.
+/// adg_step.backward of a closure that libadg holds boxed.
 unsafe extern "C" fn run<T: Grad, F>(call: *mut sys::adg_step_call, user: *mut c_void) -> c_int
 where
     F: Fn(&mut StepCall<'_, T>) -> Result<()>,
 {
-    // SAFETY: user is the Closure<F> registered with this step.
+    // SAFETY: user is the Closure<F> registered with this step; the
+    // registry's Shared outlives its steps.
     let closure = unsafe { &*user.cast::<Closure<F>>() };
+    unsafe { run_step(call, &closure.step, &*closure.shared) }
+}
+
+/// adg_step.backward of a closure of no size and no drop (one that
+/// captures nothing): libadg holds the registry's Shared as user, and the
+/// closure, forgotten at registration, is only ever borrowed, so that
+/// registering it allocates nothing.
+unsafe extern "C" fn run_unsized<T: Grad, F>(
+    call: *mut sys::adg_step_call,
+    user: *mut c_void,
+) -> c_int
+where
+    F: Fn(&mut StepCall<'_, T>) -> Result<()>,
+{
+    // SAFETY: F has no size: any aligned pointer is a valid &F (register
+    // forgot the one value, so none is dropped). user is the Shared.
+    let step = unsafe { std::ptr::NonNull::<F>::dangling().as_ref() };
+    unsafe { run_step(call, step, &*user.cast::<Shared>()) }
+}
+
+/// Runs a step's closure, catching a panic before it can unwind into C,
+/// and keeps the panic (or the step's error) for the backward, by pass and
+/// node, as adg.hpp keeps what a step threw.
+///
+/// # Safety
+/// `call` is libadg's call of the running step.
+unsafe fn run_step<T: Grad, F>(call: *mut sys::adg_step_call, step: &F, shared: &Shared) -> c_int
+where
+    F: Fn(&mut StepCall<'_, T>) -> Result<()>,
+{
     let mut sc = StepCall {
         raw: call,
+        unpacked: OnceCell::new(),
         _call: PhantomData,
-        _values: PhantomData,
     };
-    let result = std::panic::catch_unwind(AssertUnwindSafe(|| (closure.step)(&mut sc)));
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| step(&mut sc)));
     let (code, thrown) = match result {
         Ok(Ok(())) => return 0,
         Ok(Err(e)) => (e.c_code(), Thrown::Error(e)),
@@ -135,16 +178,33 @@ where
     at.site = sys::ADG_FAILED_STEP;
     at.node_id = node_id;
     at.pass_id = pass_id;
-    // SAFETY: the registry's Shared outlives its steps.
-    unsafe { &*closure.shared }.store.keep(&at, thrown);
+    shared.store.keep(&at, thrown);
     code
 }
 
 /// adg_step.release: drops the closure, exactly once. A panic in a
 /// captured value's drop aborts: there is no caller to hand it to.
 unsafe extern "C" fn release<F>(user: *mut c_void) {
-    // SAFETY: the Box<Closure<F>> register made.
-    panic::abort_on_panic(|| drop(unsafe { Box::from_raw(user.cast::<Closure<F>>()) }));
+    // SAFETY: the Closure<F> register made.
+    panic::abort_on_panic(|| unsafe { free_closure(user.cast::<Closure<F>>()) });
+}
+
+/// Drops a closure and gives back its block.
+///
+/// # Safety
+/// `user` is a live Closure<F> of register's, used no more.
+unsafe fn free_closure<F>(user: *mut Closure<F>) {
+    /// Gives the block back even when the closure's drop panics.
+    struct Block(*mut u8, Layout);
+    impl Drop for Block {
+        fn drop(&mut self) {
+            // SAFETY: the block allocate gave, its value dropped.
+            unsafe { blocks::release(self.0, self.1) };
+        }
+    }
+    let _block = Block(user.cast(), Layout::new::<Closure<F>>());
+    // SAFETY: the caller's contract.
+    unsafe { ptr::drop_in_place(user) };
 }
 
 /// The parents' C handles: on the stack for up to 8, the common case.
@@ -175,33 +235,48 @@ where
     T: Grad,
     F: Fn(&mut StepCall<'_, T>) -> Result<()> + Send + Sync + 'r,
 {
-    let user = Box::into_raw(Box::new(Closure {
-        step,
-        shared: registry.shared(),
-    }));
+    let name = name.map_or(ptr::null(), CStr::as_ptr);
+    let shared: *const Shared = registry.shared();
+    if std::mem::size_of::<F>() == 0 && !std::mem::needs_drop::<F>() {
+        std::mem::forget(step); /* borrowed from nothing by run_unsized */
+        let c_step = sys::adg_step {
+            backward: Some(run_unsized::<T, F>),
+            release: None,
+            user: shared.cast_mut().cast(),
+            name,
+        };
+        return create(registry, parents, &c_step);
+    }
+    let layout = Layout::new::<Closure<F>>();
+    let user = blocks::allocate(layout).cast::<Closure<F>>();
+    // SAFETY: fresh memory for a Closure<F>.
+    unsafe { user.write(Closure { step, shared }) };
     let c_step = sys::adg_step {
         backward: Some(run::<T, F>),
         release: Some(release::<F>),
         user: user.cast(),
-        name: name.map_or(ptr::null(), CStr::as_ptr),
+        name,
     };
+    create(registry, parents, &c_step).inspect_err(|_| {
+        // SAFETY: not taken by libadg: ours to free.
+        unsafe { free_closure(user) };
+    })
+}
+
+/// adg_op: a node of registry's with c_step.
+fn create<'r, T: Grad>(
+    registry: &'r Registry<T>,
+    parents: &[&Node<'r, T>],
+    c_step: &sys::adg_step,
+) -> Result<Node<'r, T>> {
     let mut out = ptr::null_mut();
     // SAFETY: the parents are live handles (borrowed for the call); on
     // success libadg owns user, on error nothing was called and it is ours.
     let rc = with_raw_parents(parents, |raw| unsafe {
-        sys::adg_op(
-            registry.as_ptr(),
-            raw.as_ptr(),
-            raw.len(),
-            &c_step,
-            &mut out,
-        )
+        sys::adg_op(registry.as_ptr(), raw.as_ptr(), raw.len(), c_step, &mut out)
     });
     if rc != 0 {
-        let e = Error::last(rc);
-        // SAFETY: not taken by libadg: ours to free.
-        drop(unsafe { Box::from_raw(user) });
-        return Err(e);
+        return Err(Error::last(rc));
     }
     // SAFETY: the one reference adg_op hands the caller.
     Ok(unsafe { Node::adopt(registry, out) })

@@ -225,3 +225,55 @@ fn write_dot_reports_a_writer_error_and_a_leaf() -> adg::Result<()> {
     assert_eq!(e.code(), code::EINVAL);
     Ok(())
 }
+
+#[test]
+fn boxed_and_inline_gradients_through_the_hooks() -> adg::Result<()> {
+    // Vec<f64> travels boxed, f32 inline: both through the ready hook
+    // (read, changed in place, taken) and the value check.
+    let reg = Registry::<Vec<f64>>::new()?;
+    let (x, z) = (reg.leaf()?, reg.leaf()?);
+    let y = reg.op(&[&x, &z], |call| {
+        let g = call.grad().cloned().unwrap_or_default();
+        call.give(0, g.clone())?;
+        call.give(1, g)
+    })?;
+    let zid = z.id();
+    let o = BackwardOptions::new()
+        .retain(true)
+        .leaves_only(true)
+        .value_check(|g: &Vec<f64>| g.len() == 2)
+        .on_ready(move |r| {
+            if r.id() == zid {
+                assert_eq!(r.take(), Some(vec![1.0, 2.0]));
+                assert!(r.grad().is_none());
+            } else if let Some(g) = r.grad_mut() {
+                g[0] = 10.0;
+            }
+            Ok(())
+        });
+    let grads = adg::backward_with(&y, vec![1.0, 2.0], &o)?;
+    assert_eq!(grads.get(&x), Some(&vec![10.0, 2.0]));
+    assert_eq!(grads.get(&z), None);
+
+    let reg = Registry::<f32>::new()?;
+    let x = reg.leaf()?;
+    let y = reg.op(&[&x, &x], |call| {
+        let g = *call.grad().unwrap();
+        assert_eq!(call.grad(), Some(&g), "lent twice, the same");
+        call.give(0, g)?;
+        call.give(1, g * 2.0)
+    })?;
+    let o = BackwardOptions::new()
+        .value_check(|g: &f32| *g > 0.0)
+        .on_ready(|r| {
+            if let Some(g) = r.grad_mut() {
+                *g += 0.5;
+            }
+            Ok(())
+        });
+    let grads = adg::backward_with(&y, 1.5, &o)?;
+    // The root's 1.5 + 0.5 by the hook; x gets 2 + 4, then + 0.5.
+    assert_eq!(grads.get(&x), Some(&6.5));
+    assert_eq!(grads.get(&x), grads.get_id(x.id()));
+    Ok(())
+}
