@@ -14,6 +14,7 @@ use std::ptr::{self, NonNull};
 
 type ReadyHook<'o, T> = dyn Fn(&mut Ready<'_, T>) -> Result<()> + Send + Sync + 'o;
 type ValueCheck<'o, T> = dyn Fn(&T) -> bool + Send + Sync + 'o;
+type StepHook<'o> = dyn Fn(&StepEvent) -> Result<()> + Send + Sync + 'o;
 type ExtendFn<'o> = dyn Fn(&mut sys::adg_backward_options) -> Result<()> + Send + Sync + 'o;
 
 /// An executor's C struct, which libadg copies and calls from any thread.
@@ -47,6 +48,7 @@ pub struct BackwardOptions<'o, T: Grad> {
     leaves_only: bool,
     on_ready: Option<Box<ReadyHook<'o, T>>>,
     value_check: Option<Box<ValueCheck<'o, T>>>,
+    on_step: Option<Box<StepHook<'o>>>,
     executor: Option<CExecutor>,
     extend: Option<Box<ExtendFn<'o>>>,
     _borrows: PhantomData<&'o ()>,
@@ -59,6 +61,7 @@ impl<T: Grad> Default for BackwardOptions<'_, T> {
             leaves_only: false,
             on_ready: None,
             value_check: None,
+            on_step: None,
             executor: None,
             extend: None,
             _borrows: PhantomData,
@@ -153,6 +156,35 @@ impl<'o, T: Grad> BackwardOptions<'o, T> {
         self
     }
 
+    /// Calls `hook` before and after each step (`on_step`), on the thread
+    /// that runs it: a profile, a timeline of a threaded backward. An
+    /// `Err` or a panic stops the backward as a failing step at that
+    /// position would ([`Site::OnStep`](crate::Site::OnStep)).
+    ///
+    /// ```
+    /// use std::sync::Mutex;
+    ///
+    /// let reg = adg::Registry::<f64>::new()?;
+    /// let x = reg.leaf()?;
+    /// let y = reg.op_named(c"relu", &[&x], |call| call.give(0, 1.0))?;
+    /// let seen = Mutex::new(Vec::new());
+    /// let o = adg::BackwardOptions::new().on_step(|e| {
+    ///     seen.lock().unwrap().push((e.name, e.after, e.result));
+    ///     Ok(())
+    /// });
+    /// adg::backward_with(&y, 1.0, &o)?;
+    /// let seen = seen.lock().unwrap();
+    /// assert_eq!(*seen, [(Some("relu"), false, 0), (Some("relu"), true, 0)]);
+    /// # Ok::<(), adg::Error>(())
+    /// ```
+    pub fn on_step<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(&StepEvent) -> Result<()> + Send + Sync + 'o,
+    {
+        self.on_step = Some(Box::new(hook));
+        self
+    }
+
     /// Runs the backward's steps on the calling thread and `executor`'s
     /// workers (`adg_backward_options.executor`, copied).
     ///
@@ -210,6 +242,10 @@ impl<'o, T: Grad> BackwardOptions<'o, T> {
             o.value_check = Some(check::<T>);
             o.value_check_ctx = ctx;
         }
+        if self.on_step.is_some() {
+            o.on_step = Some(step_event::<T>);
+            o.on_step_ctx = ctx;
+        }
         if let Some(extend) = &self.extend {
             extend(&mut o)?;
         }
@@ -224,6 +260,7 @@ impl<T: Grad> std::fmt::Debug for BackwardOptions<'_, T> {
             .field("leaves_only", &self.leaves_only)
             .field("on_ready", &self.on_ready.is_some())
             .field("value_check", &self.value_check.is_some())
+            .field("on_step", &self.on_step.is_some())
             .field("executor", &self.executor.is_some())
             .finish()
     }
@@ -276,6 +313,52 @@ impl<T: Grad> Ready<'_, T> {
         }
         (!g.is_null()).then(|| unsafe { from_c(g) })
     }
+}
+
+/// What the step hook ([`BackwardOptions::on_step`]) is told about one
+/// step (`adg_step_event`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StepEvent {
+    /// The node whose step it is.
+    pub node_id: u64,
+    /// The step's name ([`Registry::op_named`](crate::Registry::op_named)).
+    pub name: Option<&'static str>,
+    /// false: the step is about to run; true: it has returned.
+    pub after: bool,
+    /// After: how long the step ran (the hook's own time not counted);
+    /// zero before.
+    pub duration: std::time::Duration,
+    /// After: what the step returned, 0 or its negative code; 0 before.
+    pub result: i32,
+}
+
+unsafe extern "C" fn step_event<T: Grad>(
+    event: *const sys::adg_step_event,
+    ctx: *mut c_void,
+) -> c_int {
+    // SAFETY: ctx is this call's Pass; event is libadg's, for the call.
+    let pass = unsafe { &*ctx.cast::<Pass<'_, '_, T>>() };
+    let e = unsafe { &*event };
+    let hook = pass.options.on_step.as_ref().expect("set with on_step");
+    let name = (!e.name.is_null())
+        // SAFETY: a step's name is a static C string (adg_step.name).
+        .then(|| unsafe { std::ffi::CStr::from_ptr(e.name) }.to_str().ok())
+        .flatten();
+    let event = StepEvent {
+        node_id: e.node_id,
+        name,
+        after: e.after != 0,
+        duration: std::time::Duration::from_nanos(e.duration_ns),
+        result: e.result,
+    };
+    let at = || {
+        let mut at = panic::sized_failure();
+        at.site = sys::ADG_FAILED_ON_STEP;
+        at.node_id = event.node_id;
+        at
+    };
+    guarded(&pass.hooks, at, || hook(&event))
 }
 
 /// One backward call's hooks and what they left. On the backward's stack:

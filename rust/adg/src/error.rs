@@ -50,7 +50,8 @@ pub enum Site {
     Nowhere,
     /// A step failed (returned an error or panicked).
     Step,
-    /// The step hook, around a step.
+    /// The step hook ([`BackwardOptions::on_step`](crate::BackwardOptions::on_step)),
+    /// around a step.
     OnStep,
     /// The ready hook ([`BackwardOptions::on_ready`](crate::BackwardOptions::on_ready)).
     OnReady,

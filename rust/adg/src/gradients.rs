@@ -4,9 +4,10 @@
 use crate::node::Node;
 use crate::panic::{self, Thrown};
 use crate::registry::Shared;
-use crate::value::{from_c, peek_c, with_c_mut, CRef};
+use crate::value::{from_c, is_inline, peek_c, with_c_mut, CRef};
 use adg_sys as sys;
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
@@ -140,9 +141,10 @@ pub(crate) unsafe extern "C" fn grad_free<T: Grad>(value: *mut c_void, _ctx: *mu
 /// ```
 pub struct Gradients<T: Grad> {
     raw: NonNull<sys::adg_grads>,
-    /// Copies of inline values (f64, f32) that get lent out: such a value
-    /// has no address in the container. Freed with the container.
-    copies: RefCell<Vec<*mut T>>,
+    /// Copies of inline values (f64, f32) that get lent out, by node id:
+    /// such a value has no address in the container. One per id, freed
+    /// when it is taken or with the container.
+    copies: RefCell<HashMap<u64, *mut T>>,
     _values: PhantomData<T>,
 }
 
@@ -157,25 +159,38 @@ impl<T: Grad> Gradients<T> {
     pub(crate) unsafe fn from_raw(raw: NonNull<sys::adg_grads>) -> Gradients<T> {
         Gradients {
             raw,
-            copies: RefCell::new(Vec::new()),
+            copies: RefCell::new(HashMap::new()),
             _values: PhantomData,
         }
     }
 
-    /// Lends the value libadg returned, which lives until `&mut self`.
+    /// Lends the value libadg returned for node `id`, which lives until
+    /// `&mut self`.
     ///
     /// # Safety
-    /// `value` is a live value of the container.
-    unsafe fn lend(&self, value: *mut c_void) -> &T {
+    /// `value` is the container's live value for `id`.
+    unsafe fn lend(&self, id: impl FnOnce() -> u64, value: *mut c_void) -> &T {
         // SAFETY: the caller's contract.
         match unsafe { peek_c::<T>(value) } {
             CRef::Boxed(r) => r,
             CRef::Inline(v) => {
-                let copy = Box::into_raw(Box::new(v));
-                self.copies.borrow_mut().push(copy);
-                // SAFETY: freed only by Drop, after every borrow of self.
+                let mut copies = self.copies.borrow_mut();
+                let copy = *copies
+                    .entry(id())
+                    .or_insert_with(|| Box::into_raw(Box::new(v)));
+                // SAFETY: freed only by &mut self methods and Drop, after
+                // every borrow of self; the container's value for id
+                // does not change while self is borrowed.
                 unsafe { &*copy }
             }
+        }
+    }
+
+    /// Frees the lent copy of id's value, which is leaving the container.
+    fn forget_copy(&mut self, id: u64) {
+        if let Some(copy) = self.copies.get_mut().remove(&id) {
+            // SAFETY: made by lend; &mut self: no longer borrowed.
+            drop(unsafe { Box::from_raw(copy) });
         }
     }
 
@@ -192,7 +207,7 @@ impl<T: Grad> Gradients<T> {
         // SAFETY: both handles are live; the value stays in the container
         // for as long as &self, as no &mut self call can run meanwhile.
         let rc = unsafe { sys::adg_grads_get_node(self.raw.as_ptr(), node.as_ptr(), &mut value) };
-        (rc == 0).then(|| unsafe { self.lend(value) })
+        (rc == 0).then(|| unsafe { self.lend(|| node.id(), value) })
     }
 
     /// The gradient held for node id `id`; `None` when there is none.
@@ -200,7 +215,7 @@ impl<T: Grad> Gradients<T> {
         let mut value = ptr::null_mut();
         // SAFETY: as get.
         let rc = unsafe { sys::adg_grads_get(self.raw.as_ptr(), id, &mut value) };
-        (rc == 0).then(|| unsafe { self.lend(value) })
+        (rc == 0).then(|| unsafe { self.lend(|| id, value) })
     }
 
     /// Takes the gradient of `node` out; `None` when there is none (or
@@ -209,6 +224,9 @@ impl<T: Grad> Gradients<T> {
         let mut value = ptr::null_mut();
         // SAFETY: a taken value is the caller's.
         let rc = unsafe { sys::adg_grads_take_node(self.raw.as_ptr(), node.as_ptr(), &mut value) };
+        if rc == 0 && is_inline::<T>() {
+            self.forget_copy(node.id());
+        }
         (rc == 0).then(|| unsafe { from_c(value) })
     }
 
@@ -218,6 +236,9 @@ impl<T: Grad> Gradients<T> {
         let mut value = ptr::null_mut();
         // SAFETY: as take.
         let rc = unsafe { sys::adg_grads_take(self.raw.as_ptr(), id, &mut value) };
+        if rc == 0 && is_inline::<T>() {
+            self.forget_copy(id);
+        }
         (rc == 0).then(|| unsafe { from_c(value) })
     }
 
@@ -239,7 +260,7 @@ impl<T: Grad> Drop for Gradients<T> {
     fn drop(&mut self) {
         // SAFETY: ours; frees the values with grad_free::<T>.
         unsafe { sys::adg_grads_free(self.raw.as_ptr()) };
-        for copy in self.copies.get_mut().drain(..) {
+        for (_, copy) in self.copies.get_mut().drain() {
             // SAFETY: made by lend, no longer borrowed.
             drop(unsafe { Box::from_raw(copy) });
         }

@@ -42,6 +42,7 @@
 
 mod backward;
 mod blocks;
+mod checkpoint;
 mod dot;
 mod error;
 mod gradients;
@@ -53,7 +54,8 @@ mod registry;
 mod step;
 mod value;
 
-pub use backward::{backward, backward_with, BackwardOptions, Ready};
+pub use backward::{backward, backward_with, BackwardOptions, Ready, StepEvent};
+pub use checkpoint::{Checkpoint, Checkpointing, RecomputeCall};
 pub use dot::write_dot;
 pub use error::{code, Error, Failure, Result, Site};
 pub use gradients::{Grad, Gradients};

@@ -1,5 +1,6 @@
 //! The registry: owns the nodes, their graphs and steps.
 
+use crate::checkpoint::{self, Checkpoint, Checkpointing};
 use crate::error::{check, Result};
 use crate::gradients::{grad_add, grad_free, Grad};
 use crate::node::Node;
@@ -80,6 +81,14 @@ impl<T: Grad> Registry<T> {
     /// # Ok::<(), adg::Error>(())
     /// ```
     pub fn new() -> Result<Self> {
+        Self::with_checkpointing(Checkpointing::None)
+    }
+
+    /// A new registry that keeps forward outputs
+    /// ([`Registry::op_with`]) as `strategy` says: every output until no
+    /// step needs it, or, [`Checkpointing::Balanced`], memory-bound ones
+    /// that can be rebuilt dropped at once and rebuilt when a step asks.
+    pub fn with_checkpointing(strategy: Checkpointing) -> Result<Self> {
         let shared = Box::<Shared>::default();
         let ops = sys::adg_grad_ops {
             add: Some(grad_add::<T>),
@@ -94,7 +103,7 @@ impl<T: Grad> Registry<T> {
                 ctx: ptr::null_mut(),
             },
             max_node_id: 0,
-            checkpointing: 0,
+            checkpointing: strategy.to_c(),
             grad_ops: &ops, /* copied */
         };
         let mut raw = ptr::null_mut();
@@ -199,6 +208,47 @@ impl<T: Grad> Registry<T> {
         F: Fn(&mut StepCall<'_, T>) -> Result<()> + Send + Sync + 'r,
     {
         step::register(self, parents, step, Some(name))
+    }
+
+    /// [`Registry::op`] with a forward output (`adg_op_with`): the op
+    /// offers `checkpoint`'s output to the steps that ask for it, and its
+    /// step asks for the outputs `checkpoint` names
+    /// ([`StepCall::output`]). libadg holds an output until the last step
+    /// that asked for it has run, or drops and rebuilds it
+    /// ([`Registry::with_checkpointing`]). A step that needs a forward
+    /// value may also keep it in its closure; offer large ones
+    /// (activations) here, so that they go as soon as no step needs them.
+    ///
+    /// Errors: those of [`Registry::op`], and
+    /// [`EINVAL`](crate::code::EINVAL) for a want out of range or of a
+    /// parent that offers no output (a leaf).
+    pub fn op_with<'r, V, F>(
+        &'r self,
+        parents: &[&Node<'r, T>],
+        checkpoint: Checkpoint<'r, V>,
+        step: F,
+    ) -> Result<Node<'r, T>>
+    where
+        V: Send + Sync + 'static,
+        F: Fn(&mut StepCall<'_, T>) -> Result<()> + Send + Sync + 'r,
+    {
+        checkpoint::register(self, parents, checkpoint, step, None)
+    }
+
+    /// [`Registry::op_with`] with a name for the step, as
+    /// [`Registry::op_named`].
+    pub fn op_with_named<'r, V, F>(
+        &'r self,
+        name: &'static CStr,
+        parents: &[&Node<'r, T>],
+        checkpoint: Checkpoint<'r, V>,
+        step: F,
+    ) -> Result<Node<'r, T>>
+    where
+        V: Send + Sync + 'static,
+        F: Fn(&mut StepCall<'_, T>) -> Result<()> + Send + Sync + 'r,
+    {
+        checkpoint::register(self, parents, checkpoint, step, Some(name))
     }
 
     /// The registry's counters (`adg_registry_stats`).

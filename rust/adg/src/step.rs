@@ -86,6 +86,19 @@ impl<T: Grad> StepCall<'_, T> {
         check(unsafe { sys::adg_step_give(self.raw, slot, into_c(value)) })
     }
 
+    /// The forward output of this node or of a parent (`id`:
+    /// [`node_id`](Self::node_id) or one of [`parent_ids`](Self::parent_ids))
+    /// that its [`Checkpoint`](crate::Checkpoint) asked for, as `V`, the
+    /// type the op offered; rebuilt first if it was dropped
+    /// (`adg_output_get`). Borrowed until the step returns.
+    ///
+    /// Errors: [`EINVAL`](crate::code::EINVAL) (an output the step did not
+    /// ask for, or another type), or the rebuild's error. A panic in the
+    /// rebuild is resumed here, and then by the backward.
+    pub fn output<V: 'static>(&self, id: u64) -> Result<&V> {
+        crate::checkpoint::output(self.raw, id)
+    }
+
     /// The number of parent slots.
     pub fn n_parents(&self) -> usize {
         self.call().n_parents
@@ -157,7 +170,11 @@ where
 ///
 /// # Safety
 /// `call` is libadg's call of the running step.
-unsafe fn run_step<T: Grad, F>(call: *mut sys::adg_step_call, step: &F, shared: &Shared) -> c_int
+pub(crate) unsafe fn run_step<T: Grad, F>(
+    call: *mut sys::adg_step_call,
+    step: &F,
+    shared: &Shared,
+) -> c_int
 where
     F: Fn(&mut StepCall<'_, T>) -> Result<()>,
 {

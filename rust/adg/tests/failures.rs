@@ -282,3 +282,27 @@ fn the_ready_hook_sees_changes_and_fails_the_backward() -> adg::Result<()> {
     assert_eq!(panic_message(&*payload), "hook");
     Ok(())
 }
+
+#[test]
+fn the_step_hook_fails_the_backward_at_its_step() -> adg::Result<()> {
+    let reg = Registry::<f64>::new()?;
+    let x = reg.leaf()?;
+    let a = reg.op_named(c"a", &[&x], |call| call.give(0, 1.0))?;
+    let b = reg.op_named(c"b", &[&a], |call| call.give(0, 1.0))?;
+    let o = BackwardOptions::new().on_step(|e| match e.name {
+        Some("a") if e.after => Err(Error::new(code::EUSER - 1, "too slow")),
+        _ => Ok(()),
+    });
+    let e = adg::backward_with(&b, 1.0, &o).unwrap_err();
+    assert_eq!(e.code(), code::EUSER - 1);
+    assert!(e.reason().contains("too slow"), "{e}");
+    let at = e.failure().unwrap();
+    assert_eq!((at.site, at.node_id), (Site::OnStep, a.id()));
+
+    let c = reg.op(&[&x], |call| call.give(0, 1.0))?;
+    let o = BackwardOptions::new().on_step(|_| panic!("hook on step"));
+    let payload = catch_unwind(AssertUnwindSafe(|| adg::backward_with(&c, 1.0, &o)))
+        .expect_err("the hook's panic is resumed");
+    assert_eq!(panic_message(&*payload), "hook on step");
+    Ok(())
+}

@@ -277,3 +277,20 @@ fn boxed_and_inline_gradients_through_the_hooks() -> adg::Result<()> {
     assert_eq!(grads.get(&x), grads.get_id(x.id()));
     Ok(())
 }
+
+#[test]
+fn an_inline_gradient_is_lent_once_per_node() -> adg::Result<()> {
+    let reg = Registry::new()?;
+    let (a, b) = (reg.leaf()?, reg.leaf()?);
+    let y = mul(&reg, &a, &b, 2.0, 3.0)?;
+    let mut grads = adg::backward(&y, 1.0)?;
+    let first: *const f64 = grads.get(&a).unwrap();
+    for _ in 0..1000 {
+        assert!(std::ptr::eq(grads.get(&a).unwrap(), first));
+        assert!(std::ptr::eq(grads.get_id(a.id()).unwrap(), first));
+    }
+    assert_eq!(grads.take(&a), Some(3.0));
+    assert_eq!(grads.get(&a), None);
+    assert_eq!(grads.get(&b), Some(&2.0));
+    Ok(())
+}
