@@ -28,7 +28,7 @@ unsafe impl Sync for CExecutor {}
 
 /// How a backward runs ([`backward_with`]): retained or consuming, its
 /// hooks, the value check. A builder; `BackwardOptions::new()` is what
-/// [`backward`] runs with.
+/// [`backward()`] runs with.
 ///
 /// ```
 /// use adg::BackwardOptions;
@@ -71,7 +71,7 @@ impl<T: Grad> Default for BackwardOptions<'_, T> {
 
 impl<'o, T: Grad> BackwardOptions<'o, T> {
     /// A consuming backward on the calling thread, with no hook: what
-    /// [`backward`] runs.
+    /// [`backward()`] runs.
     pub fn new() -> Self {
         Self::default()
     }
@@ -471,10 +471,10 @@ pub fn backward<T: Grad>(root: &Node<'_, T>, seed: T) -> Result<Gradients<T>> {
     backward_with(root, seed, &BackwardOptions::new())
 }
 
-/// [`backward`] with options: retained, hooks, the value check, an
+/// [`backward()`] with options: retained, hooks, the value check, an
 /// executor.
 ///
-/// Errors and panics: those of [`backward`], and a hook's or the value
+/// Errors and panics: those of [`backward()`], and a hook's or the value
 /// check's (resumed as a step's are).
 pub fn backward_with<T: Grad>(
     root: &Node<'_, T>,

@@ -5,7 +5,7 @@
 //! The tensor math is the caller's: libadg sees steps (closures) and
 //! gradient values (a [`Grad`] type). A [`Registry`] owns the nodes; a
 //! [`Node`] is a counted handle; [`Registry::op`] records a node with its
-//! backward step; [`backward`] runs the steps and returns the leaves'
+//! backward step; [`backward()`] runs the steps and returns the leaves'
 //! [`Gradients`].
 //!
 //! ```
@@ -33,7 +33,7 @@
 //! the reason the failing call gave. A panic in a step or hook is caught
 //! before it reaches C (it never unwinds through libadg), fails the
 //! backward as an exception does in adg.hpp, and is resumed on the thread
-//! that called [`backward`] once C has returned.
+//! that called [`backward()`] once C has returned.
 //!
 //! The crate links the libadg that pkg-config finds (`adg-sys`).
 

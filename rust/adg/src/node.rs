@@ -11,7 +11,7 @@ use std::ptr::NonNull;
 /// (`adg_node_unref`); a node is freed, with its step, when no handle and
 /// no node that could still run its step is left. `&Node` is the borrowed
 /// form: what [`Registry::op`] takes its parents as, and
-/// [`backward`](crate::backward) its root, touching no count.
+/// [`backward()`](crate::backward()) its root, touching no count.
 ///
 /// A node borrows its registry (`'r`), so that the registry outlives every
 /// handle without a shared count: threads that record over one registry

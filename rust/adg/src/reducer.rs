@@ -464,7 +464,7 @@ pub struct Reducer<T: Grad> {
 // SAFETY: every adg_reducer function may be called from any thread, the
 // calls of different participants at once (the C contract); the callbacks'
 // context (Shared) is Send + Sync since T: Grad (Send + Sync) and its
-// closure is Send + Sync; gradients cross threads as boxed T (Send).
+// closure is Send + Sync; gradients cross threads as T's (Send), packed by value::into_c.
 unsafe impl<T: Grad> Send for Reducer<T> {}
 // SAFETY: as above: `&Reducer` reaches only thread-safe C calls and
 // Shared's Mutex and atomics.
@@ -618,15 +618,14 @@ impl<T: Grad> Reducer<T> {
     /// A fold that fails fails the round, which [`end`](Reducer::end)
     /// reports.
     pub fn give(&self, participant: usize, param: &Node<'_, T>, gradient: T) -> Result<()> {
-        let value = Box::into_raw(Box::new(gradient));
-        // SAFETY: raw is live; value is a boxed T, as the callbacks expect.
-        let rc = unsafe {
-            sys::adg_reducer_give(self.raw.as_ptr(), participant, param.id(), value.cast())
-        };
+        let value = crate::value::into_c(gradient);
+        // SAFETY: raw is live; value is a packed T, as the callbacks expect.
+        let rc =
+            unsafe { sys::adg_reducer_give(self.raw.as_ptr(), participant, param.id(), value) };
         if rc == sys::ADG_EINVAL || rc == sys::ADG_ESTATE {
             let error = Error::last(rc); // before the drop can fail anything
                                          // SAFETY: not taken (the C contract for these codes).
-            drop(unsafe { Box::from_raw(value) });
+            drop(unsafe { crate::value::from_c::<T>(value) });
             return Err(error);
         }
         Ok(())
@@ -922,12 +921,13 @@ unsafe extern "C" fn add_c<T: Grad>(
     value: *const c_void,
     ctx: *mut c_void,
 ) -> c_int {
-    // SAFETY: ctx is the reducer's Shared<T>; sum and value are boxed T
+    // SAFETY: ctx is the reducer's Shared<T>; sum and value are packed T's
     // (from the backward's container or give), distinct, and no other
     // thread touches them during this fold (the C contract).
     let shared = unsafe { &*ctx.cast::<Shared<T>>() };
     let folded = catch_unwind(AssertUnwindSafe(|| unsafe {
-        (*(*sum).cast::<T>()).add(&*value.cast::<T>());
+        let other = crate::value::peek_c::<T>(value);
+        crate::value::with_c_mut(sum, |s: &mut T| s.add(&other));
     }));
     match folded {
         Ok(()) => 0,
@@ -941,16 +941,24 @@ unsafe extern "C" fn add_c<T: Grad>(
 /// `ops.apply`: the user's apply closure, with panics kept.
 unsafe extern "C" fn apply_c<T: Grad>(r: *const sys::adg_reduction, ctx: *mut c_void) -> c_int {
     // SAFETY: ctx is the reducer's Shared<T>; r is valid for the call; its
-    // sum, when set, is a boxed T that only this apply touches now.
+    // sum, when set, is a packed T that only this apply touches now.
     let (shared, r) = unsafe { (&*ctx.cast::<Shared<T>>(), &*r) };
-    let reduction = Reduction {
-        param: r.param,
-        id: r.id,
-        round: r.round,
-        sum: unsafe { r.sum.cast::<T>().as_mut() },
-        units: r.first_unit..r.first_unit + r.n_units,
+    let run = |sum: Option<&mut T>| {
+        let reduction = Reduction {
+            param: r.param,
+            id: r.id,
+            round: r.round,
+            sum,
+            units: r.first_unit..r.first_unit + r.n_units,
+        };
+        catch_unwind(AssertUnwindSafe(|| (shared.apply)(reduction)))
     };
-    match catch_unwind(AssertUnwindSafe(|| (shared.apply)(reduction))) {
+    let result = if r.sum.is_null() {
+        run(None)
+    } else {
+        unsafe { crate::value::with_c_value_mut(r.sum, |s: &mut T| run(Some(s))) }
+    };
+    match result {
         Ok(Ok(())) => 0,
         Ok(Err(e)) => {
             let code = e.c_code();
@@ -972,8 +980,8 @@ unsafe extern "C" fn release_c<T: Grad>(
     _participant: usize,
     _ctx: *mut c_void,
 ) {
-    // SAFETY: value is a boxed T the reducer held and now hands back.
-    crate::panic::abort_on_panic(|| drop(unsafe { Box::from_raw(value.cast::<T>()) }));
+    // SAFETY: value is a packed T the reducer held and now hands back.
+    crate::panic::abort_on_panic(|| drop(unsafe { crate::value::from_c::<T>(value) }));
 }
 
 impl RoundError {

@@ -182,7 +182,7 @@ impl<T: Grad> Registry<T> {
     }
 
     /// [`Registry::op`] with a name for the step, which graphs show
-    /// ([`write_dot`](crate::write_dot)) and failures name
+    /// ([`write_dot`](crate::write_dot())) and failures name
     /// ([`Failure::name`](crate::Failure)).
     ///
     /// ```

@@ -209,7 +209,7 @@ unsafe extern "C" fn release<F>(user: *mut c_void) {
 /// Drops a closure and gives back its block.
 ///
 /// # Safety
-/// `user` is a live Closure<F> of register's, used no more.
+/// `user` is a live `Closure<F>` of register's, used no more.
 unsafe fn free_closure<F>(user: *mut Closure<F>) {
     /// Gives the block back even when the closure's drop panics.
     struct Block(*mut u8, Layout);

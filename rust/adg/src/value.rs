@@ -2,7 +2,15 @@
 //! inline, as its bits, for `f64` and `f32`, so that giving a gradient
 //! allocates nothing; any other T as a `Box<T>` raw pointer. The crate's
 //! modules (the reducer's too) go through these functions, never through a
-//! cast of the pointer to `*mut T`.
+//! cast of the pointer to `*mut T`:
+//!
+//! | instead of                      | use                        |
+//! |---------------------------------|----------------------------|
+//! | `Box::into_raw(Box::new(v))`    | `into_c(v)`                |
+//! | `*Box::from_raw(p.cast::<T>())` | `from_c::<T>(p)`           |
+//! | `&*p.cast::<T>()`               | `peek_c::<T>(p)` (derefs)  |
+//! | `&mut *(*slot).cast::<T>()`     | `with_c_mut(slot, f)`      |
+//! | `&mut *p.cast::<T>()`, no slot  | `with_c_value_mut(p, f)`   |
 //!
 //! NULL is libadg's "no gradient", so an inline value never packs to it: a
 //! `f64`'s bits are XORed with those of one signaling NaN that no
@@ -158,6 +166,29 @@ pub(crate) unsafe fn with_c_mut<T: Grad, R>(
     }
 }
 
+/// Runs `f` on the value `value` points to, where the caller may change
+/// it but has no slot to replace it in (a reducer's apply, told a sum in a
+/// const struct): a boxed value itself, or a copy of an inline one, whose
+/// changes are not kept (nothing reads the value after such a callback).
+///
+/// # Safety
+/// `value` is non-NULL, made by [`into_c::<T>`], and the caller's to
+/// change.
+#[allow(dead_code)]
+pub(crate) unsafe fn with_c_value_mut<T: Grad, R>(
+    value: *mut c_void,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    if is_inline::<T>() {
+        // SAFETY: the caller's contract.
+        let mut copy: T = unsafe { unpack(value) };
+        f(&mut copy)
+    } else {
+        // SAFETY: a live Box<T> the caller may change.
+        f(unsafe { &mut *value.cast::<T>() })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,6 +224,10 @@ mod tests {
         assert_eq!(unsafe { from_c::<f64>(p) }, 6.0);
         let mut q = into_c(vec![1.0f32]);
         unsafe { with_c_mut::<Vec<f32>, _>(&mut q, |v| v.push(2.0)) };
-        assert_eq!(unsafe { from_c::<Vec<f32>>(q) }, [1.0, 2.0]);
+        unsafe { with_c_value_mut::<Vec<f32>, _>(q, |v| v.push(3.0)) };
+        assert_eq!(unsafe { from_c::<Vec<f32>>(q) }, [1.0, 2.0, 3.0]);
+        let r = into_c(1.0f64);
+        let seen = unsafe { with_c_value_mut::<f64, _>(r, |v| *v + 1.0) };
+        assert_eq!(seen, 2.0);
     }
 }
