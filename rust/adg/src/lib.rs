@@ -65,6 +65,12 @@ pub use reducer::{FailureSite, Reducer, ReducerBuilder, Reduction, RoundError};
 pub use registry::{Registry, Stats};
 pub use step::StepCall;
 
+/// docs/guide-rust.md, the guide's Rust page: each of its `rust` blocks is
+/// a doctest of this crate, so `cargo test` compiles and runs the page.
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/guide-rust.md")]
+pub struct GuideDoctests;
+
 /// The version of the libadg loaded (`adg_version`), `"0.2.0"`: it may be
 /// newer than the headers `adg-sys` was written from.
 ///
