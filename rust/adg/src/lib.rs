@@ -27,7 +27,11 @@
 //! ```
 //!
 //! Threads record over one registry at once, each its own graphs, sharing
-//! parameters (leaves) that are only read; see `examples/threads.rs`.
+//! parameters (leaves) that are only read; see `examples/threads.rs`. A
+//! [`Pool`] runs one backward's steps on several threads
+//! ([`BackwardOptions::executor`]); a [`Reducer`] trains one model on
+//! several threads in work units, with the same bits at any thread count
+//! (`examples/trainer.rs`).
 //!
 //! Failures are [`Error`]s: libadg's negative `ADG_E*` code ([`code`]) and
 //! the reason the failing call gave. A panic in a step or hook is caught
