@@ -70,16 +70,7 @@ build_release "$dir" examples/langid/langid
 adg=$dir/examples/langid/langid
 floor=$dir/langid_floor
 torch=$dir/langid_torch
-# The floor: the trainer's kernels (gru.hpp, on ../kernels.hpp), compiled
-# as meson's release build compiles the trainer (-O3, C++17).
-floor_src=bench/compare/langid_floor.cpp
-if [ ! -x "$floor" ] || [ "$floor_src" -nt "$floor" ] ||
-	[ examples/langid/gru.hpp -nt "$floor" ] ||
-	[ examples/kernels.hpp -nt "$floor" ]; then
-	# shellcheck disable=SC2046 # pkg-config's words are meant to split
-	g++ -O3 -std=c++17 -Wall -Wextra -Wshadow -Werror -Iexamples/langid \
-		"$floor_src" -o "$floor" $(pkg-config --cflags --libs openblas)
-fi
+build_floor bench/compare/langid_floor.cpp "$floor" -Iexamples/langid
 build_torch bench/compare/langid_torch.cpp "$torch" -Iexamples/langid
 
 describe_machine

@@ -80,19 +80,7 @@ build_release "$dir" examples/tagger/tagger
 adg=$dir/examples/tagger/tagger
 floor=$dir/tagger_floor
 torch=$dir/tagger_torch
-# The floor: the trainer's kernels (lstm.hpp, on ../kernels.hpp), compiled
-# as meson's release build compiles the trainer (-O3, C++17).
-floor_src=bench/compare/tagger_floor.cpp
-if [ ! -x "$floor" ] || [ "$floor_src" -nt "$floor" ] ||
-	[ -n "$(find examples/tagger examples/kernels.hpp -name '*.hpp' \
-		-newer "$floor")" ]; then
-	# shellcheck disable=SC2046 # pkg-config's words are meant to split
-	g++ -O3 -std=c++17 -Wall -Wextra -Wshadow -Werror -Iexamples/tagger \
-		"$floor_src" -o "$floor" $(pkg-config --cflags --libs openblas)
-fi
-if [ -n "$(find examples/tagger -name '*.hpp' -newer "$torch" 2>/dev/null)" ]; then
-	rm -f "$torch" # build_torch looks at bench/compare's headers only
-fi
+build_floor bench/compare/tagger_floor.cpp "$floor" -Iexamples/tagger
 build_torch bench/compare/tagger_torch.cpp "$torch" -Iexamples/tagger
 
 describe_machine

@@ -77,20 +77,46 @@ build_release() {
 	ninja -C "$dir" "$@" >/dev/null
 }
 
-# Compiles $1, a program on PyTorch's C++ API, into $2 when $2 is missing
-# or older than $1 or a header beside it (timing.hpp); the rest are more
-# g++ arguments. Debian's libtorch-dev
-# has no pkg-config file: its C++ API's headers are under
+# Whether $2, compiled from the C++ source $1 with the g++ flags after
+# them, is missing or older than $1 or a header it includes: the headers
+# g++ -MM names (the project's own and any -I folder's, not the system's),
+# so that a change to a trainer's kernels rebuilds every program on them.
+needs_build() {
+	local src=$1 out=$2 dep
+	shift 2
+	[ -x "$out" ] || return 0
+	for dep in $(g++ -MM -std=c++17 "$@" "$src" | sed 's/^[^:]*://; s/\\$//'); do
+		[ "$dep" -nt "$out" ] && return 0
+	done
+	return 1
+}
+
+# Compiles $1, a floor (a trainer's kernels with a backward by hand, on
+# OpenBLAS), into $2 when needs_build says so, as meson's release build
+# compiles the trainer (-O3, C++17); the rest are more g++ arguments.
+build_floor() {
+	local src=$1 out=$2 blas libs
+	shift 2
+	blas=$(pkg-config --cflags openblas)
+	libs=$(pkg-config --libs openblas)
+	# shellcheck disable=SC2086 # pkg-config's words are meant to split
+	if needs_build "$src" "$out" "$@" $blas; then
+		g++ -O3 -std=c++17 -Wall -Wextra -Wshadow -Werror "$@" $blas \
+			"$src" -o "$out" $libs
+	fi
+}
+
+# Compiles $1, a program on PyTorch's C++ API, into $2 when needs_build
+# says so; the rest are more g++ arguments. Debian's libtorch-dev has no
+# pkg-config file: its C++ API's headers are under
 # /usr/include/torch/csrc/api/include, the rest in default paths.
 build_torch() {
-	local src=$1 out=$2
+	local src=$1 out=$2 api=/usr/include/torch/csrc/api/include
 	shift 2
-	if [ ! -x "$out" ] || [ "$src" -nt "$out" ] ||
-		[ -n "$(find "$(dirname "$src")" -name '*.hpp' -newer "$out")" ]; then
+	if needs_build "$src" "$out" "$@" -isystem "$api"; then
 		echo "building $out (libtorch's headers take a minute)" >&2
-		g++ -O3 -std=c++17 -Wall -Wextra -Werror "$@" \
-			-isystem /usr/include/torch/csrc/api/include "$src" \
-			-o "$out" -ltorch -ltorch_cpu -lc10 -pthread
+		g++ -O3 -std=c++17 -Wall -Wextra -Werror "$@" -isystem "$api" \
+			"$src" -o "$out" -ltorch -ltorch_cpu -lc10 -pthread
 	fi
 }
 
