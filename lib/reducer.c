@@ -55,7 +55,8 @@
  * leaves on an acquire load of gen, then releases the contributions of
  * its own units and clears their slots). A participant waiting takes
  * offered slices and applies, looks a few times, yielding (the cores are
- * the backward passes'), and then sleeps on a futex, an event count that
+ * the backward passes'), for 200 us when every participant has a core
+ * (REDUCER_SPIN_NS), and then sleeps on a futex, an event count that
  * every event it waits for bumps (reducer_wake_all says why no wake-up is
  * lost); one FUTEX_WAKE wakes every sleeper, and none of them takes a
  * lock after. So nothing at the barrier is O(T) on one thread but the
@@ -69,6 +70,7 @@
  * the parameters it did not give stay incomplete, never applied with
  * part of their contributions.
  */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "adg.h"
 #include "util.h"
 
@@ -80,9 +82,40 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define NONE SIZE_MAX /* no unit, participant or parameter */
+
+/* How long a participant at the barrier keeps looking before it sleeps,
+ * when every participant can have a core of its own (REDUCER_SPIN_NS;
+ * else REDUCER_SPINS looks at least). A sleep costs the waker a system
+ * call and the sleeper its wake-up, which on a virtual machine can reach
+ * tens of microseconds once its idle core has halted; a waiter that
+ * sleeps starts the next round late by as much, on the round's critical
+ * path. A round's units differ by tens of microseconds in the trainers,
+ * longer than 32 looks (some 16 us of sched_yield) wait; looking for 200
+ * us gained langid and fashion 1 to 2 % at T = 2 (docs/trainers.md).
+ * With more participants than cores a looking waiter only takes time
+ * slices from the threads it waits for, so it sleeps after the few
+ * looks. Build with -DREDUCER_SPIN_NS=0 to compare. */
+#ifndef REDUCER_SPIN_NS
+#define REDUCER_SPIN_NS 200000
+#endif
+#define REDUCER_SPINS 32
+
+/* Whether participants looking at the barrier should keep looking for
+ * REDUCER_SPIN_NS: there are no more of them than cores this thread may
+ * run on, so a looking one takes no core that a computing one needs. */
+static bool reducer_may_spin(size_t n_members)
+{
+	cpu_set_t cpus;
+	long online = sysconf(_SC_NPROCESSORS_ONLN);
+	size_t cores = sched_getaffinity(0, sizeof cpus, &cpus) == 0
+			       ? (size_t)CPU_COUNT(&cpus)
+			       : (online > 0 ? (size_t)online : 1);
+	return REDUCER_SPIN_NS > 0 && n_members <= cores;
+}
 
 /* Refuses options for adg_reducer_new: ADG_EINVAL with reason. */
 #define REDUCER_REFUSE(...) adg_fail(ADG_EINVAL, "adg_reducer_new", __VA_ARGS__)
@@ -212,6 +245,7 @@ struct adg_reducer {
 	struct partial *partials;
 	bool apply_early; /* else all or nothing */
 	bool sliced;	  /* some parameter is in slices */
+	bool spin;	  /* waiters look for REDUCER_SPIN_NS (reducer_wait) */
 	struct param *params;
 	struct tree_node *trees; /* n_params trees of width nodes (0 unused) */
 	char *units;		 /* 2 halves of U blocks of unit_stride bytes */
@@ -711,6 +745,7 @@ int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 
 	r->apply_early = options->apply_early != 0;
 	r->sliced = sliced;
+	r->spin = reducer_may_spin(r->n_members);
 	r->unit_stride = l.unit_stride;
 	r->table_cap = l.table_cap;
 	r->shift = 64 - l.log2;
@@ -1524,13 +1559,24 @@ static bool reducer_worth_waking(struct adg_reducer *r, uint64_t gen)
 	return reducer_offers_applies(r, gen);
 }
 
+static uint64_t reducer_now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
 /* Waits at the barrier of round gen until it moves or work shows up,
- * and takes the work: a few looks, yielding the core to the threads
- * still at work (the cores are the backward passes'), then sleep.
+ * and takes the work: looks, yielding the core to any thread still at
+ * work (the cores are the backward passes'), for REDUCER_SPINS looks and,
+ * when it may spin, until REDUCER_SPIN_NS has passed; then sleeps.
  * Returns whether a task it did was the round's last. */
 static bool reducer_wait(struct adg_reducer *r, uint64_t gen)
 {
-	for (int spin = 0; spin < 32; spin++) {
+	uint64_t until = r->spin ? reducer_now_ns() + REDUCER_SPIN_NS : 0;
+	for (int spin = 0;
+	     spin < REDUCER_SPINS || (until != 0 && reducer_now_ns() < until);
+	     spin++) {
 		if (reducer_worth_waking(r, gen))
 			return reducer_help(r, gen);
 		sched_yield();

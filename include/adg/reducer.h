@@ -278,14 +278,16 @@ ADG_API int adg_reducer_unit_end(adg_reducer *reducer, size_t participant,
  * nothing for count as NULL contributions. Waits until every participant
  * has ended the round and every parameter is applied (or the round is
  * abandoned), folding and applying slices of parameters in slices and
- * (all or nothing) applying parameters meanwhile, looking a few times and
- * then sleeping; then releases the contributions this participant gave
- * and returns: 0 when the round was applied whole, else the round's first
- * error (the same code for every participant; ADG_ESTATE when the round
- * ended with units not done), with the same reason on every participant's
- * thread: "adg_reducer_end: round 4 abandoned: participant 2 failed with
- * ADG_EVALUE (-12)" (adg_reducer_end_with adds the step). The next round
- * starts clean. Errors:
+ * (all or nothing) applying parameters meanwhile, looking (yielding the
+ * core; for up to 200 us when there are no more participants than
+ * cores) and then sleeping; then releases the contributions this
+ * participant gave and returns: 0 when the round was applied whole, else
+ * the round's first error (the same code for every participant;
+ * ADG_ESTATE when the round ended with units not done), with the same
+ * reason on every participant's thread: "adg_reducer_end: round 4
+ * abandoned: participant 2 failed with ADG_EVALUE (-12)"
+ * (adg_reducer_end_with adds the step). The next round starts clean.
+ * Errors:
  * ADG_EINVAL (NULL, participant >= T), ADG_ESTATE (participant is already
  * ending this round: nothing changed), or the round's error. */
 
