@@ -29,6 +29,7 @@
 #include <string>
 #include <sys/wait.h>
 #include <thread>
+#include <type_traits>
 #include <unistd.h>
 #include <vector>
 
@@ -440,6 +441,21 @@ std::vector<double> wide_gradients(const adg::backward_options &options = {})
 		out.push_back(g.get(wi));
 	return out;
 }
+
+/* An executor_ref borrows: from a named pool, executor or adg_executor,
+ * never from a temporary, which would be gone before the backward ran. */
+static_assert(
+	std::is_constructible_v<adg::executor_ref, adg::pool &> &&
+		std::is_constructible_v<adg::executor_ref,
+					const adg::executor &> &&
+		std::is_constructible_v<adg::executor_ref, adg_executor &>,
+	"executor_ref takes named executors");
+static_assert(
+	!std::is_constructible_v<adg::executor_ref, adg::pool> &&
+		!std::is_constructible_v<adg::executor_ref, adg::executor> &&
+		!std::is_constructible_v<adg::executor_ref, adg_executor> &&
+		!std::is_assignable_v<adg::executor_ref &, adg::pool>,
+	"executor_ref refuses temporaries");
 
 TEST(executors_from_callables)
 {

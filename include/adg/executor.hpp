@@ -58,7 +58,8 @@ private:
  * executor, or a C adg_executor; borrowed for the backward's call. An
  * empty pool or executor (default-made, moved from) throws
  * adg::error(ADG_EINVAL) here, rather than run the backward on one
- * thread unasked. */
+ * thread unasked. A temporary does not convert: it would be gone before
+ * the backward ran (o.executor = adg::pool(2) does not compile). */
 class executor_ref
 {
 public:
@@ -66,6 +67,9 @@ public:
 	executor_ref(const pool &p);
 	executor_ref(const executor &e);
 	executor_ref(const adg_executor &e) noexcept;
+	executor_ref(const pool &&) = delete;
+	executor_ref(const executor &&) = delete;
+	executor_ref(const adg_executor &&) = delete;
 	const adg_executor *get() const noexcept;
 
 private:
