@@ -143,7 +143,7 @@ cargo_tests tests-rust-asan env CARGO_TARGET_DIR="$root/build-test-rust-nightly"
 	cargo +nightly test --workspace --target x86_64-unknown-linux-gnu
 if rustup component add --toolchain nightly miri rust-src >/dev/null 2>&1; then
 	cargo_tests miri env CARGO_TARGET_DIR="$root/build-test-rust-miri" \
-		cargo +nightly miri test -p adg --lib -- value:: blocks::
+		cargo +nightly miri test -p adg --lib -- value:: blocks:: reducer::
 else
 	step miri-install false
 fi

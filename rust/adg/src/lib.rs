@@ -65,7 +65,9 @@ pub use error::{code, Error, Failure, Result, Site};
 pub use gradients::{Grad, Gradients};
 pub use node::Node;
 pub use pool::Pool;
-pub use reducer::{FailureSite, Reducer, ReducerBuilder, Reduction, RoundError};
+pub use reducer::{
+    FailureSite, Reducer, ReducerBuilder, Reduction, RoundError, SliceElem, SliceReduction,
+};
 pub use registry::{Registry, Stats};
 pub use step::StepCall;
 

@@ -35,7 +35,8 @@ use std::any::Any;
 use std::ffi::{c_int, c_void, CStr};
 use std::fmt;
 use std::marker::PhantomData;
-use std::ops::Range;
+use std::mem::ManuallyDrop;
+use std::ops::{AddAssign, Range};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
@@ -286,8 +287,24 @@ pub struct ReducerBuilder<T> {
     first_unit: usize,
     total_units: usize,
     apply_early: bool,
+    slicing: Option<Slicing>,
     _grad: PhantomData<fn() -> T>,
 }
+
+/// What [`ReducerBuilder::slices`] set: the counts, the fold of one slice
+/// and the apply of one, the latter two knowing the element type.
+struct Slicing {
+    counts: Vec<usize>,
+    add_slice: AddSlice,
+    apply_slice: Box<ApplySlice>,
+}
+
+/// `ops.add_slice`.
+type AddSlice =
+    unsafe extern "C" fn(*mut c_void, *const c_void, usize, usize, *mut c_void) -> c_int;
+
+/// A sliced parameter's apply, from C's reduction (its sum non-NULL).
+type ApplySlice = dyn Fn(&sys::adg_reduction) -> Result<()> + Send + Sync;
 
 impl<T> fmt::Debug for ReducerBuilder<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -298,6 +315,7 @@ impl<T> fmt::Debug for ReducerBuilder<T> {
             .field("first_unit", &self.first_unit)
             .field("total_units", &self.total_units)
             .field("apply_early", &self.apply_early)
+            .field("slices", &self.slicing.as_ref().map(|s| &s.counts))
             .finish()
     }
 }
@@ -357,16 +375,31 @@ impl<T: Grad> ReducerBuilder<T> {
     where
         F: Fn(Reduction<'_, T>) -> Result<()> + Send + Sync + 'static,
     {
+        let (counts, add_slice, apply_slice) = match self.slicing {
+            Some(s) => (s.counts, Some(s.add_slice), Some(s.apply_slice)),
+            None => (Vec::new(), None, None),
+        };
+        if add_slice.is_some() && counts.len() != self.ids.len() {
+            return Err(Error::new(
+                sys::ADG_EINVAL,
+                format!(
+                    "ReducerBuilder::slices: {} counts for {} parameters",
+                    counts.len(),
+                    self.ids.len()
+                ),
+            ));
+        }
         let shared = Box::into_raw(Box::new(Shared::<T> {
             apply: Box::new(apply),
+            apply_slice,
             raw: AtomicPtr::new(std::ptr::null_mut()),
             participants: self.participants,
             notes: Mutex::new(Vec::new()),
             next_round: (0..self.participants).map(|_| AtomicU64::new(0)).collect(),
         }));
         // SAFETY: all-zero is a valid adg_reducer_options (no allocator,
-        // no slices); the pointers set below outlive the call (ids are
-        // copied by adg_reducer_new).
+        // no slices); the pointers set below outlive the call (ids and
+        // slice counts are copied by adg_reducer_new).
         let mut o: sys::adg_reducer_options = unsafe { std::mem::zeroed() };
         o.size = std::mem::size_of::<sys::adg_reducer_options>();
         o.n_participants = self.participants;
@@ -380,6 +413,10 @@ impl<T: Grad> ReducerBuilder<T> {
         o.first_unit = self.first_unit;
         o.total_units = self.total_units;
         o.apply_early = c_int::from(self.apply_early);
+        if !counts.is_empty() {
+            o.param_slices = counts.as_ptr();
+            o.ops.add_slice = add_slice;
+        }
         let mut raw = std::ptr::null_mut();
         // SAFETY: o is valid for the call, out is writable.
         let rc = unsafe { sys::adg_reducer_new(&o, &mut raw) };
@@ -398,6 +435,265 @@ impl<T: Grad> ReducerBuilder<T> {
             participants: self.participants,
             units: self.units,
         })
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for f64 {}
+}
+
+/// The elements of a gradient that [`ReducerBuilder::slices`] may cut:
+/// `f32` and `f64`, whose `Vec` the crate slices itself, so that threads
+/// folding and applying different slices of one sum never share a `&mut`.
+pub trait SliceElem: Copy + AddAssign + Send + Sync + 'static + sealed::Sealed {}
+impl SliceElem for f32 {}
+impl SliceElem for f64 {}
+
+impl<E: SliceElem> ReducerBuilder<Vec<E>>
+where
+    Vec<E>: Grad,
+{
+    /// Cuts large parameters' sums into slices (reduce-scatter):
+    /// `counts[i]` slices for parameter `i` (1: whole; at most 1024), one
+    /// count per parameter. When a parameter's last contribution arrives,
+    /// its slices are folded over the whole unit tree and applied, each by
+    /// one thread: the one that completed the sum and those waiting in
+    /// [`Reducer::end`], side by side. Slice `k` of `n` is the elements
+    /// `len * k / n .. len * (k + 1) / n`. The bits are those of the
+    /// whole sum: each element is added in the same tree order.
+    ///
+    /// `apply_slice` is a sliced parameter's update, called once per slice
+    /// with [`SliceReduction::values`], that slice of the sum; slices of
+    /// one parameter run at once on different threads, so it writes the
+    /// parameter's elements [`SliceReduction::range`] only; it is not
+    /// called when no unit had a gradient for the parameter. Parameters of
+    /// one slice still go to [`build`](ReducerBuilder::build)'s `apply`.
+    /// Gradients of one parameter must have the same length: a fold of
+    /// different lengths panics, which fails the round as a panicking
+    /// add does.
+    ///
+    /// ```
+    /// use std::sync::{Arc, Mutex};
+    ///
+    /// # fn main() -> adg::Result<()> {
+    /// let reg = adg::Registry::<Vec<f64>>::new()?;
+    /// let w = reg.leaf()?;
+    /// let weights = Arc::new(Mutex::new(vec![0.0; 5]));
+    /// let red = {
+    ///     let weights = Arc::clone(&weights);
+    ///     adg::Reducer::builder(2, [&w])
+    ///         .units(3)
+    ///         .slices(vec![2], move |r| {
+    ///             // One lock here; a trainer keeps a lock or cell per slice.
+    ///             let mut weights = weights.lock().unwrap();
+    ///             for (w, g) in weights[r.range()].iter_mut().zip(r.values()) {
+    ///                 *w -= 0.5 * g;
+    ///             }
+    ///             Ok(())
+    ///         })
+    ///         .build(|_| Ok(()))? // no whole parameter
+    /// };
+    /// std::thread::scope(|s| {
+    ///     for p in 0..2 {
+    ///         let (red, w) = (&red, &w);
+    ///         s.spawn(move || {
+    ///             red.round(p, |unit| red.give(p, w, vec![unit as f64; 5]))
+    ///         });
+    ///     }
+    /// });
+    /// // The units' gradients 0 + 1 + 2, applied in two slices.
+    /// assert_eq!(*weights.lock().unwrap(), [-1.5; 5]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn slices<F>(mut self, counts: Vec<usize>, apply_slice: F) -> Self
+    where
+        F: Fn(SliceReduction<'_, E>) -> Result<()> + Send + Sync + 'static,
+    {
+        let apply_slice = move |r: &sys::adg_reduction| {
+            // SAFETY: the reducer calls this with a sum, a boxed Vec<E>
+            // that only this reducer's folds and applies touch, and
+            // slice r.slice of it only here until the round ends.
+            let values = unsafe { slice_of::<E>(r.sum, r.slice, r.n_slices) };
+            apply_slice(SliceReduction {
+                param: r.param,
+                id: r.id,
+                round: r.round,
+                slice: r.slice,
+                n_slices: r.n_slices,
+                range: values.0,
+                values: values.1,
+                units: r.first_unit..r.first_unit + r.n_units,
+            })
+        };
+        self.slicing = Some(Slicing {
+            counts,
+            add_slice: add_slice_c::<E>,
+            apply_slice: Box::new(apply_slice),
+        });
+        self
+    }
+}
+
+/// What a sliced parameter's apply ([`ReducerBuilder::slices`]) is told:
+/// one slice of its sum, to read or change in place, not to keep.
+pub struct SliceReduction<'a, E> {
+    param: usize,
+    id: u64,
+    round: u64,
+    slice: usize,
+    n_slices: usize,
+    range: Range<usize>,
+    values: &'a mut [E],
+    units: Range<usize>,
+}
+
+impl<E> SliceReduction<'_, E> {
+    /// The parameter's index in the list given to [`Reducer::builder`].
+    pub fn param(&self) -> usize {
+        self.param
+    }
+
+    /// The parameter's leaf id ([`Node::id`]).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The rounds completed before this one (0 in the first round).
+    pub fn round(&self) -> u64 {
+        self.round
+    }
+
+    /// Which slice, 0 to [`slices`](SliceReduction::slices) - 1.
+    pub fn slice(&self) -> usize {
+        self.slice
+    }
+
+    /// The parameter's number of slices.
+    pub fn slices(&self) -> usize {
+        self.n_slices
+    }
+
+    /// The elements of the parameter this slice covers.
+    pub fn range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    /// The slice of the sum: elements [`range`](SliceReduction::range).
+    pub fn values(&self) -> &[E] {
+        self.values
+    }
+
+    /// The same, to change in place before using it.
+    pub fn values_mut(&mut self) -> &mut [E] {
+        self.values
+    }
+
+    /// The units the sum covers, as [`Reduction::units`].
+    pub fn units(&self) -> Range<usize> {
+        self.units.clone()
+    }
+}
+
+impl<E> fmt::Debug for SliceReduction<'_, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SliceReduction")
+            .field("param", &self.param)
+            .field("id", &self.id)
+            .field("round", &self.round)
+            .field("slice", &self.slice)
+            .field("n_slices", &self.n_slices)
+            .field("range", &self.range)
+            .field("units", &self.units)
+            .finish()
+    }
+}
+
+/// Elements `len * k / n .. len * (k + 1) / n` of `len`, as C++'s and C's
+/// examples cut them.
+fn slice_range(len: usize, k: usize, n: usize) -> Range<usize> {
+    let at = |k: usize| (len as u128 * k as u128 / n as u128) as usize;
+    at(k)..at(k + 1)
+}
+
+/// The data pointer and length of a boxed `Vec<E>`, read without making a
+/// reference to the `Vec`: other threads read it at the same time, each
+/// for its own slice. A copy of its header, never dropped, gives them.
+///
+/// # Safety
+///
+/// `v` is a live `Box<Vec<E>>`'s pointer whose header no thread writes
+/// meanwhile.
+unsafe fn vec_parts<E>(v: *const c_void) -> (*mut E, usize) {
+    // SAFETY: as the caller promises; the copy is forgotten, so the
+    // buffer keeps one owner.
+    let mut header = ManuallyDrop::new(unsafe { std::ptr::read(v.cast::<Vec<E>>()) });
+    (header.as_mut_ptr(), header.len())
+}
+
+/// Slice `k` of `n` of the boxed `Vec<E>` at `v`: its range and elements.
+///
+/// # Safety
+///
+/// As [`vec_parts`], and no other thread touches that slice's elements
+/// while the result lives.
+unsafe fn slice_of<'a, E>(v: *const c_void, k: usize, n: usize) -> (Range<usize>, &'a mut [E]) {
+    // SAFETY: as the caller promises; the range lies within the length.
+    unsafe {
+        let (data, len) = vec_parts::<E>(v);
+        let range = slice_range(len, k, n);
+        let values = std::slice::from_raw_parts_mut(data.add(range.start), range.len());
+        (range, values)
+    }
+}
+
+/// Folds slice `k` of `n` of the boxed `Vec<E>` at `value` into the same
+/// slice of the one at `sum`. Panics when their lengths differ.
+///
+/// # Safety
+///
+/// As [`slice_of`] for both, which are distinct.
+unsafe fn add_slice<E: SliceElem>(sum: *mut c_void, value: *const c_void, k: usize, n: usize) {
+    // SAFETY: as the caller promises; the lengths are checked first.
+    unsafe {
+        let (sum_len, value_len) = (vec_parts::<E>(sum).1, vec_parts::<E>(value).1);
+        assert_eq!(
+            sum_len, value_len,
+            "adg::Reducer: gradients of different lengths"
+        );
+        let (_, sum) = slice_of::<E>(sum, k, n);
+        let (_, value) = slice_of::<E>(value, k, n);
+        for (s, v) in sum.iter_mut().zip(value.iter()) {
+            *s += *v;
+        }
+    }
+}
+
+/// `ops.add_slice`: [`add_slice`], with panics kept.
+unsafe extern "C" fn add_slice_c<E: SliceElem>(
+    sum: *mut c_void,
+    value: *const c_void,
+    slice: usize,
+    n_slices: usize,
+    ctx: *mut c_void,
+) -> c_int
+where
+    Vec<E>: Grad,
+{
+    // SAFETY: ctx is the reducer's Shared<Vec<E>>; sum and value are boxed
+    // Vec<E>'s, distinct, whose slice `slice` only this fold touches now
+    // (the C contract: one thread per slice).
+    let shared = unsafe { &*ctx.cast::<Shared<Vec<E>>>() };
+    match catch_unwind(AssertUnwindSafe(|| unsafe {
+        add_slice::<E>(sum, value, slice, n_slices)
+    })) {
+        Ok(()) => 0,
+        Err(payload) => {
+            shared.note_panic(shared.current_round(), payload);
+            sys::ADG_ETHREW
+        }
     }
 }
 
@@ -507,6 +803,7 @@ impl<T: Grad> Reducer<T> {
             first_unit: 0,
             total_units: 0,
             apply_early: false,
+            slicing: None,
             _grad: PhantomData,
         }
     }
@@ -816,6 +1113,8 @@ type Apply<T> = dyn Fn(Reduction<'_, T>) -> Result<()> + Send + Sync;
 /// The callbacks' context.
 struct Shared<T> {
     apply: Box<Apply<T>>,
+    /// The apply of parameters in slices ([`ReducerBuilder::slices`]).
+    apply_slice: Option<Box<ApplySlice>>,
     /// The C reducer, for the round an add runs in.
     raw: AtomicPtr<sys::adg_reducer>,
     participants: usize,
@@ -892,6 +1191,26 @@ impl<T> Shared<T> {
         (cause, panic)
     }
 
+    /// An apply's code for C, its error or panic kept for the round's ends.
+    fn apply_result(
+        &self,
+        r: &sys::adg_reduction,
+        result: std::thread::Result<Result<()>>,
+    ) -> c_int {
+        match result {
+            Ok(Ok(())) => 0,
+            Ok(Err(e)) => {
+                let code = e.c_code();
+                self.note_error(r.round, Culprit::Apply(r.id), e);
+                code
+            }
+            Err(payload) => {
+                self.note_panic(r.round, payload);
+                sys::ADG_ETHREW
+            }
+        }
+    }
+
     /// The round a callback runs in: the rounds completed, as no round
     /// completes while one of its callbacks runs.
     fn current_round(&self) -> u64 {
@@ -943,6 +1262,13 @@ unsafe extern "C" fn apply_c<T: Grad>(r: *const sys::adg_reduction, ctx: *mut c_
     // SAFETY: ctx is the reducer's Shared<T>; r is valid for the call; its
     // sum, when set, is a packed T that only this apply touches now.
     let (shared, r) = unsafe { (&*ctx.cast::<Shared<T>>(), &*r) };
+    if r.n_slices > 1 {
+        let result = match (&shared.apply_slice, r.sum.is_null()) {
+            (Some(apply_slice), false) => catch_unwind(AssertUnwindSafe(|| apply_slice(r))),
+            _ => Ok(Ok(())), // no unit had a gradient: nothing to apply
+        };
+        return shared.apply_result(r, result);
+    }
     let run = |sum: Option<&mut T>| {
         let reduction = Reduction {
             param: r.param,
@@ -958,18 +1284,7 @@ unsafe extern "C" fn apply_c<T: Grad>(r: *const sys::adg_reduction, ctx: *mut c_
     } else {
         unsafe { crate::value::with_c_value_mut(r.sum, |s: &mut T| run(Some(s))) }
     };
-    match result {
-        Ok(Ok(())) => 0,
-        Ok(Err(e)) => {
-            let code = e.c_code();
-            shared.note_error(r.round, Culprit::Apply(r.id), e);
-            code
-        }
-        Err(payload) => {
-            shared.note_panic(r.round, payload);
-            sys::ADG_ETHREW
-        }
-    }
+    shared.apply_result(r, result)
 }
 
 /// `ops.release`: drops a contribution (or a sum) after the barrier. A
@@ -1027,5 +1342,75 @@ impl RoundError {
             step_node: None,
             step_name: None,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slices_cover_the_elements_once_in_order() {
+        for len in [0, 1, 5, 7, 1000] {
+            for n in 1..=9 {
+                let mut next = 0;
+                for k in 0..n {
+                    let r = slice_range(len, k, n);
+                    assert_eq!(r.start, next);
+                    next = r.end;
+                }
+                assert_eq!(next, len);
+            }
+        }
+    }
+
+    /// Two boxed Vecs' pointers, shared by threads that each take their
+    /// own slice of them.
+    struct Both(*mut Vec<f64>, *mut Vec<f64>);
+    // SAFETY: the threads touch disjoint slices (the test's point).
+    unsafe impl Sync for Both {}
+
+    /// Threads fold and read disjoint slices of the same two boxed Vecs at
+    /// once, as the reducer's threads do; Miri checks the pointers.
+    #[test]
+    fn slices_fold_side_by_side() {
+        let both = Both(
+            Box::into_raw(Box::new((0..10).map(f64::from).collect())),
+            Box::into_raw(Box::new(vec![0.5; 10])),
+        );
+        std::thread::scope(|s| {
+            for k in 0..3 {
+                let both = &both;
+                s.spawn(move || {
+                    let (sum, value) = (both.0.cast::<c_void>(), both.1.cast_const().cast());
+                    // SAFETY: live boxed Vecs; each thread its own slice.
+                    unsafe { add_slice::<f64>(sum, value, k, 3) };
+                    let (range, values) = unsafe { slice_of::<f64>(sum, k, 3) };
+                    for (i, v) in range.zip(values.iter()) {
+                        assert_eq!(*v, i as f64 + 0.5);
+                    }
+                });
+            }
+        });
+        // SAFETY: the threads are done; the boxes are still ours.
+        let (sum, value) = unsafe { (Box::from_raw(both.0), Box::from_raw(both.1)) };
+        assert_eq!(
+            *sum,
+            (0..10).map(|i| f64::from(i) + 0.5).collect::<Vec<_>>()
+        );
+        assert_eq!(value.len(), 10);
+    }
+
+    #[test]
+    fn a_fold_of_different_lengths_panics() {
+        let sum = Box::into_raw(Box::new(vec![1.0f32; 4]));
+        let value = Box::into_raw(Box::new(vec![1.0f32; 3]));
+        let folded = std::panic::catch_unwind(|| unsafe {
+            add_slice::<f32>(sum.cast(), value.cast_const().cast(), 0, 2)
+        });
+        assert!(folded.is_err());
+        // SAFETY: nothing else holds them.
+        let (sum, _value) = unsafe { (Box::from_raw(sum), Box::from_raw(value)) };
+        assert_eq!(*sum, [1.0; 4]); // untouched
     }
 }

@@ -187,12 +187,40 @@ fn sgd_reducer(t: usize, m: &Model<'_>) -> Reducer<Vec<f64>> {
         .unwrap()
 }
 
+/// The same, w's sum folded and applied in 3 slices.
+fn sliced_sgd_reducer(t: usize, m: &Model<'_>) -> Reducer<Vec<f64>> {
+    let (values, whole) = (Arc::clone(&m.values), Arc::clone(&m.values));
+    Reducer::builder(t, &m.params)
+        .units(UNITS)
+        .slices(vec![3, 1], move |r| {
+            assert_eq!((r.param(), r.slices()), (0, 3));
+            sgd(&mut values[0].write().unwrap()[r.range()], r.values());
+            Ok(())
+        })
+        .build(move |r| {
+            assert_eq!(r.param(), 1); // b, whole
+            if let Some(g) = r.sum() {
+                sgd(&mut whole[1].write().unwrap(), g);
+            }
+            Ok(())
+        })
+        .unwrap()
+}
+
+/// A way to make the reducer of a model.
+type MakeReducer = fn(usize, &Model<'_>) -> Reducer<Vec<f64>>;
+
 /// The rounds on t threads through the reducer, each backward on `pool`
 /// if given.
 fn train_reducer(t: usize, pool: Option<&Pool>) -> Vec<u64> {
+    train_through(t, pool, sgd_reducer)
+}
+
+/// The same through the reducer `make` makes.
+fn train_through(t: usize, pool: Option<&Pool>, make: MakeReducer) -> Vec<u64> {
     let reg = Registry::<Vec<f64>>::new().unwrap();
     let m = Model::new(&reg);
-    let red = sgd_reducer(t, &m);
+    let red = make(t, &m);
     std::thread::scope(|s| {
         for p in 0..t {
             let (reg, m, red) = (&reg, &m, &red);
@@ -227,6 +255,52 @@ fn same_bits_at_any_thread_count() {
     }
     let pool = Pool::new(2).unwrap();
     assert_eq!(train_reducer(2, Some(&pool)), tree, "T = 2 on a pool");
+}
+
+#[test]
+fn slices_give_the_same_bits() {
+    let tree = train_by_hand(|grads| fold_tree(grads, 0, UNITS.next_power_of_two()));
+    for t in 1..=4 {
+        assert_eq!(train_through(t, None, sliced_sgd_reducer), tree, "T = {t}");
+    }
+}
+
+#[test]
+fn slices_need_a_count_per_parameter() {
+    let reg = Registry::<Vec<f64>>::new().unwrap();
+    let (a, b) = (reg.leaf().unwrap(), reg.leaf().unwrap());
+    let built = Reducer::builder(2, [&a, &b])
+        .slices(vec![2], |_| Ok(()))
+        .build(|_| Ok(()));
+    let e = built.expect_err("one count for two parameters");
+    assert_eq!(e.code(), adg_sys::ADG_EINVAL);
+    assert!(e.to_string().contains("1 counts for 2 parameters"), "{e}");
+    // A count C refuses (0 slices) comes back with C's reason.
+    let built = Reducer::builder(2, [&a, &b])
+        .slices(vec![0, 1], |_| Ok(()))
+        .build(|_| Ok(()));
+    assert_eq!(built.expect_err("0 slices").code(), adg_sys::ADG_EINVAL);
+}
+
+#[test]
+fn a_slice_fold_of_different_lengths_fails_the_round() {
+    let reg = Registry::<Vec<f64>>::new().unwrap();
+    let w = reg.leaf().unwrap();
+    let red = Reducer::builder(1, [&w])
+        .units(2)
+        .slices(vec![2], |_| panic!("no apply after a failed fold"))
+        .build(|_| Ok(()))
+        .unwrap();
+    let round = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        red.round(0, |unit| red.give(0, &w, vec![1.0; 3 + unit]))
+    }));
+    let payload = round.expect_err("the fold's panic, resumed on participant 0");
+    let text = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .unwrap_or_default();
+    assert!(text.contains("different lengths"), "{text}");
+    assert_eq!(red.rounds(), 1);
 }
 
 /// Runs round 0 whole, then round 1 with `sabotage` at unit 4, on t
