@@ -80,17 +80,25 @@ static pthread_once_t threads_once = PTHREAD_ONCE_INIT;
 /* ThreadSanitizer cannot see that a thread's end comes before the kernel
  * says it is gone, so it would read the next owner's use of a record, or
  * of a shard it adopts, as racing with the last owner's. A key's
- * destructor, run again in each destructor round up to the last, releases
- * the record; the thread that finds it gone acquires it. An annotation,
- * no more: nothing depends on it but TSan's view (and TSan builds do not
- * run libadg from late destructor rounds: see tests/test_threads.c). */
+ * destructor, run again in the second destructor round, releases the
+ * record there; the thread that finds it gone acquires it. Not later:
+ * TSan's runtime finishes a thread in a destructor round of its own, and
+ * instrumented code after that crashes it (LLVM's runtime, which rustc's
+ * -Zsanitizer=thread links, did in this function's entry in the last
+ * round). An annotation, no more: nothing depends on it but TSan's view
+ * (and TSan builds do not run libadg from late destructor rounds: see
+ * tests/test_threads.c). */
 static pthread_key_t threads_tsan_key;
 static bool threads_tsan_key_ok;
+static __thread int threads_tsan_rounds; /* this thread's, so far */
 
 static void threads_tsan_end(void *record)
 {
+	if (++threads_tsan_rounds < 2) {
+		(void)pthread_setspecific(threads_tsan_key, record);
+		return;
+	}
 	adg_tsan_release(record);
-	(void)pthread_setspecific(threads_tsan_key, record);
 }
 #endif
 

@@ -7,8 +7,10 @@
 # the safe crate's unsafe code and the C library both), cargo test against
 # a libadg built with AddressSanitizer + UBSan, cargo test with the Rust
 # side built with AddressSanitizer (nightly, which rustup installs on the
-# CI machine), and Miri over the unit tests that call no C. Prints "rust: N passed, N failed" (each cargo test case
-# counts, and each other step as one). Usage: rust-test.sh
+# CI machine), Miri over the unit tests that call no C, and cargo test with
+# both sides built with ThreadSanitizer (libadg by clang). Prints "rust: N
+# passed, N failed" (each cargo test case counts, and each other step as
+# one). Usage: rust-test.sh
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 root=$PWD
@@ -146,6 +148,25 @@ if rustup component add --toolchain nightly miri rust-src >/dev/null 2>&1; then
 		cargo +nightly miri test -p adg --lib -- value:: blocks:: reducer::
 else
 	step miri-install false
+fi
+
+# ThreadSanitizer over both sides at once: libadg built with clang's, whose
+# instrumentation the runtime rustc links (LLVM's) understands, and the
+# Rust side and its standard library (-Zbuild-std, rust-src above) with
+# nightly's. TSan sees the C side's atomics and locks then, so a report
+# is a race; liburcu-bp, not instrumented, is hidden as in the C suite.
+cd "$root" || exit 2
+if CC=clang install_libadg "$work/tsan" -Db_sanitize=thread -Db_lundef=false; then
+	cd rust || exit 2
+	tsan="-Zsanitizer=thread -Cunsafe-allow-abi-mismatch=sanitizer"
+	cargo_tests tests-tsan env PKG_CONFIG_PATH="$work/tsan/lib/pkgconfig" \
+		CARGO_TARGET_DIR="$root/build-test-rust-tsan" \
+		RUSTFLAGS="$tsan" RUSTDOCFLAGS="$tsan" \
+		TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan.supp" \
+		cargo +nightly test -Zbuild-std --workspace \
+		--target x86_64-unknown-linux-gnu
+else
+	step libadg-tsan-build false
 fi
 
 echo "rust: $passed passed, $failed failed"
