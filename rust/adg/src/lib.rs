@@ -31,7 +31,7 @@
 //! [`Pool`] runs one backward's steps on several threads
 //! ([`BackwardOptions::executor`]); a [`Reducer`] trains one model on
 //! several threads in work units, with the same bits at any thread count
-//! (`examples/trainer.rs`).
+//! (`examples/trainer.rs`). [`visit`] and [`write_dot`] show a graph.
 //!
 //! Failures are [`Error`]s: libadg's negative `ADG_E*` code ([`code`]) and
 //! the reason the failing call gave. A panic in a step or hook is caught
@@ -60,7 +60,7 @@ mod value;
 
 pub use backward::{backward, backward_with, BackwardOptions, Ready, StepEvent};
 pub use checkpoint::{Checkpoint, Checkpointing, RecomputeCall};
-pub use dot::write_dot;
+pub use dot::{visit, write_dot, GraphOp, ParentKind};
 pub use error::{code, Error, Failure, Result, Site};
 pub use gradients::{Grad, Gradients};
 pub use node::Node;

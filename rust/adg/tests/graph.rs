@@ -227,6 +227,72 @@ fn write_dot_reports_a_writer_error_and_a_leaf() -> adg::Result<()> {
 }
 
 #[test]
+fn visit_walks_the_ops_parents_first() -> adg::Result<()> {
+    use adg::ParentKind::{Consumed, Leaf, Op};
+    let reg = Registry::new()?;
+    let (a, b) = (reg.leaf()?, reg.leaf()?);
+    let p = reg.op_named(c"p", &[&a, &a], |_| Ok(()))?;
+    adg::backward(&p, 1.0)?; // consumes p
+    let ab = mul(&reg, &a, &b, 1.0, 1.0)?;
+    let y = reg.op(&[&ab, &p, &b], |_| Ok(()))?;
+    let mut seen = Vec::new();
+    adg::visit(&y, |op| {
+        assert_eq!(op.graph_id(), y.graph_id());
+        let name = op.name().map(|n| n.to_str().unwrap().to_owned());
+        seen.push((op.id(), name, op.depth(), op.parents().collect::<Vec<_>>()));
+        Ok(())
+    })?;
+    assert_eq!(
+        seen,
+        [
+            (
+                ab.id(),
+                Some("mul".into()),
+                1,
+                vec![(a.id(), Leaf), (b.id(), Leaf)]
+            ),
+            (
+                y.id(),
+                None,
+                2,
+                vec![(ab.id(), Op), (p.id(), Consumed), (b.id(), Leaf)]
+            ),
+        ]
+    );
+    Ok(())
+}
+
+#[test]
+fn visit_stops_at_an_error_or_a_panic_and_refuses_a_leaf() -> adg::Result<()> {
+    let reg = Registry::<f64>::new()?;
+    let x = reg.leaf()?;
+    let y = reg.op(&[&x], |_| Ok(()))?;
+    let z = reg.op(&[&y], |_| Ok(()))?;
+    let mut calls = 0;
+    let e = adg::visit(&z, |_| {
+        calls += 1;
+        Err(adg::Error::new(code::EUSER - 3, "seen enough"))
+    })
+    .unwrap_err();
+    assert_eq!(
+        (calls, e.code(), e.reason()),
+        (1, code::EUSER - 3, "seen enough")
+    );
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        adg::visit(&z, |_| panic!("a visitor's panic"))
+    }));
+    let payload = caught.expect_err("resumed after libadg returned");
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"a visitor's panic"));
+    assert_eq!(adg::visit(&x, |_| Ok(())).unwrap_err().code(), code::EINVAL);
+    adg::backward(&z, 1.0)?;
+    assert_eq!(
+        adg::visit(&z, |_| Ok(())).unwrap_err().code(),
+        code::ECONSUMED
+    );
+    Ok(())
+}
+
+#[test]
 fn boxed_and_inline_gradients_through_the_hooks() -> adg::Result<()> {
     // Vec<f64> travels boxed, f32 inline: both through the ready hook
     // (read, changed in place, taken) and the value check.
