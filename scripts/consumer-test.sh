@@ -5,8 +5,9 @@
 # C++ layer (adg.hpp), when a C++ compiler is there. pkg-config sees the
 # prefix alone, as on a machine where libadg is the only package installed
 # (no liburcu-dev, no libck-dev), and the headers must include nothing of
-# theirs. Checks that the prefix holds the licence and the docs. Prints
-# "consumer: N passed, N failed".
+# theirs. Checks that the prefix holds the licence and the docs, and that
+# the build tree's adg-uninstalled.pc builds quickstart.c against the
+# uninstalled library. Prints "consumer: N passed, N failed".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d)
@@ -123,6 +124,24 @@ if command -v c++ >/dev/null; then
 	fi
 else
 	echo "consumer c++: no C++ compiler, not built"
+fi
+
+# The build tree, uninstalled: meson-uninstalled/adg-uninstalled.pc, which
+# `meson devenv` puts on PKG_CONFIG_PATH, names the built library and the
+# source tree's headers.
+uninstalled_flags=$(PKG_CONFIG_LIBDIR=$work/build/meson-uninstalled \
+	pkg-config --cflags --libs adg)
+read -ra uninstalled_flags <<<"$uninstalled_flags"
+if cc -o quickstart-uninstalled quickstart.c "${uninstalled_flags[@]}" \
+	-Wl,-rpath,"$work/build/lib"; then
+	check uninstalled quickstart-uninstalled
+	if grep -q "$work/build/lib/libadg.so" <<<"$(ldd quickstart-uninstalled)"; then :; else
+		echo "consumer uninstalled: not linked against the build tree's libadg"
+		failed=$((failed + 1))
+	fi
+else
+	echo "consumer uninstalled: FAILED (did not build)"
+	failed=$((failed + 1))
 fi
 
 echo "consumer: $passed passed, $failed failed"
