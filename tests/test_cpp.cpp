@@ -1009,6 +1009,21 @@ TEST(borrowed_parents_build_what_handles_build)
 		      adg::op(reg, std::vector<adg::node_ref>{a, empty},
 			      [](adg::step_call<double> &) {}),
 		      EXPECT(e.code().value() == ADG_EINVAL));
+	/* Sized first, filled after; a slot left empty is refused too. */
+	std::vector<adg::node_ref> slots(2);
+	EXPECT(!slots[0] && !slots[1] && !adg::node_ref());
+	slots[0] = a;
+	EXPECT(slots[0] && slots[0].id() == a.id());
+	EXPECT_THROWS(adg::error,
+		      adg::op(reg, slots, [](adg::step_call<double> &) {}),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	slots[1] = b;
+	adg::node filled = adg::op(reg, slots, [](adg::step_call<double> &c) {
+		c.give(0, 1.0);
+		c.give(1, 2.0);
+	});
+	adg::gradients<double> gab = adg::backward(filled, 1.0);
+	EXPECT(gab.get(a) == 1.0 && gab.get(b) == 2.0);
 	adg::registry other;
 	adg::node stranger = adg::leaf(other);
 	EXPECT_THROWS(adg::error,

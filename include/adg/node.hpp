@@ -62,10 +62,14 @@ private:
  * std::vector<node_ref>) takes one. get() makes a counted handle of it.
  * Making, copying and dropping one writes nothing to the node. Like a
  * std::string_view, it does not keep what it names alive: one made from
- * a temporary (node_ref(adg::leaf(reg))) dangles once the statement ends. */
+ * a temporary (node_ref(adg::leaf(reg))) dangles once the statement ends.
+ * Default-made, it is empty (false), as one of an empty node is, so that
+ * a std::vector<node_ref> can be sized first and filled after; op refuses
+ * an empty parent (ADG_EINVAL). */
 class node_ref
 {
 public:
+	node_ref() noexcept = default;
 	node_ref(const node &n) noexcept;
 	/* raw, of reg's: throws ADG_EINVAL for null, ADG_EFOREIGN for a node
 	 * of another registry. */
