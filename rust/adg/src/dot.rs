@@ -74,16 +74,26 @@ pub fn write_dot<T: Grad, W: Write + ?Sized>(node: &Node<'_, T>, out: &mut W) ->
             std::ptr::from_mut(&mut sink).cast::<c_void>(),
         )
     };
-    let error = (rc != 0).then(|| Error::last(rc));
-    if let Some(payload) = sink.panic {
-        std::panic::resume_unwind(payload);
-    }
-    match (error, sink.io) {
-        (None, _) => Ok(()),
-        (Some(_), Some(io)) => Err(Error::new(
+    let io = sink.io.map(|io| {
+        Error::new(
             sys::ADG_ECALLBACK,
             format!("write_dot: writing failed: {io}"),
-        )),
+        )
+    });
+    finish(rc, sink.panic, io)
+}
+
+/// What a call that ran a Rust callback returns: `rc`'s error (read at
+/// once, on this thread), or the callback's own when it stopped the call;
+/// a panic the callback caught is resumed instead.
+fn finish(rc: c_int, panic: Option<Box<dyn Any + Send>>, callback: Option<Error>) -> Result<()> {
+    let error = (rc != 0).then(|| Error::last(rc));
+    if let Some(payload) = panic {
+        std::panic::resume_unwind(payload);
+    }
+    match (error, callback) {
+        (None, _) => Ok(()),
+        (Some(_), Some(mine)) => Err(mine),
         (Some(e), None) => Err(e),
     }
 }
@@ -246,13 +256,5 @@ where
             std::ptr::from_mut(&mut visitor).cast::<c_void>(),
         )
     };
-    let error = (rc != 0).then(|| Error::last(rc));
-    if let Some(payload) = visitor.panic {
-        std::panic::resume_unwind(payload);
-    }
-    match (error, visitor.error) {
-        (None, _) => Ok(()),
-        (Some(_), Some(mine)) => Err(mine),
-        (Some(e), None) => Err(e),
-    }
+    finish(rc, visitor.panic, visitor.error)
 }

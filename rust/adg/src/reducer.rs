@@ -86,21 +86,36 @@ pub struct Reduction<'a, T> {
     units: Range<usize>,
 }
 
+/// The accessors [`Reduction`] and [`SliceReduction`] share: which
+/// parameter, which round, which units.
+macro_rules! round_facts {
+    () => {
+        /// The parameter's index in the list given to [`Reducer::builder`].
+        pub fn param(&self) -> usize {
+            self.param
+        }
+
+        /// The parameter's leaf id ([`Node::id`]).
+        pub fn id(&self) -> u64 {
+            self.id
+        }
+
+        /// The rounds completed before this one (0 in the first round).
+        pub fn round(&self) -> u64 {
+            self.round
+        }
+
+        /// The units the sum covers: all of the round's (`0..U`), or, for
+        /// a reducer that holds a range of a job's units
+        /// ([`ReducerBuilder::unit_range`]), one of its partial sums.
+        pub fn units(&self) -> Range<usize> {
+            self.units.clone()
+        }
+    };
+}
+
 impl<'a, T> Reduction<'a, T> {
-    /// The parameter's index in the list given to [`Reducer::builder`].
-    pub fn param(&self) -> usize {
-        self.param
-    }
-
-    /// The parameter's leaf id ([`Node::id`]).
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// The rounds completed before this one (0 in the first round).
-    pub fn round(&self) -> u64 {
-        self.round
-    }
+    round_facts!();
 
     /// The units' gradients folded in the unit tree; `None` when no unit
     /// of the round had a gradient for this parameter.
@@ -111,13 +126,6 @@ impl<'a, T> Reduction<'a, T> {
     /// The sum, to change in place before using it.
     pub fn sum_mut(&mut self) -> Option<&mut T> {
         self.sum.as_deref_mut()
-    }
-
-    /// The units the sum covers: all of the round's (`0..U`), or, for a
-    /// reducer that holds a range of a job's units
-    /// ([`ReducerBuilder::unit_range`]), one of its partial sums.
-    pub fn units(&self) -> Range<usize> {
-        self.units.clone()
     }
 }
 
@@ -551,20 +559,7 @@ pub struct SliceReduction<'a, E> {
 }
 
 impl<E> SliceReduction<'_, E> {
-    /// The parameter's index in the list given to [`Reducer::builder`].
-    pub fn param(&self) -> usize {
-        self.param
-    }
-
-    /// The parameter's leaf id ([`Node::id`]).
-    pub fn id(&self) -> u64 {
-        self.id
-    }
-
-    /// The rounds completed before this one (0 in the first round).
-    pub fn round(&self) -> u64 {
-        self.round
-    }
+    round_facts!();
 
     /// Which slice, 0 to [`slices`](SliceReduction::slices) - 1.
     pub fn slice(&self) -> usize {
@@ -589,11 +584,6 @@ impl<E> SliceReduction<'_, E> {
     /// The same, to change in place before using it.
     pub fn values_mut(&mut self) -> &mut [E] {
         self.values
-    }
-
-    /// The units the sum covers, as [`Reduction::units`].
-    pub fn units(&self) -> Range<usize> {
-        self.units.clone()
     }
 }
 
