@@ -159,12 +159,22 @@ cd "$root" || exit 2
 if CC=clang install_libadg "$work/tsan" -Db_sanitize=thread -Db_lundef=false; then
 	cd rust || exit 2
 	tsan="-Zsanitizer=thread -Cunsafe-allow-abi-mismatch=sanitizer"
-	cargo_tests tests-tsan env PKG_CONFIG_PATH="$work/tsan/lib/pkgconfig" \
-		CARGO_TARGET_DIR="$root/build-test-rust-tsan" \
-		RUSTFLAGS="$tsan" RUSTDOCFLAGS="$tsan" \
-		TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan.supp" \
-		cargo +nightly test -Zbuild-std --workspace \
-		--target x86_64-unknown-linux-gnu
+	under_tsan() { # cargo +nightly's subcommand and arguments
+		local sub=$1
+		shift
+		env PKG_CONFIG_PATH="$work/tsan/lib/pkgconfig" \
+			CARGO_TARGET_DIR="$root/build-test-rust-tsan" \
+			RUSTFLAGS="$tsan" RUSTDOCFLAGS="$tsan" \
+			TSAN_OPTIONS="halt_on_error=1 suppressions=$root/tests/tsan.supp" \
+			cargo +nightly "$sub" -Zbuild-std \
+			--target x86_64-unknown-linux-gnu "$@"
+	}
+	cargo_tests tests-tsan under_tsan test --workspace
+	# The examples' threads too: the trainer exits 1 unless every thread
+	# count gives one weights hash.
+	step example-threads-tsan under_tsan run --quiet --example threads
+	step example-trainer-tsan under_tsan run --quiet --example trainer \
+		-- --threads 1,2,3,4
 else
 	step libadg-tsan-build false
 fi
