@@ -10,6 +10,8 @@
 # uninstalled library. Prints "consumer: N passed, N failed".
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 prefix=$work/prefix
@@ -27,17 +29,7 @@ cp examples/quickstart.c examples/quickstart.cpp "$work/"
 cd "$work"
 
 passed=0 failed=0
-verdict() { # name, then a command: it must succeed
-	local name=$1
-	shift
-	if "$@"; then
-		echo "consumer $name: ok"
-		passed=$((passed + 1))
-	else
-		echo "consumer $name: FAILED"
-		failed=$((failed + 1))
-	fi
-}
+verdict() { count_check consumer "$@"; } # name, then a command: it must succeed
 
 # pkg-config answers for adg alone, and its flags are libadg's only (no
 # -D or -I of a dependency's).

@@ -1,8 +1,24 @@
 # shellcheck shell=bash
 # What the trainer scripts (digits.sh, fashion.sh, langid.sh), the
-# comparisons with PyTorch (compare-*.sh) and the data fetchers
-# (fetch-*.sh) share. Sourced, from the repository's root, where each of
-# them starts.
+# comparisons with PyTorch (compare-*.sh), the data fetchers (fetch-*.sh)
+# and the test steps (consumer-test.sh, rust-test.sh) share. Sourced, from
+# the repository's root, where each of them starts.
+
+# Runs a command as one check of a test step: prints "$1 $2: ok" or
+# "$1 $2: FAILED" and counts it in the caller's passed or failed. Its one
+# local has a name no caller uses: bash's locals are seen by the command
+# it runs (a local prefix hid consumer-test.sh's).
+count_check() { # step, check's name, then the command
+	local count_check_label="$1 $2"
+	shift 2
+	if "$@"; then
+		echo "$count_check_label: ok"
+		passed=$((passed + 1))
+	else
+		echo "$count_check_label: FAILED"
+		failed=$((failed + 1))
+	fi
+}
 
 # Sets each "--NAME VALUE" of the arguments into the variable NAME (a dash
 # in NAME becomes an underscore), for the names in $1 only (space

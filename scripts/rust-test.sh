@@ -23,17 +23,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 passed=0 failed=0
 
-step() { # name, then the command: one check
-	local name=$1
-	shift
-	if "$@"; then
-		echo "rust $name: ok"
-		passed=$((passed + 1))
-	else
-		echo "rust $name: FAILED"
-		failed=$((failed + 1))
-	fi
-}
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
+step() { count_check rust "$@"; } # name, then the command: one check
 
 # Installs libadg, built with meson options $2..., into prefix $1.
 install_libadg() {
