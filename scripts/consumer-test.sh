@@ -70,6 +70,24 @@ check() { # name, binary: it must print both gradients, whatever the layout
 	fi
 }
 
+# Check $1 fails unless binary $2 loads a library whose line in ldd's
+# output matches $3 (grep -E), saying $4; ldd_lacks_libadg: unless it
+# loads no libadg. ldd's output whole, then grep: in a pipe, grep -q's
+# early exit can kill ldd (SIGPIPE), and pipefail then fails the test at
+# random.
+ldd_has() {
+	if grep -qE "$3" <<<"$(ldd "$2")"; then :; else
+		echo "consumer $1: $4"
+		failed=$((failed + 1))
+	fi
+}
+ldd_lacks_libadg() {
+	if grep -q libadg <<<"$(ldd "$2")"; then
+		echo "consumer $1: still needs libadg.so"
+		failed=$((failed + 1))
+	fi
+}
+
 # pkg-config's flags, one word each, as a user's Makefile splits them.
 read -ra shared_flags <<<"$(pkg-config --cflags --libs adg)"
 read -ra cflags <<<"$(pkg-config --cflags adg)"
@@ -79,21 +97,14 @@ read -ra static_libs <<<"$(pkg-config --static --libs adg | sed 's/-ladg//')"
 cc -o quickstart-shared quickstart.c "${shared_flags[@]}" \
 	-Wl,-rpath,"$prefix/lib"
 check shared quickstart-shared
-# ldd's output whole, then grep: in a pipe, grep -q's early exit can kill
-# ldd (SIGPIPE), and pipefail then fails the test at random.
-if grep -qE 'libadg\.so\.[0-9]+ ' <<<"$(ldd quickstart-shared)"; then :; else
-	echo "consumer shared: not linked against libadg.so.N"
-	failed=$((failed + 1))
-fi
+ldd_has shared quickstart-shared 'libadg\.so\.[0-9]+ ' \
+	"not linked against libadg.so.N"
 
 # static: libadg.a, plus what Requires.private brings (liburcu-bp, ck)
 cc -o quickstart-static quickstart.c "${cflags[@]}" \
 	-Wl,-Bstatic -ladg -Wl,-Bdynamic "${static_libs[@]}"
 check static quickstart-static
-if grep -q libadg <<<"$(ldd quickstart-static)"; then
-	echo "consumer static: still needs libadg.so"
-	failed=$((failed + 1))
-fi
+ldd_lacks_libadg static quickstart-static
 
 # C++: adg.hpp is installed next to adg.h, so the same flags serve; the
 # C++ driver links libstdc++ itself. A user's usual warnings must stay
@@ -103,17 +114,12 @@ if command -v c++ >/dev/null; then
 	"${cxx[@]}" -o quickstart-cpp-shared quickstart.cpp \
 		"${shared_flags[@]}" -Wl,-rpath,"$prefix/lib"
 	check c++-shared quickstart-cpp-shared
-	if grep -qE 'libadg\.so\.[0-9]+ ' <<<"$(ldd quickstart-cpp-shared)"; then :; else
-		echo "consumer c++-shared: not linked against libadg.so.N"
-		failed=$((failed + 1))
-	fi
+	ldd_has c++-shared quickstart-cpp-shared 'libadg\.so\.[0-9]+ ' \
+		"not linked against libadg.so.N"
 	"${cxx[@]}" -o quickstart-cpp-static quickstart.cpp "${cflags[@]}" \
 		-Wl,-Bstatic -ladg -Wl,-Bdynamic "${static_libs[@]}"
 	check c++-static quickstart-cpp-static
-	if grep -q libadg <<<"$(ldd quickstart-cpp-static)"; then
-		echo "consumer c++-static: still needs libadg.so"
-		failed=$((failed + 1))
-	fi
+	ldd_lacks_libadg c++-static quickstart-cpp-static
 else
 	echo "consumer c++: no C++ compiler, not built"
 fi
@@ -127,10 +133,8 @@ read -ra uninstalled_flags <<<"$uninstalled_flags"
 if cc -o quickstart-uninstalled quickstart.c "${uninstalled_flags[@]}" \
 	-Wl,-rpath,"$work/build/lib"; then
 	check uninstalled quickstart-uninstalled
-	if grep -q "$work/build/lib/libadg.so" <<<"$(ldd quickstart-uninstalled)"; then :; else
-		echo "consumer uninstalled: not linked against the build tree's libadg"
-		failed=$((failed + 1))
-	fi
+	ldd_has uninstalled quickstart-uninstalled "$work/build/lib/libadg\.so" \
+		"not linked against the build tree's libadg"
 else
 	echo "consumer uninstalled: FAILED (did not build)"
 	failed=$((failed + 1))
