@@ -1999,6 +1999,32 @@ TEST(graphs_are_seen_with_named_leaves)
 	adg::backward(y, 1.0);
 }
 
+/* graph_id as the C API gives it: 0 for a leaf and once consumed; a merge
+ * puts both parents' graphs under the smaller origin. */
+TEST(nodes_know_their_graph)
+{
+	adg::registry reg;
+	adg::node x = adg::leaf(reg);
+	adg::node a = mul<double>(reg, x, 1.0, x, 1.0);
+	adg::node b = mul<double>(reg, x, 2.0, x, 2.0);
+	std::uint64_t ga = a.graph_id(), gb = b.graph_id();
+	EXPECT(x.graph_id() == 0 && ga != 0 && gb != 0 && ga != gb);
+	adg::node y = mul<double>(reg, a, 1.0, b, 1.0);
+	std::uint64_t merged = std::min(ga, gb);
+	EXPECT(y.graph_id() == merged && a.graph_id() == merged &&
+	       b.graph_id() == merged);
+	EXPECT(adg::node_ref(b).graph_id() == merged);
+	std::uint64_t c_id = 0;
+	EXPECT(adg_node_graph_id(y.raw(), &c_id) == 0 && c_id == merged);
+	adg::backward(y, 1.0);
+	EXPECT(y.graph_id() == 0 && a.graph_id() == 0);
+	adg::node empty;
+	EXPECT_THROWS(adg::error, (void)empty.graph_id(),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT_THROWS(adg::error, (void)adg::node_ref().graph_id(),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+}
+
 /* op_with: a kept output read by the step, a rebuilt one, and a rebuild
  * that throws, rethrown from the backward as thrown. */
 TEST(checkpointed_outputs_are_typed)
@@ -2726,6 +2752,11 @@ TEST(errors_name_their_codes)
 	EXPECT(std::string(err.what()).find("here") != std::string::npos);
 	EXPECT(err.failure().code == ADG_ENOMEM);
 	EXPECT(adg::category().message(ADG_ETHREW) != "unknown error");
+	EXPECT(std::strcmp(adg::version(), adg_version()) == 0);
+	EXPECT(std::string(adg::version()) ==
+	       std::to_string(ADG_VERSION_MAJOR) + "." +
+		       std::to_string(ADG_VERSION_MINOR) + "." +
+		       std::to_string(ADG_VERSION_PATCH));
 	adg::check(0);
 	EXPECT_THROWS(adg::error, adg::check(ADG_EBUSY),
 		      EXPECT(e.code().value() == ADG_EBUSY));

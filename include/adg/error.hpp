@@ -1,6 +1,6 @@
 /*
- * adg/error.hpp: adg::error, the category of libadg's codes, check, and what a
- * trampoline returns for an exception.
+ * adg/error.hpp: adg::error, the category of libadg's codes, check, what a
+ * trampoline returns for an exception, and the library's version.
  * A part of adg.hpp, which includes it: include <adg.hpp>.
  */
 #ifndef ADG_ERROR_HPP
@@ -21,6 +21,14 @@ namespace adg
 /* The category of libadg's codes: message() is adg_strerror's text, and
  * names the codes below. */
 const std::error_category &category() noexcept;
+
+/* The version of the libadg loaded, "MAJOR.MINOR.PATCH" (adg_version): it
+ * may be newer than the header compiled against (ADG_VERSION_MAJOR and
+ * the rest). */
+inline const char *version() noexcept
+{
+	return adg_version();
+}
 
 /* What a trampoline returned, before ADG_ETHREW, when a lambda threw
  * something that carries no ADG_E* code. Both are ADG_ETHREW now, whose

@@ -29,6 +29,10 @@ public:
 
 	/* The node's id (adg_node_id); throws on an empty handle. */
 	std::uint64_t id() const;
+	/* The id of the graph the node is in now (adg_node_graph_id): the
+	 * smallest origin of the graphs merged into it; 0 for a leaf or a
+	 * node whose step was consumed. Throws on an empty handle. */
+	std::uint64_t graph_id() const;
 	/* The C handle, still this handle's reference; null if empty. */
 	adg_node *raw() const noexcept;
 	/* Hands this handle's reference to the caller (adg_node_unref's);
@@ -76,6 +80,7 @@ public:
 	node_ref(registry_ref reg, adg_node *raw);
 
 	std::uint64_t id() const;
+	std::uint64_t graph_id() const;
 	adg_node *raw() const noexcept;
 	/* A counted handle to the node (adg_node_ref). */
 	node get() const;
@@ -193,6 +198,13 @@ inline std::uint64_t node::id() const
 	return value;
 }
 
+inline std::uint64_t node::graph_id() const
+{
+	std::uint64_t value = 0;
+	check(adg_node_graph_id(raw_, &value), "adg_node_graph_id");
+	return value;
+}
+
 inline adg_node *node::raw() const noexcept
 {
 	return raw_;
@@ -272,6 +284,13 @@ inline std::uint64_t node_ref::id() const
 {
 	std::uint64_t value = 0;
 	check(adg_node_id(raw_, &value), "adg_node_id");
+	return value;
+}
+
+inline std::uint64_t node_ref::graph_id() const
+{
+	std::uint64_t value = 0;
+	check(adg_node_graph_id(raw_, &value), "adg_node_graph_id");
 	return value;
 }
 
