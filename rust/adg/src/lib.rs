@@ -69,7 +69,7 @@ pub use reducer::{
     FailureSite, Reducer, ReducerBuilder, Reduction, RoundError, SliceElem, SliceReduction,
 };
 pub use registry::{Registry, Stats};
-pub use step::StepCall;
+pub use step::{Parent, StepCall};
 
 /// docs/guide-rust.md, the guide's Rust page: each of its `rust` blocks is
 /// a doctest of this crate, so `cargo test` compiles and runs the page.

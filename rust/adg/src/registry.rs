@@ -5,7 +5,7 @@ use crate::error::{check, Result};
 use crate::gradients::{grad_add, grad_free, Grad};
 use crate::node::Node;
 use crate::panic::Store;
-use crate::step::{self, StepCall};
+use crate::step::{self, Parent, StepCall};
 use adg_sys as sys;
 use std::ffi::{c_void, CStr};
 use std::marker::PhantomData;
@@ -208,6 +208,65 @@ impl<T: Grad> Registry<T> {
         F: Fn(&mut StepCall<'_, T>) -> Result<()> + Send + Sync + 'r,
     {
         step::register(self, parents, step, Some(name))
+    }
+
+    /// [`Registry::op`] with parents that may be moved in
+    /// (`adg_op_moving`): a [`Parent`] is a borrowed node (`(&x).into()`)
+    /// or a moved one (`x.into()`), whose reference becomes the new
+    /// node's. Moving saves the two atomic operations on the parent's
+    /// count that borrowing it and then dropping the handle cost: a
+    /// chain's `x = f(x)`, a temporary's last use.
+    ///
+    /// On an error the moved handles are dropped, as the array is. Only
+    /// the first 64 slots can hand a reference over (libadg's mask); a
+    /// node moved into a later one is dropped after the call, as a
+    /// borrowed one would be.
+    ///
+    /// ```
+    /// let reg = adg::Registry::<f64>::new()?;
+    /// let w = reg.leaf()?;
+    /// let mut h = reg.op(&[&w], |call| {
+    ///     let g = call.take_grad().unwrap_or(0.0);
+    ///     call.give(0, g)
+    /// })?;
+    /// for _ in 0..3 {
+    ///     // h = 2 h: the old h's handle goes into the new node.
+    ///     h = reg.op_moving([h.into()], |call| {
+    ///         let g = call.take_grad().unwrap_or(0.0);
+    ///         call.give(0, 2.0 * g)
+    ///     })?;
+    /// }
+    /// // w, the first h and the three doublings, each held by the next
+    /// // node (until the backward) and none by a second handle
+    /// assert_eq!(reg.stats().live_nodes, 5);
+    /// assert_eq!(adg::backward(&h, 1.0)?.get(&w), Some(&8.0));
+    /// # Ok::<(), adg::Error>(())
+    /// ```
+    ///
+    /// Errors: those of [`Registry::op`].
+    pub fn op_moving<'r, F, const N: usize>(
+        &'r self,
+        parents: [Parent<'_, 'r, T>; N],
+        step: F,
+    ) -> Result<Node<'r, T>>
+    where
+        F: Fn(&mut StepCall<'_, T>) -> Result<()> + Send + Sync + 'r,
+    {
+        step::register_moving(self, parents, step, None)
+    }
+
+    /// [`Registry::op_moving`] with a name for the step, as
+    /// [`Registry::op_named`].
+    pub fn op_moving_named<'r, F, const N: usize>(
+        &'r self,
+        name: &'static CStr,
+        parents: [Parent<'_, 'r, T>; N],
+        step: F,
+    ) -> Result<Node<'r, T>>
+    where
+        F: Fn(&mut StepCall<'_, T>) -> Result<()> + Send + Sync + 'r,
+    {
+        step::register_moving(self, parents, step, Some(name))
     }
 
     /// [`Registry::op`] with a forward output (`adg_op_with`): the op

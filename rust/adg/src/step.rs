@@ -252,6 +252,39 @@ where
     T: Grad,
     F: Fn(&mut StepCall<'_, T>) -> Result<()> + Send + Sync + 'r,
 {
+    register_by(registry, step, name, |c_step| {
+        create(registry, parents, c_step)
+    })
+}
+
+/// register with parents moved in where they say so (`adg_op_moving`).
+pub(crate) fn register_moving<'r, T, F, const N: usize>(
+    registry: &'r Registry<T>,
+    parents: [Parent<'_, 'r, T>; N],
+    step: F,
+    name: Option<&'static CStr>,
+) -> Result<Node<'r, T>>
+where
+    T: Grad,
+    F: Fn(&mut StepCall<'_, T>) -> Result<()> + Send + Sync + 'r,
+{
+    register_by(registry, step, name, |c_step| {
+        create_moving(registry, parents, c_step)
+    })
+}
+
+/// step as an adg_step, handed to create, which makes the node; the
+/// closure is freed here if create fails.
+fn register_by<'r, T, F>(
+    registry: &'r Registry<T>,
+    step: F,
+    name: Option<&'static CStr>,
+    create: impl FnOnce(&sys::adg_step) -> Result<Node<'r, T>>,
+) -> Result<Node<'r, T>>
+where
+    T: Grad,
+    F: Fn(&mut StepCall<'_, T>) -> Result<()> + Send + Sync + 'r,
+{
     let name = name.map_or(ptr::null(), CStr::as_ptr);
     let shared: *const Shared = registry.shared();
     if std::mem::size_of::<F>() == 0 && !std::mem::needs_drop::<F>() {
@@ -262,7 +295,7 @@ where
             user: shared.cast_mut().cast(),
             name,
         };
-        return create(registry, parents, &c_step);
+        return create(&c_step);
     }
     let layout = Layout::new::<Closure<F>>();
     let user = blocks::allocate(layout).cast::<Closure<F>>();
@@ -274,7 +307,7 @@ where
         user: user.cast(),
         name,
     };
-    create(registry, parents, &c_step).inspect_err(|_| {
+    create(&c_step).inspect_err(|_| {
         // SAFETY: not taken by libadg: ours to free.
         unsafe { free_closure(user) };
     })
@@ -296,5 +329,74 @@ fn create<'r, T: Grad>(
         return Err(Error::last(rc));
     }
     // SAFETY: the one reference adg_op hands the caller.
+    Ok(unsafe { Node::adopt(registry, out) })
+}
+
+/// A parent of [`Registry::op_moving`]: a node borrowed for the call, or
+/// a node moved in, whose reference becomes the new node's.
+///
+/// `From` makes one of either: `(&x).into()` borrows, `x.into()` moves.
+pub enum Parent<'a, 'r, T: Grad> {
+    /// Borrowed for the call, as [`Registry::op`] takes every parent.
+    Borrowed(&'a Node<'r, T>),
+    /// Moved in: its reference is the new node's, without the count's
+    /// increment and the handle's decrement that borrowing and then
+    /// dropping it would cost.
+    Moved(Node<'r, T>),
+}
+
+impl<'a, 'r, T: Grad> From<&'a Node<'r, T>> for Parent<'a, 'r, T> {
+    fn from(node: &'a Node<'r, T>) -> Self {
+        Parent::Borrowed(node)
+    }
+}
+
+impl<'r, T: Grad> From<Node<'r, T>> for Parent<'_, 'r, T> {
+    fn from(node: Node<'r, T>) -> Self {
+        Parent::Moved(node)
+    }
+}
+
+impl<'r, T: Grad> Parent<'_, 'r, T> {
+    fn node(&self) -> &Node<'r, T> {
+        match self {
+            Parent::Borrowed(node) => node,
+            Parent::Moved(node) => node,
+        }
+    }
+}
+
+/// adg_op_moving: a node of registry's with c_step, taking over the
+/// references of the moved parents among the first 64 (the width of
+/// libadg's mask); the others are dropped as borrowed ones would be. On
+/// error libadg took nothing, and every moved handle is dropped here.
+fn create_moving<'r, T: Grad, const N: usize>(
+    registry: &'r Registry<T>,
+    parents: [Parent<'_, 'r, T>; N],
+    c_step: &sys::adg_step,
+) -> Result<Node<'r, T>> {
+    let raw: [*mut sys::adg_node; N] = std::array::from_fn(|i| parents[i].node().as_ptr());
+    let moved = parents
+        .iter()
+        .take(64)
+        .enumerate()
+        .filter(|(_, p)| matches!(p, Parent::Moved(_)))
+        .fold(0u64, |mask, (i, _)| mask | 1 << i);
+    let mut out = ptr::null_mut();
+    // SAFETY: the parents are live handles for the call; on success
+    // libadg owns user and the references of moved's bits, on error
+    // nothing was called or taken.
+    let rc =
+        unsafe { sys::adg_op_moving(registry.as_ptr(), raw.as_ptr(), N, moved, c_step, &mut out) };
+    if rc != 0 {
+        return Err(Error::last(rc));
+    }
+    for (i, parent) in parents.into_iter().enumerate() {
+        match parent {
+            Parent::Moved(node) if i < 64 => std::mem::forget(node), // the new node's now
+            _ => {} // borrowed, or past the mask: dropped as a borrowed one
+        }
+    }
+    // SAFETY: the one reference adg_op_moving hands the caller.
     Ok(unsafe { Node::adopt(registry, out) })
 }

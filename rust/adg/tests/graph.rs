@@ -173,6 +173,78 @@ fn handles_are_counted_and_borrowed() -> adg::Result<()> {
     Ok(())
 }
 
+/// y = 2 x, its one parent moved in.
+fn double<'r>(reg: &'r Registry, x: Node<'r>) -> adg::Result<Node<'r>> {
+    reg.op_moving_named(c"double", [x.into()], |call: &mut StepCall<'_, f64>| {
+        let g = call.take_grad().unwrap_or(0.0);
+        call.give(0, 2.0 * g)
+    })
+}
+
+#[test]
+fn moved_parents_hand_their_reference_over() -> adg::Result<()> {
+    let reg = Registry::new()?;
+    let (w, b) = (reg.leaf()?, reg.leaf()?);
+    let mut h = add(&reg, &w, &w)?;
+    for _ in 0..4 {
+        h = double(&reg, h)?; // the old h lives on in the new node only
+    }
+    // One slot borrowed, one moved: h = h + b, b still ours.
+    h = reg.op_moving([h.into(), (&b).into()], |call: &mut StepCall<'_, f64>| {
+        let g = call.take_grad().unwrap_or(0.0);
+        call.give(0, g)?;
+        call.give(1, g)
+    })?;
+    assert_eq!(reg.stats().live_nodes, 2 + 6, "the leaves and the chain");
+    let grads = adg::backward(&h, 1.0)?;
+    assert_eq!((grads.get(&w), grads.get(&b)), (Some(&32.0), Some(&1.0)));
+    drop((grads, h));
+    // A reference moved and also dropped would have freed a node early
+    // (the backward above read it); one moved and not handed over would
+    // keep it now.
+    assert_eq!(reg.stats().live_nodes, 2);
+    drop((w, b));
+    assert_eq!(reg.stats().live_nodes, 0);
+    Ok(())
+}
+
+#[test]
+fn a_refused_op_drops_its_moved_parents() -> adg::Result<()> {
+    let (one, two) = (Registry::<f64>::new()?, Registry::<f64>::new()?);
+    let x = one.leaf()?;
+    let t = one.op(&[&x], |call| call.give(0, 1.0))?;
+    assert_eq!(one.stats().live_nodes, 2);
+    let e = two
+        .op_moving([t.into()], |_: &mut StepCall<'_, f64>| Ok(()))
+        .unwrap_err();
+    assert_eq!(e.code(), code::EFOREIGN);
+    assert_eq!(one.stats().live_nodes, 1, "t's handle dropped, not kept");
+    assert_eq!(two.stats().live_steps, 0, "the step freed");
+    let e = one
+        .op_moving([], |_: &mut StepCall<'_, f64>| Ok(()))
+        .unwrap_err();
+    assert_eq!(e.code(), code::EINVAL, "no parent");
+    Ok(())
+}
+
+#[test]
+fn moves_past_the_64th_slot_are_dropped_as_borrows() -> adg::Result<()> {
+    let reg = Registry::new()?;
+    let x = reg.leaf()?;
+    let parents: [adg::Parent<'_, '_, f64>; 65] = std::array::from_fn(|_| x.clone().into());
+    let y = reg.op_moving(parents, |call: &mut StepCall<'_, f64>| {
+        for slot in 0..call.n_parents() {
+            call.give(slot, 1.0)?;
+        }
+        Ok(())
+    })?;
+    assert_eq!(adg::backward(&y, 1.0)?.get(&x), Some(&65.0));
+    drop(y);
+    drop(x); // the last of its 66 references: the leaf goes
+    assert_eq!(reg.stats().live_nodes, 0);
+    Ok(())
+}
+
 #[test]
 fn handles_and_registries_are_send_and_sync() {
     fn send_sync<T: Send + Sync>() {}
