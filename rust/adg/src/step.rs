@@ -86,6 +86,61 @@ impl<T: Grad> StepCall<'_, T> {
         check(unsafe { sys::adg_step_give(self.raw, slot, into_c(value)) })
     }
 
+    /// Gives every slot's gradient in one call (`adg_step_give_all`):
+    /// `values` yields one per parent slot, in slot order, `None` for a
+    /// slot that gets none. Every value is gone whatever happens: given,
+    /// or dropped when the call fails, so a step needs no cleanup.
+    ///
+    /// Errors: [`EINVAL`](crate::code::EINVAL) for a count that is not
+    /// [`n_parents`](Self::n_parents) (nothing given) or a slot already
+    /// given, the value check's rejection
+    /// ([`EVALUE`](crate::code::EVALUE)), [`ENOMEM`](crate::code::ENOMEM);
+    /// the slots before the one that failed are given. Return the error
+    /// (`?`): the backward fails at this step.
+    ///
+    /// ```
+    /// let reg = adg::Registry::<f64>::new()?;
+    /// let (a, b) = (reg.leaf()?, reg.leaf()?);
+    /// let y = reg.op(&[&a, &b, &a], |call| {
+    ///     let g = call.take_grad().unwrap_or(0.0);
+    ///     call.give_all([Some(g), None, Some(2.0 * g)]) // y = a + 2 a
+    /// })?;
+    /// let grads = adg::backward(&y, 1.0)?;
+    /// assert_eq!((grads.get(&a), grads.get(&b)), (Some(&3.0), None));
+    /// # Ok::<(), adg::Error>(())
+    /// ```
+    pub fn give_all(&mut self, values: impl IntoIterator<Item = Option<T>>) -> Result<()> {
+        const INLINE: usize = 8;
+        let n = self.n_parents();
+        let (mut inline, mut spilled) = ([ptr::null_mut(); INLINE], Vec::new());
+        let packed: &mut [*mut c_void] = if n <= INLINE {
+            &mut inline[..n]
+        } else {
+            spilled.resize(n, ptr::null_mut());
+            &mut spilled
+        };
+        let mut values = values.into_iter();
+        let mut count = 0;
+        for value in values.by_ref().take(n) {
+            packed[count] = value.map_or(ptr::null_mut(), into_c);
+            count += 1;
+        }
+        let count = count + values.count(); // the extra ones dropped
+        if count != n {
+            for &value in packed.iter().filter(|v| !v.is_null()) {
+                // SAFETY: made by into_c above and not handed over.
+                drop(unsafe { from_c::<T>(value) });
+            }
+            return Err(Error::new(
+                crate::code::EINVAL,
+                format!("StepCall::give_all: {count} values for {n} parents"),
+            ));
+        }
+        // SAFETY: a step's call and n values, each NULL or into_c's;
+        // libadg owns every one from here on, failing or not.
+        check(unsafe { sys::adg_step_give_all(self.raw, packed.as_ptr()) })
+    }
+
     /// The forward output of this node or of a parent (`id`:
     /// [`node_id`](Self::node_id) or one of [`parent_ids`](Self::parent_ids))
     /// that its [`Checkpoint`](crate::Checkpoint) asked for, as `V`, the

@@ -306,3 +306,67 @@ fn the_step_hook_fails_the_backward_at_its_step() -> adg::Result<()> {
     assert_eq!(panic_message(&*payload), "hook on step");
     Ok(())
 }
+
+/// A gradient that counts its drops, to see that give_all loses none.
+struct Counted(f64, Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.1.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Grad for Counted {
+    fn add(&mut self, other: &Self) {
+        self.0 += other.0;
+    }
+}
+
+#[test]
+fn give_all_takes_every_value_and_refuses_a_wrong_count() -> adg::Result<()> {
+    let reg = Registry::<Counted>::new()?;
+    let x = reg.leaf()?;
+    let seeds = Arc::new(AtomicUsize::new(0));
+    // (values the step hands give_all, whether it gave slot 0 before)
+    for (n_values, repeat_slot_0) in [(3, false), (1, false), (2, true)] {
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let mine = dropped.clone();
+        let y = reg.op(&[&x, &x], move |call| {
+            if repeat_slot_0 {
+                call.give(0, Counted(1.0, mine.clone()))?;
+            }
+            let values = (0..n_values).map(|_| Some(Counted(1.0, mine.clone())));
+            let before = mine.load(Ordering::Relaxed);
+            let e = call.give_all(values).unwrap_err();
+            // Refused whole, before libadg sees one; a slot given twice
+            // fails in libadg, which frees it and the rest.
+            assert_eq!(mine.load(Ordering::Relaxed) - before, n_values);
+            Err(e)
+        })?;
+        let e = adg::backward(&y, Counted(1.0, seeds.clone())).unwrap_err();
+        assert_eq!(e.code(), code::EINVAL, "{e}");
+        if !repeat_slot_0 {
+            let want = format!("{n_values} values for 2 parents");
+            assert!(e.reason().contains(&want), "{e}");
+        }
+        drop(y);
+        let given = usize::from(repeat_slot_0);
+        assert_eq!(dropped.load(Ordering::Relaxed), n_values + given);
+    }
+    assert_eq!(seeds.load(Ordering::Relaxed), 3, "each backward's seed");
+    Ok(())
+}
+
+#[test]
+fn give_all_gives_past_the_inline_buffer() -> adg::Result<()> {
+    let reg = Registry::<f64>::new()?;
+    let (x, y) = (reg.leaf()?, reg.leaf()?);
+    let parents: Vec<_> = (0..10).map(|i| if i % 3 == 0 { &y } else { &x }).collect();
+    let z = reg.op(&parents, |call| {
+        call.give_all((0..call.n_parents()).map(|i| (i % 2 == 0).then_some(i as f64)))
+    })?;
+    let grads = adg::backward(&z, 1.0)?;
+    // Even slots give their index: y at 0 and 6, x at 2, 4 and 8.
+    assert_eq!((grads.get(&x), grads.get(&y)), (Some(&14.0), Some(&6.0)));
+    Ok(())
+}
