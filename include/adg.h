@@ -893,6 +893,10 @@ ADG_API int adg_graph_write_dot_with(adg_node *node,
 
 #include "adg/pool.h"
 
+/* ------------------------------------------------------------ exact sums */
+
+#include "adg/exact.h"
+
 /* ------------------------------------------------------------- gradients */
 
 /* A container is owned by one thread at a time: these functions must not
