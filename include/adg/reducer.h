@@ -42,6 +42,12 @@ extern "C" {
  * from the others' (one backward per unit), as a sum of two units made inside
  * one backward would tie the bits to how units were packed.
  *
+ * A trainer that cannot fix its units can make the sum itself
+ * order-independent instead: with exact sums (adg/exact.h) as the
+ * contributions, each participant adding every piece of work it takes into
+ * accumulators of its own, the fold's order no longer matters, and units
+ * of zero (below) give the same bits at every T too.
+ *
  * Units of zero (n_units 0, the default): one unit per participant,
  * participant p's contributions are unit p's, with no adg_reducer_next_unit
  * (the same tree, so the bits depend on T: for a trainer that deals its
