@@ -4,6 +4,8 @@
 
 #include "sync.h"
 
+#include "../jitter.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -128,6 +130,12 @@ struct worker {
 	/* --profile: seconds this thread spent in the reducer's add and
 	 * apply, so far (written by this thread only). */
 	double fold_s, apply_s;
+	/* --sum exact: this thread's accumulator of each parameter, which
+	 * its units' backward passes add to (exact_backward's hook); and
+	 * room for a slice's rounded sum, for the applies it runs. */
+	adg_exact *sums[MAX_PARAMS];
+	adg_backward_options exact_backward;
+	float *rounded;
 };
 
 /* --profile: where one round's time went on one thread, in seconds. */
@@ -256,6 +264,82 @@ static void reducer_release(void *value, size_t participant, void *ctx)
 	pool_put(&run->workers[participant].pool, value);
 }
 
+/* --sum exact: the backward's ready hook adds each parameter's gradient
+ * to this thread's accumulator of it, exactly, and gives the tensor back
+ * to the pool; the reducer, without units, merges the threads'
+ * accumulators (add, add_slice: the order changes no bit), apply rounds
+ * each sum once and steps, and release clears an accumulator on its
+ * thread for the next round. */
+static int exact_ready(uint64_t id, void **grad, void *ctx)
+{
+	struct worker *w = ctx;
+	const struct model *m = w->runner->model;
+	struct tensor *g = *grad;
+	if (g == NULL)
+		return 0;
+	int rc = 0;
+	for (int i = 0; i < m->n_params; i++)
+		if (m->params[i].id == id)
+			rc = adg_exact_add(w->sums[i], 0, g->data,
+					   param_elements(&m->params[i]));
+	*grad = NULL; /* taken: back to the pool */
+	pool_put(&w->pool, g);
+	return rc;
+}
+
+static int exact_add(void **sum, const void *value, void *ctx)
+{
+	const struct runner *r = ctx;
+	double start = r->profile ? now() : 0;
+	size_t n = 0;
+	int rc = adg_exact_length(*sum, &n);
+	if (rc == 0)
+		rc = adg_exact_merge(*sum, value, 0, n);
+	if (r->profile)
+		this_worker->fold_s += now() - start;
+	return rc;
+}
+
+static int exact_add_slice(void *sum, const void *value, size_t slice,
+			   size_t n_slices, void *ctx)
+{
+	const struct runner *r = ctx;
+	double start = r->profile ? now() : 0;
+	size_t n = 0, lo, hi;
+	int rc = adg_exact_length(sum, &n);
+	slice_of(n, slice, n_slices, &lo, &hi);
+	if (rc == 0)
+		rc = adg_exact_merge(sum, value, lo, hi - lo);
+	if (r->profile)
+		this_worker->fold_s += now() - start;
+	return rc;
+}
+
+static int exact_apply(const adg_reduction *r, void *ctx)
+{
+	struct runner *run = ctx;
+	if (r->sum == NULL)
+		return 0;
+	double start = run->profile ? now() : 0;
+	struct param *p = &run->model->params[r->param];
+	float *value = p->value->data, lr = run->lr;
+	float *g = this_worker->rounded;
+	size_t lo, hi;
+	slice_of(param_elements(p), r->slice, r->n_slices, &lo, &hi);
+	int rc = adg_exact_round(r->sum, lo, g, hi - lo);
+	for (size_t k = lo; rc == 0 && k < hi; k++)
+		value[k] -= lr * g[k - lo];
+	if (run->profile)
+		this_worker->apply_s += now() - start;
+	return rc;
+}
+
+static void exact_release(void *value, size_t participant, void *ctx)
+{
+	(void)participant, (void)ctx;
+	adg_exact_clear(value); /* cannot fail: not NULL */
+}
+
 /* Sync: a reducer of the model's parameters, participant t worker t,
  * with ceil(batch / unit_rows) units a round (none: unit_rows 0). The
  * applies wait for the round's end (all or nothing): a failed batch
@@ -272,7 +356,7 @@ static int reducer_new(struct runner *r)
 	adg_reducer_options o = {
 		.size = sizeof o,
 		.n_participants = (size_t)r->n_threads,
-		.n_units = r->unit_rows > 0
+		.n_units = r->unit_rows > 0 && !r->exact
 				   ? (size_t)((r->batch + r->unit_rows - 1) /
 					      r->unit_rows)
 				   : 0,
@@ -284,6 +368,12 @@ static int reducer_new(struct runner *r)
 			.ctx = r,
 			.add_slice = reducer_add_slice},
 	};
+	if (r->exact)
+		o.ops = (adg_reducer_ops){.add = exact_add,
+					  .apply = exact_apply,
+					  .release = exact_release,
+					  .ctx = r,
+					  .add_slice = exact_add_slice};
 	return sync_reducer_new(&o, elements, r->slice_from, &r->reducer);
 }
 
@@ -299,6 +389,24 @@ static int worker_init(struct runner *r, size_t index)
 	w->rec.registry = m->registry;
 	w->rec.pool = &w->pool;
 	w->ops = tensor_grad_ops(&w->pool);
+	if (r->mode == MODE_SYNC && r->exact) {
+		size_t largest = 0;
+		for (int i = 0; i < m->n_params; i++) {
+			size_t n = param_elements(&m->params[i]);
+			int rc = adg_exact_new(n, &w->sums[i]);
+			if (rc != 0)
+				return rc;
+			largest = n > largest ? n : largest;
+			w->weights[i] = m->params[i].value;
+		}
+		w->rounded = malloc(largest * sizeof *w->rounded);
+		w->exact_backward = (adg_backward_options){
+			.size = sizeof(adg_backward_options),
+			.on_ready = exact_ready,
+			.on_ready_ctx = w,
+			.leaves_only = 1};
+		return w->rounded != NULL ? 0 : ADG_ENOMEM;
+	}
 	if (r->mode == MODE_SYNC) {
 		for (int i = 0; i < m->n_params; i++)
 			w->weights[i] = m->params[i].value;
@@ -330,6 +438,9 @@ static int worker_free(struct worker *w)
 	if (w->runner->mode == MODE_HOGWILD)
 		for (int i = 0; i < w->runner->model->n_params; i++)
 			free(w->weights[i]);
+	for (int i = 0; i < MAX_PARAMS; i++)
+		adg_exact_free(w->sums[i]);
+	free(w->rounded);
 	return out == 0 ? 0 : -1;
 }
 
@@ -438,11 +549,36 @@ static int sync_unit(size_t unit, void *ctx)
 	if (n == 0)
 		return 0;
 	double start = r->profile ? now() : 0, folds = b->w->fold_s;
-	int rc = train_batch(b->w, b->order + first, n,
-			     (float)n / (float)b->rows, &b->w->part.backward);
+	int rc = train_batch(
+		b->w, b->order + first, n, (float)n / (float)b->rows,
+		r->exact ? &b->w->exact_backward : &b->w->part.backward);
 	if (r->profile)
 		b->compute += now() - start - (b->w->fold_s - folds);
 	return rc;
+}
+
+/* --sum exact: one round of worker w on batch k: the batch's units, taken
+ * as they come, each added to w's accumulators, which go to the reducer;
+ * then the round's end. Returns the round's result (the same for all). */
+static int exact_round(struct worker *w, struct sync_batch *b, int k)
+{
+	struct runner *r = w->runner;
+	const struct model *m = r->model;
+	int n_units = (b->rows + r->unit_rows - 1) / r->unit_rows, rc = 0;
+	for (;;) {
+		/* Relaxed: see struct runner. */
+		int unit = atomic_fetch_add_explicit(&r->next_unit[k], 1,
+						     memory_order_relaxed);
+		if (unit >= n_units)
+			break;
+		jitter_pause(); /* the tests' other interleavings */
+		if ((rc = sync_unit((size_t)unit, b)) != 0)
+			break;
+	}
+	for (int i = 0; i < m->n_params && rc == 0; i++)
+		rc = adg_reducer_give(r->reducer, w->index, m->params[i].id,
+				      w->sums[i]);
+	return adg_reducer_end(r->reducer, w->index, rc);
 }
 
 /* Every thread takes units of every batch (or its share, without units),
@@ -458,7 +594,8 @@ static void train_epoch_sync(struct worker *w)
 				       batch_rows(r, k), 0};
 		double start = r->profile ? now() : 0;
 		double folds = w->fold_s, applies = w->apply_s;
-		w->rc = sync_round(&w->part, sync_unit, &b);
+		w->rc = r->exact ? exact_round(w, &b, k)
+				 : sync_round(&w->part, sync_unit, &b);
 		if (!r->profile)
 			continue;
 		struct round_clock *c =
@@ -575,6 +712,14 @@ int runner_run(struct runner *r, FILE *csv, struct outcome *outcome)
 		fprintf(stderr, "out of memory\n");
 		failed = 1;
 	}
+	r->exact = r->exact && r->mode == MODE_SYNC && r->unit_rows > 0;
+	r->next_unit =
+		r->exact ? calloc((size_t)r->n_batches, sizeof *r->next_unit)
+			 : NULL;
+	if (r->exact && r->next_unit == NULL) {
+		fprintf(stderr, "out of memory\n");
+		failed = 1;
+	}
 	if (!failed && r->mode == MODE_SYNC && (rc = reducer_new(r)) != 0) {
 		fprintf(stderr, "adg_reducer_new: %s\n", adg_strerror(rc));
 		failed = 1;
@@ -597,8 +742,11 @@ int runner_run(struct runner *r, FILE *csv, struct outcome *outcome)
 	for (int epoch = 0; !failed && epoch < r->epochs; epoch++) {
 		shuffle(r->order, n_train, r->seed, epoch);
 		r->lr = learning_rate(r->first_lr, r->epochs, epoch);
-		/* Relaxed: rendezvous_run's mutex publishes it. */
+		/* Relaxed: rendezvous_run's mutex publishes them. */
 		atomic_store_explicit(&r->next_batch, 0, memory_order_relaxed);
+		for (int k = 0; r->exact && k < r->n_batches; k++)
+			atomic_store_explicit(&r->next_unit[k], 0,
+					      memory_order_relaxed);
 		double start = now();
 		rendezvous_run(&r->meet, (unsigned)started);
 		double took = now() - start;
@@ -647,10 +795,11 @@ int runner_run(struct runner *r, FILE *csv, struct outcome *outcome)
 		outcome->hash = model_hash(r->model);
 		printf("result threads=%d batch=%d epochs=%d "
 		       "samples_per_s=%.0f test_accuracy=%.2f mode=%s "
-		       "weights_hash=%016" PRIx64 " unit_rows=%d\n",
+		       "weights_hash=%016" PRIx64 " unit_rows=%d sum=%s\n",
 		       r->n_threads, r->batch, r->epochs, samples / seconds,
 		       outcome->accuracy, mode_name(r->mode), outcome->hash,
-		       r->mode == MODE_SYNC ? r->unit_rows : 0);
+		       r->mode == MODE_SYNC ? r->unit_rows : 0,
+		       r->exact ? "exact" : "float");
 		if (r->profile)
 			print_profile(r);
 	}
@@ -661,6 +810,7 @@ int runner_run(struct runner *r, FILE *csv, struct outcome *outcome)
 	}
 	rendezvous_destroy(&r->meet);
 	free(r->clocks);
+	free(r->next_unit);
 	free(r->order);
 	free(r->workers);
 	return failed;

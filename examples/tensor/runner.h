@@ -136,11 +136,22 @@ struct runner {
 	 * of each batch per thread, as even as can be, summed in thread
 	 * order (the weights then depend on T). */
 	int unit_rows;
+	/* Sync with units: instead of the reducer's tree of float sums,
+	 * exact sums (adg/exact.h, --sum exact). Each thread takes the
+	 * batch's units as they come (an atomic counter), adds each unit's
+	 * gradients to accumulators of its own, and gives them to a reducer
+	 * without units, which merges them; apply rounds each sum once. The
+	 * same weights at any T, other bits than the tree's. */
+	int exact;
 	/* Sync: time each round's parts on every thread and print, after
 	 * the run, where a round's time goes (--profile). */
 	int profile;
 
 	adg_reducer *reducer; /* sync */
+	/* --sum exact: per batch, the next unit to take, an atomic counter
+	 * (relaxed: it hands out numbers; the batch's rows were published
+	 * by the rendezvous, the weights by the reducer's barrier). */
+	atomic_int *next_unit;
 	/* --profile: each round's parts on each thread, n_batches x
 	 * n_threads, the last epoch's (each worker writes its own). */
 	struct round_clock *clocks;

@@ -13,6 +13,7 @@ static const struct option all_options[] = {
 	{"mode", required_argument, NULL, 'o'},
 	{"batch", required_argument, NULL, 'b'},
 	{"unit-rows", required_argument, NULL, 'u'},
+	{"sum", required_argument, NULL, 'S'},
 	{"epochs", required_argument, NULL, 'e'},
 	{"lr", required_argument, NULL, 'l'},
 	{"seed", required_argument, NULL, 's'},
@@ -39,6 +40,11 @@ static int take_value(int c, const char *arg, struct trainer_options *o)
 		return o->n_runs < 0 ? -1 : 0;
 	case 'o':
 		return parse_mode(arg, &o->mode);
+	case 'S':
+		if (strcmp(arg, "tree") != 0 && strcmp(arg, "exact") != 0)
+			return -1;
+		o->exact = strcmp(arg, "exact") == 0;
+		return 0;
 	case 'c':
 		o->csv = arg;
 		return 0;
@@ -107,7 +113,9 @@ static int parse_options(const struct trainer *t, int argc, char **argv,
 	}
 	if (optind != argc - 1 || o->batch < 1 || o->batch > 4096 ||
 	    o->epochs < 1 || o->epochs > 10000 || o->train_subset < 0 ||
-	    o->unit_rows < 0 || o->unit_rows > 4096 || t->check(o) != 0)
+	    o->unit_rows < 0 || o->unit_rows > 4096 ||
+	    (o->exact && (o->mode != MODE_SYNC || o->unit_rows == 0)) ||
+	    t->check(o) != 0)
 		return -1;
 	o->data = argv[optind];
 	return 0;
@@ -133,6 +141,7 @@ static int run(const struct trainer *t, const struct trainer_options *o,
 			   .name_mode = t->name_mode,
 			   .slice_from = t->slice_from,
 			   .unit_rows = o->unit_rows,
+			   .exact = o->exact,
 			   .profile = o->profile};
 	model_init(m, o->seed);
 	return runner_run(&r, csv, outcome);

@@ -22,6 +22,7 @@ struct trainer_options {
 	int batch, epochs;
 	int train_subset; /* 0: every training example */
 	int unit_rows;	  /* sync: rows per unit; 0: a share per thread */
+	int exact;	  /* sync with units: exact sums (--sum exact) */
 	int profile;	  /* sync: where a round's time goes (--profile) */
 	enum train_mode mode;
 	double lr; /* the first epoch's; see learning_rate */
