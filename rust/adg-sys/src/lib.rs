@@ -1,6 +1,6 @@
-//! Raw bindings of libadg's C API: `adg.h`, `adg/reducer.h` and
-//! `adg/pool.h`, written by hand, one item per C declaration, in the
-//! headers' order.
+//! Raw bindings of libadg's C API: `adg.h`, `adg/reducer.h`,
+//! `adg/pool.h` and `adg/exact.h`, written by hand, one item per C
+//! declaration, in the headers' order.
 //!
 //! The headers are the reference: each function's contract (what it takes,
 //! returns, which errors, who owns what) is stated there, and these
@@ -610,6 +610,39 @@ extern "C" {
     pub fn adg_pool_new(n_threads: c_uint, out: *mut *mut adg_pool) -> c_int;
     pub fn adg_pool_executor(pool: *mut adg_pool, out: *mut adg_executor) -> c_int;
     pub fn adg_pool_free(pool: *mut adg_pool) -> c_int;
+}
+
+// ------------------------------------------------------------ exact sums
+
+/// n float sums kept exactly, whatever the order of their terms (opaque).
+#[repr(C)]
+pub struct adg_exact {
+    _private: [u8; 0],
+}
+
+extern "C" {
+    pub fn adg_exact_new(n: usize, out: *mut *mut adg_exact) -> c_int;
+    pub fn adg_exact_free(sum: *mut adg_exact) -> c_int;
+    pub fn adg_exact_length(sum: *const adg_exact, n: *mut usize) -> c_int;
+    pub fn adg_exact_clear(sum: *mut adg_exact) -> c_int;
+    pub fn adg_exact_add(
+        sum: *mut adg_exact,
+        first: usize,
+        values: *const f32,
+        count: usize,
+    ) -> c_int;
+    pub fn adg_exact_merge(
+        sum: *mut adg_exact,
+        other: *const adg_exact,
+        first: usize,
+        count: usize,
+    ) -> c_int;
+    pub fn adg_exact_round(
+        sum: *const adg_exact,
+        first: usize,
+        out: *mut f32,
+        count: usize,
+    ) -> c_int;
 }
 
 // ------------------------------------------------------------- gradients

@@ -67,6 +67,13 @@ fn bound_functions() -> Vec<(&'static str, usize)> {
         adg_pool_new,
         adg_pool_executor,
         adg_pool_free,
+        adg_exact_new,
+        adg_exact_free,
+        adg_exact_length,
+        adg_exact_clear,
+        adg_exact_add,
+        adg_exact_merge,
+        adg_exact_round,
         adg_grads_get,
         adg_grads_take,
         adg_grads_get_node,
@@ -208,7 +215,7 @@ fn bound_layouts() -> Vec<Layout> {
 
 // ------------------------------------------------ what the headers declare
 
-const HEADERS: [&str; 3] = ["adg.h", "adg/reducer.h", "adg/pool.h"];
+const HEADERS: [&str; 4] = ["adg.h", "adg/reducer.h", "adg/pool.h", "adg/exact.h"];
 
 /// The directory holding adg.h: among the include paths build.rs found
 /// (none when the headers are in a default path pkg-config leaves out).

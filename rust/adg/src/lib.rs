@@ -31,7 +31,9 @@
 //! [`Pool`] runs one backward's steps on several threads
 //! ([`BackwardOptions::executor`]); a [`Reducer`] trains one model on
 //! several threads in work units, with the same bits at any thread count
-//! (`examples/trainer.rs`). [`visit`] and [`write_dot`] show a graph.
+//! (`examples/trainer.rs`); an [`ExactSum`] sums float gradients exactly,
+//! the same bits in any order, for work that cannot be cut into units.
+//! [`visit`] and [`write_dot`] show a graph.
 //!
 //! Failures are [`Error`]s: libadg's negative `ADG_E*` code ([`code`]) and
 //! the reason the failing call gave. A panic in a step or hook is caught
@@ -49,6 +51,7 @@ mod blocks;
 mod checkpoint;
 mod dot;
 mod error;
+mod exact;
 mod gradients;
 mod node;
 mod panic;
@@ -62,6 +65,7 @@ pub use backward::{backward, backward_with, BackwardOptions, Ready, StepEvent};
 pub use checkpoint::{Checkpoint, Checkpointing, RecomputeCall};
 pub use dot::{visit, write_dot, GraphOp, ParentKind};
 pub use error::{code, Error, Failure, Result, Site};
+pub use exact::ExactSum;
 pub use gradients::{Grad, Gradients};
 pub use node::Node;
 pub use pool::Pool;
