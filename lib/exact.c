@@ -4,8 +4,13 @@
  * base 2^32. A float m * 2^e (m < 2^24) is m shifted to its place: at
  * most 55 bits, so it lands in two adjacent words, and adding it is two
  * integer adds. Carries are deferred: a word only moves by less than 2^32
- * a term, and the words are carried (normalized) before any could
- * overflow. An annex: it stands on nothing but the C library and util.h.
+ * a term, and the words are carried before any could overflow.
+ *
+ * Word d of every sum lies in plane d, n words in a row, and the
+ * accumulator notes which planes may hold anything: a gradient's terms
+ * span a few planes of the nine (2^-60 to 2^4, say: 3 to 5), and merges,
+ * clears and rounds touch only those, plane by plane, in loops the
+ * compiler vectorizes. An annex: it stands on the C library and util.h.
  */
 #include "util.h"
 
@@ -15,16 +20,18 @@
 
 /* Words 0 to 7 take the terms (a float's top bit is bit 276 of the
  * count); word 8 takes the carries out of word 7, so the sum's magnitude
- * may reach 2^(256 + 62) units, 2^169. */
+ * may reach 2^(256 + 61) units, 2^168. */
 #define DIGITS	   9
 #define DIGIT_BITS 32
 #define DIGIT_MASK 0xffffffffu
+#define ALL_PLANES ((1u << DIGITS) - 1)
 
-/* Words 0 to 7 of every sum stay below bound * 2^32 in magnitude: 1 once
- * carried, one more for each term added, the other's bound more for each
- * merge. Up to MAX_BOUND every word is below 2^62, so that a merge of two
- * such accumulators cannot overflow; an add that would pass it carries
- * every sum first, a merge that would carries the sums it merges. */
+/* Every word stays below bound * 2^32 in magnitude, beside what it holds
+ * of the sum itself: 1 once carried, one more for each term added, the
+ * other's bound more for each merge. Up to MAX_BOUND every word is below
+ * 2^62, so that a merge of two such accumulators cannot overflow; an add
+ * that would pass it carries every sum first, a merge that would carries
+ * the sums it merges. */
 #ifdef ADG_EXACT_MAX_BOUND
 #define MAX_BOUND ((uint64_t)(ADG_EXACT_MAX_BOUND)) /* tests/: carry often */
 #else
@@ -33,13 +40,21 @@
 
 struct adg_exact {
 	size_t n;
-	/* The bound above, for every sum. Atomic, relaxed: merges into
-	 * disjoint ranges of one accumulator run at once and each adds its
-	 * other's; it only ever overstates, and each range's words are
-	 * ordered after the calls that raised it for them by whatever
+	/* Words from one plane to the next: n rounded up to a cache line's
+	 * worth, and one line more, so that the same sum's words in two
+	 * planes never sit a multiple of 4 KiB apart (n is often a multiple
+	 * of 512), where loads and stores of neighbouring planes would alias
+	 * in the store buffer and wait on each other. */
+	size_t stride;
+	/* The bound above, for every sum; and the planes that may hold a
+	 * word other than 0 (bit d: plane d). Both atomic, relaxed: merges
+	 * into disjoint ranges of one accumulator run at once and each
+	 * raises them; they only ever overstate, and each range's words
+	 * are ordered after the calls that raised them for it by whatever
 	 * ordered those calls (adg/exact.h's thread rules). */
 	uint64_t bound;
-	int64_t words[]; /* n * DIGITS: sum i at words[i * DIGITS] */
+	uint32_t planes;
+	int64_t words[]; /* DIGITS planes: word d of sum i at d * stride + i */
 };
 
 static float float_bits(uint32_t bits)
@@ -49,33 +64,53 @@ static float float_bits(uint32_t bits)
 	return f;
 }
 
-static int64_t *sum_words(adg_exact *sum, size_t i)
+static int64_t *plane(adg_exact *sum, int d)
 {
-	return sum->words + i * DIGITS;
+	return sum->words + (size_t)d * sum->stride;
 }
 
-static const int64_t *sum_words_const(const adg_exact *sum, size_t i)
+static const int64_t *plane_const(const adg_exact *sum, int d)
 {
-	return sum->words + i * DIGITS;
+	return sum->words + (size_t)d * sum->stride;
 }
 
-/* Carries words 0 to 7 of one sum into the next, leaving each in
- * [0, 2^32); the top word takes what is left, sign included. */
-static void carry(int64_t w[DIGITS])
+static uint32_t planes_of(const adg_exact *sum)
 {
-	for (int d = 0; d < DIGITS - 1; d++) {
-		/* An arithmetic shift: floor division, so a negative word
-		 * borrows from the next. */
-		int64_t c = w[d] >> DIGIT_BITS;
-		w[d] -= (int64_t)((uint64_t)c << DIGIT_BITS);
-		w[d + 1] += c;
+	return __atomic_load_n(&sum->planes, __ATOMIC_RELAXED);
+}
+
+/* Planes from the lowest of mask up: where a carry can put something. */
+static uint32_t planes_from_lowest(uint32_t mask)
+{
+	return mask == 0 ? 0 : ALL_PLANES & ~((1u << __builtin_ctz(mask)) - 1);
+}
+
+/* Carries sums [first, first + count) from plane lo up, plane by plane:
+ * each word of planes lo to 7 ends in [0, 2^32), plane 8 takes what is
+ * left, sign included. The same as carrying each sum word by word, as
+ * plane d is done before plane d + 1 takes its carries. */
+static void carry_range(adg_exact *sum, size_t first, size_t count, int lo)
+{
+	for (int d = lo; d < DIGITS - 1; d++) {
+		int64_t *w = plane(sum, d) + first,
+			*up = plane(sum, d + 1) + first;
+		for (size_t i = 0; i < count; i++) {
+			/* An arithmetic shift: floor division, so that a
+			 * negative word borrows from the next. */
+			int64_t c = w[i] >> DIGIT_BITS;
+			w[i] -= (int64_t)((uint64_t)c << DIGIT_BITS);
+			up[i] += c;
+		}
 	}
 }
 
 static void normalize(adg_exact *sum)
 {
-	for (size_t i = 0; i < sum->n; i++)
-		carry(sum_words(sum, i));
+	uint32_t mask = planes_of(sum);
+	if (mask != 0)
+		carry_range(sum, 0, sum->n, __builtin_ctz(mask));
+	__atomic_fetch_or(&sum->planes, planes_from_lowest(mask),
+			  __ATOMIC_RELAXED);
 	__atomic_store_n(&sum->bound, 1, __ATOMIC_RELAXED);
 }
 
@@ -92,14 +127,18 @@ int adg_exact_new(size_t n, adg_exact **out)
 	*out = NULL;
 	if (n == 0)
 		return ADG_FAIL(ADG_EINVAL, "no sums (n is 0)");
-	size_t per_sum = DIGITS * sizeof(int64_t);
-	if (n > (SIZE_MAX - sizeof(adg_exact)) / per_sum)
+	size_t line = ADG_CACHELINE / sizeof(int64_t);
+	size_t per_plane = DIGITS * sizeof(int64_t);
+	if (n > (SIZE_MAX - sizeof(adg_exact)) / per_plane - 2 * line)
 		return ADG_FAIL(ADG_EINVAL, "%zu sums overflow a size", n);
-	adg_exact *sum = calloc(1, sizeof *sum + n * per_sum);
+	size_t stride = adg_round_up(n, line) + line;
+	adg_exact *sum = calloc(1, sizeof *sum + stride * per_plane);
 	if (sum == NULL)
 		return ADG_FAIL(ADG_ENOMEM, "no memory for %zu sums", n);
 	sum->n = n;
+	sum->stride = stride;
 	__atomic_store_n(&sum->bound, 1, __ATOMIC_RELAXED);
+	__atomic_store_n(&sum->planes, 0, __ATOMIC_RELAXED);
 	*out = sum;
 	return 0;
 }
@@ -123,7 +162,11 @@ int adg_exact_clear(adg_exact *sum)
 {
 	if (sum == NULL)
 		return ADG_FAIL(ADG_EINVAL, "sum is NULL");
-	memset(sum->words, 0, sum->n * DIGITS * sizeof(int64_t));
+	uint32_t mask = planes_of(sum);
+	for (int d = 0; d < DIGITS; d++)
+		if (mask >> d & 1u)
+			memset(plane(sum, d), 0, sum->n * sizeof(int64_t));
+	__atomic_store_n(&sum->planes, 0, __ATOMIC_RELAXED);
 	__atomic_store_n(&sum->bound, 1, __ATOMIC_RELAXED);
 	return 0;
 }
@@ -151,6 +194,9 @@ int adg_exact_add(adg_exact *sum, size_t first, const float *values,
 	if (__atomic_load_n(&sum->bound, __ATOMIC_RELAXED) >= MAX_BOUND)
 		normalize(sum);
 	__atomic_fetch_add(&sum->bound, 1, __ATOMIC_RELAXED);
+	int64_t *words = sum->words + first;
+	size_t n = sum->stride;
+	uint32_t touched = 0;
 	for (size_t i = 0; i < count; i++) {
 		uint32_t bits;
 		memcpy(&bits, &values[i], sizeof bits);
@@ -162,14 +208,18 @@ int adg_exact_add(adg_exact *sum, size_t first, const float *values,
 		uint32_t normal = exponent != 0;
 		uint64_t m = (bits & 0x7fffffu) | (uint64_t)normal << 23;
 		unsigned shift = exponent - normal;
+		unsigned d = shift / DIGIT_BITS;
 		uint64_t placed = m << (shift % DIGIT_BITS); /* < 2^55 */
 		int64_t negative = -(int64_t)(bits >> 31);   /* 0 or -1 */
 		int64_t low = (int64_t)(placed & DIGIT_MASK);
 		int64_t high = (int64_t)(placed >> DIGIT_BITS);
-		int64_t *w = sum_words(sum, first + i) + shift / DIGIT_BITS;
+		int64_t *w = words + (size_t)d * n + i;
 		w[0] += (low ^ negative) - negative;
-		w[1] += (high ^ negative) - negative;
+		w[n] += (high ^ negative) - negative;
+		/* Zeros (most of a ReLU layer's gradient) touch no plane. */
+		touched |= (uint32_t)(m != 0) * (3u << d);
 	}
+	__atomic_fetch_or(&sum->planes, touched, __ATOMIC_RELAXED);
 	return 0;
 }
 
@@ -191,71 +241,86 @@ int adg_exact_merge(adg_exact *sum, const adg_exact *other, size_t first,
 				first, first, count, sum->n);
 	uint64_t bound = __atomic_load_n(&sum->bound, __ATOMIC_RELAXED),
 		 other_bound = __atomic_load_n(&other->bound, __ATOMIC_RELAXED);
-	int64_t *w = sum_words(sum, first);
-	const int64_t *o = sum_words_const(other, first);
-	if (bound + other_bound <= MAX_BOUND) {
-		/* Every word stays below 2^62: word by word, no carry. */
+	uint32_t mask = planes_of(other);
+	bool carry = bound + other_bound > MAX_BOUND;
+	if (carry) {
+		/* Each word below 2^62 + 2^62 after the add; carried at
+		 * once, from the lowest plane either holds, the range is
+		 * left within the bound sum already has, but its carries
+		 * may reach any plane above. */
+		uint32_t both = planes_of(sum) | mask;
+		__atomic_fetch_or(&sum->planes, planes_from_lowest(both),
+				  __ATOMIC_RELAXED);
+	} else {
 		__atomic_fetch_add(&sum->bound, other_bound, __ATOMIC_RELAXED);
-		for (size_t k = 0; k < count * DIGITS; k++)
-			w[k] += o[k];
-		return 0;
+		__atomic_fetch_or(&sum->planes, mask, __ATOMIC_RELAXED);
 	}
-	/* Each word below 2^62 + 2^62 after the add; carried at once, the
-	 * range is left normalized, within the bound sum already has. */
-	for (size_t i = 0; i < count; i++, w += DIGITS, o += DIGITS) {
-		for (int d = 0; d < DIGITS; d++)
-			w[d] += o[d];
-		carry(w);
+	for (int d = 0; d < DIGITS; d++) {
+		if (!(mask >> d & 1u))
+			continue;
+		int64_t *w = plane(sum, d) + first;
+		const int64_t *o = plane_const(other, d) + first;
+		for (size_t i = 0; i < count; i++)
+			w[i] += o[i];
 	}
+	uint32_t held = planes_of(sum);
+	if (carry && held != 0)
+		carry_range(sum, first, count, __builtin_ctz(held));
 	return 0;
 }
 
-/* The float nearest sum i, ties to even. */
-static float round_one(const int64_t words[DIGITS])
+/* The float nearest the sum whose words are w[lo] to w[hi] (the others
+ * 0), ties to even. Changes w. Branch-free but for rounding's rare cases:
+ * signs and magnitudes come in no order a predictor could learn. */
+static float round_one(int64_t w[DIGITS], int lo, int hi)
 {
-	int64_t w[DIGITS];
-	memcpy(w, words, sizeof w);
-	carry(w);
-	/* Carried, words 0 to 7 are digits and the top word holds the sign:
-	 * a negative sum is negated and carried again, so that w is its
-	 * magnitude. */
-	uint32_t sign = 0;
-	if (w[DIGITS - 1] < 0) {
-		for (int d = 0; d < DIGITS; d++)
-			w[d] = -w[d];
-		carry(w);
-		sign = 0x80000000u;
+	/* Carried, words lo to hi - 1 are digits and w[hi] holds the rest,
+	 * sign included: as digits hi and hi + 1, two's complement. */
+	for (int d = lo; d < hi; d++) {
+		int64_t c = w[d] >> DIGIT_BITS;
+		w[d] -= (int64_t)((uint64_t)c << DIGIT_BITS);
+		w[d + 1] += c;
 	}
-	/* A top word of 2^32 or more is 2^288 units, 2^139: no float. */
-	if ((uint64_t)w[DIGITS - 1] >> DIGIT_BITS)
-		return float_bits(sign | 0x7f800000u);
-	int top = DIGITS - 1;
-	while (top > 0 && w[top] == 0)
-		top--;
-	if (w[top] == 0)
+	uint32_t limb[DIGITS + 1] = {0};
+	for (int d = lo; d < hi; d++)
+		limb[d] = (uint32_t)w[d];
+	limb[hi] = (uint32_t)(uint64_t)w[hi];
+	limb[hi + 1] = (uint32_t)((uint64_t)w[hi] >> DIGIT_BITS);
+	/* The magnitude: for a negative sum, invert and add 1. */
+	uint32_t negative = (uint32_t)((uint64_t)w[hi] >> 63);
+	uint32_t flip = 0u - negative;
+	uint64_t c = negative;
+	uint32_t nonzero = 0; /* bit d: limb d is not 0 */
+	for (int d = lo; d <= hi + 1; d++) {
+		c += limb[d] ^ flip;
+		limb[d] = (uint32_t)c;
+		c >>= DIGIT_BITS;
+		nonzero |= (uint32_t)(limb[d] != 0) << d;
+	}
+	uint32_t sign = negative << 31;
+	if (nonzero == 0)
 		return 0.0f; /* +0, whatever the terms' signs */
+	int top = 31 - __builtin_clz(nonzero);
 	/* p: the magnitude's top bit. */
-	int p = top * DIGIT_BITS + 31 - __builtin_clz((uint32_t)w[top]);
+	int p = top * DIGIT_BITS + 31 - __builtin_clz(limb[top]);
 	if (p < 24) {
 		/* Under 2^24 units: the count itself is the float's bits (a
 		 * subnormal below 2^23, else exponent field 1 and the hidden
 		 * bit at 2^23). */
-		return float_bits(sign | (uint32_t)w[0]);
+		return float_bits(sign | limb[0]);
 	}
 	/* The 24 bits from p down, the next (half), and whether any below it
-	 * is set (sticky), from a window of the top word and the one below
+	 * is set (sticky), from a window of the top limb and the one below
 	 * it: bit j of the window is bit j + 32 * (top - 1) of the count. */
-	uint64_t window = (uint64_t)w[top] << DIGIT_BITS;
+	uint64_t window = (uint64_t)limb[top] << DIGIT_BITS;
 	if (top > 0)
-		window |= (uint64_t)w[top - 1];
+		window |= limb[top - 1];
 	int low = p - 23 - DIGIT_BITS * (top - 1); /* 9 to 40 */
 	uint64_t m = window >> low;
 	bool half = (window >> (low - 1)) & 1u;
-	uint64_t below = window & ((UINT64_C(1) << (low - 1)) - 1);
-	for (int d = 0; d < top - 1; d++)
-		below |= (uint64_t)w[d];
-	if (half && (below != 0 || (m & 1u)))
-		m++;
+	bool below = (window & ((UINT64_C(1) << (low - 1)) - 1)) != 0 ||
+		     (top > 1 && (nonzero & ((1u << (top - 1)) - 1)) != 0);
+	m += half & (below | (m & 1u));
 	if (m >> 24) { /* rounded up to 2^24 */
 		m >>= 1;
 		p++;
@@ -280,7 +345,17 @@ int adg_exact_round(const adg_exact *sum, size_t first, float *out,
 		return ADG_FAIL(ADG_EINVAL,
 				"sums %zu to %zu + %zu past the %zu sums",
 				first, first, count, sum->n);
-	for (size_t i = 0; i < count; i++)
-		out[i] = round_one(sum_words_const(sum, first + i));
+	uint32_t mask = planes_of(sum);
+	if (mask == 0) {
+		memset(out, 0, count * sizeof *out); /* +0 */
+		return 0;
+	}
+	int lo = __builtin_ctz(mask), hi = 31 - __builtin_clz(mask);
+	for (size_t i = 0; i < count; i++) {
+		int64_t w[DIGITS];
+		for (int d = lo; d <= hi; d++)
+			w[d] = plane_const(sum, d)[first + i];
+		out[i] = round_one(w, lo, hi);
+	}
 	return 0;
 }

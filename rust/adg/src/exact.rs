@@ -43,8 +43,8 @@ use crate::Grad;
 /// `Vec<f32>` and `Vec<f64>` only.
 ///
 /// The price, against under 0.1 ns for a float add: 72 bytes a sum, and
-/// about 3 ns a term, 1.5 to 4 ns a sum to merge and 9 to 18 ns a sum to
-/// round (`docs/bench.md`, "Exact sums").
+/// about 3.4 ns a term, 0.3 to 0.5 ns a sum to merge and 11 to 19 ns a sum
+/// to round (`docs/bench.md`, "Exact sums").
 ///
 /// It is `Send` and `Sync`: `&self` only reads (rounds, or serves as a
 /// merge's `other`, which C allows on several threads at once), and adds,
