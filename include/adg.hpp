@@ -102,8 +102,9 @@
 
 #include "adg/graph.hpp"
 
-/* The annexes' C++, as adg.h includes their C: the pool and the
- * reducer. */
+/* The annexes' C++, as adg.h includes their C: the exact sums, the pool
+ * and the reducer. */
+#include "adg/exact.hpp"
 #include "adg/pool.hpp"
 #include "adg/reducer.hpp"
 

@@ -21,6 +21,7 @@
 #include <deque>
 #include <fcntl.h>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -2773,6 +2774,290 @@ TEST(errors_name_their_codes)
 	void *t = adg::pack(tracked(1.5));
 	EXPECT(static_cast<tracked *>(t)->v == 1.5);
 	boxed.free(t, nullptr);
+}
+
+/* ----------------------------------------------------------- exact sums */
+
+/* A float's bits, to compare -0 and +0 apart. */
+std::uint32_t bits_of(float f)
+{
+	std::uint32_t b;
+	std::memcpy(&b, &f, sizeof b);
+	return b;
+}
+
+bool same_bits(const std::vector<float> &a, const std::vector<float> &b)
+{
+	return a.size() == b.size() &&
+	       std::equal(a.begin(), a.end(), b.begin(), [](float x, float y) {
+		       return bits_of(x) == bits_of(y);
+	       });
+}
+
+/* exact_sum is adg/exact.h's: each sum exact whatever its terms' order,
+ * rounded once, ties to even; a merge, or +=, gives the bits of the adds
+ * it merges. */
+TEST(exact_sums_are_the_c_apis)
+{
+	/* Sum 0: 2^100 + 2^-100 - 2^100, 0 in floats; sum 1: 1 + 2^-24,
+	 * halfway, to 1 (even); sum 2: 1 + 2^-23 + 2^-24, halfway, to
+	 * 1 + 2^-22 (even), not down. */
+	const std::vector<float> terms[3] = {
+		{0x1p100f, 1.0f, 1.0f + 0x1p-23f},
+		{0x1p-100f, 0x1p-24f, 0x1p-24f},
+		{-0x1p100f, 0.0f, -0.0f},
+	};
+	const std::vector<float> want{0x1p-100f, 1.0f, 1.0f + 0x1p-22f};
+	adg::exact_sum sum(3);
+	EXPECT(sum && sum.raw() != nullptr && sum.size() == 3);
+	for (const std::vector<float> &t : terms)
+		sum.add(t);
+	EXPECT(same_bits(sum.rounded(), want));
+	float two[2] = {};
+	sum.round(two, 2, 1);
+	EXPECT(bits_of(two[0]) == bits_of(want[1]) &&
+	       bits_of(two[1]) == bits_of(want[2]));
+
+	/* The terms shared out between two accumulators, element by element
+	 * (add's first), then merged: the same bits. */
+	adg::exact_sum a(3), b(3);
+	for (const std::vector<float> &t : terms)
+		for (std::size_t i = 0; i < 3; i++)
+			(i % 2 == 0 ? a : b).add(&t[i], 1, i);
+	a += b;
+	EXPECT(same_bits(a.rounded(), want));
+	/* A range merged: the others stay 0, +0 once rounded. */
+	adg::exact_sum c(3);
+	c.merge(sum, 1, 2);
+	EXPECT(same_bits(c.rounded(), {0.0f, want[1], want[2]}));
+	c.merge(a, 0, 1);
+	EXPECT(same_bits(c.rounded(), want));
+	/* b's terms of sum 1, 1 + 2^-24, twice: 2 + 2^-23, to 2 (even). */
+	c += b;
+	EXPECT(same_bits(c.rounded(), {0x1p-100f, 2.0f, want[2]}));
+	/* Cleared: every sum +0; adds start again. */
+	sum.clear();
+	EXPECT(same_bits(sum.rounded(), {0.0f, 0.0f, 0.0f}));
+	sum.add(terms[1]);
+	EXPECT(same_bits(sum.rounded(), terms[1]));
+	const std::vector<float> none;
+	sum.add(none); /* nothing, and no error */
+	EXPECT(same_bits(sum.rounded(), terms[1]));
+}
+
+/* What exact_sum refuses, with the C call's reason; an empty one (default
+ * made or moved from) refuses every call, naming it. */
+TEST(exact_sums_say_what_they_refuse)
+{
+	adg::exact_sum none;
+	EXPECT(!none && none.raw() == nullptr);
+	EXPECT_THROWS(adg::error, none.add(std::vector<float>{1.0f}), {
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(std::string(e.what()).find(
+			       "exact_sum::add: an empty exact_sum") == 0);
+	});
+	EXPECT_THROWS(adg::error, none.size(), {
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(std::string(e.what()).find("exact_sum::size") == 0);
+	});
+	EXPECT_THROWS(adg::error, none.rounded(),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT_THROWS(adg::error, none.clear(),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT_THROWS(adg::error, adg::exact_sum(0), {
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(e.reason().find("adg_exact_new") == 0);
+	});
+
+	adg::exact_sum sum(2);
+	sum.add(std::vector<float>{1.0f, 2.0f});
+	/* A value not finite: nothing added, and the reason says which. */
+	const std::vector<float> bad{3.0f, std::nanf("")};
+	EXPECT_THROWS(adg::error, sum.add(bad), {
+		EXPECT(e.code().value() == ADG_EVALUE);
+		EXPECT(e.reason().find("values[1]") != std::string::npos);
+		EXPECT(std::string(e.what()).find("values[1]") !=
+		       std::string::npos);
+	});
+	const float inf = std::numeric_limits<float>::infinity();
+	EXPECT_THROWS(adg::error, sum.add(&inf, 1, 1),
+		      EXPECT(e.code().value() == ADG_EVALUE));
+	EXPECT(same_bits(sum.rounded(), {1.0f, 2.0f}));
+	/* Ranges past the sums, lengths that differ, itself, an empty one. */
+	EXPECT_THROWS(adg::error, sum.add(bad.data(), 2, 1),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	float out[2];
+	EXPECT_THROWS(adg::error, sum.round(out, 1, 2),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	adg::exact_sum longer(3);
+	EXPECT_THROWS(adg::error, sum += longer, {
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(std::string(e.what()).find("adg_exact_merge") == 0);
+	});
+	EXPECT_THROWS(adg::error, longer.merge(sum, 0, 1),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT_THROWS(adg::error, sum += sum,
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT_THROWS(adg::error, sum += none,
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT_THROWS(adg::error, none += sum, {
+		EXPECT(e.code().value() == ADG_EINVAL);
+		EXPECT(std::string(e.what()).find("exact_sum::operator+=") ==
+		       0);
+	});
+	adg::exact_ref ref{&sum}, null_ref;
+	EXPECT_THROWS(adg::error, ref += null_ref,
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	EXPECT(same_bits(sum.rounded(), {1.0f, 2.0f}));
+
+	/* Moved: the source empty, the sums with the target. */
+	adg_exact *raw = sum.raw();
+	adg::exact_sum taken(std::move(sum));
+	EXPECT(taken.raw() == raw && !sum && sum.raw() == nullptr);
+	EXPECT_THROWS(adg::error, sum.size(),
+		      EXPECT(e.code().value() == ADG_EINVAL));
+	longer = std::move(taken); /* frees longer's own */
+	EXPECT(!taken && longer.raw() == raw && longer.size() == 2);
+	EXPECT(same_bits(longer.rounded(), {1.0f, 2.0f}));
+	self_move(longer); /* a no-op */
+	EXPECT(longer.raw() == raw);
+}
+
+/* The exact trainer's parameters: their lengths, the first in slices. */
+constexpr std::size_t exact_rounds = 5, exact_samples = 11;
+const std::size_t exact_lens[2] = {40, 5};
+
+/* Sample s's gradient of parameter k in round r, into g: values of every
+ * scale and sign, plus a term of the weights w, as a real gradient's. */
+void exact_gradient(std::size_t k, std::size_t r, std::size_t s,
+		    const std::vector<float> &w, std::vector<float> &g)
+{
+	std::uint64_t state = r * 1000003u + s * 7919u + k * 31u + 1;
+	g.resize(w.size());
+	for (std::size_t i = 0; i < w.size(); i++) {
+		state = state * 6364136223846793005ull + 1442695040888963407ull;
+		int e = static_cast<int>((state >> 20) % 40) - 30;
+		float m = static_cast<float>(
+				  static_cast<std::int64_t>(state >> 40)) -
+			  0x1p23f;
+		g[i] = std::ldexp(m, e - 23) + 0.001f * w[i];
+	}
+}
+
+using exact_weights = std::array<std::vector<float>, 2>;
+
+exact_weights exact_start()
+{
+	return {std::vector<float>(exact_lens[0], 0.5f),
+		std::vector<float>(exact_lens[1], -0.5f)};
+}
+
+/* The rounds on T threads, the samples taken from a counter by whichever
+ * thread is free: each thread adds its samples' gradients to its own
+ * accumulators, gives them (adg::exact_ref), ends the round and clears
+ * them; the reducer merges (the first parameter in 3 slices, or whole)
+ * and apply rounds and steps. Returns the weights. */
+exact_weights train_exact(std::size_t t, bool sliced)
+{
+	adg::registry reg;
+	std::vector<adg::node> params{adg::leaf(reg, "a"), adg::leaf(reg, "b")};
+	exact_weights w = exact_start();
+	std::vector<std::array<adg::exact_sum, 2>> mine(t);
+	for (std::array<adg::exact_sum, 2> &sums : mine)
+		for (std::size_t k = 0; k < 2; k++)
+			sums[k] = adg::exact_sum(exact_lens[k]);
+	adg::reducer_options<adg::exact_ref> o;
+	if (sliced)
+		o.slices = {3, 1};
+	o.add_slice = [](adg::exact_ref &sum, const adg::exact_ref &value,
+			 std::size_t slice, std::size_t n_slices) {
+		auto [first, last] = slice_of(sum.sum->size(), slice, n_slices);
+		sum.sum->merge(*value.sum, first, last - first);
+	};
+	auto apply = [&w](const adg::reduction<adg::exact_ref> &r) {
+		if (r.sum == nullptr)
+			return;
+		std::vector<float> &p = w[r.param];
+		auto [first, last] = slice_of(p.size(), r.slice, r.n_slices);
+		std::vector<float> g(last - first);
+		r.sum->sum->round(g.data(), g.size(), first);
+		for (std::size_t i = first; i < last; i++)
+			p[i] -= 0.01f * g[i - first];
+	};
+	adg::reducer<adg::exact_ref> red(t, params, apply, o);
+	std::array<std::atomic<std::size_t>, exact_rounds> next{};
+	std::vector<std::thread> threads;
+	for (std::size_t p = 0; p < t; p++)
+		threads.emplace_back([&, p] {
+			std::vector<float> g;
+			for (std::size_t r = 0; r < exact_rounds; r++) {
+				for (std::size_t s = next[r]++;
+				     s < exact_samples; s = next[r]++) {
+					for (std::size_t k = 0; k < 2; k++) {
+						exact_gradient(k, r, s, w[k],
+							       g);
+						mine[p][k].add(g);
+					}
+					if ((s + p) % 3 == 0)
+						std::this_thread::yield();
+				}
+				for (std::size_t k = 0; k < 2; k++)
+					red.give(p, params[k],
+						 adg::exact_ref{&mine[p][k]});
+				red.end(p);
+				for (std::size_t k = 0; k < 2; k++)
+					mine[p][k].clear();
+			}
+		});
+	for (std::thread &th : threads)
+		th.join();
+	EXPECT(red.rounds() == exact_rounds);
+	return w;
+}
+
+/* The same rounds on this thread, each parameter's samples added in
+ * order to one accumulator (exact) or summed in floats. */
+exact_weights train_in_order(bool exact)
+{
+	exact_weights w = exact_start();
+	std::vector<float> g;
+	for (std::size_t r = 0; r < exact_rounds; r++) {
+		exact_weights sums{std::vector<float>(exact_lens[0]),
+				   std::vector<float>(exact_lens[1])};
+		for (std::size_t k = 0; k < 2; k++) {
+			adg::exact_sum sum(exact_lens[k]);
+			for (std::size_t s = 0; s < exact_samples; s++) {
+				exact_gradient(k, r, s, w[k], g);
+				sum.add(g);
+				for (std::size_t i = 0; i < g.size(); i++)
+					sums[k][i] += g[i];
+			}
+			if (exact)
+				sums[k] = sum.rounded();
+		}
+		for (std::size_t k = 0; k < 2; k++)
+			for (std::size_t i = 0; i < w[k].size(); i++)
+				w[k][i] -= 0.01f * sums[k][i];
+	}
+	return w;
+}
+
+/* Exact sums through the reducer: the samples taken as they come, the
+ * weights the same bits at T = 1, 2 and 3, in slices or whole, and those
+ * of one thread's exact sums in order (which floats in order are not). */
+TEST(exact_sums_through_the_reducer_give_the_same_bits_at_every_t)
+{
+	exact_weights in_order = train_in_order(true);
+	exact_weights floats = train_in_order(false);
+	EXPECT(!same_bits(floats[0], in_order[0]));
+	for (std::size_t t : {1, 2, 3}) {
+		exact_weights w = train_exact(t, true);
+		EXPECT(same_bits(w[0], in_order[0]));
+		EXPECT(same_bits(w[1], in_order[1]));
+	}
+	exact_weights whole = train_exact(2, false);
+	EXPECT(same_bits(whole[0], in_order[0]) &&
+	       same_bits(whole[1], in_order[1]));
 }
 
 } // namespace
