@@ -30,9 +30,9 @@ extern "C" {
  * are then the same at every thread count, as long as each piece's float
  * gradient is computed alone (a backward each): the terms must not
  * depend on how pieces were grouped. The price: 72 bytes a sum, and on
- * the machine of docs/bench.md ("Exact sums") about 3 ns a term, 1.5 to 4
- * ns a sum to merge and 9 to 18 ns to round, against under 0.1 ns for a
- * float add.
+ * the machine of docs/bench.md ("Exact sums") about 3.4 ns a term, 0.3
+ * to 0.5 ns a sum to merge and 11 to 19 ns to round, against under 0.1
+ * ns for a float add.
  *
  * Threads: one thread at a time adds to or clears an accumulator.
  * adg_exact_merge into disjoint ranges of one accumulator, and
