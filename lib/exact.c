@@ -114,10 +114,28 @@ static void normalize(adg_exact *sum)
 	__atomic_store_n(&sum->bound, 1, __ATOMIC_RELAXED);
 }
 
-/* first + count within n, without overflow. */
-static bool in_range(size_t n, size_t first, size_t count)
+/* Whether sums [first, first + count) are sum's (without overflow);
+ * else func's reason. */
+static int check_range(const adg_exact *sum, size_t first, size_t count,
+		       const char *func)
 {
-	return first <= n && count <= n - first;
+	if (first <= sum->n && count <= sum->n - first)
+		return 0;
+	return adg_fail(ADG_EINVAL, func,
+			"sums %zu to %zu + %zu past the %zu sums", first, first,
+			count, sum->n);
+}
+
+/* What add and round check alike, for func: sum and the caller's array
+ * (called name) given, and a range of sum's. */
+static int check_span(const adg_exact *sum, const void *array, const char *name,
+		      size_t first, size_t count, const char *func)
+{
+	if (sum == NULL)
+		return adg_fail(ADG_EINVAL, func, "sum is NULL");
+	if (array == NULL && count > 0)
+		return adg_fail(ADG_EINVAL, func, "%s is NULL", name);
+	return check_range(sum, first, count, func);
 }
 
 int adg_exact_new(size_t n, adg_exact **out)
@@ -174,14 +192,9 @@ int adg_exact_clear(adg_exact *sum)
 int adg_exact_add(adg_exact *sum, size_t first, const float *values,
 		  size_t count)
 {
-	if (sum == NULL)
-		return ADG_FAIL(ADG_EINVAL, "sum is NULL");
-	if (values == NULL && count > 0)
-		return ADG_FAIL(ADG_EINVAL, "values is NULL");
-	if (!in_range(sum->n, first, count))
-		return ADG_FAIL(ADG_EINVAL,
-				"sums %zu to %zu + %zu past the %zu sums",
-				first, first, count, sum->n);
+	int rc = check_span(sum, values, "values", first, count, __func__);
+	if (rc != 0)
+		return rc;
 	/* All or nothing: a non-finite value is refused before any is
 	 * added, so that a failed call leaves the sums as they were. */
 	for (size_t i = 0; i < count; i++) {
@@ -235,10 +248,9 @@ int adg_exact_merge(adg_exact *sum, const adg_exact *other, size_t first,
 	if (sum->n != other->n)
 		return ADG_FAIL(ADG_EINVAL, "lengths differ: %zu and %zu",
 				sum->n, other->n);
-	if (!in_range(sum->n, first, count))
-		return ADG_FAIL(ADG_EINVAL,
-				"sums %zu to %zu + %zu past the %zu sums",
-				first, first, count, sum->n);
+	int rc = check_range(sum, first, count, __func__);
+	if (rc != 0)
+		return rc;
 	uint64_t bound = __atomic_load_n(&sum->bound, __ATOMIC_RELAXED),
 		 other_bound = __atomic_load_n(&other->bound, __ATOMIC_RELAXED);
 	uint32_t mask = planes_of(other);
@@ -337,14 +349,9 @@ static float round_one(int64_t w[DIGITS], int lo, int hi)
 int adg_exact_round(const adg_exact *sum, size_t first, float *out,
 		    size_t count)
 {
-	if (sum == NULL)
-		return ADG_FAIL(ADG_EINVAL, "sum is NULL");
-	if (out == NULL && count > 0)
-		return ADG_FAIL(ADG_EINVAL, "out is NULL");
-	if (!in_range(sum->n, first, count))
-		return ADG_FAIL(ADG_EINVAL,
-				"sums %zu to %zu + %zu past the %zu sums",
-				first, first, count, sum->n);
+	int rc = check_span(sum, out, "out", first, count, __func__);
+	if (rc != 0)
+		return rc;
 	uint32_t mask = planes_of(sum);
 	if (mask == 0) {
 		memset(out, 0, count * sizeof *out); /* +0 */
