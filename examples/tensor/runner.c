@@ -175,6 +175,16 @@ static void snapshot(const struct param *p, struct tensor *t)
 		__atomic_load(&value[k], &t->data[k], __ATOMIC_RELAXED);
 }
 
+/* The index of the parameter whose leaf is id in m, or -1: what a ready
+ * hook, told a leaf's id, looks its parameter up by. */
+static int param_index(const struct model *m, uint64_t id)
+{
+	for (int i = 0; i < m->n_params; i++)
+		if (m->params[i].id == id)
+			return i;
+	return -1;
+}
+
 /* Hogwild's gradient-ready hook: called for each parameter (leaves only)
  * as soon as its gradient is final, while the backward goes on with
  * earlier layers. Applies SGD to that parameter and gives the gradient
@@ -186,12 +196,9 @@ static int hogwild_ready(uint64_t id, void **grad, void *ctx)
 	const struct tensor *g = *grad;
 	if (g == NULL)
 		return 0;
-	for (int i = 0; i < m->n_params; i++) {
-		if (m->params[i].id == id) {
-			sgd_step_hogwild(&m->params[i], g, w->runner->lr);
-			break;
-		}
-	}
+	int i = param_index(m, id);
+	if (i >= 0)
+		sgd_step_hogwild(&m->params[i], g, w->runner->lr);
 	*grad = NULL; /* taken: back to the pool */
 	pool_put(&w->pool, (struct tensor *)g);
 	return 0;
@@ -277,26 +284,12 @@ static int exact_ready(uint64_t id, void **grad, void *ctx)
 	struct tensor *g = *grad;
 	if (g == NULL)
 		return 0;
-	int rc = 0;
-	for (int i = 0; i < m->n_params; i++)
-		if (m->params[i].id == id)
-			rc = adg_exact_add(w->sums[i], 0, g->data,
-					   param_elements(&m->params[i]));
+	int i = param_index(m, id), rc = 0;
+	if (i >= 0)
+		rc = adg_exact_add(w->sums[i], 0, g->data,
+				   param_elements(&m->params[i]));
 	*grad = NULL; /* taken: back to the pool */
 	pool_put(&w->pool, g);
-	return rc;
-}
-
-static int exact_add(void **sum, const void *value, void *ctx)
-{
-	const struct runner *r = ctx;
-	double start = r->profile ? now() : 0;
-	size_t n = 0;
-	int rc = adg_exact_length(*sum, &n);
-	if (rc == 0)
-		rc = adg_exact_merge(*sum, value, 0, n);
-	if (r->profile)
-		this_worker->fold_s += now() - start;
 	return rc;
 }
 
@@ -313,6 +306,12 @@ static int exact_add_slice(void *sum, const void *value, size_t slice,
 	if (r->profile)
 		this_worker->fold_s += now() - start;
 	return rc;
+}
+
+/* A whole parameter's merge: its one slice, 0 of 1. */
+static int exact_add(void **sum, const void *value, void *ctx)
+{
+	return exact_add_slice(*sum, value, 0, 1, ctx);
 }
 
 static int exact_apply(const adg_reduction *r, void *ctx)
@@ -389,7 +388,12 @@ static int worker_init(struct runner *r, size_t index)
 	w->rec.registry = m->registry;
 	w->rec.pool = &w->pool;
 	w->ops = tensor_grad_ops(&w->pool);
-	if (r->mode == MODE_SYNC && r->exact) {
+	if (r->mode == MODE_SYNC) {
+		for (int i = 0; i < m->n_params; i++)
+			w->weights[i] = m->params[i].value;
+		if (!r->exact)
+			return sync_participant_init(&w->part, r->reducer,
+						     index, r->unit_rows > 0);
 		size_t largest = 0;
 		for (int i = 0; i < m->n_params; i++) {
 			size_t n = param_elements(&m->params[i]);
@@ -397,7 +401,6 @@ static int worker_init(struct runner *r, size_t index)
 			if (rc != 0)
 				return rc;
 			largest = n > largest ? n : largest;
-			w->weights[i] = m->params[i].value;
 		}
 		w->rounded = malloc(largest * sizeof *w->rounded);
 		w->exact_backward = (adg_backward_options){
@@ -406,12 +409,6 @@ static int worker_init(struct runner *r, size_t index)
 			.on_ready_ctx = w,
 			.leaves_only = 1};
 		return w->rounded != NULL ? 0 : ADG_ENOMEM;
-	}
-	if (r->mode == MODE_SYNC) {
-		for (int i = 0; i < m->n_params; i++)
-			w->weights[i] = m->params[i].value;
-		return sync_participant_init(&w->part, r->reducer, index,
-					     r->unit_rows > 0);
 	}
 	w->hogwild =
 		(adg_backward_options){.size = sizeof(adg_backward_options),
