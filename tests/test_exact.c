@@ -5,6 +5,7 @@
 #include <adg.h>
 
 #include <criterion/criterion.h>
+#include <fenv.h>
 #include <float.h>
 #include <math.h>
 #include <pthread.h>
@@ -13,6 +14,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <xmmintrin.h>
+#endif
 
 TestSuite(exact, .timeout = 120);
 /* The stress tier (tests/meson.build splits it off). */
@@ -136,6 +140,108 @@ Test(exact, random_sums_round_as_their_exact_value)
 	cr_assert_eq(adg_exact_round(sum, 0, out, N), 0);
 	for (int i = 0; i < N; i++)
 		expect_bits(out[i], (float)reference[i]);
+	adg_exact_free(sum);
+}
+
+/* Sums within a hair of a tie between two floats, where a sum rounded
+ * through doubles would go astray, with carries of opposite signs left
+ * pending above and below them. Sum i is f + half an ulp of f + delta
+ * (0 or +-2^k, far below that half) and, at random planes,
+ * 2^(32(j + 1)) - 2 * 2^(32j + 31) units: 0, but as +1 in word j + 1 and
+ * -2^32 in word j. It rounds to f below the tie, to f's successor above
+ * it, and to the even one of the two on it. */
+#define NEAR_TIES 512
+
+static void add_near_ties(adg_exact *sum, float want[NEAR_TIES], uint64_t seed)
+{
+	uint64_t state = seed;
+	for (size_t i = 0; i < NEAR_TIES; i++) {
+		/* A normal f, exponent field 2 to 254: half an ulp of it,
+		 * 2^(field - 151), is a float too. */
+		uint32_t field = 2 + (uint32_t)(next_random(&state) % 253);
+		uint32_t f_bits =
+			field << 23 | (uint32_t)(next_random(&state) >> 41);
+		float terms[3 + 3 * 2];
+		size_t n = 0;
+		terms[n++] = float_of(f_bits);
+		terms[n++] = ldexpf(1.0f, (int)field - 151);
+		int room = (int)field - 152 + 149; /* exponents below half */
+		int side = room > 0 ? (int)(next_random(&state) % 3) - 1 : 0;
+		if (side != 0)
+			terms[n++] =
+				side *
+				ldexpf(1.0f, -149 + (int)(next_random(&state) %
+							  (uint64_t)room));
+		uint32_t successor = f_bits + 1; /* FLT_MAX's: infinity */
+		uint32_t want_bits = side < 0	     ? f_bits
+				     : side > 0	     ? successor
+				     : (f_bits & 1u) ? successor
+						     : f_bits;
+		for (int c = (int)(next_random(&state) % 3); c > 0; c--) {
+			int j = (int)(next_random(&state) % 8);
+			float half_word = ldexpf(1.0f, 32 * j + 31 - 149);
+			terms[n++] = 2 * half_word;
+			terms[n++] = -half_word;
+			terms[n++] = -half_word;
+		}
+		uint32_t sign = (uint32_t)(next_random(&state) & 1u) << 31;
+		want[i] = float_of(want_bits | sign);
+		/* In a random order, each term with the sum's sign. */
+		for (size_t t = n; t > 0; t--) {
+			size_t k = next_random(&state) % t;
+			float term = float_of(bits_of(terms[k]) ^ sign);
+			terms[k] = terms[t - 1];
+			cr_assert_eq(adg_exact_add(sum, i, &term, 1), 0);
+		}
+	}
+}
+
+Test(exact, sums_near_a_tie_round_as_their_exact_value)
+{
+	adg_exact *sum;
+	cr_assert_eq(adg_exact_new(NEAR_TIES, &sum), 0);
+	static float want[NEAR_TIES], out[NEAR_TIES];
+	for (uint64_t seed = 1; seed <= 20; seed++) {
+		cr_assert_eq(adg_exact_clear(sum), 0);
+		add_near_ties(sum, want, seed * 0x9e3779b97f4a7c15u);
+		cr_assert_eq(adg_exact_round(sum, 0, out, NEAR_TIES), 0);
+		for (size_t i = 0; i < NEAR_TIES; i++)
+			expect_bits(out[i], want[i]);
+	}
+	adg_exact_free(sum);
+}
+
+/* The rounding is the library's, not the floating-point environment's:
+ * the same bits under every rounding mode, and subnormal sums kept under
+ * flush to zero (-ffast-math's startup code sets it). */
+Test(exact, rounding_ignores_the_float_environment)
+{
+	adg_exact *sum;
+	cr_assert_eq(adg_exact_new(NEAR_TIES + 2, &sum), 0);
+	static float want[NEAR_TIES + 2], out[NEAR_TIES + 2];
+	add_near_ties(sum, want, 7);
+	float subnormals[2] = {0x3p-149f, -0x1.8p-130f};
+	cr_assert_eq(adg_exact_add(sum, NEAR_TIES, subnormals, 2), 0);
+	want[NEAR_TIES] = subnormals[0];
+	want[NEAR_TIES + 1] = subnormals[1];
+	const int modes[] = {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO};
+	for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
+		cr_assert_eq(fesetround(modes[m]), 0);
+		int rc = adg_exact_round(sum, 0, out, NEAR_TIES + 2);
+		fesetround(FE_TONEAREST);
+		cr_assert_eq(rc, 0);
+		for (size_t i = 0; i < NEAR_TIES + 2; i++)
+			expect_bits(out[i], want[i]);
+	}
+#ifdef __SSE2__
+	unsigned csr = _mm_getcsr();
+	_mm_setcsr(csr | 0x8040); /* flush to zero, denormals are zero */
+	int rc = adg_exact_round(sum, 0, out, NEAR_TIES + 2);
+	_mm_setcsr(csr);
+	cr_assert_eq(rc, 0);
+	for (size_t i = 0; i < NEAR_TIES + 2; i++)
+		expect_bits(out[i], want[i]);
+#endif
 	adg_exact_free(sum);
 }
 

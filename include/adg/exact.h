@@ -31,8 +31,8 @@ extern "C" {
  * gradient is computed alone (a backward each): the terms must not
  * depend on how pieces were grouped. The price: 72 bytes a sum, and on
  * the machine of docs/bench.md ("Exact sums") about 3.4 ns a term, 0.3
- * to 0.5 ns a sum to merge and 11 to 19 ns to round, against under 0.1
- * ns for a float add.
+ * to 0.5 ns a sum to merge and 3 to 9 ns to round, against under 0.1 ns
+ * for a float add.
  *
  * Threads: one thread at a time adds to or clears an accumulator.
  * adg_exact_merge into disjoint ranges of one accumulator, and
@@ -71,7 +71,8 @@ ADG_API int adg_exact_merge(adg_exact *sum, const adg_exact *other,
 /* Writes sums first to first + count - 1, each rounded once to the
  * nearest float (ties to even), to out[0] to out[count - 1]: +0 for a sum
  * of 0, an infinity for one beyond FLT_MAX's rounding, as IEEE addition
- * would give. Errors: ADG_EINVAL (NULL, a range past the sums). */
+ * would give, whatever the caller's rounding mode or flush to zero.
+ * Errors: ADG_EINVAL (NULL, a range past the sums). */
 ADG_API int adg_exact_round(const adg_exact *sum, size_t first, float *out,
 			    size_t count);
 

@@ -43,7 +43,7 @@ use crate::Grad;
 /// `Vec<f32>` and `Vec<f64>` only.
 ///
 /// The price, against under 0.1 ns for a float add: 72 bytes a sum, and
-/// about 3.4 ns a term, 0.3 to 0.5 ns a sum to merge and 11 to 19 ns a sum
+/// about 3.4 ns a term, 0.3 to 0.5 ns a sum to merge and 3 to 9 ns a sum
 /// to round (`docs/bench.md`, "Exact sums").
 ///
 /// It is `Send` and `Sync`: `&self` only reads (rounds, or serves as a
