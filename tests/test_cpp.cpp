@@ -3060,6 +3060,45 @@ TEST(exact_sums_through_the_reducer_give_the_same_bits_at_every_t)
 	       same_bits(whole[1], in_order[1]));
 }
 
+/* A gradient type without += (a pointer to each participant's exact sums)
+ * is a reducer's G when it brings its add; without one, the constructor
+ * says so. Two threads each add {1, 0.25} and {2, -1}: the round's sum,
+ * merged by that add, is {6, -1.5}. */
+TEST(a_gradient_without_plus_assign_brings_its_add)
+{
+	static_assert(!adg::detail::has_plus_assign_v<adg::exact_sum *>);
+	adg::registry reg;
+	std::vector<adg::node> params{adg::leaf(reg, "w")};
+	std::vector<float> got;
+	auto apply = [&got](const adg::reduction<adg::exact_sum *> &r) {
+		got = (*r.sum)->rounded();
+	};
+	adg::reducer_options<adg::exact_sum *> o;
+	o.add = [](adg::exact_sum *&sum, adg::exact_sum *const &value) {
+		*sum += *value;
+	};
+	adg::reducer<adg::exact_sum *> red(2, params, apply, o);
+	std::array<adg::exact_sum, 2> mine{adg::exact_sum(2),
+					   adg::exact_sum(2)};
+	std::vector<std::thread> threads;
+	for (std::size_t p = 0; p < 2; p++)
+		threads.emplace_back([&, p] {
+			mine[p].add(std::vector<float>{1.0f, 0.25f});
+			mine[p].add(std::vector<float>{2.0f, -1.0f});
+			red.give(p, params[0], &mine[p]);
+			red.end(p);
+		});
+	for (std::thread &th : threads)
+		th.join();
+	EXPECT(got.size() == 2 && got[0] == 6.0f && got[1] == -1.5f);
+	EXPECT_THROWS(adg::error,
+		      (adg::reducer<adg::exact_sum *>(1, params, apply)), {
+			      EXPECT(e.code().value() == ADG_EINVAL);
+			      EXPECT(std::string(e.what()).find("no add") !=
+				     std::string::npos);
+		      });
+}
+
 } // namespace
 
 /* No argument: the unit tier's tests; --stress: the stress tier's;

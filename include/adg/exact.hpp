@@ -13,12 +13,11 @@
  * fixed units (samples taken by whichever thread is free): the gradient
  * type is adg::exact_ref, which points to an accumulator its participant
  * keeps, one per participant and parameter. Not an exact_sum, which the
- * reducer would box and drop each round, nor an exact_sum *, for which
- * its default add (sum += value) does not compile: exact_ref's += merges,
- * so the default add serves. A parameter in slices merges its slice's
- * range in add_slice, and apply rounds that range. Each participant
- * clears its accumulators once its end returns, before adding the next
- * round's terms:
+ * reducer would box and drop each round; an exact_sum * would need an
+ * add of its own, where exact_ref's += merges, so the default add
+ * serves. A parameter in slices merges its slice's range in add_slice,
+ * and apply rounds that range. Each participant clears its accumulators
+ * once its end returns, before adding the next round's terms:
  *
  *     adg::reducer_options<adg::exact_ref> o;
  *     o.slices = {4, 1};

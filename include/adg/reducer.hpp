@@ -62,7 +62,8 @@ template <class G> struct reduction {
 /* What a reducer may be given besides its apply
  * (adg_reducer_options). */
 template <class G> struct reducer_options {
-	/* Folds one gradient into the sum; empty: sum += value. */
+	/* Folds one gradient into the sum; empty: sum += value, where G has
+	 * += (else the constructor throws ADG_EINVAL). */
 	std::function<void(G &sum, const G &value)> add;
 	/* Empty: every parameter whole. Else one count per parameter, 1 to
 	 * ADG_REDUCER_MAX_SLICES: into how many slices its sum and update
@@ -115,8 +116,9 @@ public:
 		Apply apply, Add add);
 	/* The same with options: units, slices, apply_early, add. Throws
 	 * adg::error ADG_EINVAL when slices has not one count per parameter,
-	 * a count is 0 or too large, a count over 1 has no add_slice, or G
-	 * is kept inline and a count is over 1. */
+	 * a count is 0 or too large, a count over 1 has no add_slice, G
+	 * is kept inline and a count is over 1, or add is empty and G has
+	 * no +=. */
 	template <class Apply>
 	reducer(std::size_t participants, const std::vector<node> &params,
 		Apply apply, reducer_options<G> options);
@@ -361,9 +363,15 @@ reducer<G>::reducer(std::size_t participants, const std::vector<node> &params,
 		throw error(ADG_EINVAL, "reducer: slices of a gradient kept "
 					"inline, which cannot change in place");
 	state_->apply = std::move(apply);
-	state_->add = options.add
-			      ? std::move(options.add)
-			      : [](G &sum, const G &value) { sum += value; };
+	/* The default add is built only for a G with +=, so that a G
+	 * without it (a pointer, say) compiles with an add of its own. */
+	if (options.add)
+		state_->add = std::move(options.add);
+	else if constexpr (detail::has_plus_assign_v<G>)
+		state_->add = [](G &sum, const G &value) { sum += value; };
+	else
+		throw error(ADG_EINVAL, "reducer: no add, and the gradient "
+					"type has no +=");
 	state_->add_slice = std::move(options.add_slice);
 	state_->n_participants = participants;
 	state_->next_round.assign(participants, 0);

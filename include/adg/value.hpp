@@ -121,6 +121,17 @@ struct packing<T, std::enable_if_t<std::is_same_v<T, double> &&
 
 template <class T> inline constexpr bool is_inline_v = packing<T>::is_inline;
 
+/* Whether sum += value compiles for T: the reducer's default add. */
+template <class T, class = void> struct has_plus_assign : std::false_type {
+};
+template <class T>
+struct has_plus_assign<T, std::void_t<decltype(std::declval<T &>() +=
+					       std::declval<const T &>())>>
+    : std::true_type {
+};
+template <class T>
+inline constexpr bool has_plus_assign_v = has_plus_assign<T>::value;
+
 /* The T a C value holds, borrowed where it is boxed. */
 template <class T> const T &unpacked(const void *p, T &scratch) noexcept
 {
