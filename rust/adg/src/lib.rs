@@ -70,7 +70,8 @@ pub use gradients::{Grad, Gradients};
 pub use node::Node;
 pub use pool::Pool;
 pub use reducer::{
-    FailureSite, Reducer, ReducerBuilder, Reduction, RoundError, SliceElem, SliceReduction,
+    ExactSliceReduction, FailureSite, Reducer, ReducerBuilder, Reduction, RoundError, SliceElem,
+    SliceReduction,
 };
 pub use registry::{Registry, Stats};
 pub use step::{Parent, StepCall};

@@ -45,7 +45,7 @@ use std::sync::Mutex;
 use adg_sys as sys;
 
 use crate::error::{check, Site};
-use crate::{BackwardOptions, Error, Grad, Node, Result};
+use crate::{BackwardOptions, Error, ExactSum, Grad, Node, Result};
 
 /// What the apply closure is told about one parameter in one round.
 ///
@@ -480,7 +480,8 @@ where
     /// one slice still go to [`build`](ReducerBuilder::build)'s `apply`.
     /// Gradients of one parameter must have the same length: a fold of
     /// different lengths panics, which fails the round as a panicking
-    /// add does.
+    /// add does. [`ExactSum`] gradients have a `slices` of their own, whose
+    /// apply gets an [`ExactSliceReduction`].
     ///
     /// ```
     /// use std::sync::{Arc, Mutex};
@@ -676,15 +677,233 @@ where
     // Vec<E>'s, distinct, whose slice `slice` only this fold touches now
     // (the C contract: one thread per slice).
     let shared = unsafe { &*ctx.cast::<Shared<Vec<E>>>() };
-    match catch_unwind(AssertUnwindSafe(|| unsafe {
+    shared.fold_result(catch_unwind(AssertUnwindSafe(|| unsafe {
         add_slice::<E>(sum, value, slice, n_slices)
-    })) {
-        Ok(()) => 0,
-        Err(payload) => {
-            shared.note_panic(shared.current_round(), payload);
-            sys::ADG_ETHREW
-        }
+    })))
+}
+
+impl ReducerBuilder<ExactSum> {
+    /// Cuts large parameters' exact sums into slices, as `slices` does for
+    /// `Vec<f32>` and `Vec<f64>`: `counts[i]` slices for parameter `i` (1:
+    /// whole; at most 1024), one count per parameter. Slice `k` of `n` is
+    /// the sums `len * k / n .. len * (k + 1) / n`; each is folded over the
+    /// whole unit tree by one thread (`adg_exact_merge` of that range,
+    /// several threads merging into one sum at once, which exact.h allows)
+    /// and then applied by it. Exact, so the bits are those of the whole
+    /// sum, in any order.
+    ///
+    /// `apply_slice` is a sliced parameter's update, called once per slice
+    /// with an [`ExactSliceReduction`], which rounds that slice's sums
+    /// ([`ExactSliceReduction::round_into`]); slices of one parameter run at
+    /// once on different threads, so it writes the parameter's elements
+    /// [`ExactSliceReduction::range`] only; it is not called when no unit
+    /// had a gradient for the parameter. Parameters of one slice still go
+    /// to [`build`](ReducerBuilder::build)'s `apply`. Gradients of one
+    /// parameter must have the same length: a fold of different lengths
+    /// panics, which fails the round as a panicking add does.
+    ///
+    /// ```
+    /// use adg::ExactSum;
+    /// use std::sync::{Arc, Mutex};
+    ///
+    /// # fn main() -> adg::Result<()> {
+    /// let reg = adg::Registry::<ExactSum>::new()?;
+    /// let w = reg.leaf()?;
+    /// let weights = Arc::new(Mutex::new(vec![0.0f32; 5]));
+    /// let red = {
+    ///     let weights = Arc::clone(&weights);
+    ///     adg::Reducer::builder(2, [&w])
+    ///         .slices(vec![2], move |r| {
+    ///             let mut grad = vec![0.0; r.range().len()];
+    ///             r.round_into(&mut grad)?; // this slice's sums, rounded
+    ///             // One lock here; a trainer keeps a lock or cell per slice.
+    ///             let mut weights = weights.lock().unwrap();
+    ///             for (w, g) in weights[r.range()].iter_mut().zip(&grad) {
+    ///                 *w -= 0.5 * g;
+    ///             }
+    ///             Ok(())
+    ///         })
+    ///         .build(|_| Ok(()))? // no whole parameter
+    /// };
+    /// std::thread::scope(|s| {
+    ///     for p in 0..2 {
+    ///         let (red, w) = (&red, &w);
+    ///         s.spawn(move || {
+    ///             red.round(p, |_| {
+    ///                 let mut mine = ExactSum::new(5)?; // p's samples
+    ///                 mine.add(0, &[p as f32 + 1.0; 5])?;
+    ///                 red.give(p, w, mine)
+    ///             })
+    ///         });
+    ///     }
+    /// });
+    /// // The participants' sums 1 + 2, applied in two slices.
+    /// assert_eq!(*weights.lock().unwrap(), [-1.5; 5]);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn slices<F>(mut self, counts: Vec<usize>, apply_slice: F) -> Self
+    where
+        F: Fn(ExactSliceReduction<'_>) -> Result<()> + Send + Sync + 'static,
+    {
+        let apply_slice = move |r: &sys::adg_reduction| {
+            // SAFETY: the reducer calls this with a sum, a boxed ExactSum
+            // that only this reducer's folds and applies reach; the `&`
+            // covers its handle, which nobody writes, while other threads
+            // merge into and round other ranges through C. This slice's
+            // range is folded, and only read here until the round ends.
+            let sum = unsafe { crate::value::peek_c::<ExactSum>(r.sum) };
+            apply_slice(ExactSliceReduction {
+                param: r.param,
+                id: r.id,
+                round: r.round,
+                slice: r.slice,
+                n_slices: r.n_slices,
+                range: slice_range(sum.len(), r.slice, r.n_slices),
+                sum: &sum,
+                units: r.first_unit..r.first_unit + r.n_units,
+            })
+        };
+        self.slicing = Some(Slicing {
+            counts,
+            add_slice: add_exact_slice_c,
+            apply_slice: Box::new(apply_slice),
+        });
+        self
     }
+}
+
+/// What a sliced exact parameter's apply (`ReducerBuilder<ExactSum>`'s
+/// `slices`) is told: one slice of its sum, to round, not to keep.
+///
+/// It reaches the sum's range [`range`](ExactSliceReduction::range) only:
+/// other threads merge into the other ranges meanwhile.
+pub struct ExactSliceReduction<'a> {
+    param: usize,
+    id: u64,
+    round: u64,
+    slice: usize,
+    n_slices: usize,
+    range: Range<usize>,
+    sum: &'a ExactSum,
+    units: Range<usize>,
+}
+
+impl ExactSliceReduction<'_> {
+    round_facts!();
+
+    /// Which slice, 0 to [`slices`](ExactSliceReduction::slices) - 1.
+    pub fn slice(&self) -> usize {
+        self.slice
+    }
+
+    /// The parameter's number of slices.
+    pub fn slices(&self) -> usize {
+        self.n_slices
+    }
+
+    /// The sums, and so the parameter's elements, this slice covers.
+    pub fn range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    /// Writes the slice's sums, each rounded once to the nearest `f32`
+    /// (ties to even), to `out`, whose length is the range's
+    /// (`adg_exact_round` of [`range`](ExactSliceReduction::range)).
+    ///
+    /// # Errors
+    ///
+    /// `ADG_EINVAL` when `out` is not as long as the range; `out` is left
+    /// as it was then.
+    pub fn round_into(&self, out: &mut [f32]) -> Result<()> {
+        if out.len() != self.range.len() {
+            return Err(Error::new(
+                sys::ADG_EINVAL,
+                format!(
+                    "ExactSliceReduction::round_into: {} floats for the {} sums of slice {}",
+                    out.len(),
+                    self.range.len(),
+                    self.slice
+                ),
+            ));
+        }
+        // Rounds of one accumulator may run beside merges into other
+        // ranges of it (exact.h), which is what the other slices do.
+        self.sum.round(self.range.start, out)
+    }
+
+    /// The slice's sums rounded, as [`round_into`](ExactSliceReduction::round_into)
+    /// rounds them: a vector of the range's length.
+    pub fn rounded(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.range.len()];
+        self.round_into(&mut out)
+            .expect("adg_exact_round of the slice's range cannot fail");
+        out
+    }
+}
+
+impl fmt::Debug for ExactSliceReduction<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExactSliceReduction")
+            .field("param", &self.param)
+            .field("id", &self.id)
+            .field("round", &self.round)
+            .field("slice", &self.slice)
+            .field("n_slices", &self.n_slices)
+            .field("range", &self.range)
+            .field("units", &self.units)
+            .finish()
+    }
+}
+
+/// Folds the range of slice `k` of `n` of the boxed `ExactSum` at `value`
+/// into the same range of the one at `sum`, through `&` only, as other
+/// threads fold other slices of `sum` at once. Panics when their lengths
+/// differ.
+///
+/// # Safety
+///
+/// Both are live boxed `ExactSum`s, distinct, that nobody adds to or
+/// clears meanwhile, and no other thread touches `sum`'s range of slice
+/// `k` while this runs.
+unsafe fn add_exact_slice(sum: *const c_void, value: *const c_void, k: usize, n: usize) {
+    // SAFETY: as the caller promises; the `&`s cover the handles, which
+    // nobody writes (the sums behind them change through C alone).
+    let (sum, value) = unsafe {
+        (
+            crate::value::peek_c::<ExactSum>(sum),
+            crate::value::peek_c::<ExactSum>(value),
+        )
+    };
+    assert_eq!(
+        sum.len(),
+        value.len(),
+        "adg::Reducer: gradients of different lengths"
+    );
+    let range = slice_range(sum.len(), k, n);
+    // SAFETY: exact.h lets merges into disjoint ranges of one accumulator
+    // run at once while nobody adds to or clears it; the range is this
+    // thread's alone (the caller's promise).
+    unsafe { sum.merge_range_shared(&value, range.start, range.len()) }
+        .expect("adg_exact_merge of a range within equal lengths cannot fail");
+}
+
+/// `ops.add_slice` for `ExactSum`: [`add_exact_slice`], with panics kept.
+unsafe extern "C" fn add_exact_slice_c(
+    sum: *mut c_void,
+    value: *const c_void,
+    slice: usize,
+    n_slices: usize,
+    ctx: *mut c_void,
+) -> c_int {
+    // SAFETY: ctx is the reducer's Shared<ExactSum>; sum and value are
+    // boxed ExactSums, distinct, whose slice `slice` only this fold
+    // touches now (the C contract: one thread per slice), and which only
+    // this reducer's folds and slice applies reach.
+    let shared = unsafe { &*ctx.cast::<Shared<ExactSum>>() };
+    shared.fold_result(catch_unwind(AssertUnwindSafe(|| unsafe {
+        add_exact_slice(sum, value, slice, n_slices)
+    })))
 }
 
 /// A gradient reducer (`adg_reducer`) over gradients of type `T`, shared by
@@ -1201,6 +1420,17 @@ impl<T> Shared<T> {
         }
     }
 
+    /// A fold's code for C, its panic kept for the round's ends.
+    fn fold_result(&self, folded: std::thread::Result<()>) -> c_int {
+        match folded {
+            Ok(()) => 0,
+            Err(payload) => {
+                self.note_panic(self.current_round(), payload);
+                sys::ADG_ETHREW
+            }
+        }
+    }
+
     /// The round a callback runs in: the rounds completed, as no round
     /// completes while one of its callbacks runs.
     fn current_round(&self) -> u64 {
@@ -1234,17 +1464,10 @@ unsafe extern "C" fn add_c<T: Grad>(
     // (from the backward's container or give), distinct, and no other
     // thread touches them during this fold (the C contract).
     let shared = unsafe { &*ctx.cast::<Shared<T>>() };
-    let folded = catch_unwind(AssertUnwindSafe(|| unsafe {
+    shared.fold_result(catch_unwind(AssertUnwindSafe(|| unsafe {
         let other = crate::value::peek_c::<T>(value);
         crate::value::with_c_mut(sum, |s: &mut T| s.add(&other));
-    }));
-    match folded {
-        Ok(()) => 0,
-        Err(payload) => {
-            shared.note_panic(shared.current_round(), payload);
-            sys::ADG_ETHREW
-        }
-    }
+    })))
 }
 
 /// `ops.apply`: the user's apply closure, with panics kept.

@@ -409,3 +409,191 @@ fn a_reducer_of_exact_sums_gives_the_same_weights_at_every_t() {
         }
     }
 }
+
+// ------------------------------------------------------- reducer in slices
+
+/// The same trainer with a parameter of SLICED_LEN sums in 4 slices,
+/// whose applies round their ranges side by side, and another whole; the
+/// samples again taken as they come.
+const SLICED_LENS: [usize; 2] = [301, 7];
+const SLICES: usize = 4;
+
+fn sliced_weights() -> Weights {
+    Arc::new(
+        SLICED_LENS
+            .iter()
+            .map(|&n| RwLock::new(vec![0.5; n]))
+            .collect(),
+    )
+}
+
+/// The rounds on this thread, each parameter's samples summed in order.
+fn train_sliced_in_order() -> Vec<u32> {
+    let weights = sliced_weights();
+    for r in 0..ROUNDS {
+        let mut sums = SLICED_LENS.map(|n| ExactSum::new(n).unwrap());
+        for s in 0..SAMPLES {
+            for (p, sum) in sums.iter_mut().enumerate() {
+                sum.add(0, &gradient(&weights, p, r, s)).unwrap();
+            }
+        }
+        for (p, sum) in sums.iter().enumerate() {
+            step(&weights, p, &sum.rounded());
+        }
+    }
+    weight_bits(&weights)
+}
+
+/// The same rounds on t threads through a `Reducer<ExactSum>` with
+/// parameter 0 in slices; returns the weights and each slice's applies.
+fn train_sliced(t: usize, seed: u64) -> (Vec<u32>, Vec<usize>) {
+    let weights = sliced_weights();
+    let reg = Registry::<ExactSum>::new().unwrap();
+    let params = [reg.leaf().unwrap(), reg.leaf().unwrap()];
+    let applied: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..SLICES).map(|_| AtomicUsize::new(0)).collect());
+    let red = {
+        let (weights, whole_weights) = (Arc::clone(&weights), Arc::clone(&weights));
+        let applied = Arc::clone(&applied);
+        Reducer::builder(t, &params)
+            .slices(vec![SLICES, 1], move |r| {
+                assert_eq!((r.param(), r.slices()), (0, SLICES));
+                let len = SLICED_LENS[0];
+                let (k, n) = (r.slice(), r.slices());
+                assert_eq!(r.range(), len * k / n..len * (k + 1) / n);
+                let grad = r.rounded();
+                let mut same = vec![0.0; grad.len()];
+                r.round_into(&mut same)?;
+                assert_eq!(bits(&same), bits(&grad));
+                let e = r.round_into(&mut [0.0; 1]).unwrap_err();
+                assert_eq!(e.code(), code::EINVAL);
+                // Each slice steps its own range, under the one lock.
+                let mut w = weights[0].write().unwrap();
+                for (w, g) in w[r.range()].iter_mut().zip(&grad) {
+                    *w -= RATE * g;
+                }
+                applied[k].fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            })
+            .build(move |r| {
+                assert_eq!(r.param(), 1);
+                let sum = r.sum().expect("every participant gives a sum");
+                step(&whole_weights, 1, &sum.rounded());
+                Ok(())
+            })
+            .unwrap()
+    };
+    let next: Vec<AtomicUsize> = (0..ROUNDS).map(|_| AtomicUsize::new(0)).collect();
+    std::thread::scope(|scope| {
+        for me in 0..t {
+            let (red, params, next, weights) = (&red, &params, &next, &weights);
+            scope.spawn(move || {
+                let mut rng = Rng::new(seed * 101 + me as u64);
+                for (r, next) in next.iter().enumerate() {
+                    red.round(me, |_| {
+                        let mut mine = SLICED_LENS.map(|n| ExactSum::new(n).unwrap());
+                        loop {
+                            let s = next.fetch_add(1, Ordering::Relaxed);
+                            if s >= SAMPLES {
+                                break;
+                            }
+                            for (p, sum) in mine.iter_mut().enumerate() {
+                                sum.add(0, &gradient(weights, p, r, s))?;
+                            }
+                            if rng.below(3) == 0 {
+                                std::thread::yield_now(); // vary the deal
+                            }
+                        }
+                        for (param, sum) in params.iter().zip(mine) {
+                            red.give(me, param, sum)?;
+                        }
+                        Ok(())
+                    })
+                    .unwrap();
+                }
+            });
+        }
+    });
+    assert_eq!(red.rounds(), ROUNDS as u64);
+    let applied = applied.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+    (weight_bits(&weights), applied)
+}
+
+#[test]
+fn a_reducer_of_exact_sums_in_slices_gives_the_in_order_bits() {
+    let want = train_sliced_in_order();
+    for t in 1..=3 {
+        for seed in 0..3 {
+            let (got, applied) = train_sliced(t, seed);
+            let differ = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+            assert_eq!(differ, 0, "T = {t}, seed {seed}: weights that differ");
+            assert_eq!(
+                applied, [ROUNDS; SLICES],
+                "T = {t}: each slice once a round"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_exact_slice_fold_of_different_lengths_fails_the_round() {
+    let reg = Registry::<ExactSum>::new().unwrap();
+    let w = reg.leaf().unwrap();
+    let red = Reducer::builder(1, [&w])
+        .units(2)
+        .slices(vec![2], |_| panic!("no apply after a failed fold"))
+        .build(|_| Ok(()))
+        .unwrap();
+    let round = catch_unwind(AssertUnwindSafe(|| {
+        red.round(0, |unit| red.give(0, &w, ExactSum::new(3 + unit).unwrap()))
+    }));
+    let payload = round.expect_err("the fold's panic, resumed on participant 0");
+    let text = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .unwrap_or_default();
+    assert!(text.contains("different lengths"), "{text}");
+    assert_eq!(red.rounds(), 1);
+}
+
+// ----------------------------------------------------------------- clone
+
+#[test]
+fn a_clone_is_exact_and_then_its_own() {
+    let mut rng = Rng::new(3);
+    let mut a = ExactSum::new(9).unwrap();
+    for _ in 0..50 {
+        let row: Vec<f32> = (0..9).map(|_| rng.term(-149, 240)).collect();
+        a.add(0, &row).unwrap();
+    }
+    let want = bits(&a.rounded());
+    let mut b = a.clone();
+    assert_eq!(b.len(), 9);
+    assert_eq!(bits(&b.rounded()), want);
+    // The same sums, not just their roundings: cancelling a's terms from
+    // either leaves 0 in both.
+    let mut minus = ExactSum::new(9).unwrap();
+    let mut rng = Rng::new(3);
+    for _ in 0..50 {
+        let row: Vec<f32> = (0..9).map(|_| -rng.term(-149, 240)).collect();
+        minus.add(0, &row).unwrap();
+    }
+    let mut c = b.clone();
+    c.merge(&minus).unwrap();
+    assert_eq!(bits(&c.rounded()), [0; 9]);
+    // Then each changes alone.
+    b.add(0, &[pow2(100); 9]).unwrap();
+    assert_eq!(bits(&a.rounded()), want);
+    a.clear();
+    assert_ne!(bits(&b.rounded()), [0; 9]);
+    b.merge(&minus).unwrap();
+    assert_eq!(bits(&b.rounded()), bits(&[pow2(100); 9]));
+    // clone_from, of the same length and of another.
+    let mut d = ExactSum::new(9).unwrap();
+    d.add(0, &[1.0; 9]).unwrap();
+    d.clone_from(&c);
+    assert_eq!(bits(&d.rounded()), [0; 9]);
+    let mut e = ExactSum::new(2).unwrap();
+    e.clone_from(&b);
+    assert_eq!((e.len(), bits(&e.rounded())), (9, bits(&[pow2(100); 9])));
+}
