@@ -86,8 +86,9 @@ pub struct Reduction<'a, T> {
     units: Range<usize>,
 }
 
-/// The accessors [`Reduction`] and [`SliceReduction`] share: which
-/// parameter, which round, which units.
+/// The accessors [`Reduction`], [`SliceReduction`] and
+/// [`ExactSliceReduction`] share: which parameter, which round, which
+/// units.
 macro_rules! round_facts {
     () => {
         /// The parameter's index in the list given to [`Reducer::builder`].
@@ -110,6 +111,28 @@ macro_rules! round_facts {
         /// ([`ReducerBuilder::unit_range`]), one of its partial sums.
         pub fn units(&self) -> Range<usize> {
             self.units.clone()
+        }
+    };
+}
+
+/// The accessors [`SliceReduction`] and [`ExactSliceReduction`] share:
+/// which slice, and its range.
+macro_rules! slice_facts {
+    () => {
+        /// Which slice, 0 to `slices() - 1`.
+        pub fn slice(&self) -> usize {
+            self.slice
+        }
+
+        /// The parameter's number of slices.
+        pub fn slices(&self) -> usize {
+            self.n_slices
+        }
+
+        /// The elements of the parameter, and so of its sum, this slice
+        /// covers.
+        pub fn range(&self) -> Range<usize> {
+            self.range.clone()
         }
     };
 }
@@ -561,21 +584,7 @@ pub struct SliceReduction<'a, E> {
 
 impl<E> SliceReduction<'_, E> {
     round_facts!();
-
-    /// Which slice, 0 to [`slices`](SliceReduction::slices) - 1.
-    pub fn slice(&self) -> usize {
-        self.slice
-    }
-
-    /// The parameter's number of slices.
-    pub fn slices(&self) -> usize {
-        self.n_slices
-    }
-
-    /// The elements of the parameter this slice covers.
-    pub fn range(&self) -> Range<usize> {
-        self.range.clone()
-    }
+    slice_facts!();
 
     /// The slice of the sum: elements [`range`](SliceReduction::range).
     pub fn values(&self) -> &[E] {
@@ -791,21 +800,7 @@ pub struct ExactSliceReduction<'a> {
 
 impl ExactSliceReduction<'_> {
     round_facts!();
-
-    /// Which slice, 0 to [`slices`](ExactSliceReduction::slices) - 1.
-    pub fn slice(&self) -> usize {
-        self.slice
-    }
-
-    /// The parameter's number of slices.
-    pub fn slices(&self) -> usize {
-        self.n_slices
-    }
-
-    /// The sums, and so the parameter's elements, this slice covers.
-    pub fn range(&self) -> Range<usize> {
-        self.range.clone()
-    }
+    slice_facts!();
 
     /// Writes the slice's sums, each rounded once to the nearest `f32`
     /// (ties to even), to `out`, whose length is the range's

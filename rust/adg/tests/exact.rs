@@ -8,7 +8,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
-use adg::{code, ExactSum, Grad, Reducer, Registry};
+use adg::{code, ExactSum, Grad, Node, Reducer, Registry};
 
 /// xorshift64*: the tests' numbers, the same on every run.
 struct Rng(u64);
@@ -306,8 +306,8 @@ const RATE: f32 = 0.01;
 
 type Weights = Arc<Vec<RwLock<Vec<f32>>>>;
 
-fn initial_weights() -> Weights {
-    Arc::new(LENS.iter().map(|&n| RwLock::new(vec![0.5; n])).collect())
+fn initial_weights(lens: [usize; 2]) -> Weights {
+    Arc::new(lens.iter().map(|&n| RwLock::new(vec![0.5; n])).collect())
 }
 
 /// Sample s's gradient of parameter p in round r: values of every scale
@@ -332,11 +332,12 @@ fn weight_bits(weights: &Weights) -> Vec<u32> {
         .collect()
 }
 
-/// The rounds on this thread: each parameter's samples summed in order.
-fn train_in_order() -> Vec<u32> {
-    let weights = initial_weights();
+/// The rounds on this thread, parameters of lens sums: each parameter's
+/// samples summed in order.
+fn train_in_order(lens: [usize; 2]) -> Vec<u32> {
+    let weights = initial_weights(lens);
     for r in 0..ROUNDS {
-        let mut sums: Vec<ExactSum> = LENS.iter().map(|&n| ExactSum::new(n).unwrap()).collect();
+        let mut sums = lens.map(|n| ExactSum::new(n).unwrap());
         for s in 0..SAMPLES {
             for (p, sum) in sums.iter_mut().enumerate() {
                 sum.add(0, &gradient(&weights, p, r, s)).unwrap();
@@ -349,31 +350,26 @@ fn train_in_order() -> Vec<u32> {
     weight_bits(&weights)
 }
 
-/// The same rounds on t threads through a `Reducer<ExactSum>`.
-fn train_reducer(t: usize, seed: u64) -> Vec<u32> {
-    let weights = initial_weights();
-    let reg = Registry::<ExactSum>::new().unwrap();
-    let params = [reg.leaf().unwrap(), reg.leaf().unwrap()];
-    let red = {
-        let weights = Arc::clone(&weights);
-        Reducer::builder(t, &params)
-            .build(move |r| {
-                let sum = r.sum().expect("every participant gives a sum");
-                step(&weights, r.param(), &sum.rounded());
-                Ok(())
-            })
-            .unwrap()
-    };
-    // The next sample of each round, taken by whichever thread is free.
+/// The rounds on t threads through red, parameters of lens sums: each
+/// round's samples taken one at a time by whichever thread is free, added
+/// to the thread's own accumulators, which it gives at the round's end.
+fn participate(
+    red: &Reducer<ExactSum>,
+    params: &[Node<'_, ExactSum>; 2],
+    weights: &Weights,
+    lens: [usize; 2],
+    t: usize,
+    seed: u64,
+) {
     let next: Vec<AtomicUsize> = (0..ROUNDS).map(|_| AtomicUsize::new(0)).collect();
     std::thread::scope(|scope| {
         for me in 0..t {
-            let (red, params, next, weights) = (&red, &params, &next, &weights);
+            let next = &next;
             scope.spawn(move || {
                 let mut rng = Rng::new(seed * 101 + me as u64);
                 for (r, next) in next.iter().enumerate() {
                     red.round(me, |_| {
-                        let mut mine = LENS.map(|n| ExactSum::new(n).unwrap());
+                        let mut mine = lens.map(|n| ExactSum::new(n).unwrap());
                         loop {
                             let s = next.fetch_add(1, Ordering::Relaxed);
                             if s >= SAMPLES {
@@ -397,12 +393,30 @@ fn train_reducer(t: usize, seed: u64) -> Vec<u32> {
         }
     });
     assert_eq!(red.rounds(), ROUNDS as u64);
+}
+
+/// The same rounds on t threads through a `Reducer<ExactSum>`.
+fn train_reducer(t: usize, seed: u64) -> Vec<u32> {
+    let weights = initial_weights(LENS);
+    let reg = Registry::<ExactSum>::new().unwrap();
+    let params = [reg.leaf().unwrap(), reg.leaf().unwrap()];
+    let red = {
+        let weights = Arc::clone(&weights);
+        Reducer::builder(t, &params)
+            .build(move |r| {
+                let sum = r.sum().expect("every participant gives a sum");
+                step(&weights, r.param(), &sum.rounded());
+                Ok(())
+            })
+            .unwrap()
+    };
+    participate(&red, &params, &weights, LENS, t, seed);
     weight_bits(&weights)
 }
 
 #[test]
 fn a_reducer_of_exact_sums_gives_the_same_weights_at_every_t() {
-    let want = train_in_order();
+    let want = train_in_order(LENS);
     for t in 1..=3 {
         for seed in 0..2 {
             assert_eq!(train_reducer(t, seed), want, "T = {t}, seed {seed}");
@@ -418,36 +432,10 @@ fn a_reducer_of_exact_sums_gives_the_same_weights_at_every_t() {
 const SLICED_LENS: [usize; 2] = [301, 7];
 const SLICES: usize = 4;
 
-fn sliced_weights() -> Weights {
-    Arc::new(
-        SLICED_LENS
-            .iter()
-            .map(|&n| RwLock::new(vec![0.5; n]))
-            .collect(),
-    )
-}
-
-/// The rounds on this thread, each parameter's samples summed in order.
-fn train_sliced_in_order() -> Vec<u32> {
-    let weights = sliced_weights();
-    for r in 0..ROUNDS {
-        let mut sums = SLICED_LENS.map(|n| ExactSum::new(n).unwrap());
-        for s in 0..SAMPLES {
-            for (p, sum) in sums.iter_mut().enumerate() {
-                sum.add(0, &gradient(&weights, p, r, s)).unwrap();
-            }
-        }
-        for (p, sum) in sums.iter().enumerate() {
-            step(&weights, p, &sum.rounded());
-        }
-    }
-    weight_bits(&weights)
-}
-
 /// The same rounds on t threads through a `Reducer<ExactSum>` with
 /// parameter 0 in slices; returns the weights and each slice's applies.
 fn train_sliced(t: usize, seed: u64) -> (Vec<u32>, Vec<usize>) {
-    let weights = sliced_weights();
+    let weights = initial_weights(SLICED_LENS);
     let reg = Registry::<ExactSum>::new().unwrap();
     let params = [reg.leaf().unwrap(), reg.leaf().unwrap()];
     let applied: Arc<Vec<AtomicUsize>> =
@@ -483,45 +471,14 @@ fn train_sliced(t: usize, seed: u64) -> (Vec<u32>, Vec<usize>) {
             })
             .unwrap()
     };
-    let next: Vec<AtomicUsize> = (0..ROUNDS).map(|_| AtomicUsize::new(0)).collect();
-    std::thread::scope(|scope| {
-        for me in 0..t {
-            let (red, params, next, weights) = (&red, &params, &next, &weights);
-            scope.spawn(move || {
-                let mut rng = Rng::new(seed * 101 + me as u64);
-                for (r, next) in next.iter().enumerate() {
-                    red.round(me, |_| {
-                        let mut mine = SLICED_LENS.map(|n| ExactSum::new(n).unwrap());
-                        loop {
-                            let s = next.fetch_add(1, Ordering::Relaxed);
-                            if s >= SAMPLES {
-                                break;
-                            }
-                            for (p, sum) in mine.iter_mut().enumerate() {
-                                sum.add(0, &gradient(weights, p, r, s))?;
-                            }
-                            if rng.below(3) == 0 {
-                                std::thread::yield_now(); // vary the deal
-                            }
-                        }
-                        for (param, sum) in params.iter().zip(mine) {
-                            red.give(me, param, sum)?;
-                        }
-                        Ok(())
-                    })
-                    .unwrap();
-                }
-            });
-        }
-    });
-    assert_eq!(red.rounds(), ROUNDS as u64);
+    participate(&red, &params, &weights, SLICED_LENS, t, seed);
     let applied = applied.iter().map(|a| a.load(Ordering::Relaxed)).collect();
     (weight_bits(&weights), applied)
 }
 
 #[test]
 fn a_reducer_of_exact_sums_in_slices_gives_the_in_order_bits() {
-    let want = train_sliced_in_order();
+    let want = train_in_order(SLICED_LENS);
     for t in 1..=3 {
         for seed in 0..3 {
             let (got, applied) = train_sliced(t, seed);
