@@ -366,14 +366,26 @@ static double power_of_two(int e)
 
 /* Whether the floating-point environment rounds to nearest and keeps
  * subnormal floats, as round_fast assumes: a trainer may have called
- * fesetround, or been linked with -ffast-math's flush to zero. Volatile,
- * so that the compiler, which assumes the default, folds nothing. */
+ * fesetround, or been linked with -ffast-math's flush to zero. Each kind
+ * of operation round_fast rounds with is asked (an emulator, valgrind's,
+ * may honour the mode in some and not others): a double addition, an
+ * integer's conversion to double and a double's to float, each a quarter
+ * of an ulp above a value and three quarters (or at a tie) so that every
+ * other mode shows. Volatile, so that the compiler, which assumes the
+ * default, folds nothing. */
 static bool default_float_env(void)
 {
 	volatile double one = 1.0, quarter_ulp = 0x1p-54,
-			three_quarters_ulp = 0x1.8p-53, tiny = 0x1p-149;
+			three_quarters_ulp = 0x1.8p-53,
+			float_quarter = 1.0 + 0x1p-25,
+			float_three_quarters = 1.0 + 0x1.8p-24, tiny = 0x1p-149;
+	/* Ties of int64 to double: to even, 2^53 and 2^53 + 4. */
+	volatile int64_t tie_down = (INT64_C(1) << 53) + 1,
+			 tie_up = (INT64_C(1) << 53) + 3;
 	return one + quarter_ulp == one && one + three_quarters_ulp != one &&
-	       (float)tiny != 0.0f;
+	       (double)tie_down == 0x1p53 && (double)tie_up == 0x1p53 + 4 &&
+	       (float)float_quarter == 1.0f &&
+	       (float)float_three_quarters != 1.0f && (float)tiny != 0.0f;
 }
 
 /* Sums per round_fast pass: its doubles stay in L1. */
