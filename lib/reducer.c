@@ -719,7 +719,9 @@ int adg_reducer_new(const adg_reducer_options *options, adg_reducer **out)
 	rc = reducer_options_valid(options, &sliced);
 	if (rc != 0)
 		return rc;
-	struct reducer_layout l;
+	/* Zeroed: gcc 12 at -O1 cannot see that reducer_layout fills it
+	 * when it returns true, and warns. */
+	struct reducer_layout l = {0};
 	if (!reducer_layout(options->n_participants, options, options->n_params,
 			    &l))
 		return reducer_no_memory("its blocks (their sizes overflow)");
