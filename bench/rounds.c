@@ -64,7 +64,10 @@ void *bench_rounds_setup(const bench_impl *impl, void *reg,
 		.n_participants = (size_t)threads,
 		.param_ids = &s->id,
 		.n_params = 1,
-		.ops = {rounds_add, rounds_apply, rounds_release, s},
+		.ops = {.add = rounds_add,
+			.apply = rounds_apply,
+			.release = rounds_release,
+			.ctx = s},
 	};
 	if (adg_reducer_new(&o, &s->red) != 0) {
 		fprintf(stderr, "rounds: adg_reducer_new failed\n");

@@ -570,8 +570,11 @@ static void train(size_t n_threads, uint64_t seed, float *out[PARAMS])
 		.n_participants = n_threads,
 		.param_ids = ids,
 		.n_params = PARAMS,
-		.ops = {merge_whole, apply_rounded, release_cleared, &tr,
-			merge_slice},
+		.ops = {.add = merge_whole,
+			.apply = apply_rounded,
+			.release = release_cleared,
+			.ctx = &tr,
+			.add_slice = merge_slice},
 		.param_slices = param_slices,
 	};
 	cr_assert_eq(adg_reducer_new(&o, &tr.reducer), 0);

@@ -628,8 +628,8 @@ CHECKED_TEST(reasons, step_give, .init = fixture_open_default)
 		"adg_step_give: call is NULL",
 		"adg_step_give: value is NULL",
 		"adg_step_give: slot 2 out of range: node 2 has 2 parents",
-		"adg_step_give: slot 1 given twice: every slot of node 2 "
-		"naming parent 1 is taken",
+		("adg_step_give: slot 1 given twice: every slot of node 2 "
+		 "naming parent 1 is taken"),
 		"adg_step_give: call is not a step's",
 	};
 	for (int k = 0; k < 5; k++) {
@@ -928,8 +928,8 @@ CHECKED_TEST(reasons, a_steps_view, .init = fixture_open_default)
 		"adg_grads_count: grads is a step's view",
 		"adg_grads_free: grads is a step's view",
 		"adg_grads_register: id 99 is not a parent of node 2",
-		"adg_grads_register: id 1 is a parent of node 2 whose slots "
-		"are all taken",
+		("adg_grads_register: id 1 is a parent of node 2 whose slots "
+		 "are all taken"),
 		"adg_grads_take_node: grads is a step's view",
 		"adg_grads_take: grads is a step's view",
 		"adg_grads_get_node: grads is a step's view",

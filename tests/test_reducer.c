@@ -443,7 +443,10 @@ static void train(struct model *m)
 		.n_units = (size_t)m->units,
 		.param_ids = m->id,
 		.n_params = NP,
-		.ops = {mix_add, apply_sgd, release_value, m},
+		.ops = {.add = mix_add,
+			.apply = apply_sgd,
+			.release = release_value,
+			.ctx = m},
 		.apply_early = m->apply_early,
 	};
 	cr_assert_eq(adg_reducer_new(&o, &m->red), 0);
@@ -807,7 +810,10 @@ static void hand_open_units(struct hand *h, size_t t, size_t units,
 		.n_units = units,
 		.param_ids = h->ids,
 		.n_params = 3,
-		.ops = {hand_add, hand_apply, hand_release, h},
+		.ops = {.add = hand_add,
+			.apply = hand_apply,
+			.release = hand_release,
+			.ctx = h},
 		.apply_early = apply_early,
 	};
 	cr_assert_eq(adg_reducer_new(&o, &h->red), 0);
@@ -986,7 +992,10 @@ CHECKED_TEST(reducer, bad_options_are_einval_and_allocate_nothing)
 		.n_participants = 2,
 		.param_ids = ids,
 		.n_params = 3,
-		.ops = {mix_add, noop_apply, noop_release, NULL},
+		.ops = {.add = mix_add,
+			.apply = noop_apply,
+			.release = noop_release,
+			.ctx = NULL},
 		.allocator = failing_allocator(&fa),
 	};
 	adg_reducer *r = (adg_reducer *)&r;
@@ -1108,7 +1117,10 @@ CHECKED_TEST(reducer, calls_out_of_order_are_estate)
 		.n_participants = 2,
 		.param_ids = o.h.ids,
 		.n_params = 3,
-		.ops = {hand_add, out_of_order_apply, hand_release, &o},
+		.ops = {.add = hand_add,
+			.apply = out_of_order_apply,
+			.release = hand_release,
+			.ctx = &o},
 		.apply_early = 1, /* on participant 0's thread, below */
 	};
 	cr_assert_eq(adg_reducer_new(&opt, &o.h.red), 0);
@@ -1316,7 +1328,10 @@ Test(reducer_alloc, every_allocation_fails_in_turn)
 		.n_participants = 1,
 		.param_ids = ids,
 		.n_params = 3,
-		.ops = {hand_add, hand_apply, hand_release, &h},
+		.ops = {.add = hand_add,
+			.apply = hand_apply,
+			.release = hand_release,
+			.ctx = &h},
 		.allocator = failing_allocator(&fa),
 	};
 	long failures = 0;
@@ -1473,7 +1488,10 @@ CHECKED_TEST(reducer_stress, gives_from_two_threads_per_participant)
 		.n_participants = CROWD_T,
 		.param_ids = c.ids,
 		.n_params = 16,
-		.ops = {mix_add, crowd_apply, crowd_release, &c},
+		.ops = {.add = mix_add,
+			.apply = crowd_apply,
+			.release = crowd_release,
+			.ctx = &c},
 	};
 	cr_assert_eq(adg_reducer_new(&o, &c.red), 0);
 	run_threads(CROWD_T, crowd_participant, &c);
@@ -1604,8 +1622,11 @@ static void sliced_open(struct sliced *m, int t, size_t big, int apply_early)
 		.n_participants = (size_t)t,
 		.param_ids = m->ids,
 		.n_params = VNP,
-		.ops = {vec_add_whole, vec_apply, vec_release, m,
-			vec_add_slice},
+		.ops = {.add = vec_add_whole,
+			.apply = vec_apply,
+			.release = vec_release,
+			.ctx = m,
+			.add_slice = vec_add_slice},
 		.apply_early = apply_early,
 		.param_slices = m->slices,
 	};
@@ -1838,7 +1859,10 @@ static void ranked_train(struct ranked *rk, int ranks, int t, int rounds)
 			.total_units = JOB,
 			.param_ids = m->id,
 			.n_params = NP,
-			.ops = {mix_add, ranked_apply, release_value, m},
+			.ops = {.add = mix_add,
+				.apply = ranked_apply,
+				.release = release_value,
+				.ctx = m},
 		};
 		o.ops.ctx = rk;
 		cr_assert_eq(adg_reducer_new(&o, &rk->red[r]), 0);
@@ -1910,7 +1934,11 @@ CHECKED_TEST(reducer, ranges_of_units_are_checked)
 		.total_units = 8,
 		.param_ids = ids,
 		.n_params = 2,
-		.ops = {mix_add, noop_apply, noop_release, NULL, vec_add_slice},
+		.ops = {.add = mix_add,
+			.apply = noop_apply,
+			.release = noop_release,
+			.ctx = NULL,
+			.add_slice = vec_add_slice},
 	};
 	adg_reducer *r;
 	cr_assert_eq(adg_reducer_new(&good, &r), 0);
