@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds libadg three ways and runs every test tier (meson suite: unit,
+# Builds libadg four ways and runs every test tier (meson suite: unit,
 # stress, long, replay, examples, docs) in each: plain,
-# AddressSanitizer + UndefinedBehaviorSanitizer, ThreadSanitizer; runs the
+# AddressSanitizer + UndefinedBehaviorSanitizer, ThreadSanitizer, and
+# plain with clang; runs the
 # plain build's tests again under valgrind memcheck (scripts/valgrind.sh);
 # installs libadg into a temporary prefix and builds an outside consumer
 # with pkg-config (scripts/consumer-test.sh); builds and tests the Rust
@@ -32,8 +33,12 @@ stage() { echo "=== $1 (at $((SECONDS / 60)) min $((SECONDS % 60)) s)"; }
 log=$(mktemp) # valgrind's and the consumer test's verdicts
 trap 'rm -f "$log"' EXIT
 status=0
-for variant in plain asan tsan; do
+# The fourth, clang's, is plain again with another compiler: its
+# warnings and its code generation (the trainers' bitwise checks) too.
+variants=(plain asan tsan clang)
+for variant in "${variants[@]}"; do
 	dir=build-test-$variant
+	compiler=() # the environment meson setup sees
 	# The sanitizer builds at -O1, as their documentation advises:
 	# ASan+UBSan builds in 0.64 x the time of -O2 and tests as fast,
 	# TSan about even (docs/testing.md); and CI then builds the library
@@ -44,11 +49,12 @@ for variant in plain asan tsan; do
 	asan) opts=(-Doptimization=1 -Db_sanitize=address,undefined
 		-Db_lundef=false) ;;
 	tsan) opts=(-Doptimization=1 -Db_sanitize=thread -Db_lundef=false) ;;
+	clang) opts=() compiler=(CC=clang CXX=clang++) ;;
 	esac
 	stage "$variant build"
 	if [ ! -f "$dir/build.ninja" ]; then
-		meson setup "$dir" --buildtype=debugoptimized --werror \
-			"${opts[@]}" >/dev/null
+		env "${compiler[@]}" meson setup "$dir" \
+			--buildtype=debugoptimized --werror "${opts[@]}" >/dev/null
 	elif [ ${#opts[@]} -gt 0 ]; then
 		meson configure "$dir" "${opts[@]}" >/dev/null # an older tree
 	fi
@@ -98,7 +104,7 @@ fi
 # counts as a failure, so that a filter cannot drop tests unseen.
 # meson writes one JSON object a line to testlog.json, output included.
 stage summary
-for variant in plain asan tsan; do
+for variant in "${variants[@]}"; do
 	cat "build-test-$variant/meson-logs/testlog.json"
 done | awk '
 function count(text,   n, i, w, found) {
