@@ -994,8 +994,7 @@ CHECKED_TEST(reducer, bad_options_are_einval_and_allocate_nothing)
 		.n_params = 3,
 		.ops = {.add = mix_add,
 			.apply = noop_apply,
-			.release = noop_release,
-			.ctx = NULL},
+			.release = noop_release},
 		.allocator = failing_allocator(&fa),
 	};
 	adg_reducer *r = (adg_reducer *)&r;
@@ -1862,9 +1861,8 @@ static void ranked_train(struct ranked *rk, int ranks, int t, int rounds)
 			.ops = {.add = mix_add,
 				.apply = ranked_apply,
 				.release = release_value,
-				.ctx = m},
+				.ctx = rk},
 		};
-		o.ops.ctx = rk;
 		cr_assert_eq(adg_reducer_new(&o, &rk->red[r]), 0);
 	}
 	for (m->rounds = 0; m->rounds < rounds; m->rounds++) {
@@ -1937,7 +1935,6 @@ CHECKED_TEST(reducer, ranges_of_units_are_checked)
 		.ops = {.add = mix_add,
 			.apply = noop_apply,
 			.release = noop_release,
-			.ctx = NULL,
 			.add_slice = vec_add_slice},
 	};
 	adg_reducer *r;
